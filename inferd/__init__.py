@@ -1,0 +1,3 @@
+"""inferd: an LLM serving daemon for GPU nodes."""
+
+__version__ = "0.1.0"

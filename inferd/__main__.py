@@ -1,0 +1,63 @@
+"""CLI: `inferd serve | check-config | engines verify | keys ...`.
+
+Each subcommand's work lives in the module that owns that concern; this file only parses
+arguments and imports lazily, so `inferd engines verify` does not pay for aiohttp or numpy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferd", description="LLM serving daemon")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", default="config.toml", help="TOML config file (default: ./config.toml)")
+    serve.add_argument("--host", default=None, help="override server.host")
+    serve.add_argument("--port", type=int, default=None, help="override server.port")
+
+    check = sub.add_parser("check-config", help="validate a config file; exit 1 naming every bad key")
+    check.add_argument("path")
+
+    engines = sub.add_parser("engines", help="engine artifacts")
+    engines_sub = engines.add_subparsers(dest="engines_command", required=True)
+    verify = engines_sub.add_parser("verify", help="check every file of artifacts against their manifests")
+    verify.add_argument("path", nargs="?", default="engines",
+                        help="an artifact directory, or a tree of them (default: ./engines)")
+
+    keys = sub.add_parser("keys", help="API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key for a tenant; prints it once")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--scope", action="append", choices=["inference", "admin", "metrics"],
+                        help="repeatable; default: inference")
+    create.add_argument("--config", default="config.toml")
+    list_ = keys_sub.add_parser("list", help="list keys (ids, tenants, scopes; never the keys)")
+    list_.add_argument("--config", default="config.toml")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    revoke.add_argument("--config", default="config.toml")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from inferd.daemon import serve_main
+        return serve_main(args)
+    if args.command == "check-config":
+        from inferd.config import check_config_main
+        return check_config_main(args.path)
+    if args.command == "engines":
+        from inferd.artifacts import verify_main
+        return verify_main(args.path)
+    if args.command == "keys":
+        from inferd.keys import keys_main
+        return keys_main(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Engines: reference (NumPy), sim (timed simulator), trtllm (TensorRT-LLM LLM API)."""

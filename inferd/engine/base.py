@@ -1,0 +1,129 @@
+"""The Engine interface every backend implements, and the structs at that seam.
+
+Admission decides *who* runs next; an engine decides only how to batch what it was given.
+It therefore exposes `capacity()` so admission can release work only while there is room,
+keeping the engine's own waiting queue near empty.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from inferd.engine.stream import RequestStream
+from inferd.types import GenerationRequest
+
+
+class EngineError(Exception):
+    """Base class for errors an engine raises at submit time."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine is not healthy (failed, shutting down, not started). The API answers 503."""
+
+
+class InvalidRequest(EngineError):
+    """The request cannot run on this engine (e.g. prompt + max_tokens beyond the context).
+
+    `param` names the offending field for the OpenAI error envelope.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the API and the engines need of a tokenizer (see inferd.tokenization)."""
+
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
+    backend: str                 # "reference" | "sim" | "trtllm"
+    model_name: str              # artifact name, e.g. "small"
+    version: str                 # content-addressed artifact version id
+    max_model_len: int           # prompt + output tokens per sequence
+    block_size: int              # tokens per KV block
+    num_kv_blocks: int
+    max_batch_size: int          # sequence slots
+    max_num_tokens: int          # per-step token budget
+    simulated: bool = False      # True only for the sim backend; surfaced in responses and labels
+
+
+class Capacity(msgspec.Struct, frozen=True, kw_only=True):
+    """Room for new work right now, as admission sees it."""
+
+    free_kv_blocks: int
+    free_kv_tokens: int          # free_kv_blocks * block_size
+    free_slots: int              # max_batch_size - (running + waiting)
+    waiting: int                 # requests inside the engine not yet scheduled
+    block_size: int
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    prefix_cache_hit_rate: float       # cached prompt tokens / prompt tokens, since start
+    step_latency_s: float              # last (or moving-average) step wall time
+    steps_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    prefix_cache_hit_tokens_total: int
+    tokens_per_s: float                # moving average of tokens processed per second (prefill + decode)
+
+
+class Engine(abc.ABC):
+    """One loaded model version. All methods are called on the event-loop thread."""
+
+    info: EngineInfo
+    tokenizer: Tokenizer
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Acquire resources (threads, executors). Blocking loads happen off the loop."""
+
+    @abc.abstractmethod
+    async def warmup(self) -> None:
+        """Run representative prompt and decode shapes so the first request is not slow."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Abort everything in flight (each stream ends with FinishReason.ABORT) and release resources."""
+
+    @abc.abstractmethod
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        """Queue a request and return its delta stream. Never blocks.
+
+        Raises InvalidRequest for requests this engine cannot run, EngineUnavailable when unhealthy.
+        A request id must be unique among requests in flight.
+        """
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its KV blocks are free within one engine step. Unknown ids are ignored.
+
+        The stream ends with a final delta whose finish_reason is ABORT.
+        """
+
+    @abc.abstractmethod
+    def capacity(self) -> Capacity: ...
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    @property
+    def healthy(self) -> bool:
+        return True

@@ -1,0 +1,85 @@
+"""The plain structs that cross seams: API -> admission -> engine -> API.
+
+Everything here is data. Policy lives in the modules that consume it.
+"""
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended. The API maps these onto OpenAI's `finish_reason`."""
+
+    STOP = "stop"          # EOS, a stop token id or a stop string
+    LENGTH = "length"      # max_tokens or the model's context was reached
+    ABORT = "abort"        # aborted by us: client gone, drain, admin
+    DEADLINE = "deadline"  # the request's deadline passed while it was generating
+    ERROR = "error"        # the engine failed this request (Delta.error says why)
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-request sampling. temperature == 0 means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 = no top-k filter
+    seed: int | None = None             # same seed -> same output, whatever else is batched
+    stop: tuple[str, ...] = ()          # stop strings: text ends before them, never streamed
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What admission hands an engine."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    tenant: str = "local"               # salts the prefix cache: tenants never share KV blocks
+    lora: str | None = None             # adapter name (backends that support LoRA)
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0              # prompt tokens served from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class EngineTiming(msgspec.Struct, frozen=True, kw_only=True):
+    """time.monotonic() stamps taken by the engine for one request (None = never happened)."""
+
+    submitted: float
+    first_scheduled: float | None = None   # first prefill chunk ran
+    first_token: float | None = None       # first output token was produced
+    finished: float | None = None
+
+
+class Delta(msgspec.Struct, kw_only=True):
+    """A piece of one request's output stream.
+
+    The last delta of a stream has `finish_reason` set and carries `usage` and `timing`.
+    Consecutive deltas may be merged (see engine.stream.RequestStream): token ids and text
+    concatenate; the final fields come from the last one.
+    """
+
+    token_ids: list[int]
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timing: EngineTiming | None = None
+    error: str | None = None            # set with FinishReason.ERROR: a message safe for clients
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
