@@ -1,0 +1,170 @@
+"""Paged KV storage: per-layer K and V arrays addressed by flat slot = block_id * block_size + offset.
+
+Which blocks a sequence owns is the block manager's business (integer ids only). This module
+stores K/V, writes it by slot mapping and gathers it back by block table.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class KVCacheError(ValueError):
+    """A block table or slot mapping does not fit the cache."""
+
+
+class PagedKVCache:
+    """K and V for every layer, each `[num_blocks * block_size, num_kv_heads, head_dim]` float32.
+
+    Storage starts zeroed (calloc: pages are touched only when written), so gathering a slot that was
+    never written yields finite numbers that the attention mask then discards.
+    """
+
+    def __init__(self, *, num_layers: int, num_blocks: int, block_size: int,
+                 num_kv_heads: int, head_dim: int) -> None:
+        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
+                            ("block_size", block_size), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim)):
+            if value < 1:
+                raise KVCacheError(f"{name} must be >= 1, got {value}")
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.num_slots = num_blocks * block_size
+        shape = (self.num_slots, num_kv_heads, head_dim)
+        self.k = [np.zeros(shape, np.float32) for _ in range(num_layers)]
+        self.v = [np.zeros(shape, np.float32) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_block(*, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int) -> int:
+        """Memory one block costs across all layers, K and V (for sizing num_blocks)."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * 4
+
+    def write(self, layer: int, slot_mapping: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store `k`, `v` ([T, num_kv_heads, head_dim]) at flat slots `slot_mapping` ([T])."""
+        self.k[layer][slot_mapping] = k
+        self.v[layer][slot_mapping] = v
+
+    def gather(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """K and V at `slots` (any int array shape S): two arrays of shape S + (num_kv_heads, head_dim)."""
+        return self.k[layer][slots], self.v[layer][slots]
+
+    def slots_for_positions(self, block_table: Sequence[int], positions: np.ndarray) -> np.ndarray:
+        """Flat slots of token positions of one sequence whose blocks are `block_table`, in order."""
+        table = np.asarray(block_table, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= table.size * self.block_size):
+            raise KVCacheError(
+                f"positions up to {int(positions.max())} need more than the {table.size} blocks in block_table")
+        self._check_block_ids(table)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def context_slots(self, block_tables: Sequence[Sequence[int]],
+                      context_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of positions 0..len-1 of every sequence, padded to the longest.
+
+        Returns `(slots [S, L_max] int64, valid [S, L_max] bool)`; padded entries point at slot 0 and
+        are False in `valid`. Built once per step and shared by every layer's gather.
+        """
+        num_seqs = len(block_tables)
+        if len(context_lens) != num_seqs:
+            raise KVCacheError(f"{len(context_lens)} context_lens for {num_seqs} block_tables")
+        lens = np.asarray(context_lens, dtype=np.int64)
+        max_len = int(lens.max()) if num_seqs else 0
+        max_blocks = -(-max_len // self.block_size)
+        tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int64)
+        for i, (table, length) in enumerate(zip(block_tables, context_lens)):
+            needed = -(-length // self.block_size)
+            if length < 0 or len(table) < needed:
+                raise KVCacheError(
+                    f"sequence {i}: context_len {length} needs {needed} blocks, block_table has {len(table)}")
+            tables[i, :needed] = table[:needed]
+        self._check_block_ids(tables)
+        pos = np.arange(max_len, dtype=np.int64)
+        slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size
+        valid = pos[None, :] < lens[:, None]
+        return np.where(valid, slots, 0), valid
+
+    def _check_block_ids(self, table: np.ndarray) -> None:
+        if table.size and (table.min() < 0 or table.max() >= self.num_blocks):
+            raise KVCacheError(f"block ids must be in [0, {self.num_blocks}), got "
+                               f"{int(table.min())}..{int(table.max())}")
+
+
+class AttentionPlan:
+    """Where each sequence of one packed step reads its context: built once per step, used by every layer.
+
+    Sequences with one new token (decode) are attended together, padded to the longest context with a
+    length mask; sequences with several (prefill chunks) one by one with a causal mask whose query
+    positions start at `context_len - query_len`, so cached prefixes and earlier chunks are seen.
+    """
+
+    def __init__(self, kv: PagedKVCache, query_lens: Sequence[int], context_lens: Sequence[int],
+                 block_tables: Sequence[Sequence[int]]) -> None:
+        if not (len(query_lens) == len(context_lens) == len(block_tables)):
+            raise KVCacheError(f"query_lens ({len(query_lens)}), context_lens ({len(context_lens)}) and "
+                               f"block_tables ({len(block_tables)}) must have one entry per sequence")
+        q_lens = np.asarray(query_lens, dtype=np.int64)
+        c_lens = np.asarray(context_lens, dtype=np.int64)
+        if q_lens.size and (q_lens.min() < 1 or (q_lens > c_lens).any()):
+            raise KVCacheError("every sequence needs 1 <= query_len <= context_len")
+        starts = np.concatenate(([0], np.cumsum(q_lens)))
+        self.num_tokens = int(starts[-1])
+        self.last_rows = starts[1:] - 1
+        self.token_slots = np.empty(self.num_tokens, dtype=np.int64)
+
+        decode = np.flatnonzero(q_lens == 1)
+        self.decode_rows = starts[decode]
+        slots, valid = kv.context_slots([block_tables[i] for i in decode], c_lens[decode].tolist())
+        self.decode_slots = slots
+        self.decode_bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))[:, None, None, :]
+        self.token_slots[self.decode_rows] = slots[np.arange(decode.size), c_lens[decode] - 1]
+
+        self.prefill: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        for i in np.flatnonzero(q_lens > 1):
+            q, c, start = int(q_lens[i]), int(c_lens[i]), int(starts[i])
+            seq_slots = kv.slots_for_positions(block_tables[i], np.arange(c))
+            query_pos = np.arange(c - q, c)[:, None]
+            causal = np.where(np.arange(c)[None, :] <= query_pos, np.float32(0.0), np.float32(-np.inf))
+            self.prefill.append((start, start + q, seq_slots, causal))
+            self.token_slots[start:start + q] = seq_slots[c - q:]
+
+
+def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def paged_attention(kv: PagedKVCache, layer: int, q: np.ndarray, plan: AttentionPlan) -> np.ndarray:
+    """Attention of the step's queries `q` ([T, num_heads, head_dim], already scaled by 1/sqrt(head_dim))
+    over each sequence's context in `kv` (this step's K/V already written). Returns [T, num_heads, head_dim].
+
+    Grouped-query attention: query head h reads KV head h // (num_heads // num_kv_heads).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv = kv.num_kv_heads
+    group = num_heads // num_kv
+    out = np.empty_like(q)
+    if plan.decode_rows.size:
+        n = plan.decode_rows.size
+        k, v = kv.gather(layer, plan.decode_slots)                    # [S, L, kv, D]
+        qd = q[plan.decode_rows].reshape(n, num_kv, group, head_dim)
+        scores = np.matmul(qd, k.transpose(0, 2, 3, 1))               # [S, kv, G, L]
+        scores += plan.decode_bias
+        probs = _softmax_inplace(scores)
+        out[plan.decode_rows] = np.matmul(probs, v.transpose(0, 2, 1, 3)).reshape(n, num_heads, head_dim)
+    for start, end, slots, causal in plan.prefill:
+        n = end - start
+        k, v = kv.gather(layer, slots)                                # [C, kv, D]
+        qp = q[start:end].reshape(n, num_kv, group, head_dim).transpose(1, 2, 0, 3)   # [kv, G, n, D]
+        scores = np.matmul(qp, k.transpose(1, 2, 0)[:, None])         # [kv, G, n, C]
+        scores += causal
+        probs = _softmax_inplace(scores)
+        ctx = np.matmul(probs, v.transpose(1, 0, 2)[:, None])         # [kv, G, n, D]
+        out[start:end] = ctx.transpose(2, 0, 1, 3).reshape(n, num_heads, head_dim)
+    return out

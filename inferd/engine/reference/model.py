@@ -1,0 +1,319 @@
+"""The Llama decoder (HF transformers' LlamaForCausalLM) in float32 NumPy over a paged KV cache.
+
+One `forward` is one engine step over a packed continuous batch: every linear layer runs once over
+all T scheduled tokens (QKV and gate/up fused at load), attention reads each sequence's context
+through its block table, and the LM head runs only on each sequence's last token.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from inferd.engine.reference.kv_cache import AttentionPlan, KVCacheError, PagedKVCache, paged_attention
+from inferd.engine.reference.weights import Checkpoint
+
+
+class ModelConfigError(ValueError):
+    """config.json describes something this decoder does not run; `field` names the culprit."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ForwardBatchError(ValueError):
+    """A ForwardBatch is inconsistent (lengths, positions, slots, token ids)."""
+
+
+class Llama3RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
+    """`rope_type: llama3` frequency scaling (Llama 3.1+)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Llama3RopeScaling | None
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+
+    @classmethod
+    def from_json(cls, path: Path) -> "LlamaConfig":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelConfigError(f"cannot read {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ModelConfigError(f"{path}: config.json must be a JSON object")
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "LlamaConfig":
+        """HF semantics: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`)."""
+        model_type = raw.get("model_type", "llama")
+        if model_type != "llama":
+            raise ModelConfigError(f"model_type {model_type!r} is not supported (only 'llama')", "model_type")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ModelConfigError(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')",
+                                   "hidden_act")
+        hidden = _int(raw, "hidden_size")
+        heads = _int(raw, "num_attention_heads")
+        kv_heads = _int(raw, "num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise ModelConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                                   f"{kv_heads}", "num_key_value_heads")
+        if raw.get("head_dim") is None and hidden % heads:
+            raise ModelConfigError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}",
+                                   "hidden_size")
+        head_dim = _int(raw, "head_dim", hidden // heads)
+        if head_dim % 2:
+            raise ModelConfigError(f"head_dim {head_dim} must be even for rotary embeddings", "head_dim")
+        max_pos = _int(raw, "max_position_embeddings", 2048)
+        rope_field = "rope_parameters" if raw.get("rope_parameters") is not None else "rope_scaling"
+        rope = raw.get(rope_field) or {}
+        if not isinstance(rope, dict):
+            raise ModelConfigError(f"{rope_field} must be an object", rope_field)
+        theta = _float(rope, "rope_theta", _float(raw, "rope_theta", 10000.0), rope_field)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None
+        if rope_type == "llama3":
+            try:
+                scaling = Llama3RopeScaling(
+                    factor=_float(rope, "factor", None, rope_field),
+                    low_freq_factor=_float(rope, "low_freq_factor", None, rope_field),
+                    high_freq_factor=_float(rope, "high_freq_factor", None, rope_field),
+                    original_max_position_embeddings=_int(rope, "original_max_position_embeddings", max_pos,
+                                                          rope_field))
+            except msgspec.ValidationError as exc:
+                raise ModelConfigError(f"{rope_field}: {exc}", rope_field) from exc
+            if scaling.high_freq_factor <= scaling.low_freq_factor:
+                raise ModelConfigError(f"{rope_field}.high_freq_factor must exceed low_freq_factor", rope_field)
+        elif rope_type != "default":
+            raise ModelConfigError(f"{rope_field}.rope_type {rope_type!r} is not supported "
+                                   f"(supported: 'default', 'llama3')", f"{rope_field}.rope_type")
+        return cls(
+            vocab_size=_int(raw, "vocab_size"), hidden_size=hidden, intermediate_size=_int(raw, "intermediate_size"),
+            num_hidden_layers=_int(raw, "num_hidden_layers"), num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_pos,
+            rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
+            tie_word_embeddings=_bool(raw, "tie_word_embeddings", False),
+            attention_bias=_bool(raw, "attention_bias", False), mlp_bias=_bool(raw, "mlp_bias", False))
+
+    def inv_freq(self) -> np.ndarray:
+        """Rotary inverse frequencies [head_dim/2], float32, as transformers computes them."""
+        dim = self.head_dim
+        inv = 1.0 / self.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+        s = self.rope_scaling
+        if s is not None:
+            low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+            high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
+            smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+                s.high_freq_factor - s.low_freq_factor)
+            smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            inv = np.where(medium, smoothed, scaled)
+        return inv.astype(np.float32)
+
+
+def _get(raw: dict, key: str, default: Any, field: str | None) -> Any:
+    value = raw.get(key, default)
+    if value is None:
+        raise ModelConfigError(f"config.json lacks {f'{field}.' if field else ''}{key}",
+                               f"{field}.{key}" if field else key)
+    return value
+
+
+def _int(raw: dict, key: str, default: int | None = None, field: str | None = None) -> int:
+    value = _get(raw, key, default, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelConfigError(f"{key} must be a positive integer, got {value!r}", key)
+    return value
+
+
+def _float(raw: dict, key: str, default: float | None = None, field: str | None = None) -> float:
+    value = _get(raw, key, default, field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ModelConfigError(f"{key} must be a positive number, got {value!r}", key)
+    return float(value)
+
+
+def _bool(raw: dict, key: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ModelConfigError(f"{key} must be true or false, got {value!r}", key)
+    return value
+
+
+@dataclass
+class ForwardBatch:
+    """One engine step: the tokens of every scheduled sequence, packed sequence by sequence."""
+
+    token_ids: np.ndarray            # int64 [T]
+    positions: np.ndarray            # int64 [T], absolute position of each token in its sequence
+    slot_mapping: np.ndarray         # int64 [T], flat KV slot where each token's K/V is written
+    query_lens: list[int]            # per sequence: new tokens this step
+    context_lens: list[int]          # per sequence: tokens in KV after this step
+    block_tables: list[list[int]]    # per sequence: its block ids in order
+
+
+@dataclass
+class _Layer:
+    attn_norm: np.ndarray
+    wqkv: np.ndarray                 # [hidden, (heads + 2 kv_heads) * head_dim]
+    bqkv: np.ndarray | None
+    wo: np.ndarray                   # [heads * head_dim, hidden]
+    bo: np.ndarray | None
+    mlp_norm: np.ndarray
+    wgu: np.ndarray                  # [hidden, 2 * intermediate]: gate then up
+    bgu: np.ndarray | None
+    wd: np.ndarray                   # [intermediate, hidden]
+    bd: np.ndarray | None
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.einsum("ij,ij->i", x, x)[:, None] / np.float32(x.shape[1])
+    return (x / np.sqrt(variance + np.float32(eps))) * weight
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    y = x @ w
+    if b is not None:
+        y += b
+    return y
+
+
+class LlamaModel:
+    def __init__(self, config: LlamaConfig, checkpoint: Checkpoint) -> None:
+        c = config
+        self.config = c
+        hd, heads, kv_heads, hidden, inter = (c.head_dim, c.num_attention_heads, c.num_key_value_heads,
+                                              c.hidden_size, c.intermediate_size)
+        self.embed = checkpoint.get("model.embed_tokens.weight", (c.vocab_size, hidden))
+        if c.tie_word_embeddings:
+            self.lm_head = self.embed                     # used as embed.T: BLAS reads it transposed, no copy
+        else:
+            self.lm_head = checkpoint.get("lm_head.weight", (c.vocab_size, hidden))
+        self.final_norm = checkpoint.get("model.norm.weight", (hidden,))
+
+        def fused(names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray:
+            return np.ascontiguousarray(np.concatenate([checkpoint.get(n, s) for n, s in zip(names, shapes)]).T)
+
+        def fused_bias(names: list[str], sizes: list[int]) -> np.ndarray:
+            return np.concatenate([checkpoint.get(n, (s,)) for n, s in zip(names, sizes)])
+
+        self.layers: list[_Layer] = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
+            qkv_sizes = [heads * hd, kv_heads * hd, kv_heads * hd]
+            mlp = [p + "mlp.gate_proj", p + "mlp.up_proj"]
+            self.layers.append(_Layer(
+                attn_norm=checkpoint.get(p + "input_layernorm.weight", (hidden,)),
+                wqkv=fused([n + ".weight" for n in attn], [(s, hidden) for s in qkv_sizes]),
+                bqkv=fused_bias([n + ".bias" for n in attn], qkv_sizes) if c.attention_bias else None,
+                wo=np.ascontiguousarray(checkpoint.get(p + "self_attn.o_proj.weight", (hidden, heads * hd)).T),
+                bo=checkpoint.get(p + "self_attn.o_proj.bias", (hidden,)) if c.attention_bias else None,
+                mlp_norm=checkpoint.get(p + "post_attention_layernorm.weight", (hidden,)),
+                wgu=fused([n + ".weight" for n in mlp], [(inter, hidden)] * 2),
+                bgu=fused_bias([n + ".bias" for n in mlp], [inter] * 2) if c.mlp_bias else None,
+                wd=np.ascontiguousarray(checkpoint.get(p + "mlp.down_proj.weight", (hidden, inter)).T),
+                bd=checkpoint.get(p + "mlp.down_proj.bias", (hidden,)) if c.mlp_bias else None))
+        self._inv_freq = c.inv_freq()
+        self._scale = np.float32(hd ** -0.5)
+
+    @classmethod
+    def from_pretrained(cls, path: Path) -> "LlamaModel":
+        """Load an HF-layout directory: config.json + *.safetensors (sharded or not, f32/f16/bf16)."""
+        path = Path(path)
+        return cls(LlamaConfig.from_json(path / "config.json"), Checkpoint(path))
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        c = self.config
+        return PagedKVCache(num_layers=c.num_hidden_layers, num_blocks=num_blocks, block_size=block_size,
+                            num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim)
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> np.ndarray:
+        """Run one step; returns float32 [num_seqs, vocab]: the logits of each sequence's last token."""
+        c = self.config
+        plan = self._plan(batch, kv)
+        tokens = plan.num_tokens
+        heads, kv_heads, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q_end, k_end = heads * hd, (heads + kv_heads) * hd
+        angles = np.asarray(batch.positions, dtype=np.float32)[:, None] * self._inv_freq
+        cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]   # [T, 1, D/2]
+        half = hd // 2
+
+        x = self.embed[np.asarray(batch.token_ids, dtype=np.int64)]
+        for index, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            qkv = _linear(h, layer.wqkv, layer.bqkv)
+            qk = qkv[:, :k_end].reshape(tokens, heads + kv_heads, hd)
+            x1, x2 = qk[..., :half], qk[..., half:]
+            rotated = np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)
+            q = rotated[:, :heads]
+            q *= self._scale
+            kv.write(index, batch.slot_mapping, rotated[:, heads:], qkv[:, k_end:].reshape(tokens, kv_heads, hd))
+            attn = paged_attention(kv, index, q, plan).reshape(tokens, q_end)
+            x += _linear(attn, layer.wo, layer.bo)
+
+            h = _rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
+            gate_up = _linear(h, layer.wgu, layer.bgu)
+            gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]
+            with np.errstate(over="ignore"):                   # exp overflow -> silu(-big) = -0, as intended
+                act = gate / (np.float32(1.0) + np.exp(-gate))
+            act *= up
+            x += _linear(act, layer.wd, layer.bd)
+
+        last = _rms_norm(x[plan.last_rows], self.final_norm, c.rms_norm_eps)
+        return last @ self.lm_head.T
+
+    def _plan(self, batch: ForwardBatch, kv: PagedKVCache) -> AttentionPlan:
+        c = self.config
+        if kv.num_layers != c.num_hidden_layers or kv.num_kv_heads != c.num_key_value_heads \
+                or kv.head_dim != c.head_dim:
+            raise ForwardBatchError("kv cache was not made for this model (use model.new_kv_cache)")
+        arrays = {name: np.asarray(getattr(batch, name)) for name in ("token_ids", "positions", "slot_mapping")}
+        for name, arr in arrays.items():
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+                raise ForwardBatchError(f"{name} must be a 1-D integer array")
+        if not batch.query_lens:
+            raise ForwardBatchError("query_lens is empty: a step needs at least one sequence")
+        try:
+            plan = AttentionPlan(kv, batch.query_lens, batch.context_lens, batch.block_tables)
+        except KVCacheError as exc:
+            raise ForwardBatchError(str(exc)) from exc
+        for name, arr in arrays.items():
+            if arr.size != plan.num_tokens:
+                raise ForwardBatchError(f"{name} has {arr.size} entries, sum(query_lens) is {plan.num_tokens}")
+        ids = arrays["token_ids"]
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise ForwardBatchError(f"token_ids must lie in [0, {c.vocab_size})")
+        q_lens = np.asarray(batch.query_lens, dtype=np.int64)
+        first = np.repeat(np.asarray(batch.context_lens, dtype=np.int64) - q_lens, q_lens)
+        offsets = np.arange(plan.num_tokens) - np.repeat(np.cumsum(q_lens) - q_lens, q_lens)
+        if not np.array_equal(arrays["positions"], first + offsets):
+            raise ForwardBatchError("positions must run context_len - query_len .. context_len - 1 per sequence")
+        if not np.array_equal(arrays["slot_mapping"], plan.token_slots):
+            raise ForwardBatchError("slot_mapping disagrees with block_tables at the new tokens' positions")
+        return plan
