@@ -1,0 +1,199 @@
+"""Continuous batching: which sequences run this step, and how many tokens each.
+
+One token budget per step is shared by the decode tokens of running sequences (served first,
+oldest first) and the prefill of waiting ones (chunked to fit, FCFS: fairness is decided by
+admission in front of the engine). When the KV pool runs out, the newest running sequence is
+preempted: its blocks are freed and it is recomputed later from its tokens so far.
+
+`schedule()` returns a plain SchedulerOutput carrying the step's packed arrays; after the model
+ran, `update_from_output()` takes the sampled tokens back. No model here: tested with integers.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferd.engine.reference.block_manager import BlockManager
+from inferd.engine.reference.sequence import Sequence, SequenceStatus
+from inferd.types import FinishReason
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)          # scheduled, in batch order
+    num_new_tokens: list[int] = field(default_factory=list)     # per scheduled sequence (query_lens)
+    preempted: list[Sequence] = field(default_factory=list)     # lost their blocks this step
+    token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    context_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)        # batch rows whose logits yield a token
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.size)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_batch_size: int, max_num_tokens: int,
+                 max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
+        self.block_manager = block_manager
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []          # admission order: newest last
+        self.num_preemptions = 0
+
+    # -- queue ---------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a sequence wherever it is (abort, stop string, error) and free its blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    # -- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        bm = self.block_manager
+        budget = self.max_num_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not bm.can_append(seq, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                bm.append(seq, n)
+                out.seqs.append(seq)
+                out.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+        # a preemption means the pool is short: admitting more would only thrash
+        while (not out.preempted and self.waiting and budget > 0
+               and len(self.running) < self.max_batch_size):
+            seq = self.waiting[0]
+            cached = bm.lookup_prefix(seq)
+            remaining = seq.num_tokens - len(cached) * bm.block_size
+            n = min(remaining, budget)
+            # admit only when the whole remaining prompt fits, so a chunked prefill is not
+            # preempted half-way by its own later chunks
+            if not bm.can_allocate(seq, cached, remaining):
+                break
+            bm.allocate(seq, cached, n)
+            self.waiting.popleft()
+            if not seq.admitted:
+                seq.admitted = True
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+        if out.seqs:
+            self._pack(out)
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)     # first in line again: it was admitted before the rest
+        self.num_preemptions += 1
+
+    def _pack(self, out: SchedulerOutput) -> None:
+        """Flatten the step's tokens, positions and KV slots (numpy, no per-token Python)."""
+        bs = self.block_manager.block_size
+        token_ids: list[int] = []
+        starts: list[int] = []
+        tables = out.block_tables
+        slot_parts: list[np.ndarray] = []
+        all_single = True
+        for row, (seq, n) in enumerate(zip(out.seqs, out.num_new_tokens)):
+            start = seq.num_computed_tokens
+            end = start + n
+            starts.append(start)
+            tables.append(seq.block_table)
+            out.context_lens.append(end)
+            if end == seq.num_tokens:
+                out.sample_rows.append(row)
+            if n == 1:
+                token_ids.append(seq.token_ids[start])
+            else:
+                all_single = False
+                token_ids.extend(seq.token_ids[start:end])
+        out.token_ids = np.array(token_ids, dtype=np.int64)
+        if all_single:
+            positions = np.array(starts, dtype=np.int64)
+            block_ids = np.array([t[p // bs] for t, p in zip(tables, starts)], dtype=np.int64)
+            out.positions = positions
+            out.slot_mapping = block_ids * bs + positions % bs
+            return
+        lens = np.array(out.num_new_tokens, dtype=np.int64)
+        offsets = np.cumsum(lens) - lens
+        positions = np.arange(lens.sum(), dtype=np.int64) - np.repeat(offsets - np.array(starts), lens)
+        for table, start, n in zip(tables, starts, out.num_new_tokens):
+            pos = np.arange(start, start + n, dtype=np.int64)
+            slot_parts.append(np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs)
+        out.positions = positions
+        out.slot_mapping = np.concatenate(slot_parts)
+
+    def update_from_output(self, out: SchedulerOutput, sampled: list[int]) -> list[Sequence]:
+        """Advance the step's sequences; `sampled[j]` is the token for row `out.sample_rows[j]`.
+
+        Returns the sequences that received a token, in sample-row order. Those that finished on
+        a token-level condition (EOS, stop token, max_tokens, context length) are FINISHED with
+        their blocks freed.
+        """
+        bm = self.block_manager
+        for seq, n in zip(out.seqs, out.num_new_tokens):
+            seq.num_computed_tokens += n
+            bm.register_computed_blocks(seq)
+        produced: list[Sequence] = []
+        for row, token in zip(out.sample_rows, sampled):
+            seq = out.seqs[row]
+            seq.token_ids.append(token)
+            produced.append(seq)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+        return produced
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.sampling
+        if token in params.stop_token_ids:
+            return FinishReason.STOP
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return FinishReason.STOP
+        if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None

@@ -1,0 +1,90 @@
+"""One request's state inside the reference engine: its tokens, its KV blocks, its progress.
+
+Plain data, no model and no threads: the block manager and scheduler move these around and
+are tested with hand-made sequences of integers.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from inferd.types import FinishReason, SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # not holding KV blocks (new, or preempted and waiting to recompute)
+    RUNNING = "running"      # holds blocks; prefilling in chunks or decoding
+    FINISHED = "finished"
+
+
+def prefix_salt(tenant: str, lora: str | None = None) -> bytes:
+    """The seed of a sequence's block-hash chain: tenants (and adapters) never share KV blocks."""
+    return hashlib.blake2b(f"{tenant}\x00{lora or ''}".encode(), digest_size=16).digest()
+
+
+class Sequence:
+    """Token ids (prompt, then generated) and where their K/V lives.
+
+    `num_computed_tokens` counts tokens whose K/V is in the cache. A decoding sequence has
+    exactly one token not yet computed: the one sampled last step.
+    """
+
+    __slots__ = (
+        "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
+        "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
+        "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
+                 sampling: SamplingParams | None = None, *, salt: bytes = b"", arrival: int = 0) -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.sampling = sampling if sampling is not None else SamplingParams()
+        self.salt = salt
+        self.arrival = arrival                  # submission order: the scheduler's FCFS key
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0              # prompt tokens served from the prefix cache (first admission)
+        self.block_hashes: list[bytes] = []     # chained hashes of full blocks of token_ids, extended lazily
+        self.num_registered_blocks = 0          # leading blocks of block_table already offered to the cache
+        self.finish_reason: FinishReason | None = None
+        self.admitted = False                   # scheduled at least once (cached-token accounting)
+        self.rng: np.random.Generator | None = None
+        self.engine_state: Any = None           # the engine's per-request output state (stream, detokenizer)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def full_block_hashes(self, block_size: int) -> list[bytes]:
+        """Chained hashes of every full block of the current tokens (salt enters the first one)."""
+        hashes = self.block_hashes
+        num_full = len(self.token_ids) // block_size
+        if len(hashes) < num_full:
+            prev = hashes[-1] if hashes else self.salt
+            tokens = np.asarray(self.token_ids[len(hashes) * block_size:num_full * block_size], dtype=np.int64)
+            for chunk in tokens.reshape(-1, block_size):
+                prev = hashlib.blake2b(prev + chunk.tobytes(), digest_size=16).digest()
+                hashes.append(prev)
+        return hashes
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+                f"blocks={self.block_table}, {self.status.value})")
