@@ -1,0 +1,77 @@
+"""Next-token choice per sequence: greedy (vectorized over the batch) or random sampling.
+
+Random sampling draws from the sequence's own np.random.Generator, seeded from the request's
+seed, exactly one uniform per token: a seeded request gives the same output whatever else
+shares its batch. Order of filters: temperature, then top-k, then top-p (as HF and vLLM).
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from inferd.types import SamplingParams
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """A sequence's generator: from the request seed, or from fresh entropy when unseeded."""
+    return np.random.Generator(np.random.PCG64(seed if seed is not None else secrets.randbits(64)))
+
+
+def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids still allowed after temperature, top-k and top-p, and their probabilities.
+
+    Candidates are ordered by descending logit (ties by token id) whenever a filter sorts them,
+    by token id otherwise; probabilities sum to 1.
+    """
+    scaled = logits.astype(np.float64) / params.temperature
+    vocab = scaled.shape[0]
+    if 0 < params.top_k < vocab:
+        top = np.argpartition(-scaled, params.top_k - 1)[:params.top_k]
+        ids = top[np.lexsort((top, -scaled[top]))]
+    elif params.top_p < 1.0:
+        ids = np.argsort(-scaled, kind="stable")
+    else:
+        ids = np.arange(vocab)
+    values = scaled[ids]
+    probs = np.exp(values - values.max())
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        # candidates are sorted here (by top-k or the argsort above):
+        # keep the smallest head whose mass reaches top_p
+        cumulative = np.cumsum(probs)
+        keep = min(int(np.searchsorted(cumulative, params.top_p, side="left")) + 1, ids.shape[0])
+        ids, probs = ids[:keep], probs[:keep]
+        probs = probs / probs.sum()
+    return ids, probs
+
+
+def sample_one(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    ids, probs = candidate_probs(logits, params)
+    u = rng.random()
+    index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+    return int(ids[min(index, ids.shape[0] - 1)])
+
+
+class Sampler:
+    """Picks one token per row of `logits` ([rows, vocab] float32)."""
+
+    def sample(self, logits: np.ndarray, params: Seq[SamplingParams],
+               rngs: Seq[np.random.Generator | None]) -> list[int]:
+        if logits.shape[0] != len(params):
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} sequences")
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        if len(greedy) == len(params):
+            return np.argmax(logits, axis=1).tolist()
+        tokens = [0] * len(params)
+        if greedy:
+            for i, token in zip(greedy, np.argmax(logits[greedy], axis=1).tolist()):
+                tokens[i] = token
+        for i, p in enumerate(params):
+            if not p.greedy:
+                rng = rngs[i]
+                if rng is None:
+                    raise ValueError(f"row {i} samples randomly but has no generator")
+                tokens[i] = sample_one(logits[i], p, rng)
+        return tokens
