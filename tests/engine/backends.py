@@ -1,0 +1,44 @@
+"""The engine backends the conformance suite (test_conformance.py) runs against.
+
+Each entry is an async context-manager factory: given the test's pytest `request` (so it can pull
+fixtures such as `tiny_artifact` with `request.getfixturevalue`), it yields a started, warmed
+engine and closes it afterwards. To put a backend under the suite, add one entry to BACKENDS.
+
+Keep every backend small (a handful of slots, a few dozen KV blocks): the suite must be fast,
+and small limits make queueing and capacity effects visible.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import AsyncContextManager
+
+import pytest
+
+from inferd.engine.base import Engine
+
+BackendFactory = Callable[[pytest.FixtureRequest], AsyncContextManager[Engine]]
+
+
+@contextlib.asynccontextmanager
+async def running(engine: Engine) -> AsyncIterator[Engine]:
+    """Start and warm an engine, and close it however the test ends."""
+    await engine.start()
+    try:
+        await engine.warmup()
+        yield engine
+    finally:
+        await engine.close()
+
+
+def sim(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
+    from inferd.engine.sim import SimEngine
+
+    # time_scale 0.05: steps of ~0.1 ms, so streams interleave with the test like a real engine's
+    return running(SimEngine("tiny", num_kv_blocks=48, block_size=16, max_batch_size=4, max_num_tokens=64,
+                             max_model_len=256, time_scale=0.05))
+
+
+BACKENDS: dict[str, BackendFactory] = {
+    "sim": sim,
+}

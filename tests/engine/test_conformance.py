@@ -1,0 +1,213 @@
+"""One behaviour contract, every engine backend (see backends.py for the list)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from inferd.engine.base import Engine, EngineUnavailable, InvalidRequest
+from inferd.engine.stream import RequestStream, merge_deltas
+from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
+from tests.engine.backends import BACKENDS
+
+TIMEOUT_S = 30.0
+PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Once upon a time, in a land far away,",
+           "Serving many tenants fairly is", "To be or not to be:", "Paged attention keeps KV in blocks",
+           "The capital of France is", "def fib(n):", "Roses are red, violets are"]
+_ids = itertools.count()
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def engine(request: pytest.FixtureRequest):
+    async with BACKENDS[request.param](request) as started:
+        yield started
+
+
+def prompt_ids(engine: Engine, i: int = 0) -> tuple[int, ...]:
+    return tuple(engine.tokenizer.encode(PROMPTS[i % len(PROMPTS)]))
+
+
+def submit(engine: Engine, prompt: tuple[int, ...], **params) -> RequestStream:
+    params.setdefault("ignore_eos", True)
+    request = GenerationRequest(request_id=f"conf-{next(_ids)}", prompt_token_ids=prompt,
+                                sampling=SamplingParams(**params))
+    return engine.submit(request)
+
+
+async def drain(stream: RequestStream) -> list[Delta]:
+    async def read() -> list[Delta]:
+        return [d async for d in stream]
+    return await asyncio.wait_for(read(), TIMEOUT_S)
+
+
+async def generate(engine: Engine, prompt: tuple[int, ...], **params) -> tuple[list[Delta], Delta]:
+    deltas = await drain(submit(engine, prompt, **params))
+    return deltas, merge_deltas(deltas)
+
+
+async def first_delta(stream: RequestStream) -> Delta:
+    return await asyncio.wait_for(stream.__anext__(), TIMEOUT_S)
+
+
+def idle(engine: Engine) -> tuple[int, int]:
+    cap = engine.capacity()
+    return cap.free_kv_blocks, cap.free_slots
+
+
+async def test_idle_capacity_matches_info(engine: Engine) -> None:
+    cap, info = engine.capacity(), engine.info
+    assert (cap.free_kv_blocks, cap.free_slots, cap.waiting) == (info.num_kv_blocks, info.max_batch_size, 0)
+    assert cap.free_kv_tokens == cap.free_kv_blocks * cap.block_size and cap.block_size == info.block_size
+    assert info.simulated == (info.backend == "sim")
+
+
+async def test_stream_deltas_assemble_to_final_text_and_decoded_ids(engine: Engine) -> None:
+    deltas, whole = await generate(engine, prompt_ids(engine), max_tokens=12, temperature=0.0)
+    assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+    assert len(whole.token_ids) == 12
+    assert "".join(d.text for d in deltas) == whole.text == engine.tokenizer.decode(whole.token_ids)
+
+
+async def test_final_delta_carries_usage_and_ordered_timing(engine: Engine) -> None:
+    prompt = prompt_ids(engine, 1)
+    _, whole = await generate(engine, prompt, max_tokens=5, temperature=0.0)
+    assert whole.usage is not None and whole.usage.prompt_tokens == len(prompt)
+    assert whole.usage.completion_tokens == len(whole.token_ids) == 5
+    assert 0 <= whole.usage.cached_tokens < len(prompt)
+    t = whole.timing
+    assert t is not None and t.submitted <= t.first_scheduled <= t.first_token <= t.finished
+
+
+async def test_repeated_prompt_reports_cached_tokens_in_whole_blocks(engine: Engine) -> None:
+    prompt = prompt_ids(engine, 2) * 4
+    _, first = await generate(engine, prompt, max_tokens=2, temperature=0.0)
+    _, second = await generate(engine, prompt, max_tokens=2, temperature=0.0)
+    assert first.usage.prompt_tokens == second.usage.prompt_tokens == len(prompt)
+    # a prefix cache may serve whole blocks of the repeat, never the last prompt token
+    assert second.usage.cached_tokens % engine.info.block_size == 0
+    assert 0 <= second.usage.cached_tokens < len(prompt)
+    assert first.token_ids == second.token_ids
+
+
+async def test_max_tokens_ends_with_length(engine: Engine) -> None:
+    _, whole = await generate(engine, prompt_ids(engine, 3), max_tokens=7, temperature=0.0)
+    assert whole.finish_reason is FinishReason.LENGTH and len(whole.token_ids) == 7
+
+
+async def test_stop_string_ends_generation_and_never_leaks(engine: Engine) -> None:
+    prompt = prompt_ids(engine, 4)
+    _, free_run = await generate(engine, prompt, max_tokens=24, temperature=0.0)
+    text = free_run.text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert len(stop) == 3, f"greedy run too short to derive a stop string: {text!r}"
+    deltas, stopped = await generate(engine, prompt, max_tokens=24, temperature=0.0, stop=(stop,))
+    assert stopped.finish_reason is FinishReason.STOP
+    assert stopped.text == text[:text.index(stop)]
+    assert all(stop not in d.text for d in deltas)
+    assert stopped.token_ids == free_run.token_ids[:len(stopped.token_ids)]
+
+
+async def test_stop_token_id_ends_generation(engine: Engine) -> None:
+    prompt = prompt_ids(engine, 5)
+    _, free_run = await generate(engine, prompt, max_tokens=16, temperature=0.0)
+    stop_id = free_run.token_ids[5]
+    cut = free_run.token_ids.index(stop_id) + 1
+    _, stopped = await generate(engine, prompt, max_tokens=16, temperature=0.0, stop_token_ids=(stop_id,))
+    assert stopped.finish_reason is FinishReason.STOP
+    assert stopped.token_ids == free_run.token_ids[:cut]
+
+
+async def test_greedy_output_is_reproducible(engine: Engine) -> None:
+    prompt = prompt_ids(engine, 6)
+    runs = [await generate(engine, prompt, max_tokens=10, temperature=0.0) for _ in range(2)]
+    assert runs[0][1].token_ids == runs[1][1].token_ids
+
+
+async def test_seeded_sampling_is_reproducible_whatever_else_is_batched(engine: Engine) -> None:
+    prompt = prompt_ids(engine, 7)
+    _, alone = await generate(engine, prompt, max_tokens=10, temperature=1.0, seed=1234)
+    others = [submit(engine, prompt_ids(engine, i), max_tokens=10, temperature=1.0) for i in range(2)]
+    _, batched = await generate(engine, prompt, max_tokens=10, temperature=1.0, seed=1234)
+    await asyncio.gather(*(drain(s) for s in others))
+    assert alone.token_ids == batched.token_ids
+
+
+async def test_abort_ends_stream_with_abort_and_frees_capacity(engine: Engine) -> None:
+    at_idle = idle(engine)
+    stream = submit(engine, prompt_ids(engine), max_tokens=200, temperature=0.0)
+    await first_delta(stream)
+    engine.abort(stream.request_id)
+    rest = await drain(stream)
+    assert rest[-1].finish_reason is FinishReason.ABORT and rest[-1].usage is not None
+    assert idle(engine) == at_idle
+    engine.abort(stream.request_id)        # finished ids are ignored
+    engine.abort("never-submitted")
+
+
+async def test_stream_cancel_aborts_the_request(engine: Engine) -> None:
+    at_idle = idle(engine)
+    stream = submit(engine, prompt_ids(engine, 1), max_tokens=200, temperature=0.0)
+    await first_delta(stream)
+    stream.cancel()
+    rest = await drain(stream)
+    assert rest[-1].finish_reason is FinishReason.ABORT
+    assert idle(engine) == at_idle
+
+
+async def test_invalid_request_names_its_param_and_leaves_others_running(engine: Engine) -> None:
+    at_idle = idle(engine)
+    prompt = prompt_ids(engine)
+    running = submit(engine, prompt, max_tokens=20, temperature=0.0)
+    await first_delta(running)
+    with pytest.raises(InvalidRequest) as too_long:
+        submit(engine, prompt, max_tokens=engine.info.max_model_len)
+    assert too_long.value.param == "max_tokens"
+    with pytest.raises(InvalidRequest) as empty:
+        submit(engine, (), max_tokens=4)
+    assert empty.value.param == "prompt"
+    with pytest.raises(InvalidRequest) as zero:
+        submit(engine, prompt, max_tokens=0)
+    assert zero.value.param == "max_tokens"
+    rest = await drain(running)
+    assert rest[-1].finish_reason is FinishReason.LENGTH and rest[-1].usage.completion_tokens == 20
+    assert idle(engine) == at_idle
+
+
+async def test_capacity_goes_down_while_requests_run_and_back_up_after(engine: Engine) -> None:
+    at_idle = idle(engine)
+    n = min(3, engine.info.max_batch_size)
+    prompts = [prompt_ids(engine, i) for i in range(n)]
+    streams = [submit(engine, p, max_tokens=30, temperature=0.0) for p in prompts]
+    prompt_blocks = sum(-(-len(p) // engine.info.block_size) for p in prompts)
+    # submitted but not yet scheduled work counts too: capacity never over-reports
+    for _ in range(2):
+        free_blocks, free_slots = idle(engine)
+        assert free_slots == at_idle[1] - n
+        assert free_blocks <= at_idle[0] - prompt_blocks
+        await asyncio.gather(*(first_delta(s) for s in streams))
+    assert engine.stats().running + engine.stats().waiting == n
+    await asyncio.gather(*(drain(s) for s in streams))
+    assert idle(engine) == at_idle
+    assert engine.stats().running == engine.stats().waiting == 0
+
+
+async def test_more_concurrent_requests_than_slots_all_finish(engine: Engine) -> None:
+    n = 2 * engine.info.max_batch_size + 1
+    prompts = [prompt_ids(engine, i) + prompt_ids(engine, i + 1) for i in range(n)]
+    streams = [submit(engine, p, max_tokens=6, temperature=0.0) for p in prompts]
+    results = [merge_deltas(d) for d in await asyncio.gather(*(drain(s) for s in streams))]
+    assert [r.finish_reason for r in results] == [FinishReason.LENGTH] * n
+    assert [r.usage.prompt_tokens for r in results] == [len(p) for p in prompts]
+    assert all(len(r.token_ids) == 6 for r in results)
+
+
+async def test_close_ends_in_flight_streams_with_abort(engine: Engine) -> None:
+    streams = [submit(engine, prompt_ids(engine, i), max_tokens=200, temperature=0.0) for i in range(2)]
+    await asyncio.gather(*(first_delta(s) for s in streams))
+    await asyncio.wait_for(engine.close(), TIMEOUT_S)
+    for stream in streams:
+        rest = await drain(stream)
+        assert rest[-1].finish_reason is FinishReason.ABORT
+    with pytest.raises(EngineUnavailable):
+        submit(engine, prompt_ids(engine), max_tokens=2)
