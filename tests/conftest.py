@@ -1,25 +1,32 @@
-"""Shared fixtures: a tiny synthetic tokenizer (and, below, artifacts) built once per session."""
+"""Shared fixtures: a tiny synthetic artifact (built once per session) and its tokenizer.
+
+The artifact is read-only for tests: copy it (shutil.copytree) before altering anything.
+"""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from inferd.build.tokenizer_train import EOS_TOKEN, IM_END, train_byte_level_bpe, write_tokenizer_files
+from inferd.build.reference import build_synthetic
 from inferd.tokenization import HFTokenizer
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tiny_tokenizer")
-    tokenizer = train_byte_level_bpe(512, num_lines=2000)
-    write_tokenizer_files(directory, tokenizer, model_max_length=256)
-    eos = [tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(IM_END)]
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    return directory
+def tiny_engines_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An engines/ tree holding the tiny artifact (resolve_artifact(root, "tiny") finds it)."""
+    root = tmp_path_factory.mktemp("engines")
+    build_synthetic("tiny", root, progress=lambda message: None)
+    return root
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_tokenizer_dir: Path) -> HFTokenizer:
-    return HFTokenizer.from_dir(tiny_tokenizer_dir)
+def tiny_artifact(tiny_engines_root: Path) -> Path:
+    """engines/tiny/<version>: 2-layer Llama, vocab 512, byte-level BPE tokenizer, ChatML template."""
+    (version,) = [p for p in (tiny_engines_root / "tiny").iterdir() if p.is_dir()]
+    return version
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_artifact: Path) -> HFTokenizer:
+    return HFTokenizer.from_dir(tiny_artifact)

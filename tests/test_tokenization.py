@@ -88,8 +88,8 @@ def test_malformed_messages_name_the_field(tiny_tokenizer: HFTokenizer, messages
     assert info.value.param == param
 
 
-def test_hf_template_features_tojson_and_list_of_named_templates(tiny_tokenizer_dir: Path, tmp_path: Path) -> None:
-    shutil.copy(tiny_tokenizer_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+def test_hf_template_features_tojson_and_list_of_named_templates(tiny_artifact: Path, tmp_path: Path) -> None:
+    shutil.copy(tiny_artifact / "tokenizer.json", tmp_path / "tokenizer.json")
     template = ("{% for m in messages %}{{ m | tojson }}{% if not loop.last %}|{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ eos_token }}{% endif %}")
     config = {"eos_token": {"content": "<|im_end|>"}, "bos_token": None,
@@ -102,8 +102,8 @@ def test_hf_template_features_tojson_and_list_of_named_templates(tiny_tokenizer_
     assert tokenizer.bos_token_id is None
 
 
-def test_model_without_chat_template_gets_typed_error(tiny_tokenizer_dir: Path, tmp_path: Path) -> None:
-    shutil.copy(tiny_tokenizer_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+def test_model_without_chat_template_gets_typed_error(tiny_artifact: Path, tmp_path: Path) -> None:
+    shutil.copy(tiny_artifact / "tokenizer.json", tmp_path / "tokenizer.json")
     with pytest.raises(ChatTemplateError, match="no chat template"):
         HFTokenizer.from_dir(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
 

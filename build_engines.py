@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Build engine artifacts into engines/<name>/<version>/ (see inferd.artifacts).
+
+  python build_engines.py --target reference --synthetic tiny|small
+  python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
+  python build_engines.py --target trtllm ...      (options come from inferd.build.trtllm)
+
+Prints progress on stderr and the artifact path on stdout; exit 0 on success, 1 on a build
+error, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from inferd.artifacts import ArtifactError
+from inferd.build.reference import SYNTHETIC_SPECS, build_synthetic, pack_hf
+from inferd.tokenization import TokenizerLoadError
+
+
+def _trtllm_builder() -> ModuleType | None:
+    try:
+        return importlib.import_module("inferd.build.trtllm")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("inferd.build.trtllm",):
+            return None
+        raise
+
+
+def build_parser(trtllm: ModuleType | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="build_engines.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", choices=["reference", "trtllm"], default="reference")
+    parser.add_argument("--engines-root", type=Path, default=Path("engines"),
+                        help="where artifacts go (default: ./engines)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--synthetic", choices=sorted(SYNTHETIC_SPECS),
+                        help="deterministic random-weight Llama with a trained byte-level BPE tokenizer")
+    source.add_argument("--hf-dir", type=Path, help="an existing Hugging Face Llama checkpoint directory")
+    parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind)")
+    if trtllm is not None and hasattr(trtllm, "add_arguments"):
+        trtllm.add_arguments(parser.add_argument_group("trtllm"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    trtllm = _trtllm_builder()
+    parser = build_parser(trtllm)
+    args = parser.parse_args(argv)
+    if args.target == "trtllm":
+        if trtllm is None:
+            print("build_engines.py: --target trtllm is not available in this checkout "
+                  "(inferd/build/trtllm.py is missing); build with --target reference", file=sys.stderr)
+            return 2
+        entry = getattr(trtllm, "main", None) or getattr(trtllm, "build", None)
+        if entry is None:
+            print("build_engines.py: inferd.build.trtllm has neither main(args) nor build(args)", file=sys.stderr)
+            return 2
+        result = entry(args)
+        return result if isinstance(result, int) else 0
+    if args.synthetic is None and args.hf_dir is None:
+        parser.error("one of --synthetic or --hf-dir is required for --target reference")
+    if args.hf_dir is not None and not args.name:
+        parser.error("--name is required with --hf-dir")
+    try:
+        if args.synthetic is not None:
+            if args.name and args.name != args.synthetic:
+                parser.error("--name cannot rename a synthetic artifact (its name is its kind)")
+            path = build_synthetic(args.synthetic, args.engines_root)
+        else:
+            path = pack_hf(args.hf_dir, args.name, args.engines_root)
+    except (ArtifactError, TokenizerLoadError, OSError) as exc:
+        print(f"build_engines.py: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
