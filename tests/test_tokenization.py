@@ -224,3 +224,53 @@ def test_no_stops_passes_text_through() -> None:
 def test_empty_stop_string_is_rejected_naming_it() -> None:
     with pytest.raises(ValueError, match=r"stop\[1\]"):
         StopMatcher(["ok", ""])
+
+
+LLAMA3_LIKE_TEMPLATE = """
+{%- set ns = namespace(system='') -%}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set ns.system = messages[0]['content'] | trim -%}
+    {%- set messages = messages[1:] -%}
+{%- endif -%}
+{{- bos_token }}
+{%- if tools is defined and tools %}
+<tools>{{ tools | tojson(indent=2) }}</tools>
+{% endif %}
+{%- for message in messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {{- '<|im_start|>' + message['role'] + '\n' }}
+    {%- if loop.first and ns.system %}{{ ns.system + '\n\n' }}{% endif %}
+    {{- message['content'] | trim + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+
+@pytest.mark.parametrize("messages, kwargs", [
+    ([{"role": "user", "content": "  hi  "}], {}),
+    ([{"role": "system", "content": "Sys é"}, {"role": "user", "content": "a"},
+      {"role": "assistant", "content": "b"}, {"role": "user", "content": "c <tag> \"q\""}], {}),
+    ([{"role": "user", "content": "weather?"}],
+     {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"city": "Zürich"}}}]}),
+])
+def test_chat_template_rendering_matches_transformers(tiny_artifact: Path, tmp_path: Path,
+                                                      messages: list, kwargs: dict) -> None:
+    transformers = pytest.importorskip("transformers")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_artifact / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": LLAMA3_LIKE_TEMPLATE}))
+    ours = HFTokenizer.from_dir(tmp_path)
+    theirs = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    for add_generation_prompt in (True, False):
+        expected = theirs.apply_chat_template(messages, tokenize=False,
+                                              add_generation_prompt=add_generation_prompt, **kwargs)
+        assert ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs) == expected
+    assert ours.encode("Zürich <|im_end|>") == theirs.encode("Zürich <|im_end|>")
+    not_alternating = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(ChatTemplateError, match="must alternate"):
+        ours.apply_chat_template(not_alternating)
