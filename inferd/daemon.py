@@ -1,0 +1,305 @@
+"""The daemon's lifecycle: startup -> serve -> drain -> cleanup, in one uvloop process.
+
+Resources are acquired in order (engines, then the HTTP listener) on an AsyncExitStack and
+released in reverse, like aiohttp's cleanup_ctx. We drive AppRunner + TCPSite ourselves rather
+than web.run_app so the daemon owns its signals, readiness and sd_notify. Signal handlers only
+set events (as uvicorn's do):
+  SIGTERM / SIGINT  first: drain (readyz 503, stop listening, wait for in-flight requests up to
+                    server.drain_grace_s, close engines, exit 0); second: skip the wait, exit 1.
+  SIGHUP            reload hook (`Daemon.reload`); issue 5 implements it.
+
+Tests run the whole lifecycle in-process: `Daemon(config).run()` in a task, `await daemon.ready.wait()`,
+read `daemon.port`, then `daemon.request_stop()`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from inferd.config import Config, ConfigError, load_config, with_overrides
+from inferd.engine.base import Engine
+from inferd.engine.factory import build_engine, missing_synthetic
+from inferd.log import configure_logging, get_logger
+from inferd.sdnotify import Notifier
+from inferd.state import ServerState
+
+log = get_logger("inferd.daemon")
+
+AppFactory = Callable[[ServerState], web.Application]
+EngineFactory = Callable[..., Engine]
+
+# After the drain, handlers still running (e.g. waiting in an admission queue an engine close does
+# not reach) get this long before aiohttp cancels them.
+HANDLER_SHUTDOWN_TIMEOUT_S = 3.0
+# A forced exit still asks each engine to close, but waits at most this long for it.
+FORCED_CLOSE_TIMEOUT_S = 2.0
+BUILD_PROGRESS_INTERVAL_S = 5.0
+
+
+def _default_app_factory(state: ServerState) -> web.Application:
+    from inferd.api.app import make_app
+
+    return make_app(state)
+
+
+class Daemon:
+    def __init__(self, config: Config, *, app_factory: AppFactory | None = None,
+                 engine_factory: EngineFactory = build_engine, notifier: Notifier | None = None) -> None:
+        self.config = config
+        self._app_factory = app_factory or _default_app_factory
+        self._engine_factory = engine_factory
+        self._notifier = notifier or Notifier()
+        self.state: ServerState | None = None
+        self.host: str | None = None
+        self.port: int | None = None
+        self.ready = asyncio.Event()       # set once listening and serving
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._stop_requests = 0
+        self._closed_engines: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- control (signal handlers and tests call these; they only set events) --------------
+    def request_stop(self) -> None:
+        """First call: drain and exit. A second call: exit at once, skipping the drain wait."""
+        self._stop_requests += 1
+        self._stop.set()
+        if self._stop_requests > 1:
+            self._force.set()
+
+    def request_reload(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._tasks.add(task)  # keep a reference until done: the loop holds tasks only weakly
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> None:
+        """SIGHUP hook: issue 5 builds a new config/engines and swaps them into `state`."""
+        log.warning("reload_not_implemented", message="reload not implemented yet; config unchanged")
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        log.info("signal", signal=name, forced=self._stop_requests > 0)
+        self.request_stop()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def run(self, *, install_signals: bool = False) -> int:
+        """Run until stopped. Returns the process exit code: 0 clean, 1 forced or failed start."""
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        try:
+            return await self._run()
+        finally:
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(sig)
+            self._notifier.close()
+
+    async def _run(self) -> int:
+        async with contextlib.AsyncExitStack() as stack:
+            startup = asyncio.ensure_future(self._startup(stack))
+            stopper = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not startup.done():  # stopped while starting: abandon startup, release what it got
+                startup.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await startup
+                log.info("stopped_during_startup")
+                return 1 if self._force.is_set() else 0
+            stopper.cancel()
+            exc = startup.exception()
+            if exc is not None:
+                log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
+                return 1
+            runner: web.AppRunner = startup.result()
+            watchdog = asyncio.ensure_future(self._notifier.watchdog_loop())
+            stack.callback(watchdog.cancel)
+            await self._stop.wait()
+            await self._drain(runner)
+        log.info("stopped", forced=self._force.is_set())
+        return 1 if self._force.is_set() else 0
+
+    async def _startup(self, stack: contextlib.AsyncExitStack) -> web.AppRunner:
+        cfg = self.config
+        engines: dict[str, Engine] = {}
+        for name, model in cfg.models.items():
+            kind = missing_synthetic(name, model, cfg.server)
+            if kind is not None:
+                await self._build_synthetic(name, kind)
+            t0 = time.monotonic()
+            engine = self._engine_factory(name, model, cfg.server)
+            stack.push_async_callback(self._close_engine, name, engine)
+            await engine.start()
+            await engine.warmup()
+            engines[name] = engine
+            info = engine.info
+            log.info("engine_started", model=name, backend=info.backend, version=info.version,
+                     simulated=info.simulated, seconds=round(time.monotonic() - t0, 3))
+
+        self.state = state = ServerState(cfg, engines)
+        for name, engine in engines.items():
+            if hasattr(engine, "step_observer"):  # optional engine hook: feeds inferd_engine_step_seconds
+                engine.step_observer = state.metrics.step_observer(name)
+        app = self._app_factory(state)
+        # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
+                               shutdown_timeout=HANDLER_SHUTDOWN_TIMEOUT_S)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
+        await site.start()
+        self.host, self.port = runner.addresses[0][:2]
+        state.started = True
+        log.info("listening", host=self.host, port=self.port)
+        log.info("ready", models=list(engines))
+        self._notifier.ready(f"serving {', '.join(engines)} on {self.host}:{self.port}")
+        self.ready.set()
+        return runner
+
+    async def _build_synthetic(self, name: str, kind: str) -> None:
+        """First run: build the synthetic artifact in a thread, logging progress while it runs."""
+        from inferd.build.reference import build_synthetic
+
+        root = Path(self.config.server.engines_root)
+        log.info("building_engine", model=name, kind=kind, engines_root=str(root),
+                 message=f"engine {kind!r} not built yet; building it once (this takes a little while)")
+        self._notifier.status(f"building engine {kind}")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Path] = loop.create_future()
+
+        def work() -> None:
+            result: Path | None = None
+            error: BaseException | None = None
+            try:
+                result = build_synthetic(kind, root)
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop, re-raised there
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the daemon stopped meanwhile
+                loop.call_soon_threadsafe(_settle, done, result, error)
+
+        # A daemon thread, not the default executor: a stop during a first-run build must not wait
+        # for it (asyncio.Runner joins the default executor on close).
+        t0 = time.monotonic()
+        threading.Thread(target=work, name=f"build-{kind}", daemon=True).start()
+        while True:
+            try:
+                path = await asyncio.wait_for(asyncio.shield(done), BUILD_PROGRESS_INTERVAL_S)
+                break
+            except asyncio.TimeoutError:
+                log.info("building_engine_progress", model=name, kind=kind,
+                         elapsed_s=round(time.monotonic() - t0, 1))
+        log.info("engine_built", model=name, kind=kind, path=str(path),
+                 seconds=round(time.monotonic() - t0, 3))
+
+    async def _drain(self, runner: web.AppRunner) -> None:
+        state = self.state
+        if state is None:  # _drain runs only after a successful startup, which sets it
+            return
+        state.draining = True
+        self._notifier.stopping()
+        log.info("draining", in_flight=state.in_flight, grace_s=self.config.server.drain_grace_s)
+        for site in list(runner.sites):
+            await site.stop()                  # stop accepting connections
+        if runner.server is not None:
+            runner.server.pre_shutdown()       # keep-alive connections close after their current request
+        drained = await self._wait_drained(state)
+        if not drained:
+            log.warning("drain_incomplete", in_flight=state.in_flight, forced=self._force.is_set())
+        # Close engines before the runner: their open streams end with finish_reason "abort", so
+        # handlers still streaming send a final chunk and return instead of being cancelled.
+        for name, engine in reversed(state.engines.items()):
+            await self._close_engine(name, engine)
+        if self._force.is_set() and runner.server is not None:
+            # Cancel whatever handler is left now rather than after HANDLER_SHUTDOWN_TIMEOUT_S.
+            # (aiohttp reads a timeout of 0 as "no timeout", hence a small positive one.)
+            await runner.server.shutdown(0.01)
+
+    async def _wait_drained(self, state: ServerState) -> bool:
+        if self._force.is_set():
+            return state.in_flight == 0
+        idle = asyncio.ensure_future(state.wait_idle(self.config.server.drain_grace_s))
+        forced = asyncio.ensure_future(self._force.wait())
+        await asyncio.wait({idle, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if not idle.done():
+            idle.cancel()
+            return False
+        return idle.result()
+
+    async def _close_engine(self, name: str, engine: Engine) -> None:
+        """Close once (the drain and the exit stack may both ask); never let one failure stop the rest."""
+        if name in self._closed_engines:
+            return
+        self._closed_engines.add(name)
+        try:
+            if self._force.is_set():
+                await asyncio.wait_for(engine.close(), FORCED_CLOSE_TIMEOUT_S)
+            else:
+                await engine.close()
+            log.info("engine_closed", model=name)
+        except Exception as exc:  # noqa: BLE001 - logged; shutdown continues with the other engines
+            log.error("engine_close_failed", model=name, error=str(exc), error_type=type(exc).__name__)
+
+
+def _settle(future: asyncio.Future[Path], result: Path | None, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+async def run_daemon(config: Config, *, ready_event: asyncio.Event | None = None,
+                     stop_event: asyncio.Event | None = None, app_factory: AppFactory | None = None,
+                     install_signals: bool = False) -> int:
+    """Run a daemon until `stop_event` is set (or a signal, with install_signals). Returns the exit code."""
+    daemon = Daemon(config, app_factory=app_factory)
+    relays = []
+    if ready_event is not None:
+        relays.append(asyncio.ensure_future(_relay(daemon.ready, ready_event.set)))
+    if stop_event is not None:
+        relays.append(asyncio.ensure_future(_relay(stop_event, daemon.request_stop)))
+    try:
+        return await daemon.run(install_signals=install_signals)
+    finally:
+        for task in relays:
+            task.cancel()
+
+
+async def _relay(event: asyncio.Event, action: Callable[[], None]) -> None:
+    await event.wait()
+    action()
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """`inferd serve --config PATH [--host H] [--port P]`."""
+    configure_logging("info")
+    try:
+        config = with_overrides(load_config(args.config), host=args.host, port=args.port)
+    except ConfigError as exc:
+        log.error("invalid_config", source=exc.source, errors=exc.errors)
+        return 1
+    configure_logging(config.server.log_level)
+    log.info("starting", config=str(Path(args.config).resolve()), pid=os.getpid())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(Daemon(config).run(install_signals=True))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        return None
+    return uvloop.new_event_loop

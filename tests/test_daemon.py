@@ -1,0 +1,233 @@
+"""The daemon's lifecycle, run in-process on an ephemeral port, and once as a real subprocess."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from inferd.config import parse_config
+from inferd.daemon import Daemon, run_daemon
+from inferd.engine.factory import build_engine
+from inferd.state import ServerState
+from inferd.types import GenerationRequest, SamplingParams
+
+
+def sim_config(*, drain_grace_s: float = 30.0, time_scale: float = 0.01):
+    """A config serving the simulator (by default 100x faster than its tiny profile) on any free port."""
+    raw_model = {"backend": "sim", "max_batch_size": 4, "max_num_tokens": 64, "num_kv_blocks": 64,
+                 "sim": {"profile": "tiny", "time_scale": time_scale, "max_model_len": 1024}}
+    return parse_config({"server": {"port": 0, "drain_grace_s": drain_grace_s}, "models": {"sim": raw_model}})
+
+
+class LifecycleApp:
+    """A minimal app over ServerState, standing in for inferd.api until it lands.
+
+    /hold     counts as in flight (state.track) until the test sets `release`.
+    /generate runs a request through the sim engine and answers with its finish reason.
+    """
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.state: ServerState | None = None
+
+    def __call__(self, state: ServerState) -> web.Application:
+        self.state = state
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/hold", self.hold)
+        app.router.add_get("/generate", self.generate)
+        return app
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ready": self.state.ready()}, status=200 if self.state.ready() else 503)
+
+    async def hold(self, request: web.Request) -> web.Response:
+        with self.state.track():
+            self.entered.set()
+            await self.release.wait()
+            return web.json_response({"released": True})
+
+    async def generate(self, request: web.Request) -> web.Response:
+        max_tokens = int(request.query.get("max_tokens", "8"))
+        with self.state.track():
+            stream = self.state.engines["sim"].submit(GenerationRequest(
+                request_id=uuid.uuid4().hex, prompt_token_ids=(1, 2, 3),
+                sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)))
+            tokens = 0
+            async for delta in stream:
+                tokens += len(delta.token_ids)
+                if tokens:
+                    self.entered.set()
+            return web.json_response({"finish_reason": delta.finish_reason.value, "tokens": tokens})
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config, app: LifecycleApp) -> AsyncIterator[tuple[Daemon, asyncio.Task[int], str]]:
+    daemon = Daemon(config, app_factory=app)
+    task = asyncio.ensure_future(daemon.run())
+    ready = asyncio.ensure_future(daemon.ready.wait())
+    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        ready.cancel()
+        pytest.fail(f"daemon exited during startup with {task.result()}")
+    try:
+        yield daemon, task, f"http://127.0.0.1:{daemon.port}"
+    finally:
+        if not task.done():
+            daemon.request_stop()
+            daemon.request_stop()
+            await task
+
+
+async def test_serves_on_ephemeral_port_and_stops_with_exit_zero():
+    app = LifecycleApp()
+    async with running_daemon(sim_config(), app) as (daemon, task, url):
+        assert daemon.port and daemon.port != 0
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{url}/readyz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{url}/generate?max_tokens=5") as resp:
+                assert await resp.json() == {"finish_reason": "length", "tokens": 5}
+        engine = daemon.state.engines["sim"]
+        assert engine.info.simulated
+        daemon.request_stop()
+        assert await task == 0
+        assert not engine.healthy
+
+
+async def test_drain_waits_for_in_flight_request_then_closes_engines():
+    app = LifecycleApp()
+    async with running_daemon(sim_config(), app) as (daemon, task, url):
+        async with aiohttp.ClientSession() as http:
+            held = asyncio.ensure_future(http.get(f"{url}/hold"))
+            await app.entered.wait()
+            daemon.request_stop()
+            while not daemon.state.draining:  # the drain starts on the daemon's next turn
+                await asyncio.sleep(0)
+            assert not daemon.state.ready()
+            assert not task.done()
+            assert daemon.state.engines["sim"].healthy  # engines stay up while a request is in flight
+            app.release.set()
+            resp = await held
+            assert resp.status == 200 and await resp.json() == {"released": True}
+            resp.release()
+        assert await task == 0
+        assert not daemon.state.engines["sim"].healthy
+
+
+async def test_stopped_daemon_no_longer_accepts_connections():
+    app = LifecycleApp()
+    async with running_daemon(sim_config(), app) as (daemon, task, url):
+        daemon.request_stop()
+        assert await task == 0
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await http.get(f"{url}/healthz")
+
+
+async def test_drain_grace_expiry_aborts_streams_and_exits_zero():
+    app = LifecycleApp()
+    # real-time tiny profile: ~2.5 ms per token, so 900 tokens outlast the 50 ms grace by far
+    async with running_daemon(sim_config(drain_grace_s=0.05, time_scale=1.0), app) as (daemon, task, url):
+        async with aiohttp.ClientSession() as http:
+            long = asyncio.ensure_future(http.get(f"{url}/generate?max_tokens=900"))
+            await app.entered.wait()
+            daemon.request_stop()
+            resp = await long
+            body = await resp.json()
+            assert body["finish_reason"] == "abort"
+            assert 0 < body["tokens"] < 900
+        assert await task == 0
+
+
+async def test_second_stop_skips_the_drain_and_exits_nonzero():
+    app = LifecycleApp()
+    async with running_daemon(sim_config(), app) as (daemon, task, url):
+        async with aiohttp.ClientSession() as http:
+            held = asyncio.ensure_future(http.get(f"{url}/hold"))
+            await app.entered.wait()
+            daemon.request_stop()
+            daemon.request_stop()
+            assert await task == 1       # did not wait the 30 s grace for /hold
+            with pytest.raises(aiohttp.ClientError):
+                await held
+
+
+async def test_stop_during_startup_closes_what_was_started():
+    started, closed = asyncio.Event(), []
+    gate = asyncio.Event()
+
+    def slow_factory(name, model, server):
+        engine = build_engine(name, model, server)
+        original_warmup, original_close = engine.warmup, engine.close
+
+        async def warmup():
+            await original_warmup()
+            started.set()
+            await gate.wait()  # never set: startup is stuck in warmup until stopped
+
+        async def close():
+            closed.append(name)
+            await original_close()
+
+        engine.warmup, engine.close = warmup, close
+        return engine
+
+    daemon = Daemon(sim_config(), app_factory=LifecycleApp(), engine_factory=slow_factory)
+    task = asyncio.ensure_future(daemon.run())
+    await started.wait()
+    daemon.request_stop()
+    assert await task == 0
+    assert closed == ["sim"]
+    assert not daemon.ready.is_set()
+
+
+async def test_failed_startup_exits_one_and_closes_started_engines():
+    closed = []
+
+    def factory(name, model, server):
+        engine = build_engine(name, model, server)
+        original_close = engine.close
+
+        async def close():
+            closed.append(name)
+            await original_close()
+
+        engine.close = close
+        return engine
+
+    def broken_app(state):
+        raise RuntimeError("app cannot be built")
+
+    daemon = Daemon(sim_config(), app_factory=broken_app, engine_factory=factory)
+    assert await daemon.run() == 1
+    assert closed == ["sim"]
+
+
+async def test_run_daemon_relays_ready_and_stop_events():
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.ensure_future(run_daemon(sim_config(), ready_event=ready, stop_event=stop,
+                                            app_factory=LifecycleApp()))
+    await ready.wait()
+    stop.set()
+    assert await task == 0
+
+
+async def test_sighup_hook_logs_and_keeps_serving(caplog):
+    app = LifecycleApp()
+    async with running_daemon(sim_config(), app) as (daemon, task, url):
+        await daemon.reload()
+        assert "reload_not_implemented" in caplog.text
+        assert daemon.state.ready()
