@@ -222,30 +222,50 @@ def build_synthetic(kind: str, engines_root: Path, progress: Progress | None = N
     return path
 
 
+def _read_json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON: {exc}", path.name) from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object", path.name)
+    return data
+
+
+def _weight_files(hf_dir: Path) -> list[str]:
+    """The shards the index names (repos may also ship e.g. consolidated.safetensors), else all."""
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ArtifactError(f"{index}: no weight_map", index.name)
+        missing = sorted(f for f in set(weight_map.values()) if not (hf_dir / f).is_file())
+        if missing:
+            raise ArtifactError(f"{hf_dir}: {missing[0]} is named by the index but missing", missing[0])
+        return sorted(set(weight_map.values()))
+    return sorted(p.name for p in hf_dir.glob("*.safetensors"))
+
+
 def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | None = None) -> Path:
     """Copy an HF Llama-family checkpoint (safetensors + fast tokenizer) into an artifact."""
     hf_dir, say = Path(hf_dir), progress or _stderr_progress
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
         raise ArtifactError(f"{hf_dir}: no config.json (not a Hugging Face checkpoint directory)", "config.json")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ArtifactError(f"{config_path}: not valid JSON: {exc}", "config.json") from exc
-    architectures = config.get("architectures") if isinstance(config, dict) else None
+    config = _read_json_object(config_path)
+    architectures = config.get("architectures")
     if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
         raise ArtifactError(f"{config_path}: architectures = {architectures!r}; the reference target runs "
                             f"only {', '.join(SUPPORTED_ARCHITECTURES)}", "config.json")
-    weights = sorted(p.name for p in hf_dir.glob("*.safetensors"))
+    weights = _weight_files(hf_dir)
     if not weights:
         raise ArtifactError(f"{hf_dir}: no *.safetensors weights (convert .bin checkpoints to safetensors first)")
     if not (hf_dir / "tokenizer.json").is_file():
         raise ArtifactError(f"{hf_dir}: no tokenizer.json (a fast tokenizer is required)", "tokenizer.json")
     files = ["config.json", "tokenizer.json", *weights,
              *(f for f in _HF_OPTIONAL_FILES if (hf_dir / f).is_file())]
-    generation = {}
-    if (hf_dir / "generation_config.json").is_file():
-        generation = json.loads((hf_dir / "generation_config.json").read_text(encoding="utf-8"))
+    generation = _read_json_object(hf_dir / "generation_config.json") if (
+        hf_dir / "generation_config.json").is_file() else {}
     with staging_dir(engines_root, name) as staging:
         for fname in files:
             say(f"{name}: copying {fname} ({(hf_dir / fname).stat().st_size / 1e6:.1f} MB)")

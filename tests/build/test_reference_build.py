@@ -173,3 +173,25 @@ def test_cli_trtllm_delegates_with_its_own_arguments(monkeypatch: pytest.MonkeyP
     (args,) = calls
     assert (args.tp_size, args.name, args.hf_dir) == (2, "m", Path("ckpt"))
 
+
+
+def test_pack_hf_copies_only_the_shards_the_index_names(hf_dir: Path, tmp_path: Path) -> None:
+    (hf_dir / "model.safetensors").rename(hf_dir / "model-00001-of-00001.safetensors")
+    (hf_dir / "consolidated.safetensors").write_bytes(b"original-format duplicate")
+    weight_map = {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}
+    (hf_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    manifest = verify_artifact(pack_hf(hf_dir, "sharded", tmp_path / "engines", progress=quiet))
+    assert "consolidated.safetensors" not in manifest.files
+    assert {"model-00001-of-00001.safetensors", "model.safetensors.index.json"} <= set(manifest.files)
+    weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (hf_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ArtifactError, match="model-00002-of-00002.safetensors is named by the index but missing"):
+        pack_hf(hf_dir, "sharded", tmp_path / "engines", progress=quiet)
+
+
+@pytest.mark.parametrize("broken", ["config.json", "generation_config.json"])
+def test_pack_hf_names_a_malformed_json_file(hf_dir: Path, tmp_path: Path, broken: str) -> None:
+    (hf_dir / broken).write_text("{not json")
+    with pytest.raises(ArtifactError, match=f"{broken}: not valid JSON") as info:
+        pack_hf(hf_dir, "x", tmp_path / "engines", progress=quiet)
+    assert info.value.file == broken
