@@ -182,7 +182,8 @@ class Daemon:
             result: Path | None = None
             error: BaseException | None = None
             try:
-                result = build_synthetic(kind, root)
+                result = build_synthetic(kind, root, progress=lambda step: log.info(
+                    "building_engine_step", model=name, kind=kind, step=step))
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, re-raised there
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop is gone: the daemon stopped meanwhile

@@ -26,14 +26,18 @@ class EngineConfigError(Exception):
 def missing_synthetic(name: str, model: ModelConfig, server: ServerConfig) -> str | None:
     """The synthetic kind to build when this model's artifact was never built, else None.
 
-    Only a reference model asking for the latest `tiny`/`small` qualifies, and only when its
-    directory does not exist at all: a broken artifact is reported, never silently rebuilt.
+    Only a reference model asking for the latest `tiny`/`small` qualifies, and only when no version
+    of it exists at all (leftover staging directories don't count): a broken artifact is
+    reported by the engine's verify, never silently rebuilt.
     """
+    from inferd.artifacts import MANIFEST_FILE
+
     kind = artifact_name(name, model)
     if model.backend != "reference" or kind not in SYNTHETIC_KINDS or model.version != "latest":
         return None
     directory = Path(server.engines_root) / kind
-    if directory.is_dir() and any(directory.iterdir()):
+    if directory.is_dir() and any((p / MANIFEST_FILE).is_file() for p in directory.iterdir()
+                                  if not p.name.startswith(".")):
         return None
     return kind
 
