@@ -39,6 +39,14 @@ def sim(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
                              max_model_len=256, time_scale=0.05))
 
 
+def trtllm(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
+    # TensorRT-LLM cannot be installed here: run TrtllmEngine on its test double (on sys.path only here)
+    from tests.trtllm_double.harness import trtllm_on_double
+
+    return trtllm_on_double(request.getfixturevalue("tiny_artifact"), request.getfixturevalue("tmp_path"))
+
+
 BACKENDS: dict[str, BackendFactory] = {
     "sim": sim,
+    "trtllm": trtllm,
 }
