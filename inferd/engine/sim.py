@@ -89,7 +89,8 @@ class SimEngine(Engine):
         self._capacity: Capacity | None = None
         self._eos_ids = frozenset(self.tokenizer.eos_token_ids)
         # stats, in simulated seconds
-        self.sim_time = 0.0
+        self.sim_time = 0.0               # simulated seconds of GPU work so far
+        self.preemptions = 0
         self._steps = self._prompt_tokens = self._gen_tokens = 0
         self._last_step_s = 0.0
         self._ema_tokens = self._ema_time = 0.0
@@ -314,6 +315,7 @@ class SimEngine(Engine):
     def _preempt(self, seq: _Seq) -> int:
         """Drop a sequence's KV and put it at the head of the waiting queue (it will be recomputed)."""
         freed, seq.blocks, seq.num_computed = seq.blocks, 0, 0
+        self.preemptions += 1
         self._waiting.appendleft(seq)
         return freed
 

@@ -44,8 +44,8 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
     hbm_bytes: float                  # device memory per GPU
     hbm_bandwidth: float              # peak bytes/s per GPU
     peak_flops: float                 # dense peak FLOP/s per GPU in the compute dtype
-    bandwidth_efficiency: float = 0.8
-    flops_efficiency: float = 0.5
+    bandwidth_efficiency: float = 0.85
+    flops_efficiency: float = 0.55
     step_overhead_s: float = 3e-4     # launch + scheduling + sampling per step
     allreduce_latency_s: float = 6e-6 # per all-reduce (two per layer when tensor_parallel > 1)
     interconnect_bandwidth: float = 300e9   # achieved NVLink bytes/s per GPU
