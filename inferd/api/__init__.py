@@ -1,0 +1,6 @@
+"""The OpenAI-compatible HTTP/SSE front: `make_app(state)` builds the aiohttp application."""
+from __future__ import annotations
+
+from inferd.api.app import make_app
+
+__all__ = ["make_app"]

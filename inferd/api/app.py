@@ -1,0 +1,97 @@
+"""The aiohttp application: routes, and the one middleware every request passes through.
+
+The middleware stamps the arrival time, keeps a well-formed client `X-Request-Id` (else makes
+one), puts it in the log context, turns every error into the OpenAI envelope (our ApiErrors,
+aiohttp's own 404/405/413, and anything unexpected as a logged 500 that carries the request id
+and no traceback), and writes the request's single log line.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from inferd.api import appkeys as keys
+from inferd.api import ops
+from inferd.api.completions import create_chat_completion, create_completion
+from inferd.api.errors import SERVER_ERROR, ApiError, error_response, from_http_exception
+from inferd.api.sse import Inflight
+from inferd.log import get_logger, request_id_var
+
+log = get_logger("inferd.api")
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})   # scraped every few seconds: debug level
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(state) -> web.Application:
+    """The HTTP app over a ServerState (inferd.state); handlers read `state` on every request."""
+    app = web.Application(middlewares=[front_middleware],
+                          # read_body() enforces server.max_body_bytes itself (reload-aware); this is
+                          # only aiohttp's ceiling for request.read(), which our handlers never call.
+                          client_max_size=state.config.server.max_body_bytes)
+    app[keys.STATE] = state
+    inflight = Inflight(lambda: state.config.server.heartbeat_interval_s)
+    app[keys.INFLIGHT] = inflight
+    app.cleanup_ctx.append(inflight.cleanup_ctx)
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_get("/v1/models", ops.list_models)
+    app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/readyz", ops.readyz)
+    app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/openapi.json", ops.openapi)
+    return app
+
+
+def request_id_for(request: web.BaseRequest) -> str:
+    supplied = request.headers.get("X-Request-Id")
+    if supplied is not None and _REQUEST_ID.fullmatch(supplied):
+        return supplied
+    return "req-" + secrets.token_hex(12)
+
+
+@web.middleware
+async def front_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    arrival = time.monotonic()
+    rid = request_id_for(request)
+    request[keys.ARRIVAL] = arrival
+    request[keys.REQUEST_ID] = rid
+    fields: dict = {}
+    request[keys.LOG_FIELDS] = fields
+    token = request_id_var.set(rid)
+    status = 500
+    try:
+        try:
+            resp = await handler(request)
+        except ApiError as err:
+            resp = error_response(err, rid)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise                                       # redirects and the like pass through
+            limit = request.app[keys.STATE].config.server.max_body_bytes
+            resp = error_response(from_http_exception(exc, limit), rid)
+        except (asyncio.CancelledError, ConnectionError):
+            status = 499                                    # the client left
+            raise
+        except Exception:
+            log.exception("unhandled_error", method=request.method, path=request.path)
+            resp = error_response(ApiError(500, f"Internal server error (request id {rid}).",
+                                           type=SERVER_ERROR, code="internal_error"), rid)
+        if not resp.prepared:
+            resp.headers["X-Request-Id"] = rid
+        status = resp.status
+        return resp
+    finally:
+        quiet = request.path in _QUIET_PATHS and status < 400
+        if not quiet or log.is_enabled("debug"):
+            emit = log.debug if quiet else log.info
+            emit("request", method=request.method, path=request.path, status=status,
+                 duration_ms=round((time.monotonic() - arrival) * 1000, 3), **fields)
+        request_id_var.reset(token)

@@ -1,0 +1,16 @@
+"""Typed keys for what the app and each request carry (aiohttp warns on plain string app keys)."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from inferd.api.sse import Inflight
+
+STATE: web.AppKey[Any] = web.AppKey("inferd_state", object)     # inferd.state.ServerState
+INFLIGHT: web.AppKey[Inflight] = web.AppKey("inferd_inflight", Inflight)
+
+# Per-request values set by the front middleware.
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("inferd_request_id", str)
+ARRIVAL: web.RequestKey[float] = web.RequestKey("inferd_arrival", float)   # monotonic stamp at arrival
+LOG_FIELDS: web.RequestKey[dict] = web.RequestKey("inferd_log_fields", dict)  # for the request's log line

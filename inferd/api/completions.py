@@ -1,0 +1,209 @@
+"""POST /v1/completions and /v1/chat/completions: body -> engine request -> JSON or SSE.
+
+The wire format lives in openai.py (requests) and responses.py (bodies, chunks); streaming in
+sse.py. This module is the glue: routing a model name to an engine, tokenization (off the loop
+when long), length checks against the model's context, submit, and the end-of-request metrics
+and log fields.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from aiohttp import web
+
+from inferd import __version__
+from inferd.api import appkeys as keys
+from inferd.api.errors import ApiError, invalid, model_not_found, unavailable
+from inferd.api.openai import Prepared, decode, prepare
+from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
+from inferd.api.sse import stream_response
+from inferd.engine.base import Engine, EngineUnavailable, InvalidRequest
+from inferd.types import FinishReason, GenerationRequest, SamplingParams, Usage
+
+OFF_LOOP_CHARS = 2048          # tokenize longer prompts in a thread
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
+CLIENT_GONE = 499              # status label for requests whose client left (nginx's convention)
+
+
+def version_label(engine: Engine) -> str:
+    """The version clients see: sim engines say so in the version itself (`sim-...+simulated`)."""
+    info = engine.info
+    return f"{info.version}+simulated" if info.simulated else info.version
+
+
+def resolve_model(state, model: str) -> tuple[str, Engine]:
+    """`name` or `name@version` (the form responses echo) -> (served name, engine)."""
+    name, _, version = model.partition("@")
+    engine = state.engines.get(name)
+    if engine is None or (version and version not in (engine.info.version, version_label(engine))):
+        raise model_not_found(model)
+    return name, engine
+
+
+def _check_content_type(request: web.BaseRequest) -> None:
+    if request.content_type != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {request.content_type!r}.",
+                       code="unsupported_media_type")
+
+
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes: by Content-Length up front, and while reading."""
+    from inferd.api.errors import body_too_large
+    length = request.content_length
+    if length is not None and length > limit:
+        raise body_too_large(limit)
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _tokenize(engine: Engine, p: Prepared) -> list[int]:
+    tok = engine.tokenizer
+    if p.prompt_token_ids is not None:
+        vocab = tok.vocab_size
+        for i, t in enumerate(p.prompt_token_ids):
+            if not 0 <= t < vocab:
+                raise invalid(f"prompt[{i}]: token id {t} is outside this model's vocabulary [0, {vocab}).",
+                              param="prompt", code="invalid_token_id")
+        return p.prompt_token_ids
+
+    def work() -> list[int]:
+        if p.messages is not None:
+            try:
+                text = tok.apply_chat_template(p.messages, add_generation_prompt=True)
+            except ValueError as exc:   # the template refused the messages (inferd.tokenization.ChatTemplateError)
+                raise invalid(f"messages: {exc}", param=getattr(exc, "param", None) or "messages",
+                              code="invalid_messages") from None
+            return tok.encode(text, add_special_tokens=False)   # the template wrote the special tokens
+        return tok.encode(p.prompt_text)
+
+    if p.prompt_chars > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(work)
+    return work()
+
+
+def _sampling(p: Prepared, prompt_len: int, max_model_len: int) -> SamplingParams:
+    field = "prompt" if p.kind == "completion" else "messages"
+    if prompt_len == 0:
+        raise invalid(f"{field}: tokenizes to nothing.", param=field, code="empty_prompt")
+    if prompt_len >= max_model_len:
+        raise invalid(f"{field}: {prompt_len} tokens; this model's context is {max_model_len} tokens "
+                      f"(prompt + completion).", param=field, code="context_length_exceeded")
+    room = max_model_len - prompt_len
+    max_tokens = p.max_tokens
+    if max_tokens is None:
+        max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room) if p.kind == "completion" else room
+    elif max_tokens > room:
+        name = "max_tokens" if p.kind == "completion" else "max_completion_tokens"
+        raise invalid(f"{name}: the prompt ({prompt_len} tokens) + {max_tokens} new tokens exceeds this "
+                      f"model's context of {max_model_len} tokens; at most {room} are possible.",
+                      param=name, code="context_length_exceeded")
+    return SamplingParams(max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+                          stop=p.stop)
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    state = request.app[keys.STATE]
+    model = "other"
+    try:
+        if state.draining:
+            raise unavailable("The server is draining; retry on another node.", code="draining")
+        _check_content_type(request)
+        server = state.config.server
+        body = await read_body(request, server.max_body_bytes)
+        req = decode(kind, body)
+        prepared = prepare(kind, req)
+        model, engine = resolve_model(state, req.model)
+        if not engine.healthy:
+            raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
+        prompt_ids = await _tokenize(engine, prepared)
+        sampling = _sampling(prepared, len(prompt_ids), engine.info.max_model_len)
+    except ApiError as err:
+        state.metrics.count_rejected(model, err.status)
+        raise
+    with state.track():
+        return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling)
+
+
+async def _run(request: web.Request, state, kind: str, model: str, engine: Engine, p: Prepared,
+               prompt_ids: list[int], sampling: SamplingParams) -> web.StreamResponse:
+    arrival = request[keys.ARRIVAL]
+    cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
+    info = engine.info
+    label = version_label(engine)
+    ident = Identity(kind, cid, int(time.time()), f"{model}@{label}", f"inferd-{__version__}-{info.backend}")
+    headers = {"X-Request-Id": request[keys.REQUEST_ID], "X-Inferd-Model-Version": label}
+    if info.simulated:
+        headers["X-Inferd-Simulated"] = "true"
+    obs = state.metrics.start_request(model, arrival)
+    try:
+        stream = engine.submit(GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids),
+                                                 sampling=sampling))
+    except InvalidRequest as exc:
+        obs.finish(400)
+        raise invalid(str(exc), param=exc.param) from None
+    except EngineUnavailable as exc:
+        obs.finish(503)
+        raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") from None
+    inflight = request.app[keys.INFLIGHT]
+    entry = inflight.add(request, stream, state.config.server.request_timeout_s)
+    log_fields = request[keys.LOG_FIELDS]
+    log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
+    status: int = CLIENT_GONE
+    last = None
+    try:
+        if p.stream:
+            encoder = ChunkEncoder(ident, p.include_usage)
+            resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs)
+            last = entry.final
+        else:
+            last = await stream.collect()
+            resp = _json_response(request, ident, last, headers, entry.timed_out, arrival)
+        if last is not None:
+            finish = OPENAI_FINISH.get(last.finish_reason)
+            status = 200 if finish else abnormal_end(last.finish_reason, last.error).status
+            if entry.timed_out:
+                status = 504
+            if not p.stream or not entry.client_gone:
+                log_fields["finish_reason"] = last.finish_reason.value
+        return resp
+    finally:
+        inflight.discard(entry)
+        stream.cancel()                 # no-op when finished; aborts the engine request otherwise
+        if entry.client_gone:
+            status = CLIENT_GONE
+        usage = last.usage if last is not None else None
+        timing = last.timing if last is not None else None
+        obs.finish(status, usage=usage, timing=timing)
+        if usage is not None:
+            log_fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                              cached_tokens=usage.cached_tokens)
+        if obs.ttft is not None:
+            log_fields["ttft_ms"] = round(obs.ttft * 1000, 3)
+        log_fields["outcome_status"] = status
+
+
+def _json_response(request: web.Request, ident: Identity, last, headers: dict[str, str], timed_out: bool,
+                   arrival: float) -> web.Response:
+    finish = OPENAI_FINISH.get(last.finish_reason)
+    if finish is None:
+        raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
+    usage = last.usage or Usage(prompt_tokens=0, completion_tokens=len(last.token_ids))
+    headers["Server-Timing"] = server_timing(arrival, last.timing, time.monotonic())
+    return web.Response(body=completion_body(ident, last.text, finish, usage), headers=headers,
+                        content_type="application/json")

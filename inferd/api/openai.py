@@ -1,0 +1,306 @@
+"""OpenAI wire format, request side: the request structs, decoding, and validation.
+
+The structs are the single source of truth for what the server accepts: the decoder uses them
+(unknown fields are errors) and /openapi.json is generated from them.
+
+Team rule for OpenAI parameters we do not implement: they are accepted at their no-op value
+(`NO_OP_VALUES`) and rejected with a 400 naming them otherwise; we never silently ignore a value
+that would change the output.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+
+from inferd.api.errors import ApiError, invalid
+
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
+Prompt = Union[str, list[Union[str, int, list[int]]]]
+
+_STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
+
+
+class StreamOptions(msgspec.Struct, **_STRICT):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None     # no-op value: false (we never add padding fields)
+
+
+class ContentPart(msgspec.Struct, **_STRICT):
+    """A part of a chat message's content; only `type: "text"` is supported."""
+
+    type: str
+    text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
+
+
+class ChatMessage(msgspec.Struct, **_STRICT):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    function_call: Any = None
+    refusal: str | None = None
+    audio: Any = None
+
+
+class _SamplingFields(msgspec.Struct, **_STRICT):
+    model: str
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: str | StopList | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # accepted at their no-op value only
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_SamplingFields, **_STRICT):
+    """POST /v1/completions"""
+
+    prompt: Prompt
+    best_of: int | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields, **_STRICT):
+    """POST /v1/chat/completions"""
+
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    moderation: Any = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: Any = None
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None          # annotation only: never changes the output
+    prompt_cache_key: str | None = None             # a routing hint; our prefix cache is automatic
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    safety_identifier: str | None = None
+
+
+# field -> (values that leave the output unchanged, how to say it). None always counts as absent.
+NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((1,), "1"),
+    "best_of": ((1,), "1"),
+    "presence_penalty": ((0,), "0"),
+    "frequency_penalty": ((0,), "0"),
+    "logit_bias": (({},), "null or {}"),
+    "echo": ((False,), "false"),
+    "suffix": (("",), "null or \"\""),
+    "top_logprobs": ((0,), "null or 0"),
+    "tools": (([],), "null or []"),
+    "tool_choice": (("none",), "null or \"none\""),
+    "functions": (([],), "null or []"),
+    "function_call": (("none",), "null or \"none\""),
+    "response_format": (({"type": "text"},), "null or {\"type\": \"text\"}"),
+    "audio": ((), "null"),
+    "modalities": ((["text"],), "null or [\"text\"]"),
+    "prediction": ((), "null"),
+    "moderation": ((), "null"),
+    "reasoning_effort": ((), "null"),
+    "verbosity": ((), "null"),
+    "web_search_options": ((), "null"),
+    "service_tier": (("auto", "default"), "null, \"auto\" or \"default\""),
+    "store": ((False,), "null or false"),
+    "prompt_cache_retention": (("in_memory",), "null or \"in_memory\""),
+    "prompt_cache_options": ((), "null"),
+}
+# `logprobs` differs: a bool on chat, an int (how many) on completions; any non-null int asks for output.
+_LOGPROBS_NO_OP = {"chat": ((False,), "null or false"), "completion": ((), "null")}
+
+_decoders = {
+    "completion": msgspec.json.Decoder(CompletionRequest),
+    "chat": msgspec.json.Decoder(ChatCompletionRequest),
+}
+_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_FIELD = re.compile(r"field `([^`]*)`")
+
+
+def decode(kind: str, body: bytes) -> CompletionRequest | ChatCompletionRequest:
+    """Bytes -> typed request, or a 400 whose message and `param` name the offending field."""
+    if not body:
+        raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        return _decoders[kind].decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    except UnicodeDecodeError:
+        raise invalid("Request body is not valid UTF-8.", code="invalid_encoding") from None
+
+
+def _validation_error(text: str) -> ApiError:
+    m = _PATH.search(text)
+    where = m.group(1) if m else ""
+    detail = text[: m.start()] if m else text
+    field = _FIELD.search(detail)
+    if detail.startswith("Object contains unknown field"):
+        param = _join(where, field.group(1) if field else "")
+        return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
+    if detail.startswith("Object missing required field"):
+        param = _join(where, field.group(1) if field else "")
+        return ApiError(400, f"Missing required parameter: {param}", param=param, code="missing_required_parameter")
+    detail = detail.replace("`", "")
+    detail = detail[:1].lower() + detail[1:]
+    if not where:
+        return invalid(f"Invalid request body: {detail}", code="invalid_type")
+    return invalid(f"{where}: {detail}", param=where, code="invalid_value")
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where and name else (where or name)
+
+
+def _is_no_op(value: Any, allowed: tuple[Any, ...]) -> bool:
+    # bool is an int in Python: `echo: 0` must not pass as `false`, nor `n: true` as 1.
+    return value is None or any(type(value) is type(a) and value == a for a in allowed) or (
+        isinstance(value, float) and any(type(a) is int and value == a for a in allowed))
+
+
+class Prepared(msgspec.Struct, kw_only=True):
+    """What a handler needs after validation, before tokenization."""
+
+    kind: str                               # "completion" | "chat"
+    prompt_text: str | None = None          # completions with a text prompt
+    prompt_token_ids: list[int] | None = None
+    messages: list[dict] | None = None      # chat: for the model's chat template
+    prompt_chars: int = 0                   # how much text tokenization will see
+    max_tokens: int | None = None           # None: the chat default (up to the context)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
+    """Check the semantic rules msgspec cannot express; raise a 400 naming the field."""
+    for name, (allowed, say) in NO_OP_VALUES.items():
+        value = getattr(req, name, None)
+        if not _is_no_op(value, allowed):
+            raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {_show(value)}).",
+                          param=name, code="unsupported_parameter")
+    allowed, say = _LOGPROBS_NO_OP[kind]
+    if not _is_no_op(req.logprobs, allowed):
+        raise invalid(f"logprobs: not supported by this server; only {say} is accepted.", param="logprobs",
+                      code="unsupported_parameter")
+    opts = req.stream_options
+    if opts is not None and opts.include_obfuscation:
+        raise invalid("stream_options.include_obfuscation: only false is accepted.",
+                      param="stream_options.include_obfuscation", code="unsupported_parameter")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    for i, s in enumerate(stop):
+        if not s:
+            raise invalid(f"stop[{i}]: stop strings must be non-empty.", param="stop")
+    out = Prepared(kind=kind, max_tokens=req.max_tokens, stop=stop, seed=req.seed, stream=bool(req.stream),
+                   include_usage=bool(opts and opts.include_usage),
+                   temperature=1.0 if req.temperature is None else req.temperature,
+                   top_p=1.0 if req.top_p is None else req.top_p)
+    if kind == "completion":
+        _prepare_prompt(req.prompt, out)
+    else:
+        _prepare_messages(req, out)
+    return out
+
+
+def _show(value: Any) -> str:
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _prepare_prompt(prompt: Any, out: Prepared) -> None:
+    if isinstance(prompt, list):
+        if not prompt:
+            raise invalid("prompt: must not be empty.", param="prompt", code="empty_prompt")
+        if all(type(t) is int for t in prompt):
+            out.prompt_token_ids = prompt
+            return
+        if len(prompt) > 1:
+            raise invalid("prompt: batched prompts (a list of several strings or token lists) are not supported; "
+                          "send one prompt per request.", param="prompt", code="unsupported_parameter")
+        prompt = prompt[0]
+        if isinstance(prompt, list):
+            if not prompt:
+                raise invalid("prompt: must not be empty.", param="prompt", code="empty_prompt")
+            out.prompt_token_ids = prompt
+            return
+    if not isinstance(prompt, str) or not prompt:
+        raise invalid("prompt: must be a non-empty string or a list of token ids.", param="prompt",
+                      code="empty_prompt")
+    out.prompt_text = prompt
+    out.prompt_chars = len(prompt)
+
+
+def _prepare_messages(req: ChatCompletionRequest, out: Prepared) -> None:
+    if req.max_tokens is not None and req.max_completion_tokens is not None \
+            and req.max_tokens != req.max_completion_tokens:
+        raise invalid("max_tokens and max_completion_tokens disagree; send one of them.",
+                      param="max_completion_tokens")
+    out.max_tokens = req.max_completion_tokens or req.max_tokens
+    messages: list[dict] = []
+    chars = 0
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if m.role in ("tool", "function"):
+            raise invalid(f"{where}.role: tool and function messages are not supported (no tool calling).",
+                          param=f"{where}.role", code="unsupported_parameter")
+        for name in ("tool_calls", "function_call", "audio", "refusal", "tool_call_id"):
+            if getattr(m, name) not in (None, []):
+                raise invalid(f"{where}.{name}: not supported by this server; only null is accepted.",
+                              param=f"{where}.{name}", code="unsupported_parameter")
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise invalid(f"{where}.content[{j}]: only text parts (type \"text\" with a `text` string) "
+                                  f"are supported, got type {part.type!r}.", param=f"{where}.content[{j}]",
+                                  code="unsupported_parameter")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        elif content is None:
+            if m.role != "assistant":
+                raise invalid(f"{where}.content: required for role {m.role!r}.", param=f"{where}.content")
+            content = ""
+        chars += len(content)
+        # HF chat templates know system/user/assistant; "developer" is OpenAI's newer name for system.
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        messages.append(msg)
+    out.messages = messages
+    out.prompt_chars = chars

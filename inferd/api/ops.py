@@ -1,0 +1,61 @@
+"""Operational routes: /healthz, /readyz, /metrics, /v1/models, /openapi.json."""
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from inferd.api import appkeys as keys
+from inferd.api.completions import version_label
+from inferd.api.openapi import openapi_document
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """The process is alive and its event loop answers."""
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 when the daemon should get traffic; 503 naming every reason it should not."""
+    state = request.app[keys.STATE]
+    if state.ready():
+        return _json({"status": "ready"})
+    reasons = []
+    if not getattr(state, "started", True):
+        reasons.append("engines are still starting")
+    if state.draining:
+        reasons.append("draining")
+    if not state.engines:
+        reasons.append("no models loaded")
+    reasons += [f"model {name}: engine unhealthy" for name, e in state.engines.items() if not e.healthy]
+    resp = _json({"status": "not_ready", "reasons": reasons or ["not ready"]}, status=503)
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[keys.STATE].metrics.render()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = content_type     # carries version and charset parameters
+    return resp
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """OpenAI's list format; `id` is what requests send, the extra fields say what is loaded."""
+    state = request.app[keys.STATE]
+    created = int(getattr(state, "started_at", 0))
+    data = []
+    for name, engine in state.engines.items():
+        info = engine.info
+        data.append({"id": name, "object": "model", "created": created, "owned_by": "inferd",
+                     "root": f"{name}@{version_label(engine)}", "version": version_label(engine),
+                     "backend": info.backend, "max_model_len": info.max_model_len,
+                     "simulated": info.simulated})
+    return _json({"object": "list", "data": data})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=openapi_document(), content_type="application/json")

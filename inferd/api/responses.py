@@ -1,0 +1,145 @@
+"""OpenAI wire format, response side: completion bodies, stream chunks, usage, Server-Timing.
+
+Stream chunks are on the hot path: the constant part of each chunk (id, model, created, ...)
+is encoded once per request and a chunk is `prefix + orjson(text) + suffix`, no dict per token.
+"""
+from __future__ import annotations
+
+import orjson
+
+from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
+from inferd.types import EngineTiming, FinishReason, Usage
+
+DONE_FRAME = b"data: [DONE]\n\n"
+PING_FRAME = b": ping\n\n"
+
+# Normal ends map onto OpenAI's values; abnormal ends are errors (see abnormal_end).
+OPENAI_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def abnormal_end(reason: FinishReason, error: str | None) -> ApiError:
+    """ABORT / DEADLINE / ERROR: OpenAI has no finish_reason for these, so they are errors.
+
+    Non-streaming they are the response's status; streaming they are a final `error` frame
+    (the OpenAI SDK raises APIError on it), so a cut-short output never looks complete.
+    """
+    if reason is FinishReason.DEADLINE:
+        return ApiError(504, "The request's deadline passed before it finished.", type=TIMEOUT,
+                        code="deadline_exceeded")
+    if reason is FinishReason.ABORT:
+        return ApiError(503, "The request was aborted by the server (shutting down, or an operator) "
+                        "before it finished; retry it.", type=SERVER_ERROR, code="request_aborted",
+                        headers={"Retry-After": "1"})
+    return ApiError(500, f"The engine failed this request: {error or 'unknown error'}.", type=SERVER_ERROR,
+                    code="engine_error")
+
+
+class Identity:
+    """The per-response constants every body and chunk repeats."""
+
+    __slots__ = ("kind", "id", "created", "model", "fingerprint")
+
+    def __init__(self, kind: str, id: str, created: int, model: str, fingerprint: str) -> None:
+        self.kind = kind
+        self.id = id
+        self.created = created
+        self.model = model
+        self.fingerprint = fingerprint
+
+    def header(self, object_name: str) -> dict:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+
+def completion_body(ident: Identity, text: str, finish: str, usage: Usage) -> bytes:
+    if ident.kind == "chat":
+        body = ident.header("chat.completion")
+        body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                            "logprobs": None, "finish_reason": finish}]
+    else:
+        body = ident.header("text_completion")
+        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+    body["usage"] = usage_dict(usage)
+    return orjson.dumps(body)
+
+
+class ChunkEncoder:
+    """Builds the SSE frames of one streamed response."""
+
+    __slots__ = ("_ident", "_object", "_first", "_prefix", "_mid", "_tail", "_suffix", "_include_usage")
+
+    def __init__(self, ident: Identity, include_usage: bool) -> None:
+        self._ident = ident
+        self._include_usage = include_usage
+        chat = ident.kind == "chat"
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+        head = orjson.dumps(ident.header(self._object))[:-1] + b',"choices":[{"index":0,'
+        head = b"data: " + head
+        if chat:
+            # The first chunk announces the role, as OpenAI's does.
+            self._first = head + b'"delta":{"role":"assistant","content":'
+            self._prefix = head + b'"delta":{"content":'
+            self._mid = b'},"logprobs":null,"finish_reason":'
+        else:
+            self._first = None
+            self._prefix = head + b'"text":'
+            self._mid = b',"logprobs":null,"finish_reason":'
+        # With include_usage, OpenAI sends `"usage": null` on every chunk but the usage one.
+        self._tail = (b'}],"usage":null}\n\n' if include_usage else b"}]}\n\n")
+        self._suffix = self._mid + b"null" + self._tail
+
+    def _take_prefix(self) -> bytes:
+        first = self._first
+        if first is None:
+            return self._prefix
+        self._first = None
+        return first
+
+    def content(self, text: str) -> bytes:
+        return self._take_prefix() + orjson.dumps(text) + self._suffix
+
+    def final(self, text: str, finish: str) -> bytes:
+        """The last content chunk: whatever text is left, and the finish_reason."""
+        return self._take_prefix() + orjson.dumps(text) + self._mid + b'"' + finish.encode() + b'"' + self._tail
+
+    def usage(self, usage: Usage) -> bytes:
+        body = self._ident.header(self._object)
+        body["choices"] = []
+        body["usage"] = usage_dict(usage)
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def error(self, err: ApiError, usage: Usage | None) -> bytes:
+        body = self._ident.header(self._object)
+        body["choices"] = []
+        body["error"] = err.body()
+        if usage is not None and self._include_usage:
+            body["usage"] = usage_dict(usage)
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def server_timing(arrival: float, timing: EngineTiming | None, now: float) -> str:
+    """`Server-Timing` (milliseconds): api (before the engine), queue, prefill, decode, total."""
+    parts = []
+    if timing is not None:
+        parts.append(f"api;dur={_ms(timing.submitted - arrival)}")
+        if timing.first_scheduled is not None:
+            parts.append(f"queue;dur={_ms(timing.first_scheduled - timing.submitted)}")
+            if timing.first_token is not None:
+                parts.append(f"prefill;dur={_ms(timing.first_token - timing.first_scheduled)}")
+                if timing.finished is not None:
+                    parts.append(f"decode;dur={_ms(timing.finished - timing.first_token)}")
+    parts.append(f"total;dur={_ms(now - arrival)}")
+    return ", ".join(parts)
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(seconds, 0.0) * 1000:.3f}"

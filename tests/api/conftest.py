@@ -1,0 +1,97 @@
+"""Fixtures: the real app on an ephemeral loopback port, over sim engines, and clients for it."""
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import msgspec
+import pytest
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from inferd.api import make_app
+from inferd.config import Config, ServerConfig
+from inferd.engine.base import Engine
+from inferd.engine.sim import SimEngine
+from inferd.state import ServerState
+
+
+class Served(msgspec.Struct, kw_only=True):
+    base_url: str          # http://127.0.0.1:<port>
+    state: ServerState
+    http: aiohttp.ClientSession
+    sdk: AsyncOpenAI
+
+    @property
+    def engine(self) -> Engine:
+        return next(iter(self.state.engines.values()))
+
+    async def free_kv_blocks(self) -> int:
+        """Read from /metrics, as an operator would."""
+        async with self.http.get(self.base_url + "/metrics") as resp:
+            text = await resp.text()
+        m = re.search(r'inferd_kv_cache_blocks\{[^}]*state="free"[^}]*\} (\S+)', text)
+        assert m, text
+        return int(float(m.group(1)))
+
+
+def sim_engine(**overrides) -> SimEngine:
+    """The tiny profile: vocab 4096, a few hundred KV blocks; time_scale 0 unless a test needs pacing."""
+    kwargs = dict(time_scale=0.0, max_model_len=512, model_name="sim", max_batch_size=64, seed=0)
+    kwargs.update(overrides)
+    return SimEngine("tiny", **kwargs)
+
+
+ServeFactory = Callable[..., Awaitable[Served]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[ServeFactory]:
+    """serve(engines=None, handler_cancellation=False, **server_config) -> Served; torn down after the test.
+
+    aiohttp's default (no handler cancellation) is the harder case for noticing a client that left;
+    the daemon runs with handler_cancellation=True.
+    """
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+
+    async def factory(engines: dict[str, Engine] | None = None, *, handler_cancellation: bool = False,
+                      **server: object) -> Served:
+        engines = engines if engines is not None else {"sim": sim_engine()}
+        for engine in engines.values():
+            await engine.start()
+            cleanups.append(engine.close)
+        state = ServerState(Config(server=ServerConfig(**server), models={}), engines)
+        state.started = True
+        runner = web.AppRunner(make_app(state), handler_cancellation=handler_cancellation)
+        await runner.setup()
+        cleanups.append(runner.cleanup)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        base_url = f"http://{host}:{port}"
+        http = aiohttp.ClientSession()
+        cleanups.append(http.close)
+        sdk = AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+        cleanups.append(sdk.close)
+        return Served(base_url=base_url, state=state, http=http, sdk=sdk)
+
+    yield factory
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+@pytest.fixture
+async def served(serve: ServeFactory) -> Served:
+    return await serve()
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    """Poll a condition (bounded), for state that changes without an event we can await."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,131 @@
+"""End to end through the official OpenAI SDK against the real app over the sim engine."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.api.conftest import sim_engine
+
+
+async def test_completion_returns_text_usage_and_versioned_model(served):
+    raw = await served.sdk.completions.with_raw_response.create(model="sim", prompt="hello world", max_tokens=6)
+    resp = raw.parse()
+    info = served.engine.info
+    assert resp.object == "text_completion" and resp.id.startswith("cmpl-")
+    assert resp.model == f"sim@{info.version}+simulated"
+    assert resp.choices[0].finish_reason == "length" and resp.choices[0].text
+    assert resp.usage.completion_tokens == 6
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + 6
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+    assert raw.headers["X-Inferd-Simulated"] == "true"
+    assert raw.headers["X-Inferd-Model-Version"] == f"{info.version}+simulated"
+    timing = raw.headers["Server-Timing"]
+    for part in ("queue;dur=", "prefill;dur=", "decode;dur=", "total;dur="):
+        assert part in timing
+
+
+async def test_chat_completion_uses_the_chat_template(served):
+    resp = await served.sdk.chat.completions.create(
+        model="sim", messages=[{"role": "system", "content": "terse"}, {"role": "user", "content": "hi"}],
+        max_completion_tokens=4)
+    tok = served.engine.tokenizer
+    expected_prompt = tok.encode(tok.apply_chat_template(
+        [{"role": "system", "content": "terse"}, {"role": "user", "content": "hi"}]), add_special_tokens=False)
+    assert resp.object == "chat.completion" and resp.id.startswith("chatcmpl-")
+    assert resp.choices[0].message.role == "assistant" and resp.choices[0].message.content
+    assert resp.usage.prompt_tokens == len(expected_prompt)
+    assert resp.usage.completion_tokens == 4
+
+
+async def test_streamed_completion_matches_non_streamed_and_ends_with_usage(served):
+    whole = await served.sdk.completions.create(model="sim", prompt="abc", max_tokens=12, temperature=0)
+    stream = await served.sdk.completions.create(model="sim", prompt="abc", max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+async def test_streamed_chat_announces_role_once_and_omits_usage_unless_asked(served):
+    stream = await served.sdk.chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True)
+    chunks = [c async for c in stream]
+    roles = [c.choices[0].delta.role for c in chunks if c.choices[0].delta.role]
+    assert roles == ["assistant"]
+    assert all(c.choices for c in chunks) and chunks[-1].choices[0].finish_reason == "length"
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_stop_string_ends_generation_before_it(served):
+    whole = await served.sdk.completions.create(model="sim", prompt="xyz", max_tokens=20, temperature=0)
+    words = whole.choices[0].text.split(" ")
+    stop = " " + words[3]
+    resp = await served.sdk.completions.create(model="sim", prompt="xyz", max_tokens=20, temperature=0, stop=[stop])
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].text == whole.choices[0].text[: whole.choices[0].text.index(stop)]
+
+
+async def test_same_seed_reproduces_and_another_seed_differs(served):
+    async def sample(seed):
+        r = await served.sdk.completions.create(model="sim", prompt="p", max_tokens=16, temperature=1.0, seed=seed)
+        return r.choices[0].text
+    assert await sample(7) == await sample(7)
+    assert await sample(7) != await sample(8)
+
+
+async def test_prompt_as_token_ids(served):
+    resp = await served.sdk.completions.create(model="sim", prompt=[300, 301, 302], max_tokens=3)
+    assert resp.usage.prompt_tokens == 3
+
+
+async def test_name_at_version_routes_and_unknown_version_is_404(served):
+    info = served.engine.info
+    resp = await served.sdk.completions.create(model=f"sim@{info.version}", prompt="a", max_tokens=1)
+    assert resp.usage.completion_tokens == 1
+    with pytest.raises(openai.NotFoundError) as exc:
+        await served.sdk.completions.create(model="sim@nope", prompt="a", max_tokens=1)
+    assert exc.value.body["param"] == "model"
+
+
+async def test_errors_surface_as_typed_sdk_exceptions(served):
+    with pytest.raises(openai.NotFoundError):
+        await served.sdk.completions.create(model="missing", prompt="a")
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.completions.create(model="sim", prompt="a", extra_body={"mirostat": 2})
+    assert exc.value.body["param"] == "mirostat"
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.chat.completions.create(model="sim", messages=[{"role": "user", "content": "a"}], n=2)
+    assert exc.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.completions.create(model="sim", prompt=[5000], max_tokens=1)
+    assert exc.value.body["code"] == "invalid_token_id"
+
+
+async def test_context_limits_are_stated(serve):
+    served = await serve({"small": sim_engine(max_model_len=64)})
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.completions.create(model="small", prompt=[300] * 64, max_tokens=1)
+    assert exc.value.body["param"] == "prompt" and "64" in exc.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.completions.create(model="small", prompt=[300] * 60, max_tokens=5)
+    assert exc.value.body["param"] == "max_tokens" and "at most 4" in exc.value.body["message"]
+    chat = await served.sdk.chat.completions.create(model="small", messages=[{"role": "user", "content": "a"}])
+    assert chat.usage.total_tokens == 64     # chat defaults to the rest of the context
+
+
+async def test_long_prompt_is_tokenized_off_the_loop_with_the_same_result(serve):
+    served = await serve({"sim": sim_engine(max_model_len=8192)})
+    text = "lorem ipsum " * 400
+    resp = await served.sdk.completions.create(model="sim", prompt=text, max_tokens=1)
+    assert resp.usage.prompt_tokens == len(served.engine.tokenizer.encode(text))
+
+
+async def test_draining_server_answers_503_with_retry_after(served):
+    served.state.draining = True
+    with pytest.raises(openai.InternalServerError) as exc:
+        await served.sdk.completions.create(model="sim", prompt="a")
+    assert exc.value.status_code == 503 and exc.value.response.headers["Retry-After"]

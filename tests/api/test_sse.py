@@ -1,0 +1,103 @@
+"""SSE framing on the wire, heartbeats, disconnects and abnormal stream ends."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from tests.api.conftest import sim_engine, wait_until
+
+
+async def raw_post(base_url: str, path: str, body: dict) -> bytes:
+    """One HTTP/1.1 request on a bare socket; returns the de-chunked response body."""
+    host, port = base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    payload = json.dumps(body).encode()
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+    data = await reader.read(-1)
+    writer.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"content-type: text/event-stream" in head.lower()
+    assert b"transfer-encoding: chunked" in head.lower()
+    body_bytes = b""
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body_bytes
+        body_bytes += rest[:size]
+        rest = rest[size + 2:]
+
+
+async def test_raw_sse_frames_are_data_lines_ending_with_done(served):
+    body = await raw_post(served.base_url, "/v1/completions",
+                          {"model": "sim", "prompt": "hi", "max_tokens": 8, "stream": True,
+                           "stream_options": {"include_usage": True}})
+    frames = body.split(b"\n\n")
+    assert frames[-1] == b"" and frames[-2] == b"data: [DONE]"
+    events = [json.loads(f.removeprefix(b"data: ")) for f in frames[:-2]]
+    assert all(f.startswith(b"data: ") for f in frames[:-1])
+    content, usage = events[:-1], events[-1]
+    assert [e["choices"][0]["finish_reason"] for e in content] == [None] * (len(content) - 1) + ["length"]
+    assert all(e["object"] == "text_completion" and e["usage"] is None for e in content)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
+    assert len({e["id"] for e in events}) == 1
+
+
+async def test_heartbeat_comment_while_no_token_is_ready(serve):
+    # ~0.25 s per simulated step: the first token takes a while, heartbeats every 0.05 s fill the gap.
+    served = await serve({"sim": sim_engine(time_scale=100.0)}, heartbeat_interval_s=0.05)
+    body = await raw_post(served.base_url, "/v1/completions",
+                          {"model": "sim", "prompt": "hi", "max_tokens": 1, "stream": True})
+    assert body.startswith(b": ping\n\n")
+    assert body.rstrip().endswith(b"data: [DONE]")
+
+
+@pytest.mark.parametrize("handler_cancellation", [False, True])
+@pytest.mark.parametrize("stream", [True, False])
+async def test_client_disconnect_aborts_and_frees_kv_blocks(serve, stream, handler_cancellation):
+    # 500 tokens at ~5 ms per step take 2.5 s; the blocks must come back long before that.
+    served = await serve({"sim": sim_engine(time_scale=2.0)}, handler_cancellation=handler_cancellation)
+    idle = await served.free_kv_blocks()
+    body = {"model": "sim", "prompt": "hello", "max_tokens": 500, "stream": stream}
+    if stream:
+        resp = await served.http.post(served.base_url + "/v1/completions", json=body)
+        await resp.content.readuntil(b"\n\n")           # generation is under way
+        assert await served.free_kv_blocks() < idle
+        resp.close()                                    # drop the connection mid-stream
+    else:
+        with pytest.raises(asyncio.TimeoutError):
+            await served.http.post(served.base_url + "/v1/completions", json=body,
+                                   timeout=aiohttp.ClientTimeout(total=0.2))
+
+    async def freed() -> bool:
+        return await served.free_kv_blocks() == idle
+    await wait_until(freed, timeout=1.0)
+    assert served.engine.stats().running == 0
+    assert served.state.in_flight == 0
+
+
+async def test_server_side_abort_ends_stream_with_an_error_the_sdk_raises(serve):
+    served = await serve({"sim": sim_engine(time_scale=1.0)})
+    stream = await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400, stream=True)
+    with pytest.raises(openai.APIError) as exc:
+        async for chunk in stream:
+            served.engine.abort(chunk.id)
+    assert exc.value.body["code"] == "request_aborted"
+
+
+async def test_deadline_ends_stream_with_deadline_error_and_non_stream_with_504(serve):
+    served = await serve({"sim": sim_engine(time_scale=2.0)}, request_timeout_s=0.2)
+    stream = await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400, stream=True)
+    with pytest.raises(openai.APIError) as exc:
+        async for _ in stream:
+            pass
+    assert exc.value.body["code"] == "deadline_exceeded"
+    with pytest.raises(openai.APIStatusError) as exc:
+        await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400)
+    assert exc.value.status_code == 504
