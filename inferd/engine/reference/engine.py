@@ -1,0 +1,379 @@
+"""ReferenceEngine: the NumPy Llama decoder behind continuous batching, on its own step thread.
+
+The event loop only enqueues commands (submit, abort) and receives each step's deltas in one
+`call_soon_threadsafe`. The step thread owns the scheduler, the KV cache and every Sequence:
+take commands -> schedule -> forward -> sample -> update -> detokenize -> publish a capacity
+snapshot -> hand the deltas to the loop. It sleeps on a Condition when there is nothing to do.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from inferd.artifacts import read_manifest, verify_artifact
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.reference.block_manager import BlockManager
+from inferd.engine.reference.model import ForwardBatch, LlamaModel
+from inferd.engine.reference.sampler import Sampler, make_rng
+from inferd.engine.reference.scheduler import Scheduler
+from inferd.engine.reference.sequence import Sequence, prefix_salt
+from inferd.engine.stream import RequestStream
+from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
+from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, SamplingParams, Usage
+
+log = logging.getLogger(__name__)
+_EMA = 0.1
+
+
+class RequestOutput:
+    """One request's output side: its stream, detokenizer, stop matcher and timing stamps."""
+
+    __slots__ = ("stream", "submitted", "first_scheduled", "first_token", "detok", "stop")
+
+    def __init__(self, stream: RequestStream, submitted: float) -> None:
+        self.stream = stream
+        self.submitted = submitted
+        self.first_scheduled: float | None = None
+        self.first_token: float | None = None
+        self.detok: IncrementalDetokenizer | None = None
+        self.stop: StopMatcher | None = None
+
+    def start(self, tokenizer, seq: Sequence) -> None:
+        """Step thread, when the request is taken: the detokenizer decodes prompt context."""
+        self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids)
+        self.stop = StopMatcher(seq.sampling.stop) if seq.sampling.stop else None
+
+    def on_token(self, seq: Sequence, now: float) -> tuple[Delta, bool]:
+        """The delta for seq's newest token, and whether a stop string ended the text there.
+
+        A stop token (EOS or stop_token_ids) is counted and returned as an id, never as text.
+        """
+        if self.first_token is None:
+            self.first_token = now
+        token = seq.token_ids[-1]
+        finished = seq.finished
+        text = "" if finished and seq.finish_reason is FinishReason.STOP else self.detok.push((token,))
+        if finished:
+            text += self.detok.flush()
+        hit = False
+        if self.stop is not None:
+            text, hit = self.stop.push(text)
+            if finished and not hit:
+                text += self.stop.flush()
+        if hit:
+            seq.finish_reason = FinishReason.STOP
+        elif not finished:
+            return Delta(token_ids=[token], text=text), False
+        return Delta(token_ids=[token], text=text, finish_reason=FinishReason.STOP if hit else seq.finish_reason,
+                     usage=self.usage(seq), timing=self.timing(now)), hit
+
+    def final(self, seq: Sequence, reason: FinishReason, now: float, error: str | None = None) -> Delta:
+        return Delta(token_ids=[], finish_reason=reason, usage=self.usage(seq), timing=self.timing(now), error=error)
+
+    @staticmethod
+    def usage(seq: Sequence) -> Usage:
+        return Usage(prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_completion_tokens,
+                     cached_tokens=seq.num_cached_tokens)
+
+    def timing(self, now: float) -> EngineTiming:
+        return EngineTiming(submitted=self.submitted, first_scheduled=self.first_scheduled,
+                            first_token=self.first_token, finished=now)
+
+
+class ReferenceEngine(Engine):
+    """`info` and `tokenizer` are set by start()."""
+
+    def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
+                 max_num_tokens: int = 512, verify: bool = True) -> None:
+        for name, value in (("num_kv_blocks", num_kv_blocks), ("block_size", block_size),
+                            ("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.artifact_dir = Path(artifact_dir)
+        self._num_kv_blocks, self._block_size = num_kv_blocks, block_size
+        self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
+        self._verify = verify
+        self._cond = threading.Condition()
+        self._commands: deque[tuple[str, object]] = deque()   # guarded by _cond
+        self._pending_requests = 0       # submitted, not yet reflected in a snapshot (guarded by _cond)
+        self._pending_blocks = 0
+        self._snapshot = (num_kv_blocks, 0, 0)                 # (free blocks for new work, running, waiting)
+        self._used_blocks_snapshot = 0
+        self._stop = False
+        self._streams: dict[str, RequestStream] = {}           # loop thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._failed: str | None = None
+        self._counters = dict(steps=0, prompt=0, generated=0, cached=0)
+        self._ema_latency = 0.0
+        self._ema_tokens = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._load)
+        self._thread = threading.Thread(target=self._run, name=f"inferd-ref-{self.info.model_name}", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        manifest = verify_artifact(self.artifact_dir) if self._verify else read_manifest(self.artifact_dir)
+        self.model = LlamaModel.from_pretrained(self.artifact_dir)
+        self.tokenizer = HFTokenizer.from_dir(self.artifact_dir)
+        config = self.model.config
+        self.info = EngineInfo(
+            backend="reference", model_name=manifest.name, version=manifest.version,
+            max_model_len=config.max_position_embeddings, block_size=self._block_size,
+            num_kv_blocks=self._num_kv_blocks, max_batch_size=self._max_batch_size,
+            max_num_tokens=self._max_num_tokens)
+        self._kv = self.model.new_kv_cache(self._num_kv_blocks, self._block_size)
+        self._blocks = BlockManager(self._num_kv_blocks, self._block_size)
+        self._scheduler = Scheduler(self._blocks, max_batch_size=self._max_batch_size,
+                                    max_num_tokens=self._max_num_tokens, max_model_len=config.max_position_embeddings,
+                                    eos_token_ids=self.tokenizer.eos_token_ids)
+        self._sampler = Sampler()
+        self._seqs: dict[str, Sequence] = {}                    # step thread only
+
+    async def warmup(self) -> None:
+        """A multi-block prompt alongside short ones, through a few decode steps."""
+        vocab = self.model.config.vocab_size
+        long_len = min(3 * self._block_size + 1, self.info.max_model_len - 4)
+        shapes = [long_len, 5, 9]
+        streams = [self.submit(GenerationRequest(
+            request_id=f"__warmup_{i}_{id(self)}", tenant="__warmup__",
+            prompt_token_ids=tuple((7 * j + i) % vocab for j in range(n)),
+            sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))) for i, n in enumerate(shapes)]
+        await asyncio.gather(*(s.collect() for s in streams))
+
+    async def close(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        await asyncio.to_thread(thread.join)
+        # deltas the thread handed over on its way out run before this continuation
+        await asyncio.sleep(0)
+
+    @property
+    def num_preemptions(self) -> int:
+        """Sequences preempted (and later recomputed) because the KV pool ran out, since start."""
+        return self._scheduler.num_preemptions if self._thread is not None else 0
+
+    @property
+    def healthy(self) -> bool:
+        return (self._thread is not None and self._thread.is_alive() and self._failed is None
+                and not self._stop)
+
+    # -- loop-thread API ---------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        if not self.healthy:
+            raise EngineUnavailable(self._failed or "the reference engine is not running")
+        self._validate(request)
+        stream = RequestStream(request.request_id, on_cancel=self.abort)
+        seq = Sequence(request.request_id, request.prompt_token_ids, request.sampling,
+                       salt=prefix_salt(request.tenant, request.lora))
+        seq.engine_state = RequestOutput(stream, time.monotonic())
+        blocks = -(-len(request.prompt_token_ids) // self._block_size)
+        with self._cond:
+            if self._failed is not None or self._stop:   # lost a race with the thread ending
+                raise EngineUnavailable(self._failed or "the reference engine is closing")
+            self._commands.append(("submit", seq))
+            self._pending_requests += 1
+            self._pending_blocks += blocks
+            self._cond.notify()
+        self._streams[request.request_id] = stream
+        return stream
+
+    def _validate(self, request: GenerationRequest) -> None:
+        prompt, params = request.prompt_token_ids, request.sampling
+        if request.request_id in self._streams:
+            raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab})", "prompt")
+        if params.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be >= 1", "max_tokens")
+        if params.temperature < 0:
+            raise InvalidRequest("temperature must be >= 0", "temperature")
+        if not 0 < params.top_p <= 1:
+            raise InvalidRequest("top_p must be in (0, 1]", "top_p")
+        if params.top_k < 0:
+            raise InvalidRequest("top_k must be >= 0", "top_k")
+        if any(not isinstance(s, str) or not s for s in params.stop):
+            raise InvalidRequest("stop strings must be non-empty", "stop")
+        limit = self.info.max_model_len
+        total = len(prompt) + params.max_tokens
+        if total > limit:
+            param = "prompt" if len(prompt) >= limit else "max_tokens"
+            raise InvalidRequest(f"this model's maximum context length is {limit} tokens; the request needs "
+                                 f"{total} ({len(prompt)} prompt + {params.max_tokens} max_tokens)", param)
+        kv_tokens = self._num_kv_blocks * self._block_size
+        if total > kv_tokens:
+            raise InvalidRequest(f"the request needs {total} tokens of KV cache; this engine holds {kv_tokens}",
+                                 "max_tokens")
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._streams and self._thread is not None:
+            with self._cond:
+                self._commands.append(("abort", request_id))
+                self._cond.notify()
+
+    def capacity(self) -> Capacity:
+        with self._cond:
+            (free, running, waiting), pending, pending_blocks = (self._snapshot, self._pending_requests,
+                                                                  self._pending_blocks)
+        free = max(0, free - pending_blocks)
+        waiting += pending
+        return Capacity(free_kv_blocks=free, free_kv_tokens=free * self._block_size,
+                        free_slots=max(0, self._max_batch_size - running - waiting), waiting=waiting,
+                        block_size=self._block_size)
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            (_, running, waiting), c = self._snapshot, dict(self._counters)
+            used, latency, tokens = self._used_blocks_snapshot, self._ema_latency, self._ema_tokens
+            waiting += self._pending_requests
+        return EngineStats(
+            running=running, waiting=waiting, kv_blocks_total=self._num_kv_blocks,
+            kv_blocks_used=used, prefix_cache_hit_rate=c["cached"] / c["prompt"] if c["prompt"] else 0.0,
+            step_latency_s=latency, steps_total=c["steps"], prompt_tokens_total=c["prompt"],
+            generation_tokens_total=c["generated"], prefix_cache_hit_tokens_total=c["cached"],
+            tokens_per_s=tokens / latency if latency > 0 else 0.0)
+
+    def _deliver(self, items: list[tuple[RequestStream, Delta]]) -> None:
+        for stream, delta in items:
+            stream.push(delta)
+            if delta.finish_reason is not None and self._streams.get(stream.request_id) is stream:
+                del self._streams[stream.request_id]
+
+    # -- step thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        deltas: list[tuple[RequestStream, Delta]] = []
+        try:
+            while True:
+                with self._cond:
+                    while not (self._commands or self._stop or self._scheduler.has_work()):
+                        self._cond.wait()
+                    commands = list(self._commands)
+                    self._commands.clear()
+                    stop = self._stop
+                taken = self._apply(commands, deltas)
+                if stop:
+                    for seq in list(self._seqs.values()):
+                        self._end(seq, FinishReason.ABORT, deltas)
+                elif self._scheduler.has_work():
+                    self._step(deltas)
+                self._publish(taken)
+                self._hand_over(deltas)
+                deltas = []
+                if stop:
+                    return
+        except BaseException as exc:  # the thread must not die silently
+            log.exception("reference engine step thread failed")
+            with self._cond:
+                self._failed = f"engine failure: {type(exc).__name__}: {exc}"
+                leftovers = [seq for kind, seq in self._commands if kind == "submit"]
+                self._commands.clear()
+            for seq in [*self._seqs.values(), *leftovers]:
+                out: RequestOutput = seq.engine_state
+                deltas.append((out.stream, out.final(seq, FinishReason.ERROR, time.monotonic(), self._failed)))
+            self._seqs.clear()
+            self._hand_over(deltas)
+
+    def _apply(self, commands, deltas) -> tuple[int, int]:
+        num, blocks = 0, 0
+        for kind, arg in commands:
+            if kind == "submit":
+                seq: Sequence = arg  # type: ignore[assignment]
+                num += 1
+                blocks += -(-seq.num_prompt_tokens // self._block_size)
+                seq.engine_state.start(self.tokenizer, seq)
+                if not seq.sampling.greedy:
+                    seq.rng = make_rng(seq.sampling.seed)
+                self._seqs[seq.request_id] = seq
+                self._scheduler.add(seq)
+            else:
+                seq = self._seqs.get(arg)  # type: ignore[arg-type]
+                if seq is not None:
+                    self._end(seq, FinishReason.ABORT, deltas)
+        return num, blocks
+
+    def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
+        self._scheduler.finish(seq, reason)
+        self._seqs.pop(seq.request_id, None)
+        out: RequestOutput = seq.engine_state
+        deltas.append((out.stream, out.final(seq, reason, time.monotonic(), error)))
+
+    def _step(self, deltas) -> None:
+        started = time.monotonic()
+        sched = self._scheduler
+        out = sched.schedule()
+        if out.empty:
+            # submit() only admits requests that fit an empty pool, so this means a bug; failing
+            # the head beats spinning on it forever
+            if sched.waiting and not sched.running:
+                self._end(sched.waiting[0], FinishReason.ERROR, deltas, "the request cannot be scheduled")
+            return
+        for seq in out.seqs:
+            if seq.engine_state.first_scheduled is None:
+                seq.engine_state.first_scheduled = started
+                self._counters["prompt"] += seq.num_prompt_tokens
+                self._counters["cached"] += seq.num_cached_tokens
+        batch = ForwardBatch(token_ids=out.token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
+                             query_lens=out.num_new_tokens, context_lens=out.context_lens,
+                             block_tables=out.block_tables)
+        rows = out.sample_rows
+        try:
+            logits = self.model.forward(batch, self._kv)
+            if len(rows) != len(out.seqs):
+                logits = logits[rows]
+            picked = [out.seqs[r] for r in rows]
+            sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked])
+        except Exception as exc:
+            log.exception("reference engine step failed; failing its %d requests", len(out.seqs))
+            message = f"engine step failed: {type(exc).__name__}: {exc}"
+            for seq in out.seqs:
+                self._end(seq, FinishReason.ERROR, deltas, message)
+            return
+        now = time.monotonic()
+        for seq in sched.update_from_output(out, sampled):
+            out_state: RequestOutput = seq.engine_state
+            delta, stop_string = out_state.on_token(seq, now)
+            if stop_string and not seq.finished:
+                sched.finish(seq, FinishReason.STOP)
+            if seq.finished:
+                self._seqs.pop(seq.request_id, None)
+            deltas.append((out_state.stream, delta))
+        self._counters["steps"] += 1
+        self._counters["generated"] += len(sampled)
+        elapsed = now - started
+        first = self._ema_latency == 0.0
+        self._ema_latency = elapsed if first else (1 - _EMA) * self._ema_latency + _EMA * elapsed
+        self._ema_tokens = out.num_tokens if first else (1 - _EMA) * self._ema_tokens + _EMA * out.num_tokens
+
+    def _publish(self, taken: tuple[int, int]) -> None:
+        sched, bs = self._scheduler, self._block_size
+        reserved = sum(-(-s.num_tokens // bs) for s in sched.waiting)
+        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(sched.waiting))
+        with self._cond:
+            self._snapshot = snapshot
+            self._used_blocks_snapshot = self._blocks.num_used_blocks
+            self._pending_requests -= taken[0]
+            self._pending_blocks -= taken[1]
+
+    def _hand_over(self, deltas) -> None:
+        if not deltas or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._deliver, deltas)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            log.warning("event loop closed; dropped %d deltas", len(deltas))
