@@ -58,7 +58,7 @@ class TrtllmConfig(_Table):
     kv_cache_max_tokens: int | None = None
     enable_block_reuse: bool = True
     scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
-    enable_chunked_prefill: bool = False
+    enable_chunked_prefill: bool = True
     lora_adapters: dict[str, str] = {}    # adapter name -> directory
 
 
@@ -211,8 +211,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
     if m.trtllm is not None:
         t = m.trtllm
         frac = t.kv_cache_free_gpu_memory_fraction
-        if frac is not None and not 0 < frac <= 1:
-            errors.append(f"{p}.trtllm.kv_cache_free_gpu_memory_fraction: must be in (0, 1], got {frac}")
+        if frac is not None and not 0 < frac < 1:
+            errors.append(f"{p}.trtllm.kv_cache_free_gpu_memory_fraction: must be in (0, 1), got {frac}")
         if t.kv_cache_max_tokens is not None and t.kv_cache_max_tokens <= 0:
             errors.append(f"{p}.trtllm.kv_cache_max_tokens: must be > 0, got {t.kv_cache_max_tokens}")
     return errors

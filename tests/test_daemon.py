@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
@@ -229,5 +233,122 @@ async def test_sighup_hook_logs_and_keeps_serving(caplog):
     app = LifecycleApp()
     async with running_daemon(sim_config(), app) as (daemon, task, url):
         await daemon.reload()
-        assert "reload_not_implemented" in caplog.text
+        assert logged(caplog, "reload_not_implemented")
         assert daemon.state.ready()
+
+
+# -- with the real HTTP app ----------------------------------------------------------------
+
+
+def reference_config(engines_root, artifact: str = "tiny"):
+    return parse_config({
+        "server": {"port": 0, "engines_root": str(engines_root)},
+        "models": {"tiny": {"artifact": artifact, "max_batch_size": 4, "max_num_tokens": 64,
+                            "num_kv_blocks": 64}},
+    })
+
+
+@contextlib.asynccontextmanager
+async def serving(config) -> AsyncIterator[tuple[Daemon, str]]:
+    """The full daemon with inferd.api's app; stopped (drained) on exit."""
+    daemon = Daemon(config)
+    task = asyncio.ensure_future(daemon.run())
+    ready = asyncio.ensure_future(daemon.ready.wait())
+    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        ready.cancel()
+        pytest.fail(f"daemon exited during startup with {task.result()}")
+    try:
+        yield daemon, f"http://127.0.0.1:{daemon.port}"
+    finally:
+        daemon.request_stop()
+        assert await task == 0
+
+
+async def test_reference_engine_serves_completions_and_metrics(tiny_engines_root):
+    async with serving(reference_config(tiny_engines_root)) as (daemon, url):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/readyz") as resp:
+                assert resp.status == 200
+            body = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}
+            async with http.post(f"{url}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["usage"]["completion_tokens"] == 3
+            async with http.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
+    version = daemon.state.engines["tiny"].info.version
+    assert (f'inferd_requests_total{{backend="reference",model="tiny",status="200",version="{version}"}} 1.0'
+            in metrics)
+    assert 'inferd_kv_cache_blocks{backend="reference",model="tiny",state="free"' in metrics
+
+
+def logged(caplog, event: str) -> list[dict]:
+    """Fields of every captured log line with this event name."""
+    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == event]
+
+
+async def test_first_run_builds_the_missing_synthetic_artifact(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="inferd.daemon")
+    engines_root = tmp_path / "engines"
+    async with serving(reference_config(engines_root)) as (daemon, url):
+        assert daemon.state.engines["tiny"].info.backend == "reference"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/v1/models") as resp:
+                assert [m["id"] for m in (await resp.json())["data"]] == ["tiny"]
+    assert logged(caplog, "building_engine")[0]["kind"] == "tiny"
+    assert logged(caplog, "engine_built")
+    assert len([p for p in (engines_root / "tiny").iterdir() if p.is_dir() and not p.name.startswith(".")]) == 1
+
+
+async def test_missing_non_synthetic_artifact_fails_startup_naming_the_model(tmp_path, caplog):
+    daemon = Daemon(reference_config(tmp_path, artifact="llama-3-8b"))
+    assert await daemon.run() == 1
+    (failure,) = logged(caplog, "startup_failed")
+    assert failure["error"].startswith("models.tiny: artifact 'llama-3-8b'")
+
+
+# -- as a real process -----------------------------------------------------------------------
+
+
+async def read_event(proc: asyncio.subprocess.Process, event: str, seen: list[dict]) -> dict:
+    """Read the daemon's JSON log lines until one has `event`; keep every line in `seen`."""
+    while True:
+        raw = await proc.stderr.readline()
+        if not raw:
+            pytest.fail(f"daemon exited before logging {event!r}; its log: {seen}")
+        with contextlib.suppress(ValueError):
+            line = orjson.loads(raw)
+            seen.append(line)
+            if line.get("event") == event:
+                return line
+
+
+async def test_serve_subprocess_reports_port_serves_and_exits_zero_on_sigterm(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[server]\nport = 8000\ndrain_grace_s = 5.0\n'
+        '[models.sim]\nbackend = "sim"\nmax_batch_size = 4\nmax_num_tokens = 64\nnum_kv_blocks = 64\n'
+        '[models.sim.sim]\nprofile = "tiny"\ntime_scale = 0.01\nmax_model_len = 512\n')
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "inferd", "serve", "--config", str(config), "--port", "0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    seen: list[dict] = []
+    try:
+        listening = await asyncio.wait_for(read_event(proc, "listening", seen), 60)
+        assert listening["host"] == "127.0.0.1" and listening["port"] > 0
+        url = f"http://127.0.0.1:{listening['port']}"
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["X-Inferd-Simulated"] == "true"
+        proc.send_signal(signal.SIGHUP)
+        await asyncio.wait_for(read_event(proc, "reload_not_implemented", seen), 30)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(read_event(proc, "stopped", seen), 30)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert not any("hi" == line.get("content") for line in seen)

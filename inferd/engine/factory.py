@@ -55,10 +55,11 @@ def _artifact_dir(name: str, model: ModelConfig, server: ServerConfig) -> Path:
 def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
     """Construct (not start) the engine for one [models.<name>] table."""
     if model.backend == "reference":
+        artifact_dir = _artifact_dir(name, model, server)  # first: a missing artifact is the likelier error
         from inferd.engine.reference.engine import ReferenceEngine
 
         return ReferenceEngine(
-            _artifact_dir(name, model, server),
+            artifact_dir,
             num_kv_blocks=model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS,
             block_size=model.block_size,
             max_batch_size=model.max_batch_size,
@@ -87,7 +88,11 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
         except ImportError as exc:
             raise EngineConfigError(name, f"backend 'trtllm' is not available here: {exc}") from None
         t = model.trtllm or TrtllmConfig()
-        engine_dir = Path(t.engine_dir) if t.engine_dir else _artifact_dir(name, model, server)
+        if t.engine_dir:
+            engine_dir, version = Path(t.engine_dir), None
+        else:  # an artifact's directory name is its content-derived version
+            engine_dir = _artifact_dir(name, model, server)
+            version = engine_dir.name
         return TrtllmEngine(
             engine_dir,
             tokenizer_dir=Path(t.tokenizer_dir) if t.tokenizer_dir else None,
@@ -99,5 +104,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             scheduler_policy=t.scheduler_policy,
             enable_chunked_prefill=t.enable_chunked_prefill,
             lora_adapters=dict(t.lora_adapters),
+            model_name=artifact_name(name, model),
+            version=version,
         )
     raise EngineConfigError(name, f"unknown backend {model.backend!r}")  # config validation prevents it
