@@ -11,8 +11,8 @@ slower. Each class of kernel sits on its own roofline, so a step costs
   + tensor-parallel all-reduces + a fixed per-step overhead
 
 with BW and FLOPS the *achieved* figures (peak x efficiency). A single max() over the whole
-step would let long-context attention hide behind the weight reads, which over-predicts the
-published 1000/1000 throughput by ~2x; see docs/sim.md for the calibration.
+step would hide bandwidth-bound attention behind compute-bound GEMMs in large long-context
+batches, which is not what the hardware does; see docs/sim.md for the calibration.
 """
 from __future__ import annotations
 
