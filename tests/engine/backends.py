@@ -39,6 +39,13 @@ def sim(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
                              max_model_len=256, time_scale=0.05))
 
 
+def reference(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
+    from inferd.engine.reference.engine import ReferenceEngine
+
+    return running(ReferenceEngine(request.getfixturevalue("tiny_artifact"), num_kv_blocks=48, block_size=16,
+                                   max_batch_size=4, max_num_tokens=64))
+
+
 def trtllm(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
     # TensorRT-LLM cannot be installed here: run TrtllmEngine on its test double (on sys.path only here)
     from tests.trtllm_double.harness import trtllm_on_double
@@ -47,6 +54,7 @@ def trtllm(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
 
 
 BACKENDS: dict[str, BackendFactory] = {
+    "reference": reference,
     "sim": sim,
     "trtllm": trtllm,
 }
