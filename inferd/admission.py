@@ -13,6 +13,11 @@ The dispatcher is a task woken by submissions and finishing streams, plus a shor
 on engine capacity (capacity also frees on engine steps). It releases a request only when the engine
 has a free slot, KV blocks for the prompt plus a reserve, and its own waiting queue is below a small
 bound: whatever reaches the engine is, by construction, the fair next request.
+
+Headroom: while a *light* tenant (one that is not backlogged: its request is alone in its queue) has
+arrived recently, the last `headroom_fraction` of slots and the KV reserve are kept for light requests,
+so a well-behaved tenant next to a flooding one starts at once instead of waiting for a slot to free.
+With only backlogged tenants around, no headroom is held and the engine is filled completely.
 """
 from __future__ import annotations
 
@@ -157,8 +162,12 @@ class AdmissionQueue:
     """Admission for one engine. Loop-thread only; `start()` inside the running loop."""
 
     def __init__(self, engine: Engine, policy: AdmissionConfig, tenants: TenantRegistry, *,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, time_scale: float = 1.0) -> None:
+        """`clock` gives deadlines' time base. `time_scale` = loop seconds per clock second: 1 for a real
+        engine; a sim engine's time_scale when `clock` runs in simulated time (benchmarks)."""
         self.engine = engine
+        self._time_scale = time_scale
+        self._last_light = -math.inf
         self.policy = policy
         self.tenants = tenants
         self._clock = clock
@@ -256,6 +265,8 @@ class AdmissionQueue:
                            / max(1, self._queued_tokens[t.tenant]))
             self._reject(t, "queue_full", 429, self._retry(self._wait_estimate(t, own_only=True), overflow),
                          f"tenant {t.tenant!r} has too many requests queued")
+        if not q and self._total_requests:
+            self._last_light = now      # a light tenant arrived while others are backlogged: keep headroom
         if not q and self._total_requests == 0 and self._dispatchable(t) and self._fits(self.engine.capacity(), t):
             self._activate(t.tenant)
             return t
@@ -289,7 +300,8 @@ class AdmissionQueue:
         self._total_requests += 1
         self._total_tokens += t.tokens
         t.future = asyncio.get_running_loop().create_future()
-        t.timer = asyncio.get_running_loop().call_later(max(0.0, t.expires - self._clock()), self._expire, t)
+        t.timer = asyncio.get_running_loop().call_later(
+            max(0.0, t.expires - self._clock()) * self._time_scale, self._expire, t)
         self._wake.set()
 
     def _remove(self, t: _Ticket) -> None:
@@ -438,7 +450,7 @@ class AdmissionQueue:
             blocked = self._dispatch()
             if blocked:
                 self._win_saturated = True
-                try:
+                try:   # capacity also frees on engine steps, which send no event
                     await asyncio.wait_for(self._wake.wait(), self.policy.poll_interval_s)
                 except asyncio.TimeoutError:
                     pass
@@ -459,11 +471,22 @@ class AdmissionQueue:
                 t.future.set_result(stream)
         return False
 
+    def _is_light(self, t: _Ticket) -> bool:
+        q = self._queues.get(t.tenant)
+        return not q or (len(q) == 1 and q[0] is t)
+
     def _fits(self, cap, t: _Ticket) -> bool:
         need = math.ceil(t.prompt / cap.block_size)
-        reserve = math.ceil(self.policy.kv_reserve_fraction * self.engine.info.num_kv_blocks)
-        return (cap.free_slots >= 1 and cap.waiting < self.policy.max_engine_waiting
-                and cap.free_kv_blocks >= min(need + reserve, self.engine.info.num_kv_blocks))
+        if cap.free_slots < 1 or cap.waiting >= self.policy.max_engine_waiting:
+            return False
+        if self._is_light(t):
+            return cap.free_kv_blocks >= need
+        info = self.engine.info
+        reserve = math.ceil(self.policy.kv_reserve_fraction * info.num_kv_blocks)
+        headroom = 0
+        if self._clock() - self._last_light < self.policy.headroom_window_s:
+            headroom = int(self.policy.headroom_fraction * info.max_batch_size)   # < all slots
+        return cap.free_slots > headroom and cap.free_kv_blocks >= min(need + reserve, info.num_kv_blocks)
 
     def _dispatchable(self, t: _Ticket) -> bool:
         cap = self.tenants.get(t.tenant).max_kv_tokens_in_flight
@@ -493,7 +516,8 @@ class AdmissionQueue:
                 break
         in_class = [h for h in heads if h.cls is cls]
         self._floor = max(self._floor, min(self.counters.get(h.tenant, 0.0) for h in heads))
-        return min(in_class, key=lambda h: (self.counters.get(h.tenant, 0.0), h.seq))
+        # Ties (a tenant just lifted to the minimum) go to the shorter queue: the light tenant.
+        return min(in_class, key=lambda h: (self.counters.get(h.tenant, 0.0), len(self._queues[h.tenant]), h.seq))
 
     def _submit(self, t: _Ticket) -> AdmittedStream | None:
         """Hand `t` to the engine. On an engine error a queued caller gets it through its future
@@ -519,7 +543,7 @@ class AdmissionQueue:
         admitted = AdmittedStream(self, t, stream, now - t.arrived)
         if t.deadline < math.inf:
             admitted._deadline_timer = asyncio.get_running_loop().call_later(
-                max(0.0, t.deadline - now), admitted._on_deadline)
+                max(0.0, t.deadline - now) * self._time_scale, admitted._on_deadline)
         return admitted
 
     # -- accounting from running streams -------------------------------------------------

@@ -89,8 +89,10 @@ class AdmissionConfig(_Table):
     max_queued_requests: int = 2048             # the whole node (per engine); full -> 503 node_full
     max_queued_tokens: int = 4_194_304
     kv_reserve_fraction: float = 0.05           # KV blocks kept free beyond a prompt's own, for decode growth
-    max_engine_waiting: int = 1                 # release only while the engine's own queue is below this
-    poll_interval_s: float = 0.005              # capacity re-check while blocked (frees on engine steps)
+    max_engine_waiting: int = 2                 # release only while the engine's own queue is below this
+    headroom_fraction: float = 0.0625           # sequence slots kept for light tenants while one is active
+    headroom_window_s: float = 10.0             # how long after a light arrival the headroom is kept
+    poll_interval_s: float = 0.005              # capacity re-check while blocked, in loop (wall) seconds
     early_refusal: bool = True                  # refuse at once when the estimated wait exceeds the budget
 
     def ttl_s(self, cls: PriorityClass) -> float:
@@ -172,7 +174,7 @@ def admission_errors(a: AdmissionConfig, path: str = "admission") -> list[str]:
                 "poll_interval_s"):
         if getattr(a, key) <= 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(a, key)}")
-    for key in ("standard_reserved_share", "batch_reserved_share", "kv_reserve_fraction"):
+    for key in ("standard_reserved_share", "batch_reserved_share", "kv_reserve_fraction", "headroom_fraction"):
         if not 0 <= getattr(a, key) < 1:
             errors.append(f"{path}.{key}: must be in [0, 1), got {getattr(a, key)}")
     if a.standard_reserved_share + a.batch_reserved_share >= 1:

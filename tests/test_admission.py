@@ -89,6 +89,7 @@ async def make_queue():
     def make(engine=None, tenants=None, **policy):
         engine = engine or FakeEngine()
         policy.setdefault("kv_reserve_fraction", 0.0)
+        policy.setdefault("headroom_fraction", 0.0)
         q = AdmissionQueue(engine, AdmissionConfig(**policy), TenantRegistry(tenants or {}))
         q.start()
         made.append(q)
@@ -133,15 +134,21 @@ async def test_capacity_gate_holds_work_until_a_slot_frees(make_queue):
     assert (await second).request_id == engine.submitted[1].request_id
 
 
-async def test_gate_needs_kv_blocks_for_the_prompt_plus_reserve(make_queue):
+async def test_gate_needs_prompt_blocks_plus_reserve_except_for_a_light_tenant(make_queue):
     engine = FakeEngine(slots=10, blocks=100)
     q, _ = make_queue(engine=engine, kv_reserve_fraction=0.1)      # reserve = 10 blocks
-    engine.free_blocks = 13
-    waiting = spawn(q.admit(req("a", prompt=4 * BS), deadline=far()))
+    engine.free_blocks = 3
+    first, second = (spawn(q.admit(req("a", prompt=4 * BS), deadline=far())) for _ in range(2))
     await settle()
-    assert not engine.submitted                 # needs 4 + 10 blocks, 13 free
-    engine.free_blocks = 14                     # frees on an engine step: found by the bounded poll
-    await waiting
+    assert not engine.submitted                 # 4 blocks each, 3 free
+    engine.free_blocks = 13
+    await settle()                              # found by the bounded poll (engine steps send no event)
+    await asyncio.sleep(0.02)
+    assert not engine.submitted                 # a is backlogged: needs 4 + 10 reserved blocks
+    engine.free_blocks = 14
+    await first
+    await second                                # alone in its queue now (light): its 4 blocks are enough
+    assert engine.free_blocks == 6
 
 
 async def test_gate_keeps_the_engine_waiting_queue_short(make_queue):
@@ -344,3 +351,19 @@ async def test_kv_in_flight_cap_holds_a_tenant_without_blocking_others(make_queu
     engine.finish(first.request_id)
     await first.collect()
     await held
+
+
+async def test_headroom_lets_a_light_tenant_start_beside_a_flood(make_queue):
+    engine = FakeEngine(slots=4)
+    q, _ = make_queue(engine=engine, headroom_fraction=0.25)          # 1 of 4 slots
+    flood = [spawn(q.admit(req("n"), deadline=far())) for _ in range(8)]
+    await settle()
+    assert len(engine.submitted) == 4           # nobody light around yet: the engine is filled
+    engine.finish(engine.submitted[0].request_id)
+    light = spawn(q.admit(req("w"), deadline=far()))   # w is not backlogged: a light arrival
+    await settle()
+    assert (await light).tenant == "w"
+    engine.finish(engine.submitted[1].request_id)
+    await asyncio.sleep(0.02)                   # polls while blocked; n may not take the headroom slot
+    assert [r.tenant for r in engine.submitted].count("n") == 4 and engine.slots == 1
+    del flood
