@@ -62,31 +62,31 @@ class PagedKVCache:
         self._check_block_ids(table)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def context_slots(self, block_tables: Sequence[Sequence[int]],
-                      context_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Slots of positions 0..len-1 of every sequence, padded to the longest.
-
-        Returns `(slots [S, L_max] int64, valid [S, L_max] bool)`; padded entries point at slot 0 and
-        are False in `valid`. Built once per step and shared by every layer's gather.
-        """
-        num_seqs = len(block_tables)
-        if len(context_lens) != num_seqs:
-            raise KVCacheError(f"{len(context_lens)} context_lens for {num_seqs} block_tables")
-        lens = np.asarray(context_lens, dtype=np.int64)
-        max_len = int(lens.max()) if num_seqs else 0
-        max_blocks = -(-max_len // self.block_size)
-        tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int64)
-        for i, (table, length) in enumerate(zip(block_tables, context_lens)):
-            needed = -(-length // self.block_size)
-            if length < 0 or len(table) < needed:
-                raise KVCacheError(
-                    f"sequence {i}: context_len {length} needs {needed} blocks, block_table has {len(table)}")
-            tables[i, :needed] = table[:needed]
+    def block_array(self, block_tables: Sequence[Sequence[int]], context_lens: Sequence[int]) -> np.ndarray:
+        """The blocks holding positions 0..len-1 of every sequence, as `[S, max_blocks]` int64 padded with 0."""
+        if len(context_lens) != len(block_tables):
+            raise KVCacheError(f"{len(context_lens)} context_lens for {len(block_tables)} block_tables")
+        needed = [-(-int(length) // self.block_size) for length in context_lens]
+        tables = np.zeros((len(block_tables), max(needed, default=0)), dtype=np.int64)
+        for i, (table, length, count) in enumerate(zip(block_tables, context_lens, needed)):
+            if length < 1 or len(table) < count:
+                raise KVCacheError(f"sequence {i}: context_len {length} needs {count} blocks, "
+                                   f"block_table has {len(table)}")
+            tables[i, :count] = table[:count]
         self._check_block_ids(tables)
-        pos = np.arange(max_len, dtype=np.int64)
-        slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size
-        valid = pos[None, :] < lens[:, None]
-        return np.where(valid, slots, 0), valid
+        return tables
+
+    def gather_blocks(self, layer: int, blocks: np.ndarray, k_out: np.ndarray | None = None,
+                      v_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of whole blocks (ids `blocks`, any shape B): shape B + (block_size, num_kv_heads, head_dim).
+
+        Copies block-sized runs (faster than slot by slot); `k_out`/`v_out` reuse buffers across layers.
+        Ids are not range-checked here (out-of-range ones are clipped): `block_array` checks them.
+        """
+        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        k = np.take(self.k[layer].reshape(shape), blocks, axis=0, out=k_out, mode="clip")
+        v = np.take(self.v[layer].reshape(shape), blocks, axis=0, out=v_out, mode="clip")
+        return k, v
 
     def _check_block_ids(self, table: np.ndarray) -> None:
         if table.size and (table.min() < 0 or table.max() >= self.num_blocks):
@@ -97,9 +97,10 @@ class PagedKVCache:
 class AttentionPlan:
     """Where each sequence of one packed step reads its context: built once per step, used by every layer.
 
-    Sequences with one new token (decode) are attended together, padded to the longest context with a
-    length mask; sequences with several (prefill chunks) one by one with a causal mask whose query
-    positions start at `context_len - query_len`, so cached prefixes and earlier chunks are seen.
+    Sequences with one new token (decode) are attended together: their blocks are gathered into one
+    padded batch with a length mask. Sequences with several (prefill chunks) go one by one with a
+    causal mask whose query positions start at `context_len - query_len`, so cached prefixes and
+    earlier chunks are attended too.
     """
 
     def __init__(self, kv: PagedKVCache, query_lens: Sequence[int], context_lens: Sequence[int],
@@ -111,26 +112,34 @@ class AttentionPlan:
         c_lens = np.asarray(context_lens, dtype=np.int64)
         if q_lens.size and (q_lens.min() < 1 or (q_lens > c_lens).any()):
             raise KVCacheError("every sequence needs 1 <= query_len <= context_len")
+        bs = kv.block_size
         starts = np.concatenate(([0], np.cumsum(q_lens)))
         self.num_tokens = int(starts[-1])
         self.last_rows = starts[1:] - 1
-        self.token_slots = np.empty(self.num_tokens, dtype=np.int64)
+        tables = kv.block_array(block_tables, context_lens)
+        # flat slot of every new token, to check the caller's slot_mapping against
+        seq_of_token = np.repeat(np.arange(q_lens.size), q_lens)
+        token_pos = np.arange(self.num_tokens) - starts[seq_of_token] + (c_lens - q_lens)[seq_of_token]
+        self.token_slots = tables[seq_of_token, token_pos // bs] * bs + token_pos % bs
 
         decode = np.flatnonzero(q_lens == 1)
         self.decode_rows = starts[decode]
-        slots, valid = kv.context_slots([block_tables[i] for i in decode], c_lens[decode].tolist())
-        self.decode_slots = slots
+        self.decode_blocks = np.ascontiguousarray(tables[decode])
+        padded = self.decode_blocks.shape[1] * bs
+        valid = np.arange(padded)[None, :] < c_lens[decode][:, None]
         self.decode_bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))[:, None, None, :]
-        self.token_slots[self.decode_rows] = slots[np.arange(decode.size), c_lens[decode] - 1]
+        buf_shape = (*self.decode_blocks.shape, bs, kv.num_kv_heads, kv.head_dim)
+        self.k_buf = np.empty(buf_shape, np.float32)
+        self.v_buf = np.empty(buf_shape, np.float32)
 
         self.prefill: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         for i in np.flatnonzero(q_lens > 1):
             q, c, start = int(q_lens[i]), int(c_lens[i]), int(starts[i])
-            seq_slots = kv.slots_for_positions(block_tables[i], np.arange(c))
+            blocks = tables[i, :-(-c // bs)]
             query_pos = np.arange(c - q, c)[:, None]
-            causal = np.where(np.arange(c)[None, :] <= query_pos, np.float32(0.0), np.float32(-np.inf))
-            self.prefill.append((start, start + q, seq_slots, causal))
-            self.token_slots[start:start + q] = seq_slots[c - q:]
+            causal = np.where(np.arange(blocks.size * bs)[None, :] <= query_pos,
+                              np.float32(0.0), np.float32(-np.inf))
+            self.prefill.append((start, start + q, blocks, causal))
 
 
 def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
@@ -152,19 +161,24 @@ def paged_attention(kv: PagedKVCache, layer: int, q: np.ndarray, plan: Attention
     out = np.empty_like(q)
     if plan.decode_rows.size:
         n = plan.decode_rows.size
-        k, v = kv.gather(layer, plan.decode_slots)                    # [S, L, kv, D]
+        k, v = kv.gather_blocks(layer, plan.decode_blocks, plan.k_buf, plan.v_buf)
+        k = k.reshape(n, -1, num_kv, head_dim).transpose(0, 2, 1, 3)[:, :, None]    # [S, kv, 1, L, D]
+        v = v.reshape(n, -1, num_kv, head_dim).transpose(0, 2, 1, 3)[:, :, None]
         qd = q[plan.decode_rows].reshape(n, num_kv, group, head_dim)
-        scores = np.matmul(qd, k.transpose(0, 2, 3, 1))               # [S, kv, G, L]
+        # one query row per (sequence, head): matrix-vector products beat tiny matmuls here
+        scores = np.matvec(k, qd)                                                  # [S, kv, G, L]
         scores += plan.decode_bias
         probs = _softmax_inplace(scores)
-        out[plan.decode_rows] = np.matmul(probs, v.transpose(0, 2, 1, 3)).reshape(n, num_heads, head_dim)
-    for start, end, slots, causal in plan.prefill:
+        out[plan.decode_rows] = np.vecmat(probs, v).reshape(n, num_heads, head_dim)
+    for start, end, blocks, causal in plan.prefill:
         n = end - start
-        k, v = kv.gather(layer, slots)                                # [C, kv, D]
+        k, v = kv.gather_blocks(layer, blocks)
+        k = k.reshape(-1, num_kv, head_dim)                                        # [C, kv, D]
+        v = v.reshape(-1, num_kv, head_dim)
         qp = q[start:end].reshape(n, num_kv, group, head_dim).transpose(1, 2, 0, 3)   # [kv, G, n, D]
-        scores = np.matmul(qp, k.transpose(1, 2, 0)[:, None])         # [kv, G, n, C]
+        scores = np.matmul(qp, k.transpose(1, 2, 0)[:, None])                        # [kv, G, n, C]
         scores += causal
         probs = _softmax_inplace(scores)
-        ctx = np.matmul(probs, v.transpose(1, 0, 2)[:, None])         # [kv, G, n, D]
+        ctx = np.matmul(probs, v.transpose(1, 0, 2)[:, None])                        # [kv, G, n, D]
         out[start:end] = ctx.transpose(2, 0, 1, 3).reshape(n, num_heads, head_dim)
     return out

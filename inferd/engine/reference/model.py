@@ -96,17 +96,14 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
         if rope_type == "llama3":
-            try:
-                scaling = Llama3RopeScaling(
-                    factor=_float(rope, "factor", None, rope_field),
-                    low_freq_factor=_float(rope, "low_freq_factor", None, rope_field),
-                    high_freq_factor=_float(rope, "high_freq_factor", None, rope_field),
-                    original_max_position_embeddings=_int(rope, "original_max_position_embeddings", max_pos,
-                                                          rope_field))
-            except msgspec.ValidationError as exc:
-                raise ModelConfigError(f"{rope_field}: {exc}", rope_field) from exc
+            scaling = Llama3RopeScaling(
+                factor=_float(rope, "factor", None, rope_field),
+                low_freq_factor=_float(rope, "low_freq_factor", None, rope_field),
+                high_freq_factor=_float(rope, "high_freq_factor", None, rope_field),
+                original_max_position_embeddings=_int(rope, "original_max_position_embeddings", max_pos, rope_field))
             if scaling.high_freq_factor <= scaling.low_freq_factor:
-                raise ModelConfigError(f"{rope_field}.high_freq_factor must exceed low_freq_factor", rope_field)
+                raise ModelConfigError(f"{rope_field}.high_freq_factor must exceed low_freq_factor",
+                                       f"{rope_field}.high_freq_factor")
         elif rope_type != "default":
             raise ModelConfigError(f"{rope_field}.rope_type {rope_type!r} is not supported "
                                    f"(supported: 'default', 'llama3')", f"{rope_field}.rope_type")
@@ -136,25 +133,26 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
         return inv.astype(np.float32)
 
 
-def _get(raw: dict, key: str, default: Any, field: str | None) -> Any:
+def _get(raw: dict, key: str, default: Any, field: str | None) -> tuple[Any, str]:
+    """The value of `key` (or `default`) and its path in config.json for error messages."""
+    path = f"{field}.{key}" if field else key
     value = raw.get(key, default)
     if value is None:
-        raise ModelConfigError(f"config.json lacks {f'{field}.' if field else ''}{key}",
-                               f"{field}.{key}" if field else key)
-    return value
+        raise ModelConfigError(f"config.json lacks {path}", path)
+    return value, path
 
 
 def _int(raw: dict, key: str, default: int | None = None, field: str | None = None) -> int:
-    value = _get(raw, key, default, field)
+    value, path = _get(raw, key, default, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelConfigError(f"{key} must be a positive integer, got {value!r}", key)
+        raise ModelConfigError(f"{path} must be a positive integer, got {value!r}", path)
     return value
 
 
 def _float(raw: dict, key: str, default: float | None = None, field: str | None = None) -> float:
-    value = _get(raw, key, default, field)
+    value, path = _get(raw, key, default, field)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ModelConfigError(f"{key} must be a positive number, got {value!r}", key)
+        raise ModelConfigError(f"{path} must be a positive number, got {value!r}", path)
     return float(value)
 
 

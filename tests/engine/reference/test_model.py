@@ -1,0 +1,207 @@
+"""The NumPy decoder against HF transformers' LlamaForCausalLM on small random checkpoints."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig as HFLlamaConfig
+from transformers import LlamaForCausalLM
+
+from inferd.engine.reference.kv_cache import PagedKVCache
+from inferd.engine.reference.model import (ForwardBatch, ForwardBatchError, LlamaConfig, LlamaModel,
+                                           ModelConfigError)
+
+VOCAB, BLOCK = 128, 4
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, max_position_embeddings=256, initializer_range=0.15, rms_norm_eps=1e-5)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+VARIANTS = {
+    "gqa-untied": dict(num_key_value_heads=2),
+    "tied-theta": dict(tie_word_embeddings=True, rope_theta=500000.0, num_key_value_heads=1),
+    "llama3-rope": dict(num_key_value_heads=2, tie_word_embeddings=True,
+                        rope_parameters={"rope_theta": 50000.0, **LLAMA3}),
+    "bias-headdim": dict(attention_bias=True, mlp_bias=True, head_dim=24, num_key_value_heads=2),
+}
+
+
+def save_hf_model(directory: Path, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(HFLlamaConfig(**{**BASE, **overrides})).eval()
+    model.to(dtype).save_pretrained(directory, max_shard_size="100KB")   # sharded on purpose
+    return model.float()
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def pair(request, tmp_path_factory) -> tuple[LlamaForCausalLM, LlamaModel]:
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = save_hf_model(directory, **VARIANTS[request.param])
+    return hf, LlamaModel.from_pretrained(directory)
+
+
+def hf_logits(hf: LlamaForCausalLM, ids) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.tensor([list(ids)])).logits[0].numpy()
+
+
+class Sequence:
+    """Test-side bookkeeping of one sequence's blocks, as the engine's block manager would keep it."""
+
+    def __init__(self, kv: PagedKVCache, blocks: list[int], tokens: list[int]):
+        self.kv, self.blocks, self.tokens, self.computed = kv, blocks, list(tokens), 0
+
+
+def step(model: LlamaModel, kv: PagedKVCache, work: list[tuple[Sequence, int]]) -> np.ndarray:
+    """One packed step: each (sequence, n) computes its next n uncomputed tokens."""
+    ids, positions, slots = [], [], []
+    for seq, n in work:
+        pos = np.arange(seq.computed, seq.computed + n)
+        ids.append(np.asarray(seq.tokens)[pos])
+        positions.append(pos)
+        slots.append(kv.slots_for_positions(seq.blocks, pos))
+        seq.computed += n
+    batch = ForwardBatch(token_ids=np.concatenate(ids), positions=np.concatenate(positions),
+                         slot_mapping=np.concatenate(slots), query_lens=[n for _, n in work],
+                         context_lens=[seq.computed for seq, _ in work], block_tables=[s.blocks for s, _ in work])
+    return model.forward(batch, kv)
+
+
+def shuffled_blocks(num_blocks: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).permutation(num_blocks).tolist()
+
+
+def test_logits_at_every_prompt_position_match_hf(pair):
+    """Every prefix of the prompt is its own sequence in one step: its last logits are HF's at that position."""
+    hf, model = pair
+    prompt = np.random.default_rng(2).integers(0, VOCAB, 13).tolist()
+    kv = model.new_kv_cache(num_blocks=64, block_size=BLOCK)
+    free = shuffled_blocks(64, seed=3)
+    seqs = [Sequence(kv, [free.pop() for _ in range(-(-n // BLOCK))], prompt[:n]) for n in range(1, 14)]
+
+    ours = step(model, kv, [(s, len(s.tokens)) for s in seqs])
+
+    expected = hf_logits(hf, prompt)
+    assert np.abs(ours - expected).max() <= 1e-3
+    assert np.abs(expected).max() > 0.5, "logits too flat to tell models apart"
+
+
+def test_greedy_continuation_through_paged_kv_matches_hf(pair):
+    """Chunked prefill (12 + 7 tokens) then 16 decode steps, next to a second sequence decoding alongside."""
+    hf, model = pair
+    rng = np.random.default_rng(4)
+    prompt, other_prompt = rng.integers(0, VOCAB, 19).tolist(), rng.integers(0, VOCAB, 6).tolist()
+    kv = model.new_kv_cache(num_blocks=32, block_size=BLOCK)
+    free = shuffled_blocks(32, seed=5)
+    seq = Sequence(kv, [free.pop() for _ in range(10)], prompt)
+    other = Sequence(kv, [free.pop() for _ in range(7)], other_prompt)
+
+    step(model, kv, [(other, 6), (seq, 12)])
+    other.tokens.append(int(rng.integers(0, VOCAB)))
+    logits = step(model, kv, [(seq, 7), (other, 1)])
+    worst = 0.0
+    for _ in range(16):
+        expected = hf_logits(hf, seq.tokens)[-1]
+        worst = max(worst, float(np.abs(logits[0] - expected).max()))
+        assert int(logits[0].argmax()) == int(expected.argmax())
+        seq.tokens.append(int(logits[0].argmax()))
+        other.tokens.append(int(rng.integers(0, VOCAB)))
+        logits = step(model, kv, [(seq, 1), (other, 1)])
+    assert worst <= 1e-3
+    np.testing.assert_allclose(logits[1], hf_logits(hf, other.tokens)[-1], atol=1e-3)
+
+
+def test_prefix_blocks_shared_with_another_sequence_are_attended(pair):
+    """A sequence that reuses another's two full blocks computes only its suffix, from position 8."""
+    hf, model = pair
+    rng = np.random.default_rng(6)
+    prefix = rng.integers(0, VOCAB, 2 * BLOCK).tolist()
+    kv = model.new_kv_cache(num_blocks=16, block_size=BLOCK)
+    first = Sequence(kv, [9, 4, 11], prefix + rng.integers(0, VOCAB, 3).tolist())
+    step(model, kv, [(first, len(first.tokens))])
+    second = Sequence(kv, [9, 4, 2, 7], prefix + rng.integers(0, VOCAB, 5).tolist())
+    second.computed = len(prefix)
+
+    ours = step(model, kv, [(second, 5)])
+
+    np.testing.assert_allclose(ours[0], hf_logits(hf, second.tokens)[-1], atol=1e-3)
+
+
+def test_bf16_checkpoint_matches_hf_loading_it_as_float32(tmp_path: Path):
+    save_hf_model(tmp_path, seed=7, dtype=torch.bfloat16, num_key_value_heads=2)
+    hf = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    model = LlamaModel.from_pretrained(tmp_path)
+    prompt = list(range(3, 12))
+    kv = model.new_kv_cache(num_blocks=4, block_size=BLOCK)
+
+    ours = step(model, kv, [(Sequence(kv, [3, 0, 1], prompt), len(prompt))])
+
+    np.testing.assert_allclose(ours[0], hf_logits(hf, prompt)[-1], atol=1e-3)
+
+
+def test_transformers4_rope_fields_parse_like_transformers5():
+    legacy_scaling = {k: v for k, v in LLAMA3.items() if k != "rope_type"} | {"type": "llama3"}
+    v4 = LlamaConfig.from_dict({**BASE, "rope_theta": 50000.0, "rope_scaling": legacy_scaling})
+    v5 = LlamaConfig.from_dict({**BASE, "rope_parameters": {"rope_theta": 50000.0, **LLAMA3}})
+    assert v4 == v5 and v5.rope_scaling is not None and v5.rope_theta == 50000.0
+
+
+def test_no_rope_scaling_means_default_rope():
+    config = LlamaConfig.from_dict({**BASE, "rope_scaling": None})
+    assert config.rope_scaling is None and config.rope_theta == 10000.0
+    assert config.head_dim == 16 and config.num_key_value_heads == 4
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_parameters.low_freq_factor"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),
+    ({"model_type": "mistral"}, "model_type"),
+    ({"hidden_size": "64"}, "hidden_size"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
+])
+def test_unsupported_configs_raise_naming_the_field(change, field):
+    with pytest.raises(ModelConfigError) as info:
+        LlamaConfig.from_dict({**BASE, **change})
+    assert info.value.field == field
+
+
+def test_from_json_reports_an_unreadable_file(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelConfigError, match="cannot read"):
+        LlamaConfig.from_json(tmp_path / "config.json")
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> LlamaModel:
+    directory = tmp_path_factory.mktemp("small")
+    save_hf_model(directory, num_key_value_heads=2)
+    return LlamaModel.from_pretrained(directory)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"positions": np.array([0, 1, 3])}, "positions"),
+    ({"slot_mapping": np.array([4, 5, 7])}, "slot_mapping"),
+    ({"token_ids": np.array([0, 1, VOCAB])}, "token_ids"),
+    ({"token_ids": np.array([0, 1])}, "token_ids has 2 entries"),
+    ({"query_lens": [4]}, "query_len"),
+    ({"block_tables": [[99]]}, "block ids"),
+    ({"context_lens": [3, 1]}, "one entry per sequence"),
+])
+def test_inconsistent_batches_raise_forward_batch_error(small_model, change, message):
+    kv = small_model.new_kv_cache(num_blocks=8, block_size=BLOCK)
+    batch = dict(token_ids=np.array([0, 1, 2]), positions=np.array([0, 1, 2]), slot_mapping=np.array([4, 5, 6]),
+                 query_lens=[3], context_lens=[3], block_tables=[[1]])
+    with pytest.raises(ForwardBatchError, match=message):
+        small_model.forward(ForwardBatch(**{**batch, **change}), kv)
+
+
+def test_kv_cache_of_another_shape_is_rejected(small_model):
+    kv = PagedKVCache(num_layers=2, num_blocks=4, block_size=BLOCK, num_kv_heads=4, head_dim=16)
+    batch = ForwardBatch(token_ids=np.array([1]), positions=np.array([0]), slot_mapping=np.array([0]),
+                         query_lens=[1], context_lens=[1], block_tables=[[0]])
+    with pytest.raises(ForwardBatchError, match="new_kv_cache"):
+        small_model.forward(batch, kv)
