@@ -76,6 +76,10 @@ class Daemon:
         if self._stop_requests > 1:
             self._force.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def request_reload(self) -> None:
         task = asyncio.get_running_loop().create_task(self.reload())
         self._tasks.add(task)  # keep a reference until done: the loop holds tasks only weakly

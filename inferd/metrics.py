@@ -114,6 +114,14 @@ class RequestObservation:
         s = self.series
         s.count_request(status)
         s.e2e.observe(now - self.arrival)
+        if self._last_token is None and timing is not None and timing.first_token is not None:
+            # Nothing was streamed (a non-streaming response): the engine's stamps stand in for
+            # when tokens would have reached a streaming client; one mean ITL observation.
+            self.ttft = max(0.0, timing.first_token - self.arrival)
+            s.ttft.observe(self.ttft)
+            tokens = usage.completion_tokens if usage is not None else 0
+            if tokens > 1 and timing.finished is not None:
+                s.itl.observe(max(0.0, timing.finished - timing.first_token) / (tokens - 1))
         if timing is not None and timing.first_scheduled is not None:
             s.queue_wait.observe(max(0.0, timing.first_scheduled - self.arrival))
         if usage is not None:

@@ -261,7 +261,8 @@ async def serving(config) -> AsyncIterator[tuple[Daemon, str]]:
     try:
         yield daemon, f"http://127.0.0.1:{daemon.port}"
     finally:
-        daemon.request_stop()
+        if not daemon.stopping:
+            daemon.request_stop()
         assert await task == 0
 
 
@@ -280,6 +281,24 @@ async def test_reference_engine_serves_completions_and_metrics(tiny_engines_root
     assert (f'inferd_requests_total{{backend="reference",model="tiny",status="200",version="{version}"}} 1.0'
             in metrics)
     assert 'inferd_kv_cache_blocks{backend="reference",model="tiny",state="free"' in metrics
+
+
+async def test_stream_in_flight_at_sigterm_finishes_normally_with_the_real_app():
+    # real-time tiny profile: ~2.5 ms per token, so the stream is mid-way when the stop arrives
+    async with serving(sim_config(time_scale=1.0)) as (daemon, url):
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "sim", "prompt": "hi", "max_tokens": 60, "stream": True}
+            async with http.post(f"{url}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                first = await resp.content.readline()
+                assert first.startswith(b"data: ")
+                daemon.request_stop()
+                rest = (await resp.read()).decode()
+            assert daemon.state.draining
+    finals = [orjson.loads(line[6:]) for line in rest.splitlines()
+              if line.startswith("data: {") and '"finish_reason":"length"' in line]
+    assert len(finals) == 1
+    assert rest.rstrip().endswith("data: [DONE]")
 
 
 def logged(caplog, event: str) -> list[dict]:

@@ -172,3 +172,26 @@ def test_config_reload_counter(metrics):
     f = scrape(metrics)["inferd_config_reload"]
     assert value(f, "inferd_config_reload_total", result="success") == 1
     assert value(f, "inferd_config_reload_total", result="failure") == 2
+
+
+def test_non_streamed_request_takes_ttft_and_mean_itl_from_engine_timing(metrics):
+    obs = metrics.start_request("small", arrival=10.0)
+    timing = EngineTiming(submitted=10.0, first_scheduled=10.1, first_token=10.3, finished=11.3)
+    obs.finish(200, usage=Usage(prompt_tokens=4, completion_tokens=11), timing=timing, now=11.4)
+    assert obs.ttft == pytest.approx(0.3)
+    f = scrape(metrics)
+    assert value(f["inferd_time_to_first_token_seconds"], "inferd_time_to_first_token_seconds_sum",
+                 **SIM_LABELS) == pytest.approx(0.3)
+    itl = f["inferd_inter_token_latency_seconds"]
+    assert value(itl, "inferd_inter_token_latency_seconds_count", **SIM_LABELS) == 1
+    assert value(itl, "inferd_inter_token_latency_seconds_sum", **SIM_LABELS) == pytest.approx(0.1)
+
+
+def test_streamed_request_does_not_double_count_ttft_at_finish(metrics):
+    obs = metrics.start_request("small", arrival=0.0)
+    obs.on_tokens(1, now=0.5)
+    obs.finish(200, usage=Usage(prompt_tokens=1, completion_tokens=1),
+               timing=EngineTiming(submitted=0.0, first_token=0.4, finished=0.4), now=0.6)
+    f = scrape(metrics)
+    assert value(f["inferd_time_to_first_token_seconds"], "inferd_time_to_first_token_seconds_count",
+                 **SIM_LABELS) == 1
