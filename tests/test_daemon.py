@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from aiohttp import web
 from inferd.config import parse_config
 from inferd.daemon import Daemon, run_daemon
 from inferd.engine.factory import build_engine
+from inferd.sdnotify import Notifier
 from inferd.state import ServerState
 from inferd.types import GenerationRequest, SamplingParams
 
@@ -227,6 +229,23 @@ async def test_run_daemon_relays_ready_and_stop_events():
     await ready.wait()
     stop.set()
     assert await task == 0
+
+
+async def test_tells_systemd_ready_then_stopping(tmp_path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.setblocking(False)
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
+    daemon = Daemon(sim_config(), app_factory=LifecycleApp(), notifier=notifier)
+    try:
+        task = asyncio.ensure_future(daemon.run())
+        await daemon.ready.wait()
+        assert sock.recv(4096).startswith(b"READY=1\nSTATUS=serving sim on 127.0.0.1:")
+        daemon.request_stop()
+        assert await task == 0
+        assert sock.recv(4096).startswith(b"STOPPING=1")
+    finally:
+        sock.close()
 
 
 async def test_sighup_hook_logs_and_keeps_serving(caplog):
