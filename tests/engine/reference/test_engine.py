@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 
 import pytest
 
+from inferd.artifacts import ArtifactError
 from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
@@ -268,3 +270,17 @@ async def test_close_aborts_everything_in_flight(tiny_artifact):
     assert not engine.healthy
     with pytest.raises(EngineUnavailable):
         engine.submit(req(engine, "late", TEXTS[0]))
+
+
+async def test_start_refuses_an_altered_artifact(tiny_artifact, tmp_path):
+    copy = tmp_path / "tiny"
+    shutil.copytree(tiny_artifact, copy)
+    with (copy / "config.json").open("a") as f:
+        f.write(" ")
+    engine = ReferenceEngine(copy, num_kv_blocks=16)
+    with pytest.raises(ArtifactError) as info:
+        await engine.start()
+    assert info.value.file == "config.json"
+    assert not engine.healthy
+    with pytest.raises(EngineUnavailable):
+        engine.submit(GenerationRequest(request_id="x", prompt_token_ids=(1,), sampling=SamplingParams()))
