@@ -60,9 +60,9 @@ CONFORMANCE_KWARGS = dict(max_batch_size=4, max_num_tokens=64, kv_cache_max_toke
 
 
 @contextlib.asynccontextmanager
-async def trtllm_on_double(tokenizer_dir: Path, tmp_path: Path, *, engine_dir_kwargs: dict | None = None,
+async def trtllm_on_double(source_dir: Path, tmp_path: Path, *, engine_dir_kwargs: dict | None = None,
                            step_time_s: float = 0.002, **engine_kwargs) -> AsyncIterator[object]:
-    """A started, warmed TrtllmEngine over the double, closed afterwards.
+    """A started, warmed TrtllmEngine over the double, closed afterwards (tokenizer files from `source_dir`).
 
     Iterations take `step_time_s` (a GPU's take ~10-30 ms), so streams interleave with their readers.
     """
@@ -70,7 +70,7 @@ async def trtllm_on_double(tokenizer_dir: Path, tmp_path: Path, *, engine_dir_kw
 
     with use_double() as controls:
         controls.step_time_s = step_time_s
-        engine_dir = make_engine_dir(tmp_path / "trtllm-engine", tokenizer_dir, **(engine_dir_kwargs or {}))
+        engine_dir = make_engine_dir(tmp_path / "trtllm-engine", source_dir, **(engine_dir_kwargs or {}))
         engine = TrtllmEngine(engine_dir, **{**CONFORMANCE_KWARGS, **engine_kwargs})
         await engine.start()
         try:
