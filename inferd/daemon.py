@@ -27,7 +27,7 @@ from aiohttp import web
 
 from inferd.config import Config, ConfigError, load_config, with_overrides
 from inferd.engine.base import Engine
-from inferd.engine.factory import build_engine, missing_synthetic
+from inferd.engine.factory import EngineConfigError, build_engine, missing_synthetic
 from inferd.log import configure_logging, get_logger
 from inferd.sdnotify import Notifier
 from inferd.state import ServerState
@@ -122,11 +122,14 @@ class Daemon:
                 log.info("stopped_during_startup")
                 return 1 if self._force.is_set() else 0
             stopper.cancel()
-            exc = startup.exception()
-            if exc is not None:
+            try:
+                runner: web.AppRunner = startup.result()
+            except (EngineConfigError, OSError) as exc:  # expected: say what, no traceback
                 log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
                 return 1
-            runner: web.AppRunner = startup.result()
+            except Exception as exc:  # noqa: BLE001 - a bug or an engine failure: keep the traceback
+                log.exception("startup_failed", error=str(exc), error_type=type(exc).__name__)
+                return 1
             watchdog = asyncio.ensure_future(self._notifier.watchdog_loop())
             stack.callback(watchdog.cancel)
             await self._stop.wait()

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from inferd.config import parse_config
+from inferd.config import parse_config, with_overrides
 from inferd.daemon import Daemon, run_daemon
 from inferd.engine.factory import build_engine
 from inferd.sdnotify import Notifier
@@ -343,6 +343,19 @@ async def test_missing_non_synthetic_artifact_fails_startup_naming_the_model(tmp
     assert await daemon.run() == 1
     (failure,) = logged(caplog, "startup_failed")
     assert failure["error"].startswith("models.tiny: artifact 'llama-3-8b'")
+
+
+async def test_port_in_use_fails_startup_and_closes_engines(caplog):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = with_overrides(sim_config(), port=port)
+        daemon = Daemon(config, app_factory=LifecycleApp())
+        assert await daemon.run() == 1
+    (failure,) = logged(caplog, "startup_failed")
+    assert failure["error_type"] == "OSError"
+    assert not daemon.state.engines["sim"].healthy
 
 
 # -- as a real process -----------------------------------------------------------------------
