@@ -8,11 +8,15 @@ and measures decode tokens/s: tokens after each request's first one, over the wi
 last first token to the last finish. The per-step token budget admits every prompt in one step,
 so that window is pure decode. Prints each figure and the 32:1 ratio. Bounded: a fixed amount
 of work, best of --repeats runs, and a timeout per run.
+
+On a contended machine, OpenBLAS's own worker threads spin against other processes and make
+the single-sequence (GEMV-sized) steps erratic; `OPENBLAS_NUM_THREADS=1` gives steadier figures.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,7 +63,8 @@ async def main() -> int:
     try:
         await engine.warmup()
         print(f"model {engine.info.model_name}@{engine.info.version}, prompt {args.prompt_len} tokens, "
-              f"{args.max_tokens} new tokens per sequence, best of {args.repeats}")
+              f"{args.max_tokens} new tokens per sequence, best of {args.repeats}, "
+              f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, {os.cpu_count()} CPUs")
         results: dict[int, float] = {}
         for n in CONCURRENCY:
             runs = []
@@ -72,8 +77,8 @@ async def main() -> int:
             print(f"  {n:3d} concurrent: {results[n]:8.1f} decode tokens/s aggregate "
                   f"({results[n] / n:6.1f} per sequence; last run {elapsed:.1f}s wall)")
         stats = engine.stats()
-        print(f"  ratio {top}:1 = {results[top] / results[1]:.2f}x   (step latency EMA {stats.step_latency_s * 1e3:.1f} ms,"
-              f" {stats.steps_total} steps)")
+        print(f"  ratio {top}:1 = {results[top] / results[1]:.2f}x   "
+              f"(step latency EMA {stats.step_latency_s * 1e3:.1f} ms, {stats.steps_total} steps)")
     finally:
         await engine.close()
     return 0

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from inferd.artifacts import read_manifest, verify_artifact
@@ -85,7 +86,13 @@ class RequestOutput:
 
 
 class ReferenceEngine(Engine):
-    """`info` and `tokenizer` are set by start()."""
+    """`info` and `tokenizer` are set by start().
+
+    `step_observer`, when set (the daemon sets it), is called on the step thread with each
+    step's wall time in seconds; it must be thread-safe (Prometheus histograms are).
+    """
+
+    step_observer: Callable[[float], None] | None = None
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True) -> None:
@@ -356,6 +363,12 @@ class ReferenceEngine(Engine):
         self._counters["steps"] += 1
         self._counters["generated"] += len(sampled)
         elapsed = now - started
+        observer = self.step_observer
+        if observer is not None:
+            try:
+                observer(elapsed)
+            except Exception:  # metrics must never take the engine down
+                log.exception("step_observer failed")
         first = self._ema_latency == 0.0
         self._ema_latency = elapsed if first else (1 - _EMA) * self._ema_latency + _EMA * elapsed
         self._ema_tokens = out.num_tokens if first else (1 - _EMA) * self._ema_tokens + _EMA * out.num_tokens

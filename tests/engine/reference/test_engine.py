@@ -161,6 +161,8 @@ async def test_small_kv_pool_forces_preemption_yet_yields_solo_outputs(make_engi
 
 async def test_final_delta_carries_usage_and_ordered_timing(make_engine):
     engine = await make_engine()
+    steps: list[float] = []
+    engine.step_observer = steps.append
     out = await solo(engine, req(engine, "t", TEXTS[1], 5))
     prompt_len = len(engine.tokenizer.encode(TEXTS[1]))
     assert out.usage.prompt_tokens == prompt_len and out.usage.completion_tokens == 5
@@ -169,6 +171,7 @@ async def test_final_delta_carries_usage_and_ordered_timing(make_engine):
     stats = engine.stats()
     assert stats.generation_tokens_total == 5 and stats.prompt_tokens_total == prompt_len
     assert stats.steps_total >= 5 and stats.step_latency_s > 0 and stats.tokens_per_s > 0
+    assert len(steps) == stats.steps_total and all(s > 0 for s in steps)
 
 
 async def test_submit_rejects_bad_requests_naming_the_field(make_engine):
