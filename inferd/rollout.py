@@ -1,0 +1,487 @@
+"""Canary rollouts with automatic rollback, per-version metric windows, and shadow stats.
+
+A `Rollout` moves one route (an alias, or a model name) from `stable` to `candidate` through
+`steps` of candidate weight. Every candidate completion (and `tick()`, for a timer) re-judges the
+candidate against stable on the current step's windows: error rate, TTFT p95, inter-token latency
+p95 and cost per 1k tokens. A breach swaps the routing table back to 100% stable inside the same
+call, so the next request already goes to stable; the audit log records what was breached.
+
+State machine: idle -> running(step i) <-> paused -> promoted | rolled_back. A step advances only
+when its dwell has passed, both windows hold `min_samples` requests and nothing is breached.
+Paused holds the weights but still rolls back on a breach. Windows reset at every step, except
+that stable's window is kept as the baseline when the candidate reaches 100% (stable gets no
+traffic then). Single-threaded: call everything on the event loop.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from inferd.audit import SYSTEM_ACTOR, AuditLog
+from inferd.routing import Arm, ModelRegistry, ModelVersion, Split, parse_target
+
+Phase = Literal["idle", "running", "paused", "promoted", "rolled_back"]
+ITL_SAMPLES_PER_REQUEST = 16   # bounded per-request cost when a caller passes every token gap
+
+
+class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RolloutThresholds(_Table):
+    """`[rollouts.<name>.thresholds]`: how much worse than stable the candidate may be."""
+
+    max_error_rate_increase: float = 0.01    # absolute: candidate <= stable + 1 percentage point
+    max_ttft_p95_ratio: float = 1.2
+    max_itl_p95_ratio: float = 1.2
+    max_cost_ratio: float = 1.1               # cost per 1k tokens
+    latency_slack_s: float = 0.0              # added to the latency limits, against noise at tiny p95s
+    min_samples: int = 200                    # requests per version per step before judging
+
+
+class RolloutConfig(_Table):
+    """`[rollouts.<route>]`: <route> is an alias (or a model name). Targets as in AliasConfig."""
+
+    stable: str
+    candidate: str
+    steps: tuple[float, ...] = (0.01, 0.05, 0.25, 1.0)
+    min_dwell_s: float = 600.0
+    start: Literal["manual", "on_load"] = "manual"
+    window_size: int = 1024                   # latency samples kept per version per step
+    thresholds: RolloutThresholds = RolloutThresholds()
+
+
+class PriceConfig(_Table):
+    """`[prices."<model>@<version>"]` or `[prices.<model>]`: currency per 1k tokens."""
+
+    prompt_per_1k: float = 0.0
+    completion_per_1k: float = 0.0
+
+
+def price_for(prices: Mapping[str, PriceConfig], key: ModelVersion) -> PriceConfig | None:
+    return prices.get(str(key)) or prices.get(key.model)
+
+
+def rollout_errors(name: str, cfg: RolloutConfig, defaults: Mapping[str, str], aliases: Sequence[str],
+                   path: str = "rollouts") -> list[str]:
+    p = f"{path}.{name}"
+    errors = []
+    if name not in aliases and name not in defaults:
+        errors.append(f"{p}: no alias or model named {name!r} to roll out")
+    for field in ("stable", "candidate"):
+        try:
+            key = parse_target(getattr(cfg, field), defaults)
+        except ValueError as exc:
+            errors.append(f"{p}.{field}: {exc}")
+            continue
+        if key.model not in defaults:
+            errors.append(f"{p}.{field}: no [models.{key.model}] table")
+    if cfg.stable == cfg.candidate:
+        errors.append(f"{p}: stable and candidate are the same version")
+    s = cfg.steps
+    if not s or any(not 0 < w <= 1 for w in s) or any(a >= b for a, b in zip(s, s[1:])):
+        errors.append(f"{p}.steps: must be increasing weights in (0, 1], got {list(s)}")
+    elif s[0] >= 1:
+        errors.append(f"{p}.steps: the first step must be below 1.0 so stable gives a baseline")
+    if cfg.min_dwell_s < 0:
+        errors.append(f"{p}.min_dwell_s: must be >= 0, got {cfg.min_dwell_s}")
+    if cfg.window_size < 20:
+        errors.append(f"{p}.window_size: must be >= 20 for a p95, got {cfg.window_size}")
+    t = cfg.thresholds
+    for field in ("max_error_rate_increase", "latency_slack_s"):
+        if getattr(t, field) < 0:
+            errors.append(f"{p}.thresholds.{field}: must be >= 0, got {getattr(t, field)}")
+    for field in ("max_ttft_p95_ratio", "max_itl_p95_ratio", "max_cost_ratio"):
+        if getattr(t, field) < 1:
+            errors.append(f"{p}.thresholds.{field}: must be >= 1, got {getattr(t, field)}")
+    if t.min_samples < 1:
+        errors.append(f"{p}.thresholds.min_samples: must be >= 1, got {t.min_samples}")
+    return errors
+
+
+class RolloutError(Exception):
+    """A control that the rollout's state does not allow (the admin API answers 409)."""
+
+    status = 409
+
+
+class RolloutNotFound(RolloutError):
+    status = 404
+
+
+# -- per-version metric windows -------------------------------------------------------------
+
+
+class WindowSummary(msgspec.Struct, frozen=True):
+    requests: int
+    errors: int
+    error_rate: float | None
+    ttft_p95_s: float | None
+    itl_p95_s: float | None
+    cost_per_1k: float | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class _Reservoir:
+    """A uniform sample of at most `capacity` values (Algorithm R) with a cached p95."""
+
+    __slots__ = ("capacity", "values", "seen", "_rng", "_p95")
+
+    def __init__(self, capacity: int, rng: random.Random) -> None:
+        self.capacity, self.values, self.seen, self._rng, self._p95 = capacity, [], 0, rng, None
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.capacity:
+            self.values.append(value)
+        else:
+            j = self._rng.randrange(self.seen)
+            if j >= self.capacity:
+                return
+            self.values[j] = value
+        self._p95 = None
+
+    def p95(self) -> float | None:
+        if self._p95 is None and self.values:
+            ordered = sorted(self.values)
+            self._p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+        return self._p95
+
+
+class VersionStats:
+    """One version's requests in one window: exact counts, sampled latencies (bounded memory)."""
+
+    def __init__(self, *, capacity: int = 1024, price: PriceConfig | None = None,
+                 rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+        self.price = price
+        self.requests = self.errors = self.prompt_tokens = self.completion_tokens = 0
+        self.ttft = _Reservoir(capacity, self._rng)
+        self.itl = _Reservoir(capacity, self._rng)
+
+    def record(self, ok: bool, ttft_s: float | None, itl_s: float | Sequence[float] | None,
+               prompt_tokens: int, completion_tokens: int) -> None:
+        """One finished request. `itl_s` is the request's inter-token latency (a mean or p95 of
+        its gaps) or the gaps themselves (at most ITL_SAMPLES_PER_REQUEST of them are sampled)."""
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        if not ok:
+            self.errors += 1
+            return  # a failed request's latencies describe the failure, not the version's speed
+        if ttft_s is not None:
+            self.ttft.add(ttft_s)
+        if itl_s is None:
+            return
+        if isinstance(itl_s, (int, float)):
+            self.itl.add(float(itl_s))
+            return
+        gaps = itl_s if len(itl_s) <= ITL_SAMPLES_PER_REQUEST else self._rng.sample(
+            list(itl_s), ITL_SAMPLES_PER_REQUEST)
+        for gap in gaps:
+            self.itl.add(gap)
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    def cost_per_1k(self) -> float | None:
+        tokens = self.prompt_tokens + self.completion_tokens
+        if self.price is None or not tokens:
+            return None
+        return (self.prompt_tokens * self.price.prompt_per_1k
+                + self.completion_tokens * self.price.completion_per_1k) / tokens
+
+    def summary(self) -> WindowSummary:
+        return WindowSummary(self.requests, self.errors, self.error_rate, self.ttft.p95(), self.itl.p95(),
+                             self.cost_per_1k(), self.prompt_tokens, self.completion_tokens)
+
+
+class ShadowRecorder:
+    """Stats of mirrored (shadow) requests per version, kept apart from live traffic.
+
+    `mirrored()` when a shadow copy is handed to admission, `dropped()` when admission sheds it,
+    `record()` when it finishes. Counters are cumulative; latencies are a bounded sample.
+    """
+
+    def __init__(self, *, prices: Mapping[str, PriceConfig] | None = None, capacity: int = 1024,
+                 rng: random.Random | None = None) -> None:
+        self._prices = dict(prices or {})
+        self._capacity = capacity
+        self._rng = rng or random.Random()
+        self._stats: dict[ModelVersion, VersionStats] = {}
+        self._mirrored: dict[ModelVersion, int] = {}
+        self._dropped: dict[ModelVersion, int] = {}
+
+    def _get(self, key: ModelVersion) -> VersionStats:
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = VersionStats(capacity=self._capacity, price=price_for(self._prices, key),
+                                                    rng=self._rng)
+        return stats
+
+    def mirrored(self, key: ModelVersion) -> None:
+        self._mirrored[key] = self._mirrored.get(key, 0) + 1
+
+    def dropped(self, key: ModelVersion) -> None:
+        self._dropped[key] = self._dropped.get(key, 0) + 1
+
+    def record(self, key: ModelVersion, ok: bool, ttft_s: float | None, itl_s: float | Sequence[float] | None,
+               prompt_tokens: int, completion_tokens: int) -> None:
+        self._get(key).record(ok, ttft_s, itl_s, prompt_tokens, completion_tokens)
+
+    def stats(self, key: ModelVersion) -> VersionStats:
+        return self._get(key)
+
+    def summary(self) -> dict[str, dict]:
+        keys = set(self._stats) | set(self._mirrored) | set(self._dropped)
+        return {str(k): {"mirrored": self._mirrored.get(k, 0), "dropped": self._dropped.get(k, 0),
+                         **msgspec.structs.asdict(self._get(k).summary())} for k in sorted(keys)}
+
+
+# -- the rollout state machine ---------------------------------------------------------------
+
+
+class RolloutStatus(msgspec.Struct, frozen=True):
+    """What the admin endpoint shows for one rollout."""
+
+    name: str
+    phase: Phase
+    stable: str
+    candidate: str
+    steps: tuple[float, ...]
+    step: int                          # index into steps; -1 before start
+    candidate_weight: float            # the weight routing uses right now
+    min_dwell_s: float
+    dwell_elapsed_s: float | None      # time on this step (None unless running or paused)
+    stable_window: WindowSummary
+    candidate_window: WindowSummary
+    reason: str | None                 # why it ended (rollback / promotion), or why it is paused
+
+
+class Rollout:
+    """One route's move from `stable` to `candidate`. See the module docstring for the rules."""
+
+    def __init__(self, name: str, registry: ModelRegistry, *, stable: ModelVersion, candidate: ModelVersion,
+                 steps: Sequence[float] = (0.01, 0.05, 0.25, 1.0), min_dwell_s: float = 600.0,
+                 thresholds: RolloutThresholds = RolloutThresholds(),
+                 prices: Mapping[str, PriceConfig] | None = None, audit: AuditLog | None = None,
+                 clock: Callable[[], float] = time.monotonic, window_size: int = 1024,
+                 rng: random.Random | None = None) -> None:
+        if not steps or any(not 0 < w <= 1 for w in steps) or any(a >= b for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"steps must be increasing weights in (0, 1], got {list(steps)}")
+        if stable == candidate:
+            raise ValueError("stable and candidate are the same version")
+        self.name, self.registry = name, registry
+        self.stable, self.candidate = stable, candidate
+        self.steps = tuple(float(w) for w in steps)
+        self.min_dwell_s, self.thresholds = min_dwell_s, thresholds
+        self._prices = dict(prices or {})
+        self._audit, self._clock, self._window_size = audit, clock, window_size
+        self._rng = rng or random.Random()
+        self.phase: Phase = "idle"
+        self.step = -1
+        self.reason: str | None = None
+        self._step_started: float | None = None
+        self._stable_stats = self._new_stats(stable)
+        self._cand_stats = self._new_stats(candidate)
+
+    @classmethod
+    def from_config(cls, name: str, cfg: RolloutConfig, registry: ModelRegistry, *,
+                    defaults: Mapping[str, str], prices: Mapping[str, PriceConfig] | None = None,
+                    audit: AuditLog | None = None, clock: Callable[[], float] = time.monotonic) -> Rollout:
+        return cls(name, registry, stable=parse_target(cfg.stable, defaults),
+                   candidate=parse_target(cfg.candidate, defaults), steps=cfg.steps, min_dwell_s=cfg.min_dwell_s,
+                   thresholds=cfg.thresholds, prices=prices, audit=audit, clock=clock, window_size=cfg.window_size)
+
+    def _new_stats(self, key: ModelVersion) -> VersionStats:
+        return VersionStats(capacity=self._window_size, price=price_for(self._prices, key), rng=self._rng)
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ("running", "paused")
+
+    @property
+    def weight(self) -> float:
+        if self.phase == "promoted":
+            return 1.0
+        return self.steps[self.step] if self.active else 0.0
+
+    # -- controls ---------------------------------------------------------------------------
+    def start(self, actor: str = SYSTEM_ACTOR, reason: str | None = None) -> None:
+        self._require(("idle",), "start")
+        table = self.registry.table
+        for key in (self.stable, self.candidate):
+            if not table.is_ready(key):
+                raise RolloutError(f"cannot start rollout {self.name!r}: {key} is not loaded and ready")
+        if table.split_for(self.name) is None and self.name not in table.models():
+            raise RolloutError(f"cannot start rollout {self.name!r}: no alias or model of that name")
+        self._enter_step(0, actor, "rollout.start", reason)
+
+    def pause(self, actor: str, reason: str | None = None) -> None:
+        self._require(("running",), "pause")
+        self._transition("paused", actor, "rollout.pause", reason)
+
+    def resume(self, actor: str, reason: str | None = None) -> None:
+        """Back to running; the current step's dwell starts over (the paused time is not evidence)."""
+        self._require(("paused",), "resume")
+        self._step_started = self._clock()
+        self._transition("running", actor, "rollout.resume", reason)
+
+    def promote(self, actor: str, reason: str | None = None) -> None:
+        self._require(("running", "paused"), "promote")
+        self._finish("promoted", actor, reason or "promoted by an operator")
+
+    def rollback(self, actor: str, reason: str) -> None:
+        self._require(("running", "paused"), "roll back")
+        self._finish("rolled_back", actor, reason)
+
+    def _require(self, phases: tuple[Phase, ...], what: str) -> None:
+        if self.phase not in phases:
+            raise RolloutError(f"cannot {what} rollout {self.name!r}: it is {self.phase}")
+
+    # -- evidence ---------------------------------------------------------------------------
+    def record(self, version: ModelVersion, ok: bool, ttft_s: float | None,
+               itl_s: float | Sequence[float] | None, prompt_tokens: int, completion_tokens: int) -> None:
+        """One finished live request of `version`; a candidate completion re-judges at once."""
+        if not self.active:
+            return
+        if version == self.candidate:
+            self._cand_stats.record(ok, ttft_s, itl_s, prompt_tokens, completion_tokens)
+            self.evaluate()
+        elif version == self.stable:
+            self._stable_stats.record(ok, ttft_s, itl_s, prompt_tokens, completion_tokens)
+
+    def tick(self) -> None:
+        """For a timer: advance a step whose dwell passed since the last completion."""
+        if self.active:
+            self.evaluate()
+
+    def breaches(self) -> list[str]:
+        """Why the candidate is worse than allowed (empty: healthy or not enough samples yet)."""
+        t = self.thresholds
+        cand, stab = self._cand_stats, self._stable_stats
+        if cand.requests < t.min_samples or stab.requests < t.min_samples:
+            return []
+        out = []
+        ce, se = cand.error_rate, stab.error_rate
+        if ce > se + t.max_error_rate_increase:
+            out.append(f"error_rate: candidate {ce:.2%} > stable {se:.2%} + {t.max_error_rate_increase:.2%} "
+                       f"(n={cand.requests}/{stab.requests})")
+        for metric, ratio, c, s in (("ttft_p95", t.max_ttft_p95_ratio, cand.ttft.p95(), stab.ttft.p95()),
+                                    ("itl_p95", t.max_itl_p95_ratio, cand.itl.p95(), stab.itl.p95())):
+            if c is not None and s is not None and c > ratio * s + t.latency_slack_s:
+                out.append(f"{metric}: candidate {c * 1000:.1f} ms > {ratio:g} x stable {s * 1000:.1f} ms"
+                           + (f" + {t.latency_slack_s * 1000:.1f} ms" if t.latency_slack_s else ""))
+        cc, sc = cand.cost_per_1k(), stab.cost_per_1k()
+        if cc is not None and sc is not None and cc > t.max_cost_ratio * sc:
+            out.append(f"cost_per_1k: candidate {cc:.6g} > {t.max_cost_ratio:g} x stable {sc:.6g}")
+        return out
+
+    def evaluate(self) -> None:
+        breaches = self.breaches()
+        if breaches:
+            self._finish("rolled_back", SYSTEM_ACTOR, "automatic rollback: " + "; ".join(breaches))
+            return
+        if self.phase != "running" or self._clock() - self._step_started < self.min_dwell_s:
+            return
+        n = self.thresholds.min_samples
+        if self._cand_stats.requests < n or self._stable_stats.requests < n:
+            return  # the dwell passed but there is not yet enough evidence to call it healthy
+        if self.step + 1 < len(self.steps):
+            self._enter_step(self.step + 1, SYSTEM_ACTOR, "rollout.step", "healthy for the dwell")
+        else:
+            self._finish("promoted", SYSTEM_ACTOR, "healthy through every step")
+
+    # -- transitions ------------------------------------------------------------------------
+    def _set_weights(self, candidate_weight: float) -> None:
+        arms = (Arm(self.candidate, candidate_weight), Arm(self.stable, 1.0 - candidate_weight))
+
+        def change(table):
+            current = table.split_for(self.name) or Split.single(self.stable)
+            return table.with_split(self.name, current.with_arms(*arms))
+        self.registry.swap(change)
+
+    def _enter_step(self, step: int, actor: str, action: str, reason: str | None) -> None:
+        before = self._snapshot()
+        detail = self._evidence() if step > 0 else None
+        self._set_weights(self.steps[step])
+        self.phase, self.step, self._step_started = "running", step, self._clock()
+        self._cand_stats = self._new_stats(self.candidate)
+        if self.steps[step] < 1.0:  # at 100% stable gets no traffic: keep its window as the baseline
+            self._stable_stats = self._new_stats(self.stable)
+        self._log(actor, action, before, reason, detail)
+
+    def _transition(self, phase: Phase, actor: str, action: str, reason: str | None) -> None:
+        before = self._snapshot()
+        self.phase = phase
+        self.reason = reason if phase == "paused" else None
+        self._log(actor, action, before, reason, None)
+
+    def _finish(self, phase: Phase, actor: str, reason: str) -> None:
+        before, detail = self._snapshot(), self._evidence()
+        self._set_weights(1.0 if phase == "promoted" else 0.0)   # the swap: from here on, new routing
+        self.phase, self.reason, self._step_started = phase, reason, None
+        self._log(actor, "rollout.promote" if phase == "promoted" else "rollout.rollback", before, reason, detail)
+
+    def _snapshot(self) -> dict:
+        return {"phase": self.phase, "step": self.step,
+                "weights": {str(self.candidate): self.weight, str(self.stable): 1.0 - self.weight}}
+
+    def _evidence(self) -> dict:
+        return {"stable": msgspec.structs.asdict(self._stable_stats.summary()),
+                "candidate": msgspec.structs.asdict(self._cand_stats.summary())}
+
+    def _log(self, actor: str, action: str, before: dict, reason: str | None, detail: dict | None) -> None:
+        if self._audit is not None:
+            self._audit.append(actor, action, target=self.name, before=before, after=self._snapshot(),
+                               reason=reason, detail=detail)
+
+    def state(self) -> RolloutStatus:
+        elapsed = None if self._step_started is None else self._clock() - self._step_started
+        return RolloutStatus(self.name, self.phase, str(self.stable), str(self.candidate), self.steps, self.step,
+                             self.weight, self.min_dwell_s, elapsed, self._stable_stats.summary(),
+                             self._cand_stats.summary(), self.reason)
+
+
+class RolloutManager:
+    """The daemon's rollouts by route name; fans completions out to the rollouts watching a version."""
+
+    def __init__(self) -> None:
+        self._rollouts: dict[str, Rollout] = {}
+        self._watch: dict[ModelVersion, list[Rollout]] = {}
+
+    def add(self, rollout: Rollout) -> None:
+        """Register a rollout; replaces a finished one of the same name, never an active one."""
+        old = self._rollouts.get(rollout.name)
+        if old is not None and old.active:
+            raise RolloutError(f"rollout {rollout.name!r} is {old.phase}; finish it first")
+        self._rollouts[rollout.name] = rollout
+        self._watch = {}
+        for r in self._rollouts.values():
+            for key in (r.stable, r.candidate):
+                self._watch.setdefault(key, []).append(r)
+
+    def get(self, name: str) -> Rollout:
+        try:
+            return self._rollouts[name]
+        except KeyError:
+            raise RolloutNotFound(f"no rollout named {name!r}") from None
+
+    def record(self, version: ModelVersion, ok: bool, ttft_s: float | None,
+               itl_s: float | Sequence[float] | None, prompt_tokens: int, completion_tokens: int) -> None:
+        for r in self._watch.get(version, ()):
+            r.record(version, ok, ttft_s, itl_s, prompt_tokens, completion_tokens)
+
+    def tick(self) -> None:
+        for r in self._rollouts.values():
+            r.tick()
+
+    def states(self) -> list[RolloutStatus]:
+        return [r.state() for r in self._rollouts.values()]
