@@ -303,7 +303,13 @@ class ReferenceEngine(Engine):
                 seq: Sequence = arg  # type: ignore[assignment]
                 num += 1
                 blocks += -(-seq.num_prompt_tokens // self._block_size)
-                seq.engine_state.start(self.tokenizer, seq)
+                try:
+                    seq.engine_state.start(self.tokenizer, seq)
+                except Exception as exc:  # e.g. the tokenizer rejects the prompt ids: this request only
+                    log.exception("request %s could not start", seq.request_id)
+                    deltas.append((seq.engine_state.stream, seq.engine_state.final(
+                        seq, FinishReason.ERROR, time.monotonic(), f"cannot start: {type(exc).__name__}: {exc}")))
+                    continue
                 if not seq.sampling.greedy:
                     seq.rng = make_rng(seq.sampling.seed)
                 self._seqs[seq.request_id] = seq
