@@ -23,7 +23,7 @@ from typing import Literal
 import msgspec
 
 from inferd.audit import SYSTEM_ACTOR, AuditLog
-from inferd.routing import Arm, ModelRegistry, ModelVersion, Split, parse_target
+from inferd.routing import Arm, ModelRegistry, ModelVersion, RoutingTable, Split, parse_target
 
 Phase = Literal["idle", "running", "paused", "promoted", "rolled_back"]
 ITL_SAMPLES_PER_REQUEST = 16   # bounded per-request cost when a caller passes every token gap
@@ -400,13 +400,20 @@ class Rollout:
             self._finish("promoted", SYSTEM_ACTOR, "healthy through every step")
 
     # -- transitions ------------------------------------------------------------------------
-    def _set_weights(self, candidate_weight: float) -> None:
+    def _apply(self, table: RoutingTable, candidate_weight: float) -> RoutingTable:
+        if self.name not in table.aliases and self.name not in table.models():
+            return table  # a reload dropped the route: nothing routes by it any more
+        current = table.split_for(self.name) or Split.single(self.stable)
         arms = (Arm(self.candidate, candidate_weight), Arm(self.stable, 1.0 - candidate_weight))
+        return table.with_split(self.name, current.with_arms(*arms))
 
-        def change(table):
-            current = table.split_for(self.name) or Split.single(self.stable)
-            return table.with_split(self.name, current.with_arms(*arms))
-        self.registry.swap(change)
+    def _set_weights(self, candidate_weight: float) -> None:
+        self.registry.swap(lambda table: self._apply(table, candidate_weight))
+
+    def overlay(self, table: RoutingTable) -> RoutingTable:
+        """`table` with this rollout's current weights (for a reload: the decision survives it).
+        Idle rollouts, and routes the new table no longer has, leave the table as it is."""
+        return table if self.phase == "idle" else self._apply(table, self.weight)
 
     def _enter_step(self, step: int, actor: str, action: str, reason: str | None) -> None:
         before = self._snapshot()
@@ -463,10 +470,27 @@ class RolloutManager:
         if old is not None and old.active:
             raise RolloutError(f"rollout {rollout.name!r} is {old.phase}; finish it first")
         self._rollouts[rollout.name] = rollout
+        self._rewatch()
+
+    def _rewatch(self) -> None:
         self._watch = {}
         for r in self._rollouts.values():
             for key in (r.stable, r.candidate):
                 self._watch.setdefault(key, []).append(r)
+
+    def remove(self, name: str) -> None:
+        """Forget a finished rollout, so a reload restores the configured split of its route."""
+        if self.get(name).active:
+            raise RolloutError(f"rollout {name!r} is {self._rollouts[name].phase}; finish it first")
+        del self._rollouts[name]
+        self._rewatch()
+
+    def overlay(self, table: RoutingTable) -> RoutingTable:
+        """Re-apply every rollout's weights to a freshly loaded table. A reload does
+        `registry.swap(lambda t: manager.overlay(t.with_routes(...)))`: one swap, no gap."""
+        for r in self._rollouts.values():
+            table = r.overlay(table)
+        return table
 
     def get(self, name: str) -> Rollout:
         try:

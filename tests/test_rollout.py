@@ -320,3 +320,31 @@ def test_rollout_config_decodes_from_toml_and_bad_fields_are_named(env):
     assert rollout_errors("nope", cfg, defaults, ["chat"])[0].startswith("rollouts.nope: no alias")
     with pytest.raises(msgspec.ValidationError, match="dwell"):
         msgspec.convert({"stable": "a", "candidate": "b", "dwell": 1}, RolloutConfig)
+
+
+def test_a_reload_keeps_rollout_decisions_until_the_rollout_is_removed(env):
+    mgr = RolloutManager()
+    running, promoted = env.make(steps=(0.25, 1.0)), Rollout(
+        "llama", env.reg, stable=STABLE, candidate=CAND, steps=(0.5, 1.0), clock=env.clock)
+    mgr.add(running)
+    mgr.add(promoted)
+    running.start()
+    promoted.start()
+    promoted.promote("key_ops")
+    configured = {"chat": Split((Arm(STABLE, 1.0),))}
+
+    def reload(t):
+        return mgr.overlay(t.with_routes(defaults={"llama": STABLE.version}, aliases=configured))
+
+    env.reg.swap(reload)
+    assert abs(share_on(env.reg, CAND) - 0.25) <= 0.03
+    assert env.reg.resolve("llama", "acme", "u").target == CAND
+    with pytest.raises(RolloutError, match="running"):
+        mgr.remove("chat")
+    mgr.remove("llama")
+    env.reg.swap(reload)
+    assert env.reg.resolve("llama", "acme", "u").target == STABLE
+    env.reg.swap(lambda t: mgr.overlay(t.with_routes(defaults={"llama": STABLE.version}, aliases={})))
+    assert "chat" not in env.reg.table.aliases   # a route the config dropped is left alone
+    running.rollback("system", "route gone")          # no crash when the route has vanished
+    assert running.phase == "rolled_back"
