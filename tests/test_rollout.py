@@ -348,3 +348,19 @@ def test_a_reload_keeps_rollout_decisions_until_the_rollout_is_removed(env):
     assert "chat" not in env.reg.table.aliases   # a route the config dropped is left alone
     running.rollback("system", "route gone")          # no crash when the route has vanished
     assert running.phase == "rolled_back"
+
+
+def test_the_config_example_in_docs_models_md_decodes_and_validates():
+    from pathlib import Path
+
+    from inferd.routing import AliasConfig, alias_errors
+
+    text = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    doc = tomllib.loads(text.split("```toml\n", 1)[1].split("```", 1)[0])
+    defaults = {"llama3": doc["models"]["llama3"]["version"]}
+    aliases = {n: msgspec.convert(a, AliasConfig) for n, a in doc["aliases"].items()}
+    assert all(alias_errors(n, a, defaults) == [] for n, a in aliases.items())
+    for name, raw in doc["rollouts"].items():
+        assert rollout_errors(name, msgspec.convert(raw, RolloutConfig), defaults, list(aliases)) == []
+    prices = msgspec.convert(doc["prices"], dict[str, PriceConfig])
+    assert prices["llama3"].completion_per_1k == 0.0015
