@@ -225,3 +225,14 @@ def test_table_swaps_are_atomic_for_concurrent_readers():
     for t in threads:
         t.join()
     assert errors == [] and seen[V1] + seen[V2] > 0
+
+
+def test_an_arm_leaving_moves_only_its_own_users_and_they_return_when_it_does():
+    reg = make_registry(V1, V2, V3, aliases={"chat": split((V1, 60), (V2, 10), (V3, 30))})
+    users = [f"u{i}" for i in range(5000)]
+    before = {u: reg.resolve("chat", "acme", u).target for u in users}
+    reg.retire(V1)
+    during = {u: reg.resolve("chat", "acme", u).target for u in users}
+    assert all(during[u] == before[u] for u in users if before[u] != V1)
+    reg.mark_ready(V1)
+    assert {u: reg.resolve("chat", "acme", u).target for u in users} == before
