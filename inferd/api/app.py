@@ -77,9 +77,13 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
                 raise                                       # redirects and the like pass through
             limit = request.app[keys.STATE].config.server.max_body_bytes
             resp = error_response(from_http_exception(exc, limit), rid)
-        except (asyncio.CancelledError, ConnectionError):
-            status = 499                                    # the client left
+        except asyncio.CancelledError:
+            status = 499                                    # the client left (handler cancellation)
             raise
+        except ConnectionError:
+            # The client left mid-request; aiohttp drops whatever we return for a closed transport
+            # (re-raising would have it log a traceback and answer 500).
+            resp = web.Response(status=499)
         except Exception:
             log.exception("unhandled_error", method=request.method, path=request.path)
             resp = error_response(ApiError(500, f"Internal server error (request id {rid}).",

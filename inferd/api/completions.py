@@ -169,7 +169,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
     try:
         if p.stream:
             encoder = ChunkEncoder(ident, p.include_usage)
-            resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs)
+            resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight)
             last = entry.final
         else:
             last = await stream.collect()

@@ -1,7 +1,8 @@
 """Server-sent events: the streaming loop, heartbeats, and noticing clients that left.
 
 One frame per merged delta and nothing queued: RequestStream hands the loop everything the
-engine produced since the last read, so a slow client gets fewer, larger frames.
+engine produced since the last read, so a slow client gets fewer, larger frames; a frame budget
+(FRAME_BUDGET_PER_S) merges further when the engine outruns what the loop can write.
 
 Per-delta work is kept minimal; everything periodic (heartbeats, disconnect checks, request
 timeouts) is done by one watchdog task per app that scans the in-flight requests a few times
@@ -25,6 +26,15 @@ from inferd.metrics import RequestObservation
 from inferd.types import Delta, FinishReason
 
 _monotonic = time.monotonic
+
+# The process-wide budget of content frames per second, shared by the open streams: a stream may
+# send its next frame `len(in-flight) / budget` seconds after its last one; tokens produced sooner
+# ride in that next frame. A frame costs a syscall and a wake-up whatever it carries, so when an
+# engine outruns what the loop can frame (many streams, fast steps), merging keeps tokens/s up.
+# With GPU-speed steps (>= ~10 ms) the spacing is below the step time and nothing is held back;
+# the first token is never delayed, and no token by more than one spacing. 0 turns it off.
+FRAME_BUDGET_PER_S = 10_000.0
+FRAME_SPACING_S = 1.0 / FRAME_BUDGET_PER_S
 
 
 class Tracked:
@@ -104,30 +114,43 @@ async def _ping(entry: Tracked) -> None:
 
 async def stream_response(request: web.BaseRequest, stream: RequestStream, entry: Tracked,
                           encoder: ChunkEncoder, headers: dict[str, str], include_usage: bool,
-                          obs: RequestObservation) -> web.StreamResponse:
+                          obs: RequestObservation, inflight: Inflight) -> web.StreamResponse:
     resp = web.StreamResponse(headers=headers)
     resp.content_type = "text/event-stream"
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
-    await resp.prepare(request)
-    entry.last_write = _monotonic()
-    entry.resp = resp
-    write = resp.write
-    content = encoder.content
-    on_tokens = obs.on_tokens
+    entries = inflight.entries
     try:
-        async for delta in stream:
+        await resp.prepare(request)
+        entry.last_write = _monotonic()
+        entry.resp = resp
+        write = resp.write
+        content = encoder.content
+        on_tokens = obs.on_tokens
+        next_frame_at = 0.0                 # the first token goes out at once
+        while True:
+            if next_frame_at:
+                # This stream's share of the frame budget: wait out the spacing first, so whatever
+                # the engine produces meanwhile merges into one frame (one wake-up per frame).
+                wait = next_frame_at - _monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                next_frame_at = 0.0
+            delta = await stream.__anext__()
             if delta.finish_reason is None:
                 if delta.text:
                     now = entry.last_write = _monotonic()
                     await write(content(delta.text))
                     on_tokens(len(delta.token_ids), now)
+                    if FRAME_SPACING_S:
+                        next_frame_at = now + len(entries) * FRAME_SPACING_S
                 continue
             entry.closing = True
             entry.final = delta
             for frame in final_frames(delta, encoder, include_usage, entry.timed_out):
                 await write(frame)
             on_tokens(len(delta.token_ids))
+            return resp
     except ConnectionError:
         entry.client_gone = True            # the caller's `finally` aborts the engine request
     return resp

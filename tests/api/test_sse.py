@@ -101,3 +101,14 @@ async def test_deadline_ends_stream_with_deadline_error_and_non_stream_with_504(
     with pytest.raises(openai.APIStatusError) as exc:
         await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400)
     assert exc.value.status_code == 504
+
+
+async def test_tokens_faster_than_the_frame_budget_merge_into_fewer_frames(served, monkeypatch):
+    import inferd.api.sse
+    monkeypatch.setattr(inferd.api.sse, "FRAME_SPACING_S", 0.02)   # one frame per 20 ms for one stream
+    whole = await served.sdk.completions.create(model="sim", prompt="m", max_tokens=60, temperature=0)
+    stream = await served.sdk.completions.create(model="sim", prompt="m", max_tokens=60, temperature=0, stream=True)
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert len(chunks) < 30                      # the sim at time_scale 0 produces 60 tokens in far less
+    assert chunks[-1].choices[0].finish_reason == "length"

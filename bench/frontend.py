@@ -1,0 +1,365 @@
+"""Front-end benchmark: delivered tokens/s and SSE frames/s through the full daemon vs a bare SSE server.
+
+    .venv/bin/python bench/frontend.py [--seconds 10] [--concurrency 256] [--max-tokens 256]
+
+Phases (each bounded; the script stops itself):
+  1. The daemon (inferd.daemon.Daemon in a subprocess: uvloop, config, engines, app, AppRunner) serving
+     a sim model at time_scale 0, so the engine costs only its Python step; pinned to CPU 0.
+  2. A load generator in another process, pinned to CPU 1 (client CPU never runs in the server's
+     process): `--concurrency` streaming completions kept open, each new one started when one ends.
+     It counts SSE frames as they arrive and tokens from each stream's usage chunk (prorated over the
+     measuring window), after a warm-up.
+  3. One request at a time (sim time_scale 0): the time to the first token as the client sees it.
+  4. The load phase again with the frame budget off (inferd.api.sse.FRAME_SPACING_S = 0: one frame
+     per delta, as delivered), for the per-frame cost.
+  5. The same load and TTFT phases against a bare aiohttp handler that only writes pre-built frames
+     (same frame sizes; one frame per loop turn, as a handler fed by an engine): the ceiling for SSE
+     frames/s on this machine. The ratio compares phase 4 with it.
+It prints JSON results and a summary: daemon tokens/s and frames/s, bare frames/s, their ratio, the
+server process's CPU use during each load phase, and TTFT p50/p99 for both (the difference is the
+time the daemon adds before the first token: engine time at time_scale 0 is a step of Python).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_CPU, CLIENT_CPU = 0, 1
+
+CONFIG = """
+[server]
+host = "127.0.0.1"
+port = 0
+log_level = "info"
+heartbeat_interval_s = 15.0
+
+[models.sim]
+backend = "sim"
+max_batch_size = {concurrency}
+max_num_tokens = 8192
+
+[models.sim.sim]
+profile = "llama3-8b-h100"
+time_scale = 1.0   # the config requires > 0; run_daemon builds the engine with time_scale 0
+max_model_len = 8192
+"""
+
+
+def pin(cpu: int):
+    def apply() -> None:
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
+            os.sched_setaffinity(0, {cpu})
+    return apply
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the daemon ------------------------------------------------------------------------------------
+def run_daemon(concurrency: int, coalesce: bool) -> None:
+    """The real Daemon (config, engines, app, AppRunner, drain on SIGTERM) with a sim at time_scale 0.
+
+    The config file format refuses time_scale = 0, and with any positive scale each step sleeps at
+    least one event-loop timer tick (~1 ms), which would be counted as front-end time. So only the
+    engine factory is swapped; everything else is what `inferd serve` runs.
+    """
+    import tomllib
+
+    import uvloop
+
+    from inferd.config import parse_config
+    from inferd.daemon import Daemon
+    from inferd.engine.factory import build_engine
+    from inferd.engine.sim import SimEngine
+    from inferd.log import configure_logging
+
+    if not coalesce:   # one frame per delta, as it arrives: the per-frame cost compared with the bare server
+        import inferd.api.sse
+        inferd.api.sse.FRAME_SPACING_S = 0.0
+    config = parse_config(tomllib.loads(CONFIG.format(concurrency=concurrency)))
+    configure_logging(config.server.log_level)
+
+    def engine_factory(name, model, server):
+        engine = build_engine(name, model, server)
+        assert isinstance(engine, SimEngine)
+        engine.time_scale = 0.0
+        return engine
+
+    async def main() -> int:
+        daemon = Daemon(config, engine_factory=engine_factory)
+        run = asyncio.ensure_future(daemon.run(install_signals=True))
+        ready = asyncio.ensure_future(daemon.ready.wait())
+        await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if daemon.ready.is_set():
+            print(json.dumps({"port": daemon.port}), flush=True)
+        return await run
+
+    sys.exit(uvloop.run(main()))
+
+
+# -- the bare SSE server ---------------------------------------------------------------------------
+def run_bare(max_tokens_cap: int) -> None:
+    import uvloop
+    from aiohttp import web
+
+    chunk = (b'data: {"id":"cmpl-0123456789abcdef01234567","object":"text_completion","created":1700000000,'
+             b'"model":"sim@sim-000000000000+simulated","system_fingerprint":"inferd-0.1.0-sim","choices":'
+             b'[{"index":0,"text":" word","logprobs":null,"finish_reason":null}],"usage":null}\n\n')
+    usage = (b'data: {"id":"cmpl-0123456789abcdef01234567","object":"text_completion","created":1700000000,'
+             b'"model":"sim","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":0}}\n\n')
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = min(int(body.get("max_tokens", 16)), max_tokens_cap)
+        resp = web.StreamResponse(headers={"Cache-Control": "no-cache"})
+        resp.content_type = "text/event-stream"
+        await resp.prepare(request)
+        for _ in range(n):
+            await resp.write(chunk)
+            await asyncio.sleep(0)    # one frame per loop turn, as a handler fed by an engine
+        await resp.write(usage % n)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# -- the load generator ----------------------------------------------------------------------------
+# A raw asyncio protocol rather than an HTTP client library: the client gets one core, and a
+# library's per-chunk parsing would make it, not the server, the bottleneck. It speaks just enough
+# HTTP/1.1 (keep-alive, chunked responses) and counts SSE frame terminators as bytes arrive.
+class _Stream(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future | None = None
+        self.frames = 0
+        self.first_frame: float | None = None
+        self.tail = b""
+        self.window = (0.0, 0.0)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def start(self, request: bytes) -> asyncio.Future:
+        self.done = asyncio.get_running_loop().create_future()
+        self.frames = 0
+        self.first_frame = None
+        self.tail = b""
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        joined = self.tail[-1:] + data        # a frame terminator split across reads counts once
+        n = joined.count(b"\n\n")
+        if n:
+            now = time.monotonic()
+            if self.first_frame is None and b"data: {" in data:
+                self.first_frame = now
+            if self.window[0] <= now < self.window[1]:
+                self.frames += n
+        self.tail = (self.tail + data)[-600:]
+        if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("server closed the connection"))
+
+
+def _request(port: int, body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+
+def _completion_tokens(tail: bytes) -> int | None:
+    i = tail.rfind(b'"completion_tokens":')
+    if i < 0:
+        return None
+    j = k = i + len(b'"completion_tokens":')
+    while tail[k:k + 1].isdigit():
+        k += 1
+    return int(tail[j:k])
+
+
+async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    request = _request(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": max_tokens,
+                              "stream": True, "stream_options": {"include_usage": True}})
+    t_start = time.monotonic()
+    w0, w1 = t_start + warmup, t_start + warmup + seconds
+    totals = {"frames": 0, "tokens": 0.0, "errors": 0, "requests": 0}
+
+    async def worker() -> None:
+        _, proto = await loop.create_connection(_Stream, "127.0.0.1", port)
+        proto.window = (w0, w1)
+        try:
+            while time.monotonic() < w1:
+                t0 = time.monotonic()
+                await proto.start(request)
+                t1 = time.monotonic()
+                totals["frames"] += proto.frames
+                totals["requests"] += 1
+                count = _completion_tokens(proto.tail)
+                if count is None:
+                    totals["errors"] += 1
+                    continue
+                # tokens are spread evenly over the request's lifetime; count the window's share
+                overlap = max(0.0, min(t1, w1) - max(t0, w0))
+                totals["tokens"] += count * overlap / max(t1 - t0, 1e-9)
+        finally:
+            proto.transport.close()
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    await asyncio.sleep(w1 - time.monotonic())
+    for w in workers:          # stop at the window's end; requests still running are cut off
+        w.cancel()
+    results = await asyncio.gather(*workers, return_exceptions=True)
+    totals["errors"] += sum(1 for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError))
+    return {"frames_per_s": totals["frames"] / seconds, "tokens_per_s": totals["tokens"] / seconds,
+            "requests": totals["requests"], "errors": totals["errors"]}
+
+
+async def ttft(port: int, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    request = _request(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": 8, "stream": True})
+    _, proto = await loop.create_connection(_Stream, "127.0.0.1", port)
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(samples) < 5000:
+        t0 = time.monotonic()
+        await proto.start(request)
+        samples.append(proto.first_frame - t0)
+    proto.transport.close()
+    samples.sort()
+    return {"n": len(samples), "p50_ms": samples[len(samples) // 2] * 1000,
+            "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1000}
+
+
+def run_client(args: argparse.Namespace) -> None:
+    import uvloop
+
+    if args.phase == "load":
+        result = uvloop.run(load(args.port, args.concurrency, args.max_tokens, args.warmup, args.seconds))
+    else:
+        result = uvloop.run(ttft(args.port, args.seconds))
+    print(json.dumps(result), flush=True)
+
+
+# -- orchestration ---------------------------------------------------------------------------------
+def client(port: int, phase: str, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--role", "client", "--phase", phase, "--port", str(port),
+           "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
+           "--warmup", str(args.warmup), "--seconds", str(args.seconds if phase == "load" else args.ttft_seconds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin(CLIENT_CPU),
+                         timeout=args.seconds + args.warmup + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"client failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_ttft: bool) -> dict:
+    cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+    result = client(port, "load", args)
+    cpu = cpu_seconds(proc.pid) - cpu0
+    result["server_cpu_util"] = cpu / (time.monotonic() - t0)
+    # CPU per frame over the whole phase (warm-up included on both sides of the ratio)
+    result["server_cpu_us_per_frame"] = cpu / max(1.0, result["frames_per_s"] * (args.seconds + args.warmup)) * 1e6
+    if with_ttft:
+        result["ttft"] = client(port, "ttft", args)
+    return result
+
+
+def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+    """Start the daemon or the bare server pinned to the server CPU; it prints {"port": N} when ready."""
+    log = (workdir / f"{role}.log").open("w")     # the daemon's JSON lines: one per request
+    proc = subprocess.Popen([sys.executable, __file__, "--role", role, "--concurrency", str(args.concurrency),
+                             "--max-tokens", str(args.max_tokens)], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=log, text=True, preexec_fn=pin(SERVER_CPU))
+    line = proc.stdout.readline()     # bounded: the daemon exits on a startup error, closing stdout
+    if not line:
+        proc.wait(timeout=15)
+        raise RuntimeError(f"{role} did not start: {(workdir / f'{role}.log').read_text()[-2000:]}")
+    return proc, json.loads(line)["port"]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", choices=["main", "daemon", "daemon-per-delta", "bare", "client"], default="main")
+    p.add_argument("--phase", choices=["load", "ttft"], default="load")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--seconds", type=float, default=10.0, help="measuring window per load phase")
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--ttft-seconds", type=float, default=3.0)
+    args = p.parse_args()
+    if args.role in ("daemon", "daemon-per-delta"):
+        run_daemon(args.concurrency, coalesce=args.role == "daemon")
+        return 0
+    if args.role == "bare":
+        run_bare(args.max_tokens)
+        return 0
+    if args.role == "client":
+        run_client(args)
+        return 0
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for role in ("daemon", "daemon-per-delta", "bare"):
+            proc, port = start_server(role, Path(tmp), args)
+            try:
+                results[role] = measure(proc, port, args, with_ttft=role != "daemon-per-delta")
+            finally:
+                stop(proc)
+    d, pd, b = results["daemon"], results["daemon-per-delta"], results["bare"]
+    results["frames_ratio"] = pd["frames_per_s"] / b["frames_per_s"] if b["frames_per_s"] else 0.0
+    results["ttft_added_p50_ms"] = d["ttft"]["p50_ms"] - b["ttft"]["p50_ms"]
+    results["ttft_added_p99_ms"] = d["ttft"]["p99_ms"] - b["ttft"]["p99_ms"]
+    print(json.dumps(results, indent=2))
+    print(f"daemon: {d['tokens_per_s']:,.0f} delivered tokens/s, {d['frames_per_s']:,.0f} frames/s "
+          f"(server CPU {d['server_cpu_util']:.0%}, {d['server_cpu_us_per_frame']:.1f} us/frame, errors {d['errors']})")
+    print(f"daemon, one frame per delta (no frame budget): {pd['tokens_per_s']:,.0f} tokens/s, "
+          f"{pd['frames_per_s']:,.0f} frames/s (server CPU {pd['server_cpu_util']:.0%}, "
+          f"{pd['server_cpu_us_per_frame']:.1f} us/frame)")
+    print(f"bare:   {b['frames_per_s']:,.0f} frames/s "
+          f"(server CPU {b['server_cpu_util']:.0%}, {b['server_cpu_us_per_frame']:.1f} us/frame)")
+    print(f"ratio:  {results['frames_ratio']:.0%} of the bare frames/s (daemon one frame per delta vs bare)")
+    print(f"TTFT at 1 concurrent request: daemon p50 {d['ttft']['p50_ms']:.2f} ms p99 {d['ttft']['p99_ms']:.2f} ms; "
+          f"bare p50 {b['ttft']['p50_ms']:.2f} ms p99 {b['ttft']['p99_ms']:.2f} ms; "
+          f"added p50 {results['ttft_added_p50_ms']:.2f} ms p99 {results['ttft_added_p99_ms']:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
