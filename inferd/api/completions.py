@@ -15,7 +15,7 @@ from aiohttp import web
 
 from inferd import __version__
 from inferd.api import appkeys as keys
-from inferd.api.errors import ApiError, invalid, model_not_found, unavailable
+from inferd.api.errors import ApiError, body_too_large, invalid, model_not_found, unavailable
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
 from inferd.api.sse import stream_response
@@ -50,7 +50,6 @@ def _check_content_type(request: web.BaseRequest) -> None:
 
 async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     """The body, refusing more than `limit` bytes: by Content-Length up front, and while reading."""
-    from inferd.api.errors import body_too_large
     length = request.content_length
     if length is not None and length > limit:
         raise body_too_large(limit)
