@@ -194,6 +194,18 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(variance + np.float32(eps))) * weight
 
 
+def _silu_mul(gate_up: np.ndarray, split: int) -> np.ndarray:
+    """silu(gate) * up for the fused [T, 2I] projection, in one scratch array."""
+    gate, up = gate_up[:, :split], gate_up[:, split:]
+    act = np.negative(gate)
+    with np.errstate(over="ignore"):                           # exp overflow -> silu(-big) = -0, as intended
+        np.exp(act, out=act)
+    act += np.float32(1.0)
+    np.divide(gate, act, out=act)
+    act *= up
+    return act
+
+
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     y = x @ w
     if b is not None:
@@ -277,11 +289,7 @@ class LlamaModel:
 
             h = _rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate_up = _linear(h, layer.wgu, layer.bgu)
-            gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]
-            with np.errstate(over="ignore"):                   # exp overflow -> silu(-big) = -0, as intended
-                act = gate / (np.float32(1.0) + np.exp(-gate))
-            act *= up
-            x += _linear(act, layer.wd, layer.bd)
+            x += _linear(_silu_mul(gate_up, c.intermediate_size), layer.wd, layer.bd)
 
         last = _rms_norm(x[plan.last_rows], self.final_norm, c.rms_norm_eps)
         return last @ self.lm_head.T
