@@ -94,13 +94,33 @@ class PagedKVCache:
                                f"{int(table.min())}..{int(table.max())}")
 
 
+# Decode sequences share one padded gather; a sequence much shorter than the longest would waste
+# its padding. Splitting the batch costs ~10 more NumPy calls per layer, about what gathering and
+# attending this many padded tokens costs, so a group is split when that much padding is saved.
+_SPLIT_SAVES_TOKENS = 512
+
+
+class DecodeGroup:
+    """Decode sequences attended together: their blocks gathered into one padded batch."""
+
+    def __init__(self, kv: PagedKVCache, rows: np.ndarray, tables: np.ndarray, context_lens: np.ndarray) -> None:
+        bs = kv.block_size
+        self.rows = rows                                         # [S] rows of the step's tokens
+        self.blocks = np.ascontiguousarray(tables[:, :-(-int(context_lens.max()) // bs)])
+        valid = np.arange(self.blocks.shape[1] * bs)[None, :] < context_lens[:, None]
+        self.bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))[:, None, None, :]
+        buf_shape = (*self.blocks.shape, bs, kv.num_kv_heads, kv.head_dim)
+        self.k_buf = np.empty(buf_shape, np.float32)             # reused by every layer of the step
+        self.v_buf = np.empty(buf_shape, np.float32)
+
+
 class AttentionPlan:
     """Where each sequence of one packed step reads its context: built once per step, used by every layer.
 
-    Sequences with one new token (decode) are attended together: their blocks are gathered into one
-    padded batch with a length mask. Sequences with several (prefill chunks) go one by one with a
-    causal mask whose query positions start at `context_len - query_len`, so cached prefixes and
-    earlier chunks are attended too.
+    Sequences with one new token (decode) are attended in a few padded groups of similar context
+    length, with a length mask. Sequences with several (prefill chunks) go one by one with a causal
+    mask whose query positions start at `context_len - query_len`, so cached prefixes and earlier
+    chunks are attended too.
     """
 
     def __init__(self, kv: PagedKVCache, query_lens: Sequence[int], context_lens: Sequence[int],
@@ -122,15 +142,16 @@ class AttentionPlan:
         token_pos = np.arange(self.num_tokens) - starts[seq_of_token] + (c_lens - q_lens)[seq_of_token]
         self.token_slots = tables[seq_of_token, token_pos // bs] * bs + token_pos % bs
 
+        self.decode_groups: list[DecodeGroup] = []
         decode = np.flatnonzero(q_lens == 1)
-        self.decode_rows = starts[decode]
-        self.decode_blocks = np.ascontiguousarray(tables[decode])
-        padded = self.decode_blocks.shape[1] * bs
-        valid = np.arange(padded)[None, :] < c_lens[decode][:, None]
-        self.decode_bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))[:, None, None, :]
-        buf_shape = (*self.decode_blocks.shape, bs, kv.num_kv_heads, kv.head_dim)
-        self.k_buf = np.empty(buf_shape, np.float32)
-        self.v_buf = np.empty(buf_shape, np.float32)
+        decode = decode[np.argsort(-c_lens[decode], kind="stable")]     # longest first
+        padded = -(-c_lens[decode] // bs) * bs
+        first = 0
+        for j in range(1, decode.size + 1):
+            if j == decode.size or (padded[first] - padded[j]) * (decode.size - j) >= _SPLIT_SAVES_TOKENS:
+                members = decode[first:j]
+                self.decode_groups.append(DecodeGroup(kv, starts[members], tables[members], c_lens[members]))
+                first = j
 
         self.prefill: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         for i in np.flatnonzero(q_lens > 1):
@@ -159,17 +180,17 @@ def paged_attention(kv: PagedKVCache, layer: int, q: np.ndarray, plan: Attention
     num_kv = kv.num_kv_heads
     group = num_heads // num_kv
     out = np.empty_like(q)
-    if plan.decode_rows.size:
-        n = plan.decode_rows.size
-        k, v = kv.gather_blocks(layer, plan.decode_blocks, plan.k_buf, plan.v_buf)
+    for dg in plan.decode_groups:
+        n = dg.rows.size
+        k, v = kv.gather_blocks(layer, dg.blocks, dg.k_buf, dg.v_buf)
         k = k.reshape(n, -1, num_kv, head_dim).transpose(0, 2, 1, 3)[:, :, None]    # [S, kv, 1, L, D]
         v = v.reshape(n, -1, num_kv, head_dim).transpose(0, 2, 1, 3)[:, :, None]
-        qd = q[plan.decode_rows].reshape(n, num_kv, group, head_dim)
+        qd = q[dg.rows].reshape(n, num_kv, group, head_dim)
         # one query row per (sequence, head): matrix-vector products beat tiny matmuls here
         scores = np.matvec(k, qd)                                                  # [S, kv, G, L]
-        scores += plan.decode_bias
+        scores += dg.bias
         probs = _softmax_inplace(scores)
-        out[plan.decode_rows] = np.vecmat(probs, v).reshape(n, num_heads, head_dim)
+        out[dg.rows] = np.vecmat(probs, v).reshape(n, num_heads, head_dim)
     for start, end, blocks, causal in plan.prefill:
         n = end - start
         k, v = kv.gather_blocks(layer, blocks)

@@ -89,6 +89,29 @@ def test_paged_attention_equals_dense_attention_for_mixed_prefill_chunks_and_dec
     assert plan.last_rows.tolist() == (np.cumsum([s[1] for s in shapes]) - 1).tolist()
 
 
+def test_decodes_of_very_different_lengths_split_into_groups_and_still_equal_dense_attention():
+    rng = np.random.default_rng(2)
+    cache = make_cache(num_blocks=200)
+    lengths = [3, 300, 7, 290, 2, 150]
+    free = rng.permutation(cache.num_blocks).tolist()
+    tables, queries, expected = [], [], []
+    for length in lengths:
+        table = [free.pop() for _ in range(-(-length // BLOCK))]
+        k, v = rng.standard_normal((2, length, NUM_KV, HEAD_DIM)).astype(np.float32)
+        q = rng.standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
+        cache.write(0, cache.slots_for_positions(table, np.arange(length)), k, v)
+        tables.append(table)
+        queries.append(q)
+        expected.append(dense_attention(q, k, v, length - 1))
+    plan = AttentionPlan(cache, [1] * len(lengths), lengths, tables)
+
+    out = paged_attention(cache, 0, np.concatenate(queries), plan)
+
+    assert len(plan.decode_groups) > 1
+    assert sorted(int(r) for g in plan.decode_groups for r in g.rows) == list(range(len(lengths)))
+    np.testing.assert_allclose(out, np.concatenate(expected), atol=1e-5)
+
+
 def test_plan_slots_of_new_tokens_sit_at_the_end_of_each_context():
     cache = make_cache()
     plan = AttentionPlan(cache, [2, 1], [6, 3], [[5, 1], [8]])
