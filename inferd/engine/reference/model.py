@@ -214,6 +214,8 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
 
 
 class LlamaModel:
+    """LlamaForCausalLM's forward pass, float32, weights pre-transposed and fused at load."""
+
     def __init__(self, config: LlamaConfig, checkpoint: Checkpoint) -> None:
         c = config
         self.config = c
