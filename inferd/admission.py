@@ -272,7 +272,7 @@ class AdmissionQueue:
             return t
         if self.policy.early_refusal:
             wait, own = self._wait_estimate(t, split=True)
-            budget = t.expires - now
+            budget = (t.expires - now) * self.policy.early_refusal_fraction
             if wait > budget:
                 reason = "deadline" if t.deadline <= t.expires else "ttl"
                 self._reject(t, reason, 429 if own >= wait / 2 else 503, wait - budget,

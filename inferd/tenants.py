@@ -94,6 +94,8 @@ class AdmissionConfig(_Table):
     headroom_window_s: float = 10.0             # how long after a light arrival the headroom is kept
     poll_interval_s: float = 0.005              # capacity re-check while blocked, in loop (wall) seconds
     early_refusal: bool = True                  # refuse at once when the estimated wait exceeds the budget
+    early_refusal_fraction: float = 0.5         # ... times this: the estimate is noisy, and a refusal now
+                                                # costs the client less than a drop after waiting
 
     def ttl_s(self, cls: PriorityClass) -> float:
         return {PriorityClass.INTERACTIVE: self.interactive_ttl_s, PriorityClass.STANDARD: self.standard_ttl_s,
@@ -174,6 +176,8 @@ def admission_errors(a: AdmissionConfig, path: str = "admission") -> list[str]:
                 "poll_interval_s"):
         if getattr(a, key) <= 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(a, key)}")
+    if not 0 < a.early_refusal_fraction <= 1:
+        errors.append(f"{path}.early_refusal_fraction: must be in (0, 1], got {a.early_refusal_fraction}")
     for key in ("standard_reserved_share", "batch_reserved_share", "kv_reserve_fraction", "headroom_fraction"):
         if not 0 <= getattr(a, key) < 1:
             errors.append(f"{path}.{key}: must be in [0, 1), got {getattr(a, key)}")

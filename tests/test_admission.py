@@ -300,7 +300,7 @@ async def test_class_ttl_drops_queued_work_with_503(make_queue):
 
 async def test_hopeless_deadline_is_refused_at_once_from_the_wait_estimate(make_queue):
     engine = FakeEngine(tokens_per_s=100.0)                 # cost/s until admission measures its own
-    q, _ = make_queue(engine=engine)
+    q, _ = make_queue(engine=engine, early_refusal_fraction=1.0)
     await occupy(q, engine)
     held = [spawn(q.admit(req("a", prompt=100, max_tokens=50), deadline=far()))
             for _ in range(4)]                              # 4 x (100 + 2*50) = 800 cost = 8 s of work
