@@ -16,6 +16,9 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
+from inferd.rollout import PriceConfig, RolloutConfig, rollout_errors
+from inferd.routing import AliasConfig, alias_errors
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -27,6 +30,7 @@ SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
 
 # Served model names appear in URLs, metric labels and `name@version` routing: keep them plain.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
 class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -66,6 +70,7 @@ class ModelConfig(_Table):
     backend: Backend = "reference"
     artifact: str | None = None            # default: the served model name (the table key)
     version: str = "latest"
+    versions: tuple[str, ...] = ()         # further versions kept loaded and warm (docs/models.md)
     max_batch_size: int = 32
     max_num_tokens: int = 512
     num_kv_blocks: int | None = None       # reference: default 2048; sim: derived from the profile
@@ -78,6 +83,12 @@ class ModelConfig(_Table):
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
 
 
+class AuditConfig(_Table):
+    """`[audit]`: the append-only log of routing and rollout changes (docs/models.md)."""
+
+    path: str | None = None                # default: $STATE_DIRECTORY/audit.jsonl, else ./audit.jsonl
+
+
 def _default_models() -> dict[str, ModelConfig]:
     return {"small": ModelConfig()}
 
@@ -87,6 +98,10 @@ class Config(_Table):
 
     server: ServerConfig = ServerConfig()
     models: dict[str, ModelConfig] = msgspec.field(default_factory=_default_models)
+    aliases: dict[str, AliasConfig] = {}
+    rollouts: dict[str, RolloutConfig] = {}
+    prices: dict[str, PriceConfig] = {}
+    audit: AuditConfig = AuditConfig()
 
 
 class ConfigError(Exception):
@@ -150,8 +165,8 @@ def _check_table(raw: Any, cls: type[msgspec.Struct], path: str, errors: list[st
         if field is None:
             errors.append(f"{here}: unknown key (expected one of: {', '.join(fields)})")
             continue
-        if field.name == "models" and cls is Config:
-            continue  # checked model by model in parse_config, so each gets its semantic checks too
+        if field.name in _ENTRY_TABLES and cls is Config:
+            continue  # checked entry by entry in parse_config, so each gets its semantic checks too
         sub = _struct_of(field.type)
         if sub is not None and value is not None:
             _check_table(value, sub, here, errors)
@@ -162,6 +177,9 @@ def _check_table(raw: Any, cls: type[msgspec.Struct], path: str, errors: list[st
 
 
 # -- semantic pass -------------------------------------------------------------------------
+
+# Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
+_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices")
 
 
 def _server_errors(s: ServerConfig) -> list[str]:
@@ -198,6 +216,11 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.artifact: must not be empty")
     if not m.version:
         errors.append(f"{p}.version: must not be empty")
+    for i, v in enumerate(m.versions):
+        if not VERSION_RE.match(v) or v == "latest":
+            errors.append(f"{p}.versions[{i}]: expected a version id such as 3f2a9c01d2e4, got {v!r}")
+        elif v == m.version or v in m.versions[:i]:
+            errors.append(f"{p}.versions[{i}]: version {v!r} is listed twice")
     if m.sim is not None and m.backend != "sim":
         errors.append(f"{p}.sim: a [sim] section needs backend = \"sim\" (backend is {m.backend!r})")
     if m.trtllm is not None and m.backend != "trtllm":
@@ -228,6 +251,47 @@ def _sim_profile_errors(path: str, profile: str) -> list[str]:
     return []
 
 
+def _entries(raw: dict[str, Any], key: str, cls: type[msgspec.Struct], errors: list[str]) -> dict[str, Any]:
+    """Decode the entries of one `[key.<name>]` table that pass the structural check."""
+    table = raw.get(key, {})
+    if not isinstance(table, dict):
+        errors.append(f"{key}: expected a table, got {_type_name(table)}")
+        return {}
+    out = {}
+    for name, value in table.items():
+        entry_errors: list[str] = []
+        _check_table(value, cls, f"{key}.{name}", entry_errors)
+        errors.extend(entry_errors)
+        if not entry_errors:
+            try:
+                out[name] = msgspec.convert(value, cls)
+            except msgspec.ValidationError as exc:   # a required key is missing
+                errors.append(f"{key}.{name}: {exc}")
+    return out
+
+
+def _routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
+    """[aliases.*], [rollouts.*] and [prices.*], checked against the configured models.
+
+    Targets name a model (its default version) or `model@version`; "latest" defaults are resolved
+    only when the daemon loads the versions, so here a target's model must exist."""
+    models = raw.get("models")
+    defaults = {name: m.get("version", "latest") for name, m in models.items()
+                if isinstance(m, dict)} if isinstance(models, dict) else {"small": "latest"}
+    aliases = _entries(raw, "aliases", AliasConfig, errors)
+    for name, alias in aliases.items():
+        errors.extend(alias_errors(name, alias, defaults))
+    for name, rollout in _entries(raw, "rollouts", RolloutConfig, errors).items():
+        errors.extend(rollout_errors(name, rollout, defaults, list(aliases)))
+    for name, price in _entries(raw, "prices", PriceConfig, errors).items():
+        model = name.partition("@")[0]
+        if model not in defaults:
+            errors.append(f"prices.{name}: no [models.{model}] table (keys are \"model\" or \"model@version\")")
+        for field in ("prompt_per_1k", "completion_per_1k"):
+            if getattr(price, field) < 0:
+                errors.append(f"prices.{name}.{field}: must be >= 0, got {getattr(price, field)}")
+
+
 # -- public API ----------------------------------------------------------------------------
 
 
@@ -249,7 +313,10 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
                 lora_adapters={k: _resolve(base, v) for k, v in t.lora_adapters.items()},
             )
         models[name] = msgspec.structs.replace(m, trtllm=t)
-    return msgspec.structs.replace(cfg, server=server, models=models)
+    audit = cfg.audit
+    if audit.path is not None:
+        audit = msgspec.structs.replace(audit, path=_resolve(base, audit.path))
+    return msgspec.structs.replace(cfg, server=server, models=models, audit=audit)
 
 
 def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: str = "config") -> Config:
@@ -277,6 +344,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
                     errors.extend(_model_errors(name, msgspec.convert(model, ModelConfig)))
         elif models is not None:
             errors.append(f"models: expected a table of models, got {_type_name(models)}")
+        _routing_errors(raw, errors)
     if errors:
         raise ConfigError(errors, source)
     try:
