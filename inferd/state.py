@@ -56,6 +56,25 @@ class ServerState:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # Issue 5 (inferd.versions / inferd.control): the daemon sets these; an embedder that only
+        # passes `engines` gets a registry serving one version per model on first use.
+        self._registry = None
+        self.versions = None           # VersionManager: acquire/release, load failures
+        self.control = None            # ControlPlane: rollouts, shadow stats, audit
+        self.shadows = None            # ShadowDispatcher
+
+    @property
+    def registry(self):
+        """The ModelRegistry routing requests to loaded engine versions."""
+        if self._registry is None:
+            from inferd.versions import registry_from_engines
+
+            self._registry = registry_from_engines(self.engines)
+        return self._registry
+
+    @registry.setter
+    def registry(self, registry) -> None:
+        self._registry = registry
 
     # -- readiness -------------------------------------------------------------------------
     def ready(self) -> bool:

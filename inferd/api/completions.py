@@ -15,12 +15,15 @@ from aiohttp import web
 
 from inferd import __version__
 from inferd.api import appkeys as keys
-from inferd.api.errors import ApiError, body_too_large, invalid, model_not_found, unavailable
+from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
 from inferd.api.sse import stream_response
+from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.engine.base import Engine, EngineUnavailable, InvalidRequest
+from inferd.routing import Route
 from inferd.types import FinishReason, GenerationRequest, SamplingParams, Usage
+from inferd.versions import VersionLease
 
 OFF_LOOP_CHARS = 2048          # tokenize longer prompts in a thread
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
@@ -31,15 +34,6 @@ def version_label(engine: Engine) -> str:
     """The version clients see: sim engines say so in the version itself (`sim-...+simulated`)."""
     info = engine.info
     return f"{info.version}+simulated" if info.simulated else info.version
-
-
-def resolve_model(state, model: str) -> tuple[str, Engine]:
-    """`name` or `name@version` (the form responses echo) -> (served name, engine)."""
-    name, _, version = model.partition("@")
-    engine = state.engines.get(name)
-    if engine is None or (version and version not in (engine.info.version, version_label(engine))):
-        raise model_not_found(model)
-    return name, engine
 
 
 def _check_content_type(request: web.BaseRequest) -> None:
@@ -118,6 +112,14 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[keys.STATE]
+    lease = VersionLease(state.versions)    # keeps the routed version loaded until this request ends
+    try:
+        return await _generate_routed(request, kind, state, lease)
+    finally:
+        lease.release()
+
+
+async def _generate_routed(request: web.Request, kind: str, state, lease: VersionLease) -> web.StreamResponse:
     model = "other"
     try:
         if state.draining:
@@ -127,7 +129,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         body = await read_body(request, server.max_body_bytes)
         req = decode(kind, body)
         prepared = prepare(kind, req)
-        model, engine = resolve_model(state, req.model)
+        route = route_request(state, req.model, "local", req.user, request[keys.REQUEST_ID])
+        model, engine = route.target.model, state.registry.table.engine(route.target)
+        lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
         if not engine.healthy:
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
         prompt_ids = await _tokenize(engine, prepared)
@@ -136,11 +140,11 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         state.metrics.count_rejected(model, err.status)
         raise
     with state.track():
-        return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling)
+        return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling, route)
 
 
 async def _run(request: web.Request, state, kind: str, model: str, engine: Engine, p: Prepared,
-               prompt_ids: list[int], sampling: SamplingParams) -> web.StreamResponse:
+               prompt_ids: list[int], sampling: SamplingParams, route: Route) -> web.StreamResponse:
     arrival = request[keys.ARRIVAL]
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
     info = engine.info
@@ -150,6 +154,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
     obs = state.metrics.start_request(model, arrival)
+    make_room_for_live(state, engine, len(prompt_ids), sampling)
     try:
         stream = engine.submit(GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids),
                                                  sampling=sampling))
@@ -158,7 +163,9 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         raise invalid(str(exc), param=exc.param) from None
     except EngineUnavailable as exc:
         obs.finish(503)
+        record_outcome(state, route.target, None, 503, None)
         raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") from None
+    mirror_to_shadow(state, route, engine, prompt_ids, sampling, "local")
     inflight = request.app[keys.INFLIGHT]
     entry = inflight.add(request, stream, state.config.server.request_timeout_s)
     log_fields = request[keys.LOG_FIELDS]
@@ -189,6 +196,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         usage = last.usage if last is not None else None
         timing = last.timing if last is not None else None
         obs.finish(status, usage=usage, timing=timing)
+        record_outcome(state, route.target, last, status, obs.ttft)
         if usage is not None:
             log_fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                               cached_tokens=usage.cached_tokens)

@@ -1,0 +1,68 @@
+"""Request-side glue for issue 5: route `model` through the registry, report completions to rollouts,
+mirror to shadows. Kept out of completions.py so that file stays the request path and nothing else.
+"""
+from __future__ import annotations
+
+from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
+from inferd.engine.base import Engine
+from inferd.routing import ModelVersion, Route, RoutingError
+from inferd.types import Delta, FinishReason, SamplingParams
+
+SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
+
+
+def route_request(state, model_field: str, tenant: str, user: str | None, request_id: str) -> Route:
+    """`model` (alias, name or name@version) -> Route, as an ApiError when it cannot be routed."""
+    if model_field.endswith(SIMULATED_SUFFIX) and "@" in model_field:
+        model_field = model_field[: -len(SIMULATED_SUFFIX)]
+    try:
+        return state.registry.resolve(model_field, tenant, user, request_id=request_id)
+    except RoutingError as e:
+        headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
+        kind = UNAVAILABLE if e.status == 503 else NOT_FOUND if e.status == 404 else "invalid_request_error"
+        raise ApiError(e.status, e.message, type=kind, param=e.param, code=e.code, headers=headers) from None
+
+
+def record_outcome(state, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
+    """Feed a finished live request to the rollouts watching its version. Client aborts, deadlines
+    and client errors say nothing about the version and are skipped."""
+    control = state.control
+    if control is None:
+        return
+    if last is None:
+        if status == 503:           # the engine refused it at submit: the version's failure
+            control.rollouts.record(key, False, None, None, 0, 0)
+        return
+    reason = last.finish_reason
+    if reason in (FinishReason.ABORT, FinishReason.DEADLINE) or status in (499, 504):
+        return
+    usage, timing = last.usage, last.timing
+    prompt = usage.prompt_tokens if usage else 0
+    completion = usage.completion_tokens if usage else len(last.token_ids)
+    itl = None
+    if timing is not None and timing.first_token is not None and timing.finished is not None and completion > 1:
+        itl = (timing.finished - timing.first_token) / (completion - 1)
+    control.rollouts.record(key, reason is not FinishReason.ERROR, ttft_s, itl, prompt, completion)
+
+
+def make_room_for_live(state, engine: Engine, prompt_len: int, sampling: SamplingParams) -> None:
+    if state.shadows is not None:
+        state.shadows.make_room(engine, prompt_len, sampling.max_tokens)
+
+
+def mirror_to_shadow(state, route: Route, live_engine: Engine, prompt_ids, sampling: SamplingParams,
+                     tenant: str) -> None:
+    """Mirror to the route's shadow when it has spare room; its output never reaches the client.
+    Token ids are mirrored as they are, so only a shadow with the same vocabulary qualifies."""
+    shadows = state.shadows
+    if route.shadow is None or shadows is None:
+        return
+    table = state.registry.table
+    if not table.is_ready(route.shadow):
+        shadows.recorder.dropped(route.shadow)
+        return
+    engine = table.engine(route.shadow)
+    if engine.tokenizer.vocab_size != live_engine.tokenizer.vocab_size:
+        shadows.recorder.dropped(route.shadow)
+        return
+    shadows.mirror(route.shadow, engine, prompt_ids, sampling, tenant)
