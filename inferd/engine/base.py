@@ -69,6 +69,9 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     free_slots: int              # max_batch_size - (running + waiting)
     waiting: int                 # requests inside the engine not yet scheduled
     block_size: int
+    # Prompt tokens submitted but not yet computed (queued + partially prefilled). Admission uses it
+    # to keep one tenant's prefills from filling every step a newcomer's prefill would share.
+    pending_prefill_tokens: int = 0
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
