@@ -26,11 +26,12 @@ log = get_logger("inferd.control")
 TICK_INTERVAL_S = 1.0
 
 
-def audit_path(cfg: Config) -> Path:
+def audit_path(cfg: Config, config_dir: Path | None = None) -> Path:
+    """[audit] path; else systemd's StateDirectory (/var/lib/inferd), else beside the config file."""
     if cfg.audit.path:
         return Path(cfg.audit.path)
-    state_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0]   # systemd's StateDirectory=
-    return Path(state_dir or ".") / "audit.jsonl"
+    state_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(state_dir or config_dir or ".") / "audit.jsonl"
 
 
 class LazyAudit:
@@ -55,13 +56,14 @@ class LazyAudit:
 
 
 class ControlPlane:
-    def __init__(self, config: Config, registry: ModelRegistry, versions: VersionManager) -> None:
+    def __init__(self, config: Config, registry: ModelRegistry, versions: VersionManager, *,
+                 config_dir: Path | None = None) -> None:
         self.config = config
         self.registry = registry
         self.versions = versions
         self.rollouts = RolloutManager()
         self.shadows = ShadowRecorder(prices=config.prices)
-        self.audit = LazyAudit(audit_path(config))
+        self.audit = LazyAudit(audit_path(config, config_dir))
 
     # -- routes ------------------------------------------------------------------------------
     def final_table(self, table: RoutingTable, cfg: Config) -> RoutingTable:

@@ -6,7 +6,10 @@ than web.run_app so the daemon owns its signals, readiness and sd_notify. Signal
 set events (as uvicorn's do):
   SIGTERM / SIGINT  first: drain (readyz 503, stop listening, wait for in-flight requests up to
                     server.drain_grace_s, close engines, exit 0); second: skip the wait, exit 1.
-  SIGHUP            reload hook (`Daemon.reload`); issue 5 implements it.
+  SIGHUP            reload (`Daemon.reload`, inferd.reload): validate the whole file, then apply the
+                    difference; RELOADING=1 ... READY=1 to systemd around it.
+Versions (inferd.versions) are verified, started and warmed one by one; a refused version is logged
+and the rest serve (startup fails only when nothing loads).
 
 Tests run the whole lifecycle in-process: `Daemon(config).run()` in a task, `await daemon.ready.wait()`,
 read `daemon.port`, then `daemon.request_stop()`.
@@ -26,11 +29,16 @@ from pathlib import Path
 from aiohttp import web
 
 from inferd.config import Config, ConfigError, load_config, with_overrides
+from inferd.control import ControlPlane
 from inferd.engine.base import Engine
 from inferd.engine.factory import EngineConfigError, build_engine, missing_synthetic
 from inferd.log import configure_logging, get_logger
+from inferd.reload import Reloader
+from inferd.routing import ModelRegistry
 from inferd.sdnotify import Notifier
+from inferd.shadow import ShadowDispatcher
 from inferd.state import ServerState
+from inferd.versions import VersionManager, routes_from_config, version_specs
 
 log = get_logger("inferd.daemon")
 
@@ -53,8 +61,12 @@ def _default_app_factory(state: ServerState) -> web.Application:
 
 class Daemon:
     def __init__(self, config: Config, *, app_factory: AppFactory | None = None,
-                 engine_factory: EngineFactory = build_engine, notifier: Notifier | None = None) -> None:
+                 engine_factory: EngineFactory = build_engine, notifier: Notifier | None = None,
+                 config_path: str | Path | None = None) -> None:
         self.config = config
+        self.config_path = config_path        # what SIGHUP re-reads (None: reload has nothing to read)
+        self.control: ControlPlane | None = None
+        self.reloader: Reloader | None = None
         self._app_factory = app_factory or _default_app_factory
         self._engine_factory = engine_factory
         self._notifier = notifier or Notifier()
@@ -65,7 +77,6 @@ class Daemon:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._stop_requests = 0
-        self._closed_engines: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- control (signal handlers and tests call these; they only set events) --------------
@@ -85,9 +96,25 @@ class Daemon:
         self._tasks.add(task)  # keep a reference until done: the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
 
-    async def reload(self) -> None:
-        """SIGHUP hook: issue 5 builds a new config/engines and swaps them into `state`."""
-        log.warning("reload_not_implemented", message="reload not implemented yet; config unchanged")
+    async def reload(self, path: str | Path | None = None):
+        """SIGHUP: re-read the config file and apply it (inferd.reload). Returns a ReloadResult,
+        or None when there is nothing to reload (not started yet, draining, no config file)."""
+        path = path or self.config_path
+        if self.reloader is None or self.stopping or path is None:
+            log.warning("reload_skipped", reason="no config file" if path is None else "not serving",
+                        message="config unchanged")
+            return None
+        log.info("reloading", config=str(path))
+        self._notifier.reloading()
+        try:
+            return await self.reloader.reload(path)
+        finally:
+            self.config = self.state.config
+            if not self.stopping:
+                self._notifier.ready(self._status())
+
+    def _status(self) -> str:
+        return f"serving {', '.join(self.state.engines)} on {self.host}:{self.port}"
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -139,25 +166,11 @@ class Daemon:
 
     async def _startup(self, stack: contextlib.AsyncExitStack) -> web.AppRunner:
         cfg = self.config
-        engines: dict[str, Engine] = {}
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
             if kind is not None:
                 await self._build_synthetic(name, kind)
-            t0 = time.monotonic()
-            engine = self._engine_factory(name, model, cfg.server)
-            stack.push_async_callback(self._close_engine, name, engine)
-            await engine.start()
-            await engine.warmup()
-            engines[name] = engine
-            info = engine.info
-            log.info("engine_started", model=name, backend=info.backend, version=info.version,
-                     simulated=info.simulated, seconds=round(time.monotonic() - t0, 3))
-
-        self.state = state = ServerState(cfg, engines)
-        for name, engine in engines.items():
-            if hasattr(engine, "step_observer"):  # optional engine hook: feeds inferd_engine_step_seconds
-                engine.step_observer = state.metrics.step_observer(name)
+        state = await self._load_versions(stack)
         app = self._app_factory(state)
         # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
         runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
@@ -169,10 +182,47 @@ class Daemon:
         self.host, self.port = runner.addresses[0][:2]
         state.started = True
         log.info("listening", host=self.host, port=self.port)
-        log.info("ready", models=list(engines))
-        self._notifier.ready(f"serving {', '.join(engines)} on {self.host}:{self.port}")
+        log.info("ready", models=list(state.engines),
+                 versions=[str(k) for k in state.registry.table.versions], refused=list(state.versions.failures))
+        self._notifier.ready(self._status())
         self.ready.set()
         return runner
+
+    async def _load_versions(self, stack: contextlib.AsyncExitStack) -> ServerState:
+        """Every configured version, verified and warmed; the routing control plane over them."""
+        cfg = self.config
+        registry = ModelRegistry()
+        state = ServerState(cfg, {})
+        versions = VersionManager(registry, cfg.server, self._engine_factory)
+        versions.step_observer = self._observe_steps(state)
+        control = ControlPlane(cfg, registry, versions,
+                               config_dir=Path(self.config_path).resolve().parent if self.config_path else None)
+        stack.callback(control.close)     # last out: the audit log sees every record before it closes
+        stack.push_async_callback(versions.close_all)
+        await versions.load_all(version_specs(cfg))
+        if not registry.table.versions:
+            first = next(iter(versions.failures.values()), "no models configured")
+            raise EngineConfigError(next(iter(cfg.models), "?"), first.partition(": ")[2] or first)
+        defaults = versions.defaults(cfg)
+        registry.configure(defaults=defaults, aliases=routes_from_config(cfg, defaults))
+        control.configure_rollouts(cfg)
+        control.start_on_load(cfg)
+        state.registry, state.versions, state.control = registry, versions, control
+        state.shadows = shadows = ShadowDispatcher(control.shadows)
+        stack.push_async_callback(shadows.close)
+        state.engines = versions.default_engines(registry.table.defaults)
+        self.state, self.control = state, control
+        self.reloader = Reloader(state, control, versions)
+        ticker = asyncio.ensure_future(control.tick_loop())
+        stack.callback(ticker.cancel)
+        return state
+
+    @staticmethod
+    def _observe_steps(state: ServerState) -> Callable[[str, Engine], None]:
+        def hook(name: str, engine: Engine) -> None:
+            if hasattr(engine, "step_observer"):  # optional engine hook: feeds inferd_engine_step_seconds
+                engine.step_observer = state.metrics.step_observer(name)
+        return hook
 
     async def _build_synthetic(self, name: str, kind: str) -> None:
         """First run: build the synthetic artifact in a thread, logging progress while it runs."""
@@ -226,8 +276,14 @@ class Daemon:
             log.warning("drain_incomplete", in_flight=state.in_flight, forced=self._force.is_set())
         # Close engines before the runner: their open streams end with finish_reason "abort", so
         # handlers still streaming send a final chunk and return instead of being cancelled.
-        for name, engine in reversed(state.engines.items()):
-            await self._close_engine(name, engine)
+        if state.shadows is not None:
+            await state.shadows.close()
+        if state.versions is not None:
+            if self._force.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(state.versions.close_all(), FORCED_CLOSE_TIMEOUT_S)
+            else:
+                await state.versions.close_all()
         if self._force.is_set() and runner.server is not None:
             # Cancel whatever handler is left now rather than after HANDLER_SHUTDOWN_TIMEOUT_S.
             # (aiohttp reads a timeout of 0 as "no timeout", hence a small positive one.)
@@ -244,20 +300,6 @@ class Daemon:
             idle.cancel()
             return False
         return idle.result()
-
-    async def _close_engine(self, name: str, engine: Engine) -> None:
-        """Close once (the drain and the exit stack may both ask); never let one failure stop the rest."""
-        if name in self._closed_engines:
-            return
-        self._closed_engines.add(name)
-        try:
-            if self._force.is_set():
-                await asyncio.wait_for(engine.close(), FORCED_CLOSE_TIMEOUT_S)
-            else:
-                await engine.close()
-            log.info("engine_closed", model=name)
-        except Exception as exc:  # noqa: BLE001 - logged; shutdown continues with the other engines
-            log.error("engine_close_failed", model=name, error=str(exc), error_type=type(exc).__name__)
 
 
 def _settle(future: asyncio.Future[Path], result: Path | None, error: BaseException | None) -> None:
@@ -302,7 +344,7 @@ def serve_main(args: argparse.Namespace) -> int:
     configure_logging(config.server.log_level)
     log.info("starting", config=str(Path(args.config).resolve()), pid=os.getpid())
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(Daemon(config).run(install_signals=True))
+        return runner.run(Daemon(config, config_path=args.config).run(install_signals=True))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -248,11 +248,11 @@ async def test_tells_systemd_ready_then_stopping(tmp_path):
         sock.close()
 
 
-async def test_sighup_hook_logs_and_keeps_serving(caplog):
+async def test_reload_without_a_config_file_logs_and_keeps_serving(caplog):
     app = LifecycleApp()
     async with running_daemon(sim_config(), app) as (daemon, task, url):
-        await daemon.reload()
-        assert logged(caplog, "reload_not_implemented")
+        assert await daemon.reload() is None
+        assert logged(caplog, "reload_skipped")[0]["reason"] == "no config file"
         assert daemon.state.ready()
 
 
@@ -394,7 +394,7 @@ async def test_serve_subprocess_reports_port_serves_and_exits_zero_on_sigterm(tm
                 assert resp.status == 200
                 assert resp.headers["X-Inferd-Simulated"] == "true"
         proc.send_signal(signal.SIGHUP)
-        await asyncio.wait_for(read_event(proc, "reload_not_implemented", seen), 30)
+        await asyncio.wait_for(read_event(proc, "reloaded", seen), 30)
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(read_event(proc, "stopped", seen), 30)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
