@@ -5,8 +5,8 @@ import orjson
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api.completions import version_label
 from inferd.api.openapi import openapi_document
+from inferd.api.versioned import model_rows, versions_status
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -22,7 +22,7 @@ async def readyz(request: web.Request) -> web.Response:
     """200 when the daemon should get traffic; 503 naming every reason it should not."""
     state = request.app[keys.STATE]
     if state.ready():
-        return _json({"status": "ready"})
+        return _json({"status": "ready", **versions_status(state)})
     reasons = []
     if not getattr(state, "started", True):
         reasons.append("engines are still starting")
@@ -31,7 +31,7 @@ async def readyz(request: web.Request) -> web.Response:
     if not state.engines:
         reasons.append("no models loaded")
     reasons += [f"model {name}: engine unhealthy" for name, e in state.engines.items() if not e.healthy]
-    resp = _json({"status": "not_ready", "reasons": reasons or ["not ready"]}, status=503)
+    resp = _json({"status": "not_ready", "reasons": reasons or ["not ready"], **versions_status(state)}, status=503)
     resp.headers["Retry-After"] = "1"
     return resp
 
@@ -47,14 +47,7 @@ async def list_models(request: web.Request) -> web.Response:
     """OpenAI's list format; `id` is what requests send, the extra fields say what is loaded."""
     state = request.app[keys.STATE]
     created = int(getattr(state, "started_at", 0))
-    data = []
-    for name, engine in state.engines.items():
-        info = engine.info
-        data.append({"id": name, "object": "model", "created": created, "owned_by": "inferd",
-                     "root": f"{name}@{version_label(engine)}", "version": version_label(engine),
-                     "backend": info.backend, "max_model_len": info.max_model_len,
-                     "simulated": info.simulated})
-    return _json({"object": "list", "data": data})
+    return _json({"object": "list", "data": model_rows(state, created)})
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -66,3 +66,43 @@ def mirror_to_shadow(state, route: Route, live_engine: Engine, prompt_ids, sampl
         shadows.recorder.dropped(route.shadow)
         return
     shadows.mirror(route.shadow, engine, prompt_ids, sampling, tenant)
+
+
+def model_rows(state, created: int) -> list[dict]:
+    """GET /v1/models rows: every alias and model name a request may send, each with its split or
+    its loaded versions (pin one as `model@version`)."""
+    table = state.registry.table
+    rows = []
+    for listing in table.list_models():
+        if listing.kind == "version":
+            continue
+        row = {"id": listing.id, "object": "model", "created": created, "owned_by": "inferd",
+               "kind": listing.kind, "routable": listing.routable}
+        if listing.kind == "alias":
+            row["split"] = [{"target": a.target, "weight": a.weight, "ready": a.ready} for a in listing.split]
+            if listing.shadow:
+                row["shadow"], row["shadow_fraction"] = listing.shadow, listing.shadow_fraction
+        else:
+            row["versions"] = [{"id": str(k), "version": k.version, "state": table.state(k)}
+                               for k in sorted(table.versions) if k.model == listing.id]
+            default = table.split_for(listing.id)
+            engine = None
+            if default is not None and len(default.arms) == 1 and default.arms[0].target in table.versions:
+                engine = table.engine(default.arms[0].target)
+            if engine is not None:
+                info = engine.info
+                label = f"{info.version}+simulated" if info.simulated else info.version
+                row.update(root=f"{listing.id}@{label}", version=label, backend=info.backend,
+                           max_model_len=info.max_model_len, simulated=info.simulated)
+        rows.append(row)
+    return rows
+
+
+def versions_status(state) -> dict:
+    """What /readyz shows of loaded versions: state per version, and refused versions with why."""
+    table = state.registry.table
+    out: dict = {"versions": {str(k): e.state if e.engine.healthy else "unhealthy"
+                              for k, e in sorted(table.versions.items())}}
+    if state.versions is not None and state.versions.failures:
+        out["refused"] = dict(state.versions.failures)
+    return out
