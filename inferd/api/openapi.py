@@ -93,6 +93,12 @@ def document() -> dict:
             "/readyz": _plain_get("Readiness: 200 when serving, 503 with reasons otherwise"),
             "/metrics": _plain_get("Prometheus metrics", "text/plain"),
             "/openapi.json": _plain_get("This document"),
+            "/admin/rollouts": _plain_get("Admin: every rollout's state"),
+            "/admin/rollouts/{name}": _plain_get("Admin: one rollout's state"),
+            "/admin/rollouts/{name}/{action}": {"post": {
+                "summary": "Admin: start, pause, resume, promote or roll back a rollout (audited)",
+                "responses": {"200": {"description": "The rollout's new state", "content": _json_content({})}}}},
+            "/admin/shadow": _plain_get("Admin: shadow traffic per version"),
         },
         "components": {"schemas": components},
     }
