@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api import ops
+from inferd.api import admin, ops
 from inferd.api.completions import create_chat_completion, create_completion
 from inferd.api.errors import SERVER_ERROR, ApiError, error_response, from_http_exception
 from inferd.api.sse import Inflight
@@ -47,6 +47,7 @@ def make_app(state) -> web.Application:
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", ops.openapi)
+    admin.add_routes(app)
     return app
 
 
