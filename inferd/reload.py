@@ -136,7 +136,8 @@ class Reloader:
         gone = [k for k in control.registry.table.versions
                 if k not in keep and control.registry.table.state(k) != "retired"]
         for key in gone:
-            task = asyncio.get_running_loop().create_task(self._retire(key))
+            self.versions.stop_routing(key)       # now: the next request cannot reach it
+            task = asyncio.get_running_loop().create_task(self._unload(key))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
         control.start_on_load(new)
@@ -151,10 +152,10 @@ class Reloader:
                  seconds=round(time.monotonic() - t0, 3))
         return result
 
-    async def _retire(self, key: ModelVersion) -> None:
+    async def _unload(self, key: ModelVersion) -> None:
         tenancy = getattr(self.state, "tenancy", None)
         engine = self.control.registry.table.engine(key)
-        await self.versions.retire(key)
+        await self.versions.unload_when_idle(key)
         if tenancy is not None:
             await tenancy.retire(engine)
 

@@ -192,15 +192,24 @@ class VersionManager:
         return self._in_use.get(key, 0)
 
     # -- retiring --------------------------------------------------------------------------
-    async def retire(self, key: ModelVersion) -> None:
-        """Stop routing to `key` now; close it once its in-flight requests have finished."""
+    def stop_routing(self, key: ModelVersion) -> bool:
+        """Retire `key` now (synchronously: the next request cannot reach it). False if already going."""
         if key not in self.registry.table.versions or key in self._closing:
-            return
+            return False
         self._closing.add(key)
         self.registry.retire(key)
         self.loaded = {k: v for k, v in self.loaded.items() if v != key}
         self._on_change()
         log.info("version_retired", model=key.model, version=key.version, in_flight=self.in_use(key))
+        return True
+
+    async def retire(self, key: ModelVersion) -> None:
+        """Stop routing to `key` now; close it once its in-flight requests have finished."""
+        if self.stop_routing(key):
+            await self.unload_when_idle(key)
+
+    async def unload_when_idle(self, key: ModelVersion) -> None:
+        """After `stop_routing`: wait for the version's last request, then remove and close it."""
         try:
             if self.in_use(key):
                 event = self._released.setdefault(key, asyncio.Event())
