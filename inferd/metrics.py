@@ -196,7 +196,7 @@ class Metrics:
             buckets=STEP_BUCKETS, registry=r)
         self.config_reload_total = Counter(
             "inferd_config_reload", "Config reloads (SIGHUP), by result", ("result",), registry=r)
-        for result in ("success", "failure"):
+        for result in ("success", "error"):
             self.config_reload_total.labels(result)
         self.build_info = Gauge(
             "inferd_build_info", "inferd build (value 1)", ("version", "python"), registry=r)
@@ -232,7 +232,7 @@ class Metrics:
         return self.series(model).observe_step
 
     def config_reloaded(self, ok: bool) -> None:
-        self.config_reload_total.labels("success" if ok else "failure").inc()
+        self.config_reload_total.labels("success" if ok else "error").inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its Content-Type, for the /metrics handler."""

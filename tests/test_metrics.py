@@ -171,7 +171,7 @@ def test_config_reload_counter(metrics):
     metrics.config_reloaded(False)
     f = scrape(metrics)["inferd_config_reload"]
     assert value(f, "inferd_config_reload_total", result="success") == 1
-    assert value(f, "inferd_config_reload_total", result="failure") == 2
+    assert value(f, "inferd_config_reload_total", result="error") == 2
 
 
 def test_non_streamed_request_takes_ttft_and_mean_itl_from_engine_timing(metrics):
