@@ -2,7 +2,7 @@
 
 A shadow copy never takes capacity from live traffic:
 - it is submitted only when the shadow engine has spare room *above a reserve* (free sequence
-  slots and KV blocks for its prompt and output, nothing waiting inside the engine); otherwise it
+  slots, which count requests waiting inside the engine, and KV blocks for its prompt and output); otherwise it
   is dropped at once, never queued;
 - when a live request is about to go to an engine whose room is short, every shadow running there
   is aborted first (`make_room`), so a live request never waits behind a shadow.
@@ -54,8 +54,7 @@ class ShadowDispatcher:
         cap = engine.capacity()
         need_blocks = -(-(prompt_len + max_tokens) // max(1, cap.block_size))
         reserve_blocks = int(engine.info.num_kv_blocks * self.reserve_block_fraction)
-        return (cap.waiting == 0 and cap.free_slots > self.reserve_slots
-                and cap.free_kv_blocks >= need_blocks + reserve_blocks)
+        return cap.free_slots > self.reserve_slots and cap.free_kv_blocks >= need_blocks + reserve_blocks
 
     def mirror(self, key: ModelVersion, engine: Engine, prompt_ids: tuple[int, ...] | list[int],
                sampling: SamplingParams, tenant: str = "local") -> bool:
