@@ -111,7 +111,17 @@ class AdmittedStream:
         return self
 
     async def __anext__(self) -> Delta:
-        delta = await self._stream.__anext__()
+        return self._seen(await self._stream.__anext__())
+
+    def take(self) -> Delta | None:
+        """RequestStream.take with the same bookkeeping (for a writer that reads on a listener)."""
+        delta = self._stream.take()
+        return None if delta is None else self._seen(delta)
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        self._stream.listen(listener)
+
+    def _seen(self, delta: Delta) -> Delta:
         if delta.token_ids:
             if not self._first_token:
                 self._first_token = True

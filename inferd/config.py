@@ -8,6 +8,7 @@ whatever directory systemd or a user starts it from.
 """
 from __future__ import annotations
 
+import enum
 import ipaddress
 import re
 import sys
@@ -18,6 +19,8 @@ import msgspec
 
 from inferd.rollout import PriceConfig, RolloutConfig, rollout_errors
 from inferd.routing import AliasConfig, alias_errors
+from inferd.tenants import (AdmissionConfig, AuthConfig, InsecureBindError, TenantConfig, admission_errors,
+                            auth_errors, check_auth_binding, tenant_errors)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -102,6 +105,10 @@ class Config(_Table):
     rollouts: dict[str, RolloutConfig] = {}
     prices: dict[str, PriceConfig] = {}
     audit: AuditConfig = AuditConfig()
+    # Issue 4: who may call (auth), per-tenant limits (tenants), the per-engine fair queue (admission).
+    auth: AuthConfig = AuthConfig()
+    tenants: dict[str, TenantConfig] = {}
+    admission: AdmissionConfig = AdmissionConfig()
 
 
 class ConfigError(Exception):
@@ -133,6 +140,8 @@ def _struct_of(tp: Any) -> type[msgspec.Struct] | None:
 def _describe(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):     # e.g. tenants.*.priority
+        return "one of " + ", ".join(repr(m.value) for m in tp)
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -144,7 +153,7 @@ def _leaf_error(path: str, value: Any, tp: Any) -> str | None:
     try:
         msgspec.convert(value, tp)
     except msgspec.ValidationError as exc:
-        if get_origin(tp) is Literal:
+        if get_origin(tp) is Literal or (isinstance(tp, type) and issubclass(tp, enum.Enum)):
             return f"{path}: expected {_describe(tp)}, got {value!r}"
         if str(exc).startswith("Expected"):
             return f"{path}: expected {_describe(tp)}, got {_type_name(value)}"
@@ -179,7 +188,7 @@ def _check_table(raw: Any, cls: type[msgspec.Struct], path: str, errors: list[st
 # -- semantic pass -------------------------------------------------------------------------
 
 # Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
-_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices")
+_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants")
 
 
 def _server_errors(s: ServerConfig) -> list[str]:
@@ -226,8 +235,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
     if m.trtllm is not None and m.backend != "trtllm":
         errors.append(f"{p}.trtllm: a [trtllm] section needs backend = \"trtllm\" (backend is {m.backend!r})")
     if m.sim is not None:
-        if m.sim.time_scale <= 0:
-            errors.append(f"{p}.sim.time_scale: must be > 0, got {m.sim.time_scale}")
+        if not m.sim.time_scale >= 0:   # 0: no simulated step time (front-end benchmarks); rejects NaN
+            errors.append(f"{p}.sim.time_scale: must be >= 0, got {m.sim.time_scale}")
         if m.sim.max_model_len <= 0:
             errors.append(f"{p}.sim.max_model_len: must be > 0, got {m.sim.max_model_len}")
         errors.extend(_sim_profile_errors(f"{p}.sim.profile", m.sim.profile))
@@ -292,6 +301,40 @@ def _routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
                 errors.append(f"prices.{name}.{field}: must be >= 0, got {getattr(price, field)}")
 
 
+def _tenancy_errors(raw: dict[str, Any], errors: list[str]) -> None:
+    """[auth], [tenants.*] and [admission]: inferd.tenants' checks, plus what needs the rest of the file
+    (a tenant's allowed_models must name served models or aliases; auth off only on loopback)."""
+    tables = {}
+    for key, cls in (("auth", AuthConfig), ("admission", AdmissionConfig), ("server", ServerConfig)):
+        scratch: list[str] = []          # structural errors were reported by the root pass
+        _check_table(raw.get(key, {}), cls, key, scratch)
+        tables[key] = None if scratch else msgspec.convert(raw.get(key, {}), cls)
+    if tables["auth"] is not None:
+        errors.extend(auth_errors(tables["auth"]))
+    if tables["admission"] is not None:
+        errors.extend(admission_errors(tables["admission"]))
+    models = raw.get("models")
+    known = set(models) if isinstance(models, dict) else {"small"}
+    aliases = raw.get("aliases")
+    known |= set(aliases) if isinstance(aliases, dict) else set()
+    for name, tenant in _entries(raw, "tenants", TenantConfig, errors).items():
+        errors.extend(tenant_errors(name, tenant))
+        for i, model in enumerate(tenant.allowed_models):
+            if model != "*" and model not in known:
+                errors.append(f"tenants.{name}.allowed_models[{i}]: no model or alias named {model!r} "
+                              f"(known: {', '.join(sorted(known))})")
+    if tables["auth"] is not None and tables["server"] is not None:
+        errors.extend(_auth_binding_errors(tables["auth"], tables["server"].host))
+
+
+def _auth_binding_errors(auth: AuthConfig, host: str) -> list[str]:
+    try:
+        check_auth_binding(auth, host)
+    except InsecureBindError as exc:
+        return [f"auth.mode: {exc}"]
+    return []
+
+
 # -- public API ----------------------------------------------------------------------------
 
 
@@ -316,7 +359,10 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     audit = cfg.audit
     if audit.path is not None:
         audit = msgspec.structs.replace(audit, path=_resolve(base, audit.path))
-    return msgspec.structs.replace(cfg, server=server, models=models, audit=audit)
+    auth = msgspec.structs.replace(
+        cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file),
+        secret_file=_resolve(base, cfg.auth.secret_file) if cfg.auth.secret_file else None)
+    return msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth)
 
 
 def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: str = "config") -> Config:
@@ -345,6 +391,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         elif models is not None:
             errors.append(f"models: expected a table of models, got {_type_name(models)}")
         _routing_errors(raw, errors)
+        _tenancy_errors(raw, errors)
     if errors:
         raise ConfigError(errors, source)
     try:
@@ -377,6 +424,8 @@ def with_overrides(cfg: Config, *, host: str | None = None, port: int | None = N
     )
     out = msgspec.structs.replace(cfg, server=server)
     errors = [e for e in _server_errors(server) if e.startswith(("server.host", "server.port"))]
+    if not errors:
+        errors = _auth_binding_errors(cfg.auth, server.host)   # --host 0.0.0.0 with auth off
     if errors:
         raise ConfigError(errors, "command line")
     return out
@@ -396,5 +445,7 @@ def check_config_main(path: str) -> int:
             print(f"  {err}", file=sys.stderr)
         return 1
     models = ", ".join(f"{n} ({m.backend})" for n, m in cfg.models.items())
-    print(f"{path}: ok; listens on {cfg.server.host}:{cfg.server.port}; models: {models}")
+    tenants = ", ".join(cfg.tenants) or "none configured"
+    print(f"{path}: ok; listens on {cfg.server.host}:{cfg.server.port}; models: {models}; "
+          f"auth: {cfg.auth.mode}; tenants: {tenants}")
     return 0

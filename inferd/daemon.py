@@ -32,12 +32,15 @@ from inferd.config import Config, ConfigError, load_config, with_overrides
 from inferd.control import ControlPlane
 from inferd.engine.base import Engine
 from inferd.engine.factory import EngineConfigError, build_engine, missing_synthetic
+from inferd.keys import KeyFileError
 from inferd.log import configure_logging, get_logger
 from inferd.reload import Reloader
 from inferd.routing import ModelRegistry
 from inferd.sdnotify import Notifier
 from inferd.shadow import ShadowDispatcher
 from inferd.state import ServerState
+from inferd.tenancy import Tenancy
+from inferd.tenants import InsecureBindError, check_auth_binding
 from inferd.versions import VersionManager, routes_from_config, version_specs
 
 log = get_logger("inferd.daemon")
@@ -151,7 +154,7 @@ class Daemon:
             stopper.cancel()
             try:
                 runner: web.AppRunner = startup.result()
-            except (EngineConfigError, OSError) as exc:  # expected: say what, no traceback
+            except (EngineConfigError, OSError, InsecureBindError, KeyFileError) as exc:  # expected: say what
                 log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
                 return 1
             except Exception as exc:  # noqa: BLE001 - a bug or an engine failure: keep the traceback
@@ -166,11 +169,18 @@ class Daemon:
 
     async def _startup(self, stack: contextlib.AsyncExitStack) -> web.AppRunner:
         cfg = self.config
+        # Issue 4, before any engine or socket: no open server on a reachable address by accident, and
+        # a bad keys file fails the start naming the file.
+        check_auth_binding(cfg.auth, cfg.server.host)
+        tenancy = await asyncio.to_thread(Tenancy, cfg)
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
             if kind is not None:
                 await self._build_synthetic(name, kind)
         state = await self._load_versions(stack)
+        state.tenancy = tenancy
+        tenancy.start(state.engines)              # one admission queue per engine (later versions: on use)
+        stack.push_async_callback(tenancy.close)  # unwinds before the engines close
         app = self._app_factory(state)
         # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
         runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
@@ -274,8 +284,10 @@ class Daemon:
         drained = await self._wait_drained(state)
         if not drained:
             log.warning("drain_incomplete", in_flight=state.in_flight, forced=self._force.is_set())
-        # Close engines before the runner: their open streams end with finish_reason "abort", so
-        # handlers still streaming send a final chunk and return instead of being cancelled.
+        # Requests still queued in admission get 503 `draining`; then close engines before the runner:
+        # their open streams end with finish_reason "abort", so handlers still streaming send a final
+        # chunk and return instead of being cancelled.
+        await state.tenancy.close()
         if state.shadows is not None:
             await state.shadows.close()
         if state.versions is not None:

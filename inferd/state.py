@@ -62,6 +62,23 @@ class ServerState:
         self.versions = None           # VersionManager: acquire/release, load failures
         self.control = None            # ControlPlane: rollouts, shadow stats, audit
         self.shadows = None            # ShadowDispatcher
+        # Issue 4 (inferd.tenancy): keys, tenants, quota, one admission queue per engine. The daemon sets
+        # it (reading the keys file at startup); an embedder gets one built from `config` on first use.
+        self._tenancy = None
+        self.metrics.watch_tenancy(lambda: self._tenancy)
+
+    @property
+    def tenancy(self):
+        """The Tenancy (inferd.tenancy): authenticator, tenant registry, quota, admission queues."""
+        if self._tenancy is None:
+            from inferd.tenancy import Tenancy
+
+            self._tenancy = Tenancy(self.config)
+        return self._tenancy
+
+    @tenancy.setter
+    def tenancy(self, tenancy) -> None:
+        self._tenancy = tenancy
 
     @property
     def registry(self):

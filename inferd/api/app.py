@@ -11,12 +11,13 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api import admin, ops
+from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
 from inferd.api.errors import SERVER_ERROR, ApiError, error_response, from_http_exception
 from inferd.api.sse import Inflight
@@ -40,6 +41,7 @@ def make_app(state) -> web.Application:
     inflight = Inflight(lambda: state.config.server.heartbeat_interval_s)
     app[keys.INFLIGHT] = inflight
     app.cleanup_ctx.append(inflight.cleanup_ctx)
+    app.cleanup_ctx.append(_tenancy_ctx)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/models", ops.list_models)
@@ -49,6 +51,12 @@ def make_app(state) -> web.Application:
     app.router.add_get("/openapi.json", ops.openapi)
     admin.add_routes(app)
     return app
+
+
+async def _tenancy_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[keys.STATE].tenancy.close()     # stop the admission dispatchers (idempotent; the daemon
+                                              # closes it earlier, before the engines, when it drains)
 
 
 def request_id_for(request: web.BaseRequest) -> str:
@@ -94,6 +102,7 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
         status = resp.status
         return resp
     finally:
+        count_tenant_request(request, fields.get("outcome_status", status))
         quiet = request.path in _QUIET_PATHS and status < 400
         if not quiet or log.is_enabled("debug"):
             emit = log.debug if quiet else log.info

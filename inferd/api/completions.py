@@ -15,6 +15,8 @@ from aiohttp import web
 
 from inferd import __version__
 from inferd.api import appkeys as keys
+from inferd.api.admit import admit, apply_limits, check_model_allowed, request_deadline
+from inferd.api.auth import authenticate
 from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
@@ -124,27 +126,35 @@ async def _generate_routed(request: web.Request, kind: str, state, lease: Versio
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
+        tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
         _check_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
         req = decode(kind, body)
         prepared = prepare(kind, req)
-        route = route_request(state, req.model, "local", req.user, request[keys.REQUEST_ID])
+        route = route_request(state, req.model, tenant, req.user, request[keys.REQUEST_ID])
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
+        tenancy = state.tenancy
+        allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if not engine.healthy:
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
         prompt_ids = await _tokenize(engine, prepared)
-        sampling = _sampling(prepared, len(prompt_ids), engine.info.max_model_len)
+        max_model_len = engine.info.max_model_len
+        sampling = _sampling(prepared, len(prompt_ids), max_model_len)
+        sampling = apply_limits(tenancy, tenant, allowed, prepared, len(prompt_ids), sampling, max_model_len)
+        deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
     except ApiError as err:
         state.metrics.count_rejected(model, err.status)
         raise
     with state.track():
-        return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling, route)
+        return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling, route, tenant,
+                          deadline)
 
 
 async def _run(request: web.Request, state, kind: str, model: str, engine: Engine, p: Prepared,
-               prompt_ids: list[int], sampling: SamplingParams, route: Route) -> web.StreamResponse:
+               prompt_ids: list[int], sampling: SamplingParams, route: Route, tenant: str,
+               deadline: float) -> web.StreamResponse:
     arrival = request[keys.ARRIVAL]
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
     info = engine.info
@@ -155,9 +165,16 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         headers["X-Inferd-Simulated"] = "true"
     obs = state.metrics.start_request(model, arrival)
     make_room_for_live(state, engine, len(prompt_ids), sampling)
+    gen = GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids), sampling=sampling, tenant=tenant)
     try:
-        stream = engine.submit(GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids),
-                                                 sampling=sampling))
+        # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
+        admitted = await admit(state.tenancy, tenant, model, engine, gen, deadline)
+    except ApiError as err:
+        obs.finish(err.status)
+        raise
+    except asyncio.CancelledError:
+        obs.finish(CLIENT_GONE)         # the client left while queued; admission dropped the request
+        raise
     except InvalidRequest as exc:
         obs.finish(400)
         raise invalid(str(exc), param=exc.param) from None
@@ -165,9 +182,13 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         obs.finish(503)
         record_outcome(state, route.target, None, 503, None)
         raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") from None
-    mirror_to_shadow(state, route, engine, prompt_ids, sampling, "local")
+    stream = admitted.stream
+    headers.update(admitted.headers)    # X-RateLimit-*
+    mirror_to_shadow(state, route, engine, prompt_ids, sampling, tenant)
     inflight = request.app[keys.INFLIGHT]
-    entry = inflight.add(request, stream, state.config.server.request_timeout_s)
+    # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
+    # timeout is the same instant, as a backstop.
+    entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()))
     log_fields = request[keys.LOG_FIELDS]
     log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
     status: int = CLIENT_GONE

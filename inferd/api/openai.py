@@ -63,6 +63,8 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # inferd: seconds the client will wait; caps the request's deadline (as the X-Request-Timeout header)
+    timeout: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     # accepted at their no-op value only
     n: int | None = None
     presence_penalty: float | None = None
@@ -205,6 +207,7 @@ class Prepared(msgspec.Struct, kw_only=True):
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    timeout: float | None = None            # the body's `timeout` (seconds), if any
 
 
 def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
@@ -229,7 +232,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
     out = Prepared(kind=kind, max_tokens=req.max_tokens, stop=stop, seed=req.seed, stream=bool(req.stream),
                    include_usage=bool(opts and opts.include_usage),
                    temperature=1.0 if req.temperature is None else req.temperature,
-                   top_p=1.0 if req.top_p is None else req.top_p)
+                   top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout)
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:

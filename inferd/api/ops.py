@@ -5,6 +5,7 @@ import orjson
 from aiohttp import web
 
 from inferd.api import appkeys as keys
+from inferd.api.auth import require_scope
 from inferd.api.openapi import openapi_document
 from inferd.api.versioned import model_rows, versions_status
 
@@ -37,6 +38,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    require_scope(request, "metrics")       # 401/403 with auth on; open with auth = "none"
     body, content_type = request.app[keys.STATE].metrics.render()
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = content_type     # carries version and charset parameters
@@ -45,6 +47,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     """OpenAI's list format; `id` is what requests send, the extra fields say what is loaded."""
+    require_scope(request, "inference")
     state = request.app[keys.STATE]
     created = int(getattr(state, "started_at", 0))
     return _json({"object": "list", "data": model_rows(state, created)})

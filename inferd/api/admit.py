@@ -1,0 +1,137 @@
+"""Tenant limits, quota, deadline and the fair admission queue for one generation request.
+
+The order on the request path (completions.py):  authenticate -> route -> `check_model_allowed` ->
+tokenize -> context checks -> `apply_limits` -> `admit` (quota buckets and concurrency, then the
+engine's admission queue) -> stream. Everything here runs once per request; nothing per token.
+
+Errors leave as ApiError in the OpenAI envelope: 400/403 for tenant limits (retrying cannot help),
+429 for quota and the tenant's own queue, 503 for the node's queue, 504 for a deadline that passed
+while queued. Every 429/503 carries a Retry-After computed from bucket or queue state.
+"""
+from __future__ import annotations
+
+import math
+
+import msgspec
+from aiohttp import web
+
+from inferd.admission import AdmissionRejected, AdmittedStream
+from inferd.api.auth import PERMISSION, model_forbidden
+from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
+from inferd.api.openai import Prepared
+from inferd.engine.base import Engine
+from inferd.quota import LimitExceeded, QuotaExceeded
+from inferd.types import GenerationRequest, SamplingParams
+
+RATE_LIMIT = "rate_limit_error"
+TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+def check_model_allowed(tenancy, tenant: str, requested: str, model: str) -> str:
+    """403 unless the tenant may use `model` (the served name) or the name it asked for (an alias).
+    Returns the allowed name, for quota.check_limits. Checked before tokenizing: cheap refusals first."""
+    cfg = tenancy.tenants.get(tenant)
+    if cfg.allows_model(model):
+        return model
+    name = requested.partition("@")[0]
+    if cfg.allows_model(name):
+        return name
+    tenancy.count_rejection(tenant, "model_not_allowed")
+    raise model_forbidden(tenant, requested)
+
+
+def apply_limits(tenancy, tenant: str, allowed_name: str, p: Prepared, prompt_len: int,
+                 sampling: SamplingParams, max_model_len: int) -> SamplingParams:
+    """The tenant's per-request limits on top of the model's. A request that set no max_tokens gets
+    the tenant's cap (and what fits its tokens-per-minute bucket) instead of a refusal."""
+    cfg = tenancy.tenants.get(tenant)
+    want = sampling.max_tokens
+    if p.max_tokens is None:
+        if cfg.max_output_tokens is not None:
+            want = min(want, cfg.max_output_tokens)
+        if cfg.tokens_per_minute is not None:
+            want = min(want, max(1, cfg.tokens_per_minute - prompt_len))
+    try:
+        got = tenancy.quota.check_limits(tenant, model=allowed_name, prompt_tokens=prompt_len, max_tokens=want,
+                                         context_len=max_model_len)
+    except LimitExceeded as exc:
+        tenancy.count_rejection(tenant, "model_not_allowed" if exc.status == 403 else "limit")
+        param = exc.param
+        if param == "messages" and p.kind == "completion":
+            param = "prompt"
+        elif param == "max_tokens" and p.kind == "chat":
+            param = "max_completion_tokens"
+        raise ApiError(exc.status, f"{exc}.", type=PERMISSION if exc.status == 403 else INVALID_REQUEST,
+                       param=param, code=exc.code) from None
+    return sampling if got == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=got)
+
+
+def request_deadline(request: web.BaseRequest, p: Prepared, tenancy, tenant: str, server, arrival: float) -> float:
+    """Absolute (time.monotonic) deadline: arrival + the smallest of the client's X-Request-Timeout
+    header or body `timeout`, the tenant's max_request_timeout_s and the server's request_timeout_s."""
+    budget = min(server.request_timeout_s, tenancy.tenants.get(tenant).max_request_timeout_s)
+    header = request.headers.get(TIMEOUT_HEADER)
+    if header is not None:
+        try:
+            client = float(header)
+        except ValueError:
+            client = math.nan
+        if not (client > 0 and math.isfinite(client)):
+            raise invalid(f"{TIMEOUT_HEADER}: expected a positive number of seconds, got {header[:40]!r}.",
+                          param=TIMEOUT_HEADER, code="invalid_timeout")
+        budget = min(budget, client)
+    body = getattr(p, "timeout", None)
+    if body is not None:
+        budget = min(budget, body)
+    return arrival + budget
+
+
+class Admitted(msgspec.Struct, kw_only=True):
+    stream: AdmittedStream
+    headers: dict[str, str]          # X-RateLimit-* after this request was charged
+
+
+async def admit(tenancy, tenant: str, model: str, engine: Engine, gen: GenerationRequest,
+                deadline: float) -> Admitted:
+    """Charge the tenant's quota, then wait in the engine's admission queue until released to it.
+
+    The quota lease travels with the request: admission releases it when the request is refused,
+    leaves the queue, or ends (refunding the tokens it did not use). Raises ApiError (429/503/504), or
+    the engine's InvalidRequest / EngineUnavailable from its submit."""
+    try:
+        queue = tenancy.queue_for(model, engine)
+    except AdmissionRejected as exc:      # closed: the daemon is draining
+        raise rejection_error(exc, {}) from None
+    quota = tenancy.quota
+    try:
+        lease = quota.acquire(tenant, prompt_tokens=len(gen.prompt_token_ids), max_tokens=gen.sampling.max_tokens)
+    except QuotaExceeded as exc:
+        headers = {**exc.headers, "Retry-After": _retry_after(exc.retry_after_s)}
+        raise ApiError(429, f"{exc}.", type=RATE_LIMIT, code=exc.reason, headers=headers) from None
+    try:
+        stream = await queue.admit(gen, deadline=deadline, lease=lease)
+    except AdmissionRejected as exc:
+        raise rejection_error(exc, quota.headers(tenant)) from None
+    return Admitted(stream=stream, headers=lease.headers)
+
+
+def rejection_error(exc: AdmissionRejected, ratelimit_headers: dict[str, str]) -> ApiError:
+    headers = dict(ratelimit_headers) if exc.status == 429 else {}
+    retry = exc.retry_after_header
+    if retry is not None:
+        headers["Retry-After"] = retry
+    kind = RATE_LIMIT if exc.status == 429 else TIMEOUT if exc.status == 504 else UNAVAILABLE
+    return ApiError(exc.status, _message(exc), type=kind, code=exc.reason, headers=headers)
+
+
+def _message(exc: AdmissionRejected) -> str:
+    text = str(exc)
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith(".") else text + "."
+
+
+def _retry_after(seconds: float) -> str:
+    """Whole seconds, at least 1 (HTTP's Retry-After has no fractions); never infinite."""
+    if not math.isfinite(seconds):
+        seconds = 60.0
+    return str(max(1, math.ceil(seconds)))

@@ -1,0 +1,93 @@
+"""Authentication for HTTP handlers: `Authorization: Bearer <key>` -> Principal, or a 401/403 envelope.
+
+Each handler that needs a caller calls `authenticate(request, scope)` (inference routes) or
+`require_scope(request, scope)` (admin and metrics routes): scopes are per route, so a function the
+handler calls says plainly what the route needs, where a middleware would need a route table.
+/healthz, /readyz and /openapi.json call neither and stay open.
+
+With `auth.mode = "none"` every caller is the anonymous tenant (`local`) with every scope. The
+tenant comes only from the key, never from the request body. Key checks are constant-time and an
+unknown key costs the same as a wrong one (inferd.keys.KeyStore.verify).
+"""
+from __future__ import annotations
+
+from aiohttp import web
+
+from inferd.api import appkeys as keys
+from inferd.api.errors import INVALID_REQUEST, ApiError
+from inferd.keys import AuthError, InsufficientScope, Principal
+
+PERMISSION = "permission_error"
+
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("inferd_principal", Principal)
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})   # counted per tenant
+
+
+def authenticate(request: web.BaseRequest, scope: str = "inference") -> Principal:
+    """The caller of `request`, who must hold `scope`. Raises ApiError 401 (no key, malformed header,
+    unknown/wrong/revoked key) or 403 (the key lacks the scope). Remembered on the request: a second
+    call (another scope) checks the same principal without hashing the key again."""
+    known = request.get(PRINCIPAL)
+    if known is not None:
+        if scope not in known.scopes:
+            raise _forbidden(f"This API key lacks the {scope!r} scope needed here.")
+        return known
+    state = request.app[keys.STATE]
+    tenancy = getattr(state, "tenancy", None)
+    if tenancy is None:     # an app over a state without tenancy (tests of other layers): refuse, never open
+        raise ApiError(503, "Authentication is not configured on this server.", type="service_unavailable_error",
+                       code="auth_unavailable", headers={"Retry-After": "1"})
+    try:
+        principal = tenancy.authenticator.authenticate(request.headers.get("Authorization"), scope)
+    except InsufficientScope as exc:
+        raise _forbidden(f"This API key lacks the {scope!r} scope needed here.") from exc
+    except AuthError as exc:
+        raise _unauthorized(exc) from None
+    request[PRINCIPAL] = principal
+    fields = request.get(keys.LOG_FIELDS)
+    if fields is not None:
+        fields["tenant"] = principal.tenant
+        if principal.key_id is not None:
+            fields["key_id"] = principal.key_id
+    return principal
+
+
+def require_scope(request: web.BaseRequest, scope: str) -> Principal:
+    """For admin / metrics handlers: the caller, holding `scope` (`admin`, `metrics`, `inference`).
+    Only ever raises ApiError (401/403/503), so a handler can call it first and do nothing else."""
+    if scope not in ("inference", "admin", "metrics"):
+        raise ValueError(f"unknown scope {scope!r}")          # a programming error, not a client's
+    return authenticate(request, scope)
+
+
+def count_tenant_request(request: web.BaseRequest, status: int) -> None:
+    """inferd_tenant_requests_total{tenant, status}, once per authenticated inference request (the front
+    middleware calls it with the final status; a stream's status is its outcome, e.g. 504)."""
+    principal = request.get(PRINCIPAL)
+    if principal is None or request.path not in GENERATION_PATHS:
+        return
+    state = request.app[keys.STATE]
+    state.metrics.count_tenant_request(state.tenancy.tenants.label(principal.tenant), status)
+
+
+def _unauthorized(exc: AuthError) -> ApiError:
+    # type invalid_request_error as OpenAI's; code missing_api_key (no or malformed header) or
+    # invalid_api_key (unknown, wrong or revoked: deliberately one answer). The key is never echoed.
+    missing = exc.code == "missing_api_key"
+    if not missing:
+        message = "Incorrect API key provided (unknown, wrong or revoked)."
+    elif "malformed" in str(exc):
+        message = "Malformed Authorization header: expected `Authorization: Bearer <key>`."
+    else:
+        message = "Missing API key: send `Authorization: Bearer <key>`."
+    challenge = 'Bearer realm="inferd"' if missing else 'Bearer realm="inferd", error="invalid_token"'
+    return ApiError(401, message, type=INVALID_REQUEST, code=exc.code, headers={"WWW-Authenticate": challenge})
+
+
+def _forbidden(message: str) -> ApiError:
+    return ApiError(403, message, type=PERMISSION, code="insufficient_scope")
+
+
+def model_forbidden(tenant: str, model: str) -> ApiError:
+    return ApiError(403, f"Tenant {tenant!r} may not use the model `{model}`.", type=PERMISSION,
+                    param="model", code="model_not_allowed")
