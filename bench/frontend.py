@@ -3,21 +3,23 @@
     .venv/bin/python bench/frontend.py [--seconds 10] [--concurrency 256] [--max-tokens 256]
 
 Phases (each bounded; the script stops itself):
-  1. The daemon (inferd.daemon.Daemon in a subprocess: uvloop, config, engines, app, AppRunner) serving
-     a sim model at time_scale 0, so the engine costs only its Python step; pinned to CPU 0.
+  1. The daemon (inferd.daemon.Daemon in a subprocess: uvloop, config file, engines, app, AppRunner)
+     serving a sim model with `time_scale = 0`, so the engine costs only its Python step; pinned to
+     CPU 0. Frames are whatever the daemon writes: one per stream per flush, carrying every token
+     the engine produced since the last one (no frame budget, no spacing).
   2. A load generator in another process, pinned to CPU 1 (client CPU never runs in the server's
      process): `--concurrency` streaming completions kept open, each new one started when one ends.
      It counts SSE frames as they arrive and tokens from each stream's usage chunk (prorated over the
      measuring window), after a warm-up.
-  3. One request at a time (sim time_scale 0): the time to the first token as the client sees it.
-  4. The load phase again with the frame budget off (inferd.api.sse.FRAME_SPACING_S = 0: one frame
-     per delta, as delivered), for the per-frame cost.
-  5. The same load and TTFT phases against a bare aiohttp handler that only writes pre-built frames
+  3. One request at a time: the time to the first token as the client sees it.
+  4. The same load and TTFT phases against a bare aiohttp handler that only writes pre-built frames
      (same frame sizes; one frame per loop turn, as a handler fed by an engine): the ceiling for SSE
-     frames/s on this machine. The ratio compares phase 4 with it.
+     frames/s on this machine. The ratio compares the daemon's frames/s in phase 2 (the run that
+     delivers its tokens/s) with it.
 It prints JSON results and a summary: daemon tokens/s and frames/s, bare frames/s, their ratio, the
-server process's CPU use during each load phase, and TTFT p50/p99 for both (the difference is the
-time the daemon adds before the first token: engine time at time_scale 0 is a step of Python).
+server's and the client's CPU use during each load phase (a client near 100% means it, not the
+server, set the pace), the load average, and TTFT p50/p99 for both (the difference is the time the
+daemon adds before the first token: engine time at time_scale 0 is a step of Python).
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ max_num_tokens = 8192
 
 [models.sim.sim]
 profile = "llama3-8b-h100"
-time_scale = 1.0   # the config requires > 0; run_daemon builds the engine with time_scale 0
+time_scale = 0.0   # no simulated step time: the engine costs only its Python
 max_model_len = 8192
 """
 
@@ -67,37 +69,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 # -- the daemon ------------------------------------------------------------------------------------
-def run_daemon(concurrency: int, coalesce: bool) -> None:
-    """The real Daemon (config, engines, app, AppRunner, drain on SIGTERM) with a sim at time_scale 0.
-
-    The config file format refuses time_scale = 0, and with any positive scale each step sleeps at
-    least one event-loop timer tick (~1 ms), which would be counted as front-end time. So only the
-    engine factory is swapped; everything else is what `inferd serve` runs.
-    """
-    import tomllib
-
+def run_daemon(config_path: Path) -> None:
+    """The real Daemon (config file, engines, app, AppRunner, drain on SIGTERM), as `inferd serve` runs it."""
     import uvloop
 
-    from inferd.config import parse_config
+    from inferd.config import load_config
     from inferd.daemon import Daemon
-    from inferd.engine.factory import build_engine
-    from inferd.engine.sim import SimEngine
     from inferd.log import configure_logging
 
-    if not coalesce:   # one frame per delta, as it arrives: the per-frame cost compared with the bare server
-        import inferd.api.sse
-        inferd.api.sse.FRAME_SPACING_S = 0.0
-    config = parse_config(tomllib.loads(CONFIG.format(concurrency=concurrency)))
+    config = load_config(config_path)
     configure_logging(config.server.log_level)
 
-    def engine_factory(name, model, server):
-        engine = build_engine(name, model, server)
-        assert isinstance(engine, SimEngine)
-        engine.time_scale = 0.0
-        return engine
-
     async def main() -> int:
-        daemon = Daemon(config, engine_factory=engine_factory)
+        daemon = Daemon(config)
         run = asyncio.ensure_future(daemon.run(install_signals=True))
         ready = asyncio.ensure_future(daemon.ready.wait())
         await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)
@@ -260,10 +244,12 @@ async def ttft(port: int, seconds: float) -> dict:
 def run_client(args: argparse.Namespace) -> None:
     import uvloop
 
+    cpu0, t0 = time.process_time(), time.monotonic()
     if args.phase == "load":
         result = uvloop.run(load(args.port, args.concurrency, args.max_tokens, args.warmup, args.seconds))
     else:
         result = uvloop.run(ttft(args.port, args.seconds))
+    result["client_cpu_util"] = (time.process_time() - cpu0) / (time.monotonic() - t0)
     print(json.dumps(result), flush=True)
 
 
@@ -286,6 +272,7 @@ def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_tt
     result["server_cpu_util"] = cpu / (time.monotonic() - t0)
     # CPU per frame over the whole phase (warm-up included on both sides of the ratio)
     result["server_cpu_us_per_frame"] = cpu / max(1.0, result["frames_per_s"] * (args.seconds + args.warmup)) * 1e6
+    result["tokens_per_frame"] = result["tokens_per_s"] / max(1.0, result["frames_per_s"])
     if with_ttft:
         result["ttft"] = client(port, "ttft", args)
     return result
@@ -294,7 +281,9 @@ def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_tt
 def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     """Start the daemon or the bare server pinned to the server CPU; it prints {"port": N} when ready."""
     log = (workdir / f"{role}.log").open("w")     # the daemon's JSON lines: one per request
-    proc = subprocess.Popen([sys.executable, __file__, "--role", role, "--concurrency", str(args.concurrency),
+    config = workdir / "inferd.toml"
+    config.write_text(CONFIG.format(concurrency=args.concurrency))
+    proc = subprocess.Popen([sys.executable, __file__, "--role", role, "--config", str(config),
                              "--max-tokens", str(args.max_tokens)], cwd=workdir, stdout=subprocess.PIPE,
                             stderr=log, text=True, preexec_fn=pin(SERVER_CPU))
     line = proc.stdout.readline()     # bounded: the daemon exits on a startup error, closing stdout
@@ -315,7 +304,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--role", choices=["main", "daemon", "daemon-per-delta", "bare", "client"], default="main")
+    p.add_argument("--role", choices=["main", "daemon", "bare", "client"], default="main")
+    p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--phase", choices=["load", "ttft"], default="load")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=256)
@@ -324,8 +314,8 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--ttft-seconds", type=float, default=3.0)
     args = p.parse_args()
-    if args.role in ("daemon", "daemon-per-delta"):
-        run_daemon(args.concurrency, coalesce=args.role == "daemon")
+    if args.role == "daemon":
+        run_daemon(args.config)
         return 0
     if args.role == "bare":
         run_bare(args.max_tokens)
@@ -334,30 +324,31 @@ def main() -> int:
         run_client(args)
         return 0
 
-    results = {}
+    results = {"load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
-        for role in ("daemon", "daemon-per-delta", "bare"):
+        for role in ("daemon", "bare"):
             proc, port = start_server(role, Path(tmp), args)
             try:
-                results[role] = measure(proc, port, args, with_ttft=role != "daemon-per-delta")
+                results[role] = measure(proc, port, args, with_ttft=True)
             finally:
                 stop(proc)
-    d, pd, b = results["daemon"], results["daemon-per-delta"], results["bare"]
-    results["frames_ratio"] = pd["frames_per_s"] / b["frames_per_s"] if b["frames_per_s"] else 0.0
+    results["load_average_after"] = os.getloadavg()
+    d, b = results["daemon"], results["bare"]
+    results["frames_ratio"] = d["frames_per_s"] / b["frames_per_s"] if b["frames_per_s"] else 0.0
     results["ttft_added_p50_ms"] = d["ttft"]["p50_ms"] - b["ttft"]["p50_ms"]
     results["ttft_added_p99_ms"] = d["ttft"]["p99_ms"] - b["ttft"]["p99_ms"]
     print(json.dumps(results, indent=2))
-    print(f"daemon: {d['tokens_per_s']:,.0f} delivered tokens/s, {d['frames_per_s']:,.0f} frames/s "
-          f"(server CPU {d['server_cpu_util']:.0%}, {d['server_cpu_us_per_frame']:.1f} us/frame, errors {d['errors']})")
-    print(f"daemon, one frame per delta (no frame budget): {pd['tokens_per_s']:,.0f} tokens/s, "
-          f"{pd['frames_per_s']:,.0f} frames/s (server CPU {pd['server_cpu_util']:.0%}, "
-          f"{pd['server_cpu_us_per_frame']:.1f} us/frame)")
-    print(f"bare:   {b['frames_per_s']:,.0f} frames/s "
-          f"(server CPU {b['server_cpu_util']:.0%}, {b['server_cpu_us_per_frame']:.1f} us/frame)")
-    print(f"ratio:  {results['frames_ratio']:.0%} of the bare frames/s (daemon one frame per delta vs bare)")
+    for name, r in (("daemon", d), ("bare  ", b)):
+        print(f"{name}: {r['tokens_per_s']:,.0f} delivered tokens/s, {r['frames_per_s']:,.0f} frames/s "
+              f"({r['tokens_per_frame']:.2f} tokens/frame); server CPU {r['server_cpu_util']:.0%} "
+              f"({r['server_cpu_us_per_frame']:.1f} us/frame), client CPU {r['client_cpu_util']:.0%}, "
+              f"errors {r['errors']}")
+    print(f"ratio:  daemon frames/s = {results['frames_ratio']:.0%} of the bare frames/s (same run, same load)")
     print(f"TTFT at 1 concurrent request: daemon p50 {d['ttft']['p50_ms']:.2f} ms p99 {d['ttft']['p99_ms']:.2f} ms; "
           f"bare p50 {b['ttft']['p50_ms']:.2f} ms p99 {b['ttft']['p99_ms']:.2f} ms; "
           f"added p50 {results['ttft_added_p50_ms']:.2f} ms p99 {results['ttft_added_p99_ms']:.2f} ms")
+    print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
+        *results["load_average_before"], *results["load_average_after"]))
     return 0
 
 

@@ -10,6 +10,7 @@ import orjson
 from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
 from inferd.types import EngineTiming, FinishReason, Usage
 
+_dumps = orjson.dumps
 DONE_FRAME = b"data: [DONE]\n\n"
 PING_FRAME = b": ping\n\n"
 
@@ -75,7 +76,7 @@ def completion_body(ident: Identity, text: str, finish: str, usage: Usage) -> by
 class ChunkEncoder:
     """Builds the SSE frames of one streamed response."""
 
-    __slots__ = ("_ident", "_object", "_first", "_prefix", "_mid", "_tail", "_suffix", "_include_usage")
+    __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage")
 
     def __init__(self, ident: Identity, include_usage: bool) -> None:
         self._ident = ident
@@ -85,31 +86,27 @@ class ChunkEncoder:
         head = orjson.dumps(ident.header(self._object))[:-1] + b',"choices":[{"index":0,'
         head = b"data: " + head
         if chat:
-            # The first chunk announces the role, as OpenAI's does.
-            self._first = head + b'"delta":{"role":"assistant","content":'
             self._prefix = head + b'"delta":{"content":'
+            # The first chunk announces the role, as OpenAI's does.
+            self._next_prefix = head + b'"delta":{"role":"assistant","content":'
             self._mid = b'},"logprobs":null,"finish_reason":'
         else:
-            self._first = None
-            self._prefix = head + b'"text":'
+            self._prefix = self._next_prefix = head + b'"text":'
             self._mid = b',"logprobs":null,"finish_reason":'
         # With include_usage, OpenAI sends `"usage": null` on every chunk but the usage one.
         self._tail = (b'}],"usage":null}\n\n' if include_usage else b"}]}\n\n")
         self._suffix = self._mid + b"null" + self._tail
 
-    def _take_prefix(self) -> bytes:
-        first = self._first
-        if first is None:
-            return self._prefix
-        self._first = None
-        return first
-
     def content(self, text: str) -> bytes:
-        return self._take_prefix() + orjson.dumps(text) + self._suffix
+        prefix = self._next_prefix
+        self._next_prefix = self._prefix
+        return b"".join((prefix, _dumps(text), self._suffix))
 
     def final(self, text: str, finish: str) -> bytes:
         """The last content chunk: whatever text is left, and the finish_reason."""
-        return self._take_prefix() + orjson.dumps(text) + self._mid + b'"' + finish.encode() + b'"' + self._tail
+        prefix = self._next_prefix
+        self._next_prefix = self._prefix
+        return prefix + _dumps(text) + self._mid + b'"' + finish.encode() + b'"' + self._tail
 
     def usage(self, usage: Usage) -> bytes:
         body = self._ident.header(self._object)

@@ -1,23 +1,32 @@
-"""Server-sent events: the streaming loop, heartbeats, and noticing clients that left.
+"""Server-sent events: the streaming writer, heartbeats, and noticing clients that left.
 
-One frame per merged delta and nothing queued: RequestStream hands the loop everything the
-engine produced since the last read, so a slow client gets fewer, larger frames; a frame budget
-(FRAME_BUDGET_PER_S) merges further when the engine outruns what the loop can write.
+One frame per merged delta and nothing queued: RequestStream hands the writer everything the
+engine produced since the last read, so when the engine outruns what can be written (many
+streams, fast steps, a slow client) tokens ride together in fewer, larger frames.
 
-Per-delta work is kept minimal; everything periodic (heartbeats, disconnect checks, request
-timeouts) is done by one watchdog task per app that scans the in-flight requests a few times
-a second, instead of a timer per read. A client that disconnects is noticed either by a failed
-write or by the watchdog (its transport is closing) and its engine request is aborted; the
-handler's `finally` aborts it too when aiohttp cancels the handler.
+The per-frame path has no task wake-up: each stream's listener puts it on the app's Flusher,
+which once per loop turn writes one frame for every stream that has output, straight to its
+transport (chunked framing done here, as aiohttp's writer does). The request handler only sleeps
+until its stream ends, or until its client stops reading: a transport over its high-water mark is
+not written to (its deltas keep merging in the RequestStream, bounded by the request's own
+output) and the handler waits for it to drain.
+
+Everything periodic (heartbeats, disconnect checks, request timeouts) is done by one watchdog
+task per app that scans the in-flight requests a few times a second, instead of a timer per read.
+A client that disconnects is noticed either by a failed write or by the watchdog (its transport
+is closing) and its engine request is aborted; the handler's `finally` aborts it too when aiohttp
+cancels the handler.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import ApiError
 from inferd.api.responses import DONE_FRAME, OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
@@ -27,26 +36,17 @@ from inferd.types import Delta, FinishReason
 
 _monotonic = time.monotonic
 
-# The process-wide budget of content frames per second, shared by the open streams: a stream may
-# send its next frame `len(in-flight) / budget` seconds after its last one; tokens produced sooner
-# ride in that next frame. A frame costs a syscall and a wake-up whatever it carries, so when an
-# engine outruns what the loop can frame (many streams, fast steps), merging keeps tokens/s up.
-# With GPU-speed steps (>= ~10 ms) the spacing is below the step time and nothing is held back;
-# the first token is never delayed, and no token by more than one spacing. 0 turns it off.
-FRAME_BUDGET_PER_S = 10_000.0
-FRAME_SPACING_S = 1.0 / FRAME_BUDGET_PER_S
-
 
 class Tracked:
     """One in-flight generation the watchdog looks after."""
 
-    __slots__ = ("request", "stream", "resp", "last_write", "deadline", "timed_out", "closing", "client_gone",
+    __slots__ = ("request", "stream", "sender", "last_write", "deadline", "timed_out", "closing", "client_gone",
                  "final")
 
     def __init__(self, request: web.BaseRequest, stream: RequestStream, deadline: float | None) -> None:
         self.request = request
         self.stream = stream
-        self.resp: web.StreamResponse | None = None    # set once streaming headers are sent
+        self.sender: Sender | None = None              # set once streaming headers are sent
         self.last_write = _monotonic()
         self.deadline = deadline
         self.timed_out = False
@@ -55,13 +55,113 @@ class Tracked:
         self.final: Delta | None = None                # the stream's last delta, once read
 
 
+class Flusher:
+    """Writes one frame for every stream with new output, once per loop turn, from one callback."""
+
+    __slots__ = ("_dirty",)
+
+    def __init__(self) -> None:
+        self._dirty: list[Sender] = []
+
+    def mark(self, sender: Sender) -> None:
+        dirty = self._dirty
+        dirty.append(sender)
+        if len(dirty) == 1:
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for sender in dirty:
+            try:
+                sender.flush()
+            except ConnectionError:
+                sender.end(client_gone=True)
+            except Exception as exc:   # a bug: fail this response (the handler raises it), not the others
+                sender.end(error=exc)
+
+
+class Sender:
+    """The writing side of one event stream: frames go straight to the transport."""
+
+    __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "error")
+
+    def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
+                 obs: RequestObservation) -> None:
+        transport = writer.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        self.entry = entry
+        self.stream = entry.stream
+        self._transport = transport
+        self._protocol = writer.protocol
+        self._chunked = writer.chunked              # HTTP/1.1: chunked framing; HTTP/1.0: raw until close
+        self._encoder = encoder
+        self._content = encoder.content
+        self._include_usage = include_usage
+        self._on_tokens = obs.on_tokens
+        self.waiter: asyncio.Future[None] | None = None
+        self.blocked = False        # the transport is over its high-water mark: the handler awaits drain
+        self.done = False
+        self.error: BaseException | None = None
+
+    def send(self, frame: bytes) -> None:
+        transport = self._transport
+        if transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        transport.write(b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame)
+
+    def flush(self) -> None:
+        """Write what the stream has pending as one frame (or the final frames)."""
+        if self.blocked or self.done:
+            return
+        if self._protocol.writing_paused:
+            # The client is not keeping up: leave the deltas pending (they merge) rather than
+            # buffering frames without bound, and let the handler wait for the drain.
+            self.blocked = True
+            self._wake()
+            return
+        delta = self.stream.take()
+        if delta is None:
+            return
+        entry = self.entry
+        if delta.finish_reason is None:
+            if delta.text:
+                now = entry.last_write = _monotonic()
+                self.send(self._content(delta.text))
+                self._on_tokens(len(delta.token_ids), now)
+            return
+        entry.closing = True
+        entry.final = delta
+        self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
+        self._on_tokens(len(delta.token_ids))
+        self.end()
+
+    def ping(self) -> None:
+        if not (self.blocked or self.done):
+            with contextlib.suppress(ConnectionError):   # the watchdog's next scan sees a closed transport
+                self.send(PING_FRAME)
+
+    def end(self, *, client_gone: bool = False, error: BaseException | None = None) -> None:
+        self.done = True
+        if client_gone:
+            self.entry.client_gone = True
+        self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class Inflight:
-    """The app's in-flight generations, and the watchdog task that scans them."""
+    """The app's in-flight generations, the watchdog task that scans them, and the frame flusher."""
 
     def __init__(self, heartbeat_s: Callable[[], float]) -> None:
         self._heartbeat_s = heartbeat_s     # read on every scan: a config reload takes effect
         self.entries: set[Tracked] = set()
-        self._pings: set[asyncio.Task] = set()
+        self.flusher = Flusher()
 
     def add(self, request: web.BaseRequest, stream: RequestStream, timeout_s: float | None) -> Tracked:
         deadline = _monotonic() + timeout_s if timeout_s else None
@@ -99,17 +199,9 @@ class Inflight:
                 entry.timed_out = True
                 entry.stream.cancel()
                 self.entries.discard(entry)
-            elif entry.resp is not None and not entry.closing and now - entry.last_write >= heartbeat:
+            elif entry.sender is not None and not entry.closing and now - entry.last_write >= heartbeat:
                 entry.last_write = now
-                task = asyncio.get_running_loop().create_task(_ping(entry))
-                self._pings.add(task)
-                task.add_done_callback(self._pings.discard)
-
-
-async def _ping(entry: Tracked) -> None:
-    # Only reached while the handler waits for the engine, so frames are never interleaved.
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await entry.resp.write(PING_FRAME)
+                entry.sender.ping()                 # writes are synchronous: frames never interleave
 
 
 async def stream_response(request: web.BaseRequest, stream: RequestStream, entry: Tracked,
@@ -119,40 +211,31 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
     resp.content_type = "text/event-stream"
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
-    entries = inflight.entries
+    sender = None
     try:
-        await resp.prepare(request)
+        writer = await resp.prepare(request)
+        sender = Sender(entry, writer, encoder, include_usage, obs)
         entry.last_write = _monotonic()
-        entry.resp = resp
-        write = resp.write
-        content = encoder.content
-        on_tokens = obs.on_tokens
-        next_frame_at = 0.0                 # the first token goes out at once
-        while True:
-            if next_frame_at:
-                # This stream's share of the frame budget: wait out the spacing first, so whatever
-                # the engine produces meanwhile merges into one frame (one wake-up per frame).
-                wait = next_frame_at - _monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                next_frame_at = 0.0
-            delta = await stream.__anext__()
-            if delta.finish_reason is None:
-                if delta.text:
-                    now = entry.last_write = _monotonic()
-                    await write(content(delta.text))
-                    on_tokens(len(delta.token_ids), now)
-                    if FRAME_SPACING_S:
-                        next_frame_at = now + len(entries) * FRAME_SPACING_S
+        entry.sender = sender
+        stream.listen(functools.partial(inflight.flusher.mark, sender))   # new output -> this turn's flush
+        sender.flush()                      # whatever arrived before the headers went out
+        loop = asyncio.get_running_loop()
+        while not sender.done:
+            if sender.blocked:
+                await writer.drain()
+                sender.blocked = False
+                sender.flush()
                 continue
-            entry.closing = True
-            entry.final = delta
-            for frame in final_frames(delta, encoder, include_usage, entry.timed_out):
-                await write(frame)
-            on_tokens(len(delta.token_ids))
-            return resp
+            sender.waiter = loop.create_future()
+            await sender.waiter
+        if sender.error is not None:
+            raise sender.error
     except ConnectionError:
         entry.client_gone = True            # the caller's `finally` aborts the engine request
+    finally:
+        stream.listen(None)
+        if sender is not None:
+            sender.done = True
     return resp
 
 

@@ -5,8 +5,10 @@ Every step is scheduled like a real engine's (FCFS waiting queue, one token budg
 decodes and chunked prefills, `max_batch_size` slots, KV blocks allocated as contexts grow, the
 newest sequence preempted and recomputed when blocks run out), then the step loop sleeps for
 the step time the profile's roofline predicts (times `time_scale`; 0 = no sleeping at all) and
-emits one synthetic token per sequence that finished its prefill. Tokens are a deterministic
-function of (prompt, seed, position). It reports itself as a simulator (info.simulated).
+emits one synthetic token per sequence that finished its prefill. Steps already due (time_scale
+0, or a loop that fell behind) may run back to back within a fair share of a busy loop (see
+_SLICE_S): a GPU does not wait for the host's event loop. Tokens are a deterministic function of
+(prompt, seed, position). It reports itself as a simulator (info.simulated).
 
 Everything runs on the event loop: the step's Python cost is a few microseconds per sequence,
 so no thread is needed, and deltas are pushed from the loop thread as RequestStream requires.
@@ -30,6 +32,13 @@ from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, U
 
 _EOS_SCALE = 1 << 20
 _MAX_LAG_S = 0.005   # how far behind the simulated timeline the loop may run before it stops catching up
+# Steps that are due run back to back while the step loop's turn has used less CPU than the rest
+# of the loop used since its previous turn, and at most _SLICE_S: when the loop is busy (say,
+# writing frames for hundreds of streams) the engine gets an even share of it, as a step thread
+# would of the GIL, instead of its pace being one step per loop turn; when the loop is idle, one
+# step per turn, as before.
+_SLICE_S = 0.001
+_cpu = time.thread_time
 
 
 class _Seq:
@@ -232,21 +241,31 @@ class SimEngine(Engine):
         loop = asyncio.get_running_loop()
         scale = self.time_scale
         deadline = loop.time()
+        # CPU time (not wall time: being descheduled is nobody's turn) of this turn of the step
+        # loop, and what the rest of the loop used between its previous turn and this one.
+        turn_start, others = _cpu(), 0.0
         while True:
             if not self._running and not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 deadline = loop.time()
+                turn_start, others = _cpu(), 0.0
                 continue
             scheduled, num_tokens, kv_tokens, pairs = self._schedule()
             step_s = self.profile.step_time(num_tokens, kv_tokens, pairs)
             self._account(num_tokens, step_s)
+            wait = 0.0
             if scale > 0:
                 # Sleep on the simulated timeline, not per step: timer rounding does not accumulate.
                 deadline = max(deadline, loop.time() - _MAX_LAG_S) + step_s * scale
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
-            else:
-                await asyncio.sleep(0)   # let consumers run; no waiting
+                wait = deadline - loop.time()
+            # The simulated GPU does not wait for the loop: a step already due (time_scale 0, or a
+            # timeline the loop fell behind) follows at once, within this turn's fair share.
+            if wait > 0 or _cpu() - turn_start >= min(others, _SLICE_S):
+                yielded = _cpu()
+                await asyncio.sleep(max(0.0, wait))
+                turn_start = _cpu()
+                others = turn_start - yielded
             self._complete(scheduled)
 
     def _account(self, num_tokens: int, step_s: float) -> None:
@@ -358,5 +377,5 @@ class SimEngine(Engine):
                     text += seq.matcher.flush()
                 self._finish(seq, FinishReason.LENGTH, [token], text)
                 continue
-            seq.stream.push(Delta(token_ids=[token], text=text))
+            seq.stream.push_token(token, text)
         self._gen_tokens += produced

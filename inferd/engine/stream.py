@@ -5,6 +5,11 @@ to the loop with one `call_soon_threadsafe`). The consumer gets everything pushe
 last read merged into one Delta, so when the engine outruns the client the client sees fewer,
 larger deltas instead of an unbounded queue of small ones: memory is bounded by the request's
 own output, never by how far behind the client is.
+
+A consumer either awaits the stream (`async for`, one wake-up per read) or registers a listener
+(`listen`) and reads with `take()`: the listener is called once each time the stream goes from
+nothing pending to something pending, which lets one writer serve many streams without a task
+wake-up per delta (the SSE front does this).
 """
 from __future__ import annotations
 
@@ -33,14 +38,23 @@ def merge_deltas(deltas: list[Delta]) -> Delta:
 
 
 class RequestStream:
-    """Async iterator of merged Deltas for one request. Loop-thread only."""
+    """Async iterator of merged Deltas for one request. Loop-thread only.
 
-    __slots__ = ("request_id", "_pending", "_waiter", "_final_pushed", "_final_read", "_on_cancel")
+    Pending output is kept as token ids and text pieces (plus the last delta pushed, whose final
+    fields a merge keeps), so `push_token`, the engines' per-token path, builds no Delta at all.
+    """
+
+    __slots__ = ("request_id", "_ids", "_texts", "_last", "_count", "_waiter", "_listener", "_final_pushed",
+                 "_final_read", "_on_cancel")
 
     def __init__(self, request_id: str, on_cancel: Callable[[str], None] | None = None) -> None:
         self.request_id = request_id
-        self._pending: list[Delta] = []
+        self._ids: list[int] = []
+        self._texts: list[str] = []
+        self._last: Delta | None = None       # the last push, when it was a whole Delta
+        self._count = 0                       # pushes pending
         self._waiter: asyncio.Future[None] | None = None
+        self._listener: Callable[[], None] | None = None
         self._final_pushed = False
         self._final_read = False
         self._on_cancel = on_cancel
@@ -49,9 +63,31 @@ class RequestStream:
     def push(self, delta: Delta) -> None:
         if self._final_pushed:
             return  # nothing follows a final delta (e.g. an abort racing a natural finish)
-        self._pending.append(delta)
+        self._ids.extend(delta.token_ids)
+        self._texts.append(delta.text)
+        self._last = delta
         if delta.finish_reason is not None:
             self._final_pushed = True
+        self._count += 1
+        if self._count == 1:
+            self._notify()
+
+    def push_token(self, token_id: int, text: str) -> None:
+        """`push(Delta(token_ids=[token_id], text=text))`, without building the Delta."""
+        if self._final_pushed:
+            return
+        self._ids.append(token_id)
+        self._texts.append(text)
+        self._last = None
+        self._count += 1
+        if self._count == 1:
+            self._notify()
+
+    def _notify(self) -> None:
+        # Only on the first push since the last read: the consumer has not read yet after that.
+        listener = self._listener
+        if listener is not None:
+            listener()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -66,7 +102,7 @@ class RequestStream:
         return self
 
     async def __anext__(self) -> Delta:
-        if not self._pending:
+        if not self._count:
             if self._final_read:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -74,20 +110,41 @@ class RequestStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        delta = merge_deltas(self._pending)
-        self._pending = []
-        if delta.finish_reason is not None:
-            self._final_read = True
-        return delta
+        return self.take()
 
     def ready(self) -> bool:
         """A delta can be read without waiting."""
-        return bool(self._pending)
+        return self._count > 0
 
     async def collect(self) -> Delta:
         """Wait for the whole output and return it as one Delta (non-streaming responses)."""
         parts = [d async for d in self]
         return merge_deltas(parts)
+
+    def take(self) -> Delta | None:
+        """Everything pending, merged, without waiting; None when nothing is."""
+        count = self._count
+        if not count:
+            return None
+        last = self._last
+        if count == 1 and last is not None:
+            delta = last                      # one whole Delta pushed: handed over as it is
+        elif last is None:
+            delta = Delta(token_ids=self._ids, text=self._texts[0] if count == 1 else "".join(self._texts))
+        else:
+            delta = Delta(token_ids=self._ids, text="".join(self._texts), finish_reason=last.finish_reason,
+                          usage=last.usage, timing=last.timing, error=last.error)
+        self._ids = []
+        self._texts = []
+        self._last = None
+        self._count = 0
+        if delta.finish_reason is not None:
+            self._final_read = True
+        return delta
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Call `listener()` whenever a delta arrives while nothing is pending (None: stop)."""
+        self._listener = listener
 
     def cancel(self) -> None:
         """The consumer is going away: ask the engine to abort, unless already finished."""
