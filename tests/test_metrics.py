@@ -195,3 +195,20 @@ def test_streamed_request_does_not_double_count_ttft_at_finish(metrics):
     f = scrape(metrics)
     assert value(f["inferd_time_to_first_token_seconds"], "inferd_time_to_first_token_seconds_count",
                  **SIM_LABELS) == 1
+
+
+
+def test_itl_counted_on_the_loop_lands_in_the_buckets_a_direct_observe_would(metrics):
+    gaps = [0.0, 0.001, 0.0011, 0.004, 0.025, 0.0251, 9.99, 10.0, 42.0]   # on, between and past bucket edges
+    for gap in gaps:
+        metrics.series("small").itl_observe(gap)
+    direct = Metrics(lambda: {"small": StatsOnlyEngine()})
+    for gap in gaps:
+        direct.series("small").itl.observe(gap)
+    name = "inferd_inter_token_latency_seconds"
+    got, want = scrape(metrics)[name], scrape(direct)[name]
+    assert [(s.name, s.labels, s.value) for s in got if s.name != name + "_sum"] == \
+        [(s.name, s.labels, s.value) for s in want if s.name != name + "_sum"]
+    assert value(got, name + "_sum", **SIM_LABELS) == pytest.approx(sum(gaps))
+    assert value(got, name + "_count", **SIM_LABELS) == len(gaps)
+    assert scrape(metrics)[name] == got                     # a second render does not count them again
