@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from inferd.admission import UNKNOWN_RETRY_S, AdmissionQueue, AdmissionRejected
 from inferd.engine.base import Engine
 from inferd.keys import Authenticator, load_authenticator
+from inferd.log import get_logger
 from inferd.quota import Quota
 from inferd.tenants import TenantRegistry
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from inferd.config import Config
 
 Clock = Callable[[], float]
+log = get_logger("inferd.tenancy")
 
 
 class _Queue:
@@ -53,6 +55,7 @@ class Tenancy:
         self._queues: dict[int, _Queue] = {}          # id(engine) -> its queue
         self._rejections: dict[str, dict[str, int]] = {}   # per label: refusals made before quota/admission
         self._closed = False
+        self._tasks: set[asyncio.Task] = set()
 
     # -- admission queues -------------------------------------------------------------------
     def start(self, engines: Mapping[str, Engine]) -> None:
@@ -80,8 +83,10 @@ class Tenancy:
         """Stop every dispatcher; queued requests get 503 `draining`. Running streams are untouched.
         Idempotent."""
         self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
         entries = list(self._queues.values())
-        await asyncio.gather(*(e.queue.close() for e in entries))
+        await asyncio.gather(*(e.queue.close() for e in entries), *self._tasks, return_exceptions=True)
 
     async def retire(self, engine: Engine) -> None:
         """An engine is being unloaded (reload): close its queue; its metrics totals are dropped."""
@@ -91,16 +96,42 @@ class Tenancy:
 
     # -- reload -----------------------------------------------------------------------------
     def reconfigure(self, config: Config, authenticator: Authenticator | None = None) -> None:
-        """Swap in a reloaded config's tenants and admission policy (and, if given, a new authenticator
-        built off the loop). Queued requests and charged quota carry over."""
+        """Swap in a reloaded config's tenants and admission policy. Queued requests and charged quota
+        carry over. Keys are re-read off the loop (new and revoked keys take effect a moment later);
+        a changed [auth] table gets a new authenticator, also built off the loop, unless one is given."""
+        old_auth = self.config.auth
         self.config = config
         self.tenants = TenantRegistry(config.tenants)
-        if authenticator is not None:
-            self.authenticator = authenticator
         self.quota.set_tenants(self.tenants)
         for entry in self._queues.values():
             entry.queue.set_tenants(self.tenants)
             entry.queue.policy = config.admission
+        if authenticator is not None:
+            self.authenticator = authenticator
+        elif config.auth != old_auth:
+            self._background(self._swap_authenticator(config))
+        else:
+            self._background(self.refresh_keys())
+
+    async def _swap_authenticator(self, config: Config) -> None:
+        auth = await asyncio.to_thread(load_authenticator, config.auth, Path("."))
+        if self.config is config:           # a newer reload did not overtake this one
+            self.authenticator = auth
+
+    def _background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:   # keep the old keys; say why
+            log.error("keys_reload_failed", error=str(task.exception()),
+                      message="the previous keys stay in effect")
+
+    async def settled(self) -> None:
+        """Wait until background work a reconfigure started (re-reading keys) is done."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def refresh_keys(self) -> bool:
         """Re-read the keys file if it changed (new or revoked keys). True if re-read."""
