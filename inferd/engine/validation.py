@@ -1,0 +1,59 @@
+"""The request checks every backend shares, so a bad request gets the same error whatever serves it.
+
+`validate_request` raises `InvalidRequest(message, param)` naming the field the client sent (the
+API turns it into a 400). Checks that depend on an engine's state (a request id already in flight,
+LoRA adapters it serves) stay in the engine.
+
+`seed64` maps any integer seed onto the 64 bits every backend's generator takes: the API accepts
+negative seeds (OpenAI's range is signed 64-bit), which a raw PCG64 or a uint64 field rejects.
+"""
+from __future__ import annotations
+
+import math
+
+from inferd.engine.base import InvalidRequest
+from inferd.types import GenerationRequest
+
+SEED_MODULUS = 2 ** 64
+
+
+def seed64(seed: int) -> int:
+    """The request's seed as an unsigned 64-bit value: -1 and 2**64 - 1 draw the same tokens."""
+    return seed % SEED_MODULUS
+
+
+def validate_request(request: GenerationRequest, *, vocab_size: int, max_model_len: int,
+                     kv_capacity_tokens: int | None = None) -> None:
+    """Raise InvalidRequest for a request no engine of this shape can run.
+
+    `max_model_len` bounds prompt + max_tokens; `kv_capacity_tokens` (when the engine knows it) is
+    what its whole KV pool holds, for engines whose max_model_len does not already account for it.
+    """
+    prompt, sp = request.prompt_token_ids, request.sampling
+    if not prompt:
+        raise InvalidRequest("the prompt is empty", "prompt")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise InvalidRequest(f"prompt token ids must lie in [0, {vocab_size})", "prompt")
+    if not isinstance(sp.max_tokens, int) or sp.max_tokens < 1:
+        raise InvalidRequest("max_tokens must be an integer >= 1", "max_tokens")
+    if not (isinstance(sp.temperature, (int, float)) and math.isfinite(sp.temperature) and sp.temperature >= 0):
+        raise InvalidRequest("temperature must be a finite number >= 0", "temperature")
+    if not (isinstance(sp.top_p, (int, float)) and 0 < sp.top_p <= 1):
+        raise InvalidRequest("top_p must be in (0, 1]", "top_p")
+    if not isinstance(sp.top_k, int) or sp.top_k < 0:
+        raise InvalidRequest("top_k must be an integer >= 0 (0 = no top-k filter)", "top_k")
+    if sp.seed is not None and (not isinstance(sp.seed, int) or isinstance(sp.seed, bool)):
+        raise InvalidRequest("seed must be an integer", "seed")
+    if any(not isinstance(s, str) or not s for s in sp.stop):
+        raise InvalidRequest("stop strings must be non-empty", "stop")
+    if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in sp.stop_token_ids):
+        raise InvalidRequest(f"stop_token_ids must lie in [0, {vocab_size})", "stop_token_ids")
+    total = len(prompt) + sp.max_tokens
+    if total > max_model_len:
+        # A prompt that fills the context alone is the prompt's fault, whatever max_tokens says.
+        param = "prompt" if len(prompt) >= max_model_len else "max_tokens"
+        raise InvalidRequest(f"this model's maximum context length is {max_model_len} tokens; the request "
+                             f"needs {total} ({len(prompt)} prompt + {sp.max_tokens} max_tokens)", param)
+    if kv_capacity_tokens is not None and total > kv_capacity_tokens:
+        raise InvalidRequest(f"this engine's KV cache holds {kv_capacity_tokens} tokens; the request needs "
+                             f"{total} ({len(prompt)} prompt + {sp.max_tokens} max_tokens)", "max_tokens")
