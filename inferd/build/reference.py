@@ -183,7 +183,8 @@ def _count_checkpoint_parameters(files: list[Path]) -> int:
     return total
 
 
-def _sampling_from_generation_config(generation: dict) -> DefaultSampling:
+def sampling_from_generation_config(generation: dict) -> DefaultSampling:
+    """A checkpoint's generation_config.json as manifest sampling defaults (do_sample false = greedy)."""
     if generation.get("do_sample") is False:
         return DefaultSampling(temperature=0.0)
     return DefaultSampling(temperature=float(generation.get("temperature", 1.0)),
@@ -217,12 +218,13 @@ def build_synthetic(kind: str, engines_root: Path, progress: Progress | None = N
         say(f"{kind}: hashing and publishing")
         path = publish_artifact(staging, engines_root, name=kind, target="reference", source=f"synthetic:{kind}",
                                 architecture=architecture_from_config(config, n_params),
-                                sampling=_sampling_from_generation_config(generation), progress=say)
+                                sampling=sampling_from_generation_config(generation), progress=say)
     say(f"{kind}: ready at {path}")
     return path
 
 
-def _read_json_object(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """A JSON file that must hold an object; ArtifactError names the file otherwise."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -236,7 +238,7 @@ def _weight_files(hf_dir: Path) -> list[str]:
     """The shards the index names (repos may also ship e.g. consolidated.safetensors), else all."""
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json_object(index).get("weight_map")
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ArtifactError(f"{index}: no weight_map", index.name)
         missing = sorted(f for f in set(weight_map.values()) if not (hf_dir / f).is_file())
@@ -252,7 +254,7 @@ def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | No
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
         raise ArtifactError(f"{hf_dir}: no config.json (not a Hugging Face checkpoint directory)", "config.json")
-    config = _read_json_object(config_path)
+    config = read_json_object(config_path)
     architectures = config.get("architectures")
     if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
         raise ArtifactError(f"{config_path}: architectures = {architectures!r}; the reference target runs "
@@ -264,7 +266,7 @@ def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | No
         raise ArtifactError(f"{hf_dir}: no tokenizer.json (a fast tokenizer is required)", "tokenizer.json")
     files = ["config.json", "tokenizer.json", *weights,
              *(f for f in _HF_OPTIONAL_FILES if (hf_dir / f).is_file())]
-    generation = _read_json_object(hf_dir / "generation_config.json") if (
+    generation = read_json_object(hf_dir / "generation_config.json") if (
         hf_dir / "generation_config.json").is_file() else {}
     with staging_dir(engines_root, name) as staging:
         for fname in files:
@@ -273,6 +275,6 @@ def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | No
         path = publish_artifact(staging, engines_root, name=name, target="reference", source=f"hf:{hf_dir.name}",
                                 architecture=architecture_from_config(
                                     config, _count_checkpoint_parameters([hf_dir / w for w in weights])),
-                                sampling=_sampling_from_generation_config(generation), progress=say)
+                                sampling=sampling_from_generation_config(generation), progress=say)
     say(f"{name}: ready at {path}")
     return path

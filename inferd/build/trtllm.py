@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from inferd.artifacts import ArtifactError, publish_artifact, staging_dir
-from inferd.build.reference import _read_json_object, architecture_from_config, _sampling_from_generation_config
+from inferd.build.reference import architecture_from_config, read_json_object, sampling_from_generation_config
 
 INSTALL_HINT = ("TensorRT-LLM is not installed. Engines for --target trtllm are built on a GPU node: "
                 "pip install 'inferd[trtllm]' --extra-index-url https://pypi.nvidia.com (see docs/gpu.md)")
@@ -63,7 +63,7 @@ def build(args: argparse.Namespace) -> Path:
         if getattr(args, flag) < 1:
             raise TrtllmBuildError(f"--{flag.replace('_', '-')} must be >= 1")
     hf_dir = Path(args.hf_dir)
-    config = _read_json_object(hf_dir / "config.json")
+    config = read_json_object(hf_dir / "config.json")
     if not (hf_dir / "tokenizer.json").is_file():
         raise ArtifactError(f"{hf_dir}: no tokenizer.json (the daemon needs a fast tokenizer)", "tokenizer.json")
     architecture = architecture_from_config(config)
@@ -72,7 +72,7 @@ def build(args: argparse.Namespace) -> Path:
     build_config = BuildConfig(max_batch_size=args.max_batch_size, max_seq_len=max_seq_len,
                                max_num_tokens=args.max_num_tokens, max_input_len=max_input_len)
     generation_file = hf_dir / "generation_config.json"
-    generation = _read_json_object(generation_file) if generation_file.is_file() else {}
+    generation = read_json_object(generation_file) if generation_file.is_file() else {}
     engines_root = Path(getattr(args, "engines_root", None) or "engines")
     with staging_dir(engines_root, args.name) as staging:
         print(f"{args.name}: building a TensorRT engine from {hf_dir} (this takes minutes)", file=sys.stderr)
@@ -87,7 +87,7 @@ def build(args: argparse.Namespace) -> Path:
                 shutil.copy2(hf_dir / name, staging / name)
         return publish_artifact(
             staging, engines_root, name=args.name, target="trtllm", source=f"hf:{hf_dir.name}",
-            architecture=architecture, sampling=_sampling_from_generation_config(generation),
+            architecture=architecture, sampling=sampling_from_generation_config(generation),
             build={"max_batch_size": args.max_batch_size, "max_seq_len": max_seq_len,
                    "max_input_len": max_input_len, "max_num_tokens": args.max_num_tokens, "dtype": args.dtype,
                    "tp_size": args.tp_size, "tensorrt_llm": _trtllm_version()},

@@ -268,6 +268,18 @@ async def test_build_publishes_a_verified_artifact_the_engine_serves(tiny_artifa
             await engine.close()
 
 
+def test_builder_uses_only_public_names_of_other_inferd_modules() -> None:
+    import ast
+
+    from inferd.build import trtllm as builder
+
+    tree = ast.parse(Path(builder.__file__).read_text())
+    private = [f"{node.module}.{alias.name}" for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("inferd.")
+               for alias in node.names if alias.name.startswith("_")]
+    assert private == []
+
+
 # -- the double itself mirrors the real API -------------------------------------------------------------
 
 def test_double_configs_are_strict_and_defaults_are_the_real_ones(tiny_artifact, tmp_path) -> None:
