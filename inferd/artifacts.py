@@ -16,11 +16,12 @@ import os
 import shutil
 import sys
 import tempfile
-import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
+
+from inferd._compat import tomllib
 
 MANIFEST_FILE = "manifest.toml"
 LATEST_FILE = "LATEST"

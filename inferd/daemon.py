@@ -28,6 +28,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from inferd import _compat
 from inferd.config import Config, ConfigError, load_config, with_overrides
 from inferd.control import ControlPlane
 from inferd.engine.base import Engine
@@ -257,7 +258,7 @@ class Daemon:
                 loop.call_soon_threadsafe(_settle, done, result, error)
 
         # A daemon thread, not the default executor: a stop during a first-run build must not wait
-        # for it (asyncio.Runner joins the default executor on close).
+        # for it (closing the loop joins the default executor: see _compat.run).
         t0 = time.monotonic()
         threading.Thread(target=work, name=f"build-{kind}", daemon=True).start()
         while True:
@@ -355,8 +356,8 @@ def serve_main(args: argparse.Namespace) -> int:
         return 1
     configure_logging(config.server.log_level)
     log.info("starting", config=str(Path(args.config).resolve()), pid=os.getpid())
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(Daemon(config, config_path=args.config).run(install_signals=True))
+    return _compat.run(Daemon(config, config_path=args.config).run(install_signals=True),
+                       loop_factory=_loop_factory())
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

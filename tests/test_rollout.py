@@ -1,9 +1,9 @@
 import random
-import tomllib
 
 import msgspec
 import pytest
 
+from inferd._compat import tomllib
 from inferd.audit import AuditLog, read_audit
 from inferd.routing import Arm, ModelRegistry, ModelVersion, Split
 from inferd.rollout import (

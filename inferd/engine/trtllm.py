@@ -21,12 +21,12 @@ import inspect
 import logging
 import random
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from inferd._compat import tomllib
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.stream import RequestStream
 from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher

@@ -268,7 +268,9 @@ async def test_close_aborts_everything_in_flight(tiny_artifact):
     streams = [engine.submit(req(engine, f"c{i}", TEXTS[i], 300)) for i in range(3)]
     await streams[0].__anext__()
     await engine.close()
-    finals = [[d async for d in s][-1] for s in streams]
+    finals = []
+    for s in streams:   # not one comprehension: async inside a sync comprehension needs 3.11
+        finals.append([d async for d in s][-1])
     assert all(f.finish_reason is FinishReason.ABORT for f in finals)
     assert not engine.healthy
     with pytest.raises(EngineUnavailable):
