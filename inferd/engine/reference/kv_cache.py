@@ -170,6 +170,22 @@ def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
     return scores
 
 
+def _matvec_by_matmul(a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """np.matvec (NumPy >= 2.2) for real arrays: `a [..., M, N] @ x [..., N] -> [..., M]`."""
+    return np.matmul(a, x[..., None])[..., 0]
+
+
+def _vecmat_by_matmul(x: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """np.vecmat (NumPy >= 2.2) for real arrays: `x [..., N] @ a [..., N, M] -> [..., M]`."""
+    return np.matmul(x[..., None, :], a)[..., 0, :]
+
+
+# np.matvec/np.vecmat are the fast path for decode attention; older NumPy (TensorRT-LLM pins numpy<2)
+# gets the same products as batched matmuls with a unit dimension.
+_matvec = getattr(np, "matvec", _matvec_by_matmul)
+_vecmat = getattr(np, "vecmat", _vecmat_by_matmul)
+
+
 def paged_attention(kv: PagedKVCache, layer: int, q: np.ndarray, plan: AttentionPlan) -> np.ndarray:
     """Attention of the step's queries `q` ([T, num_heads, head_dim], already scaled by 1/sqrt(head_dim))
     over each sequence's context in `kv` (this step's K/V already written). Returns [T, num_heads, head_dim].
@@ -187,10 +203,10 @@ def paged_attention(kv: PagedKVCache, layer: int, q: np.ndarray, plan: Attention
         v = v.reshape(n, -1, num_kv, head_dim).transpose(0, 2, 1, 3)[:, :, None]
         qd = q[dg.rows].reshape(n, num_kv, group, head_dim)
         # one query row per (sequence, head): matrix-vector products beat tiny matmuls here
-        scores = np.matvec(k, qd)                                                  # [S, kv, G, L]
+        scores = _matvec(k, qd)                                                    # [S, kv, G, L]
         scores += dg.bias
         probs = _softmax_inplace(scores)
-        out[dg.rows] = np.vecmat(probs, v).reshape(n, num_heads, head_dim)
+        out[dg.rows] = _vecmat(probs, v).reshape(n, num_heads, head_dim)
     for start, end, blocks, causal in plan.prefill:
         n = end - start
         k, v = kv.gather_blocks(layer, blocks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inferd.engine.reference import kv_cache
 from inferd.engine.reference.kv_cache import AttentionPlan, KVCacheError, PagedKVCache, paged_attention
 
 NUM_HEADS, NUM_KV, HEAD_DIM, BLOCK = 6, 2, 8, 4
@@ -116,3 +117,45 @@ def test_plan_slots_of_new_tokens_sit_at_the_end_of_each_context():
     cache = make_cache()
     plan = AttentionPlan(cache, [2, 1], [6, 3], [[5, 1], [8]])
     assert plan.token_slots.tolist() == [1 * BLOCK + 0, 1 * BLOCK + 1, 8 * BLOCK + 2]
+
+
+def test_matmul_fallbacks_compute_what_matvec_and_vecmat_do():
+    """Older NumPy (no np.matvec/np.vecmat, added in 2.2) gets the same products, broadcast as in decode."""
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((3, NUM_KV, 1, 10, HEAD_DIM)).astype(np.float32)   # [S, kv, 1, L, D]
+    q = rng.standard_normal((3, NUM_KV, 3, HEAD_DIM)).astype(np.float32)       # [S, kv, G, D]
+    p = rng.standard_normal((3, NUM_KV, 3, 10)).astype(np.float32)             # [S, kv, G, L]
+
+    scores = kv_cache._matvec_by_matmul(k, q)
+    mixed = kv_cache._vecmat_by_matmul(p, k)
+
+    np.testing.assert_allclose(scores, np.einsum("skxld,skgd->skgl", k, q), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mixed, np.einsum("skgl,skxld->skgd", p, k), rtol=1e-5, atol=1e-5)
+    if hasattr(np, "matvec"):
+        np.testing.assert_allclose(scores, np.matvec(k, q), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(mixed, np.vecmat(p, k), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_on_the_matmul_fallback_equals_the_default_path(monkeypatch):
+    rng = np.random.default_rng(4)
+    cache = make_cache(num_blocks=200)
+    lengths = [5, 300, 9, 1]
+    free = rng.permutation(cache.num_blocks).tolist()
+    tables, queries, expected = [], [], []
+    for length in lengths:
+        table = [free.pop() for _ in range(-(-length // BLOCK))]
+        k, v = rng.standard_normal((2, length, NUM_KV, HEAD_DIM)).astype(np.float32)
+        q = rng.standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
+        cache.write(0, cache.slots_for_positions(table, np.arange(length)), k, v)
+        tables.append(table)
+        queries.append(q)
+        expected.append(dense_attention(q, k, v, length - 1))
+    plan = AttentionPlan(cache, [1] * len(lengths), lengths, tables)
+    default = paged_attention(cache, 0, np.concatenate(queries), plan)
+
+    monkeypatch.setattr(kv_cache, "_matvec", kv_cache._matvec_by_matmul)
+    monkeypatch.setattr(kv_cache, "_vecmat", kv_cache._vecmat_by_matmul)
+    fallback = paged_attention(cache, 0, np.concatenate(queries), plan)
+
+    np.testing.assert_allclose(fallback, default, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fallback, np.concatenate(expected), atol=1e-5)
