@@ -29,6 +29,7 @@ import msgspec
 from inferd._compat import tomllib
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.stream import RequestStream
+from inferd.engine.validation import seed64
 from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, SamplingParams, Usage
 
@@ -293,8 +294,9 @@ class TrtllmEngine(Engine):
         if sp.greedy:
             kw["top_k"] = 1                   # the LLM API's greedy: top_k 1, top_p unset
         else:
-            kw.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                      seed=sp.seed if sp.seed is not None else self._rng.getrandbits(63))
+            # The executor's seed is a C++ uint64; a value outside it would fail the request at enqueue.
+            seed = seed64(sp.seed) if sp.seed is not None else self._rng.getrandbits(63)
+            kw.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, seed=seed)
         return self._api["SamplingParams"](**kw)
 
     def abort(self, request_id: str) -> None:
@@ -442,9 +444,16 @@ class TrtllmEngine(Engine):
             since = sum(r.blocks for r in reqs.values() if r.seq > self._sample_seq)
             free = min(free, sampled_free - since)
         free = max(0, free)
-        waiting = sum(1 for r in reqs.values() if r.first_token is None)
+        # The executor does not report per-request prefill progress: a request whose first token has
+        # not arrived counts its whole prompt as pending (an over-estimate, never an under-report).
+        waiting = pending = 0
+        for r in reqs.values():
+            if r.first_token is None:
+                waiting += 1
+                pending += r.prompt_len
         return Capacity(free_kv_blocks=free, free_kv_tokens=free * info.block_size, waiting=waiting,
-                        free_slots=max(0, info.max_batch_size - len(reqs)), block_size=info.block_size)
+                        free_slots=max(0, info.max_batch_size - len(reqs)), block_size=info.block_size,
+                        pending_prefill_tokens=pending)
 
     def stats(self) -> EngineStats:
         kv = self._sample.get("kvCacheStats") or {}

@@ -103,6 +103,19 @@ async def test_sampled_request_passes_temperature_top_p_top_k_and_a_seed(tiny_ar
         assert second.top_k == 40 and isinstance(second.seed, int)   # no seed: a fresh one, not C++'s fixed 0
 
 
+async def test_any_seed_reaches_the_executor_as_an_unsigned_64_bit_value(tiny_artifact, tmp_path) -> None:
+    # The C++ seed is a uint64: a negative or oversized seed must be mapped, not fail the request.
+    async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
+        from tensorrt_llm._double import controls
+
+        controls.calls.clear()
+        finals = [await run(engine, request(engine, f"seed{i}", max_tokens=4, temperature=0.8, seed=seed))
+                  for i, seed in enumerate((-1, 2**64 + 7, 2**70))]
+        seeds = [c["sampling_params"].seed for c in calls(controls, "generate_async")]
+        assert seeds == [2**64 - 1, 7, 0]
+        assert [f.finish_reason for f in finals] == [FinishReason.LENGTH] * 3
+
+
 async def test_tenants_never_share_prefix_blocks(tiny_artifact, tmp_path) -> None:
     async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
         long_prompt = PROMPT * 3

@@ -141,3 +141,8 @@ class SamplingParams:
         for ok, what in checks:
             if not ok:
                 raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {what}")
+        # The C++ SamplingConfig takes randomSeed as uint64: pybind11 refuses anything outside it
+        # when the worker builds the request, so the request fails at enqueue.
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise RuntimeError("__init__(): incompatible constructor arguments (randomSeed must be an "
+                               f"unsigned 64-bit integer, got {self.seed})")
