@@ -29,7 +29,7 @@ import msgspec
 from inferd._compat import tomllib
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.stream import RequestStream
-from inferd.engine.validation import seed64
+from inferd.engine.validation import seed64, validate_request
 from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, SamplingParams, Usage
 
@@ -123,6 +123,7 @@ class TrtllmEngine(Engine):
         self._gen_params: frozenset[str] = frozenset()
         self._lora: dict[str, Any] = {}
         self._max_input_len = 0
+        self._vocab_size = 0
         self._reqs: dict[str, _Req] = {}
         self._seq = 0
         self._rng = random.Random()
@@ -142,7 +143,9 @@ class TrtllmEngine(Engine):
             return
         self._api = _import_trtllm()
         self._stats_wakeup, self._kv_known = asyncio.Event(), asyncio.Event()
-        self.tokenizer, build, manifest = await asyncio.to_thread(self._read_dirs)
+        self.tokenizer, build, pretrained, manifest = await asyncio.to_thread(self._read_dirs)
+        # Ids both the model embeds and the tokenizer decodes (an engine's vocab may be padded beyond it).
+        self._vocab_size = min(self.tokenizer.vocab_size, int(pretrained.get("vocab_size") or self.tokenizer.vocab_size))
         self._llm = await asyncio.to_thread(self._load)      # slow: engine load, executor start
         self._gen_params = frozenset(inspect.signature(self._llm.generate_async).parameters)
         if self._lora_paths and "lora_request" not in self._gen_params:
@@ -167,16 +170,16 @@ class TrtllmEngine(Engine):
         self._started = True
         self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop(), name="trtllm-stats")
 
-    def _read_dirs(self) -> tuple[HFTokenizer, dict, dict]:
+    def _read_dirs(self) -> tuple[HFTokenizer, dict, dict, dict]:
         import json
         try:
             config = json.loads((self.engine_dir / "config.json").read_text())
-            build = config["build_config"]
-        except (OSError, ValueError, KeyError) as exc:
+            build, pretrained = config["build_config"], config.get("pretrained_config") or {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise EngineUnavailable(f"{self.engine_dir}: not a TensorRT-LLM engine directory ({exc})") from exc
         manifest_file = self.engine_dir / "manifest.toml"
         manifest = tomllib.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
-        return HFTokenizer.from_dir(self.tokenizer_dir), build, manifest
+        return HFTokenizer.from_dir(self.tokenizer_dir), build, pretrained, manifest
 
     def _load(self) -> Any:
         api = self._api
@@ -239,19 +242,14 @@ class TrtllmEngine(Engine):
         prompt_len = len(request.prompt_token_ids)
         if request.request_id in self._reqs:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
-        if not prompt_len:
-            raise InvalidRequest("the prompt is empty", "prompt")
+        # Everything the executor would otherwise meet on the GPU: an out-of-vocabulary id there is an
+        # illegal memory access that takes the whole executor down, not just this request.
+        validate_request(request, vocab_size=self._vocab_size, max_model_len=info.max_model_len,
+                         kv_capacity_tokens=info.num_kv_blocks * info.block_size if self._kv_known.is_set() else None)
         if prompt_len > self._max_input_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens; this engine accepts at most "
                                  f"{self._max_input_len}", "prompt")
-        if sp.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be at least 1", "max_tokens")
-        if prompt_len + sp.max_tokens > info.max_model_len:
-            raise InvalidRequest(f"prompt ({prompt_len} tokens) + max_tokens ({sp.max_tokens}) exceeds the "
-                                 f"context of {info.max_model_len} tokens", "max_tokens")
         blocks = _blocks(prompt_len + sp.max_tokens, info.block_size)
-        if blocks > info.num_kv_blocks and self._kv_known.is_set():
-            raise InvalidRequest("prompt + max_tokens does not fit in this engine's KV cache", "max_tokens")
         lora = None
         if request.lora is not None:
             lora = self._lora.get(request.lora)

@@ -174,6 +174,31 @@ async def test_value_error_from_generate_async_is_an_invalid_request(tiny_artifa
         assert info.value.param == "max_tokens" and engine.healthy and not engine._reqs
 
 
+async def test_bad_requests_are_refused_at_submit_before_they_reach_the_executor(tiny_artifact, tmp_path) -> None:
+    async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
+        from tensorrt_llm._double import controls
+
+        vocab = engine.tokenizer.vocab_size
+        prompt = tuple(engine.tokenizer.encode(PROMPT))
+        bad = {
+            "prompt": GenerationRequest(request_id="oov", prompt_token_ids=prompt + (vocab,),
+                                        sampling=SamplingParams(max_tokens=4)),
+            "temperature": request(engine, "t", max_tokens=4, temperature=-0.5),
+            "top_p": request(engine, "p", max_tokens=4, temperature=0.7, top_p=0.0),
+            "stop": request(engine, "s", max_tokens=4, stop=("",)),
+            "stop_token_ids": request(engine, "i", max_tokens=4, stop_token_ids=(vocab,)),
+        }
+        controls.calls.clear()
+        for param, req in bad.items():
+            with pytest.raises(InvalidRequest) as refused:
+                engine.submit(req)
+            assert refused.value.param == param
+        assert calls(controls, "generate_async") == [] and not engine._reqs
+        # an out-of-vocabulary id that did reach the executor would have crashed it for everyone
+        final = await run(engine, request(engine, "after", max_tokens=3))
+        assert final.finish_reason is FinishReason.LENGTH and engine.healthy
+
+
 # -- LoRA -----------------------------------------------------------------------------------------------
 
 async def test_lora_adapter_is_sent_per_request_and_unknown_adapters_are_rejected(tiny_artifact, tmp_path) -> None:

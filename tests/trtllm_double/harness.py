@@ -34,12 +34,15 @@ def use_double() -> Iterator[object]:
 
 def make_engine_dir(root: Path, tokenizer_dir: Path, *, max_batch_size: int = 4, max_num_tokens: int = 64,
                     max_seq_len: int = 256, max_input_len: int | None = None, tokens_per_block: int = 16,
-                    lora: bool = False, copy_tokenizer: bool = True) -> Path:
+                    lora: bool = False, copy_tokenizer: bool = True, vocab_size: int | None = None) -> Path:
     """A TensorRT-LLM engine directory as the double reads it: config.json + rank0.engine (+ tokenizer)."""
     root.mkdir(parents=True, exist_ok=True)
+    if vocab_size is None:       # a real engine's config records the model's vocabulary
+        from tokenizers import Tokenizer
+        vocab_size = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     config = {
         "version": "1.2.1",
-        "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "float16",
+        "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": vocab_size,
                               "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}},
         "build_config": {"max_input_len": max_input_len or max_seq_len, "max_seq_len": max_seq_len,
                          "max_batch_size": max_batch_size, "max_beam_width": 1, "max_num_tokens": max_num_tokens,

@@ -70,10 +70,11 @@ class FakeModel:
 
 
 class FakeExecutor:
-    def __init__(self, *, model: FakeModel, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
+    def __init__(self, *, model: FakeModel, vocab_size: int, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
                  max_input_len: int, num_blocks: int, tokens_per_block: int, enable_block_reuse: bool,
                  enable_chunked_context: bool, lora_enabled: bool, error_handler_owner) -> None:
         self.model = model
+        self.vocab_size = vocab_size
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.max_seq_len = max_seq_len
@@ -236,6 +237,7 @@ class FakeExecutor:
             if budget <= 0 or (not self.chunked and remaining > budget):
                 continue
             chunk = min(remaining, budget)
+            self._embed(a.request.prompt_token_ids[a.computed:a.computed + chunk])
             budget -= chunk
             ctx_tokens += chunk
             ctx_scheduled += 1
@@ -249,6 +251,13 @@ class FakeExecutor:
             self._decode_one(a)
         self._iter += 1
         self._record_stats(started, len(gen), ctx_scheduled, ctx_tokens)
+
+    def _embed(self, token_ids) -> None:
+        # The executor does not check ids: the embedding lookup reads out of bounds on the GPU, and a
+        # CUDA error is fatal to the whole executor, not to one request.
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise RuntimeError("[TensorRT-LLM][ERROR] CUDA runtime error in embeddingLookup: an illegal memory "
+                               "access was encountered")
 
     def _decode_one(self, a: _Active) -> None:
         context = list(a.request.prompt_token_ids) + a.output

@@ -139,8 +139,10 @@ class BaseLLM:
             candidates = list(range(3, 259))
         else:
             candidates = self.tokenizer.ordinary_token_ids()
+        vocab_size = (engine_config.get("pretrained_config") or {}).get("vocab_size") or (
+            self.tokenizer.vocab_size if self.tokenizer is not None else 259)
         self._executor = FakeExecutor(
-            model=FakeModel(candidates), max_batch_size=runtime_cap("max_batch_size", None),
+            model=FakeModel(candidates), vocab_size=vocab_size, max_batch_size=runtime_cap("max_batch_size", None),
             max_num_tokens=runtime_cap("max_num_tokens", 8192), max_seq_len=build["max_seq_len"],
             max_input_len=build["max_input_len"], num_blocks=min(limits), tokens_per_block=tpb,
             enable_block_reuse=kv.enable_block_reuse, enable_chunked_context=bool(kwargs.get("enable_chunked_prefill")),
