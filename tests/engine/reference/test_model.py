@@ -5,13 +5,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import LlamaConfig as HFLlamaConfig
-from transformers import LlamaForCausalLM
 
 from inferd.engine.reference.kv_cache import PagedKVCache
 from inferd.engine.reference.model import (ForwardBatch, ForwardBatchError, LlamaConfig, LlamaModel,
                                            ModelConfigError)
+
+# The `parity` extra (in `test`) installs both, so CI runs this module. A GPU node's pytest (the
+# `gpu-test` extra beside TensorRT-LLM's own torch/transformers) may lack them or have transformers 4.x,
+# which ignores the `rope_parameters` the llama3-rope variant below is written with: skip there.
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", minversion="5")
+HFLlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
 
 VOCAB, BLOCK = 128, 4
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

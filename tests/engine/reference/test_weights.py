@@ -7,14 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from safetensors.numpy import save_file as save_numpy
-from safetensors.torch import save_file as save_torch
 
 from inferd.engine.reference.weights import Checkpoint, WeightsError
 
 
 def test_bf16_tensors_upcast_exactly_to_float32(tmp_path: Path):
+    torch = pytest.importorskip("torch")     # writes the bf16 reference; in the `parity` extra
+    from safetensors.torch import save_file as save_torch
+
     values = torch.randn(5, 7).to(torch.bfloat16)
     save_torch({"w": values}, str(tmp_path / "model.safetensors"))
 
