@@ -106,5 +106,6 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             lora_adapters=dict(t.lora_adapters),
             model_name=artifact_name(name, model),
             version=version,
+            verify=model.verify,
         )
     raise EngineConfigError(name, f"unknown backend {model.backend!r}")  # config validation prevents it

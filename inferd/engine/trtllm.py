@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from inferd._compat import tomllib
+from inferd.artifacts import MANIFEST_FILE, ArtifactError, Manifest, read_manifest, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.stream import RequestStream
 from inferd.engine.validation import seed64, validate_request
@@ -97,7 +97,7 @@ class TrtllmEngine(Engine):
                  kv_cache_max_tokens: int | None = None, enable_block_reuse: bool = True,
                  scheduler_policy: str = "guaranteed_no_evict", enable_chunked_prefill: bool = True,
                  lora_adapters: dict[str, str] | None = None, model_name: str | None = None,
-                 version: str | None = None) -> None:
+                 version: str | None = None, verify: bool = True) -> None:
         if scheduler_policy not in SCHEDULER_POLICIES:
             raise ValueError(f"scheduler_policy must be one of {sorted(SCHEDULER_POLICIES)}, got {scheduler_policy!r}")
         if kv_cache_free_gpu_memory_fraction is not None and not 0 < kv_cache_free_gpu_memory_fraction < 1:
@@ -114,6 +114,7 @@ class TrtllmEngine(Engine):
         self._block_reuse, self._policy, self._chunked = enable_block_reuse, scheduler_policy, enable_chunked_prefill
         self._lora_paths = dict(lora_adapters or {})
         self._model_name, self._version = model_name, version
+        self._verify = verify
         self.info = EngineInfo(backend="trtllm", model_name=model_name or self.engine_dir.name,
                                version=version or "unknown", max_model_len=0, block_size=0, num_kv_blocks=0,
                                max_batch_size=0, max_num_tokens=0)
@@ -163,23 +164,34 @@ class TrtllmEngine(Engine):
         self._max_input_len = int(build.get("max_input_len") or build["max_seq_len"])
         # Until the executor reports maxNumBlocks, assume only what is certainly there.
         kv_blocks = _blocks(self._kv_max_tokens, block_size) if self._kv_max_tokens else max_tokens // block_size
-        self.info = EngineInfo(backend="trtllm", model_name=self._model_name or manifest.get("name") or self.engine_dir.name,
-                               version=self._version or manifest.get("version") or "unversioned",
+        self.info = EngineInfo(backend="trtllm",
+                               model_name=self._model_name or (manifest.name if manifest else self.engine_dir.name),
+                               version=self._version or (manifest.version if manifest else "unversioned"),
                                max_model_len=int(build["max_seq_len"]), block_size=block_size,
                                num_kv_blocks=kv_blocks, max_batch_size=max_batch, max_num_tokens=max_tokens)
         self._started = True
         self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop(), name="trtllm-stats")
 
-    def _read_dirs(self) -> tuple[HFTokenizer, dict, dict, dict]:
+    def _read_dirs(self) -> tuple[HFTokenizer, dict, dict, Manifest | None]:
         import json
+        manifest = self._check_artifact()      # first: never read files that fail their hashes
         try:
             config = json.loads((self.engine_dir / "config.json").read_text())
             build, pretrained = config["build_config"], config.get("pretrained_config") or {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise EngineUnavailable(f"{self.engine_dir}: not a TensorRT-LLM engine directory ({exc})") from exc
-        manifest_file = self.engine_dir / "manifest.toml"
-        manifest = tomllib.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
         return HFTokenizer.from_dir(self.tokenizer_dir), build, pretrained, manifest
+
+    def _check_artifact(self) -> Manifest | None:
+        """With verify, the directory must be an artifact whose every file matches its manifest
+        (ArtifactError names the file); hashing a multi-GB engine takes a while, hence off the loop."""
+        if not self._verify:
+            return read_manifest(self.engine_dir) if (self.engine_dir / MANIFEST_FILE).is_file() else None
+        if not (self.engine_dir / MANIFEST_FILE).is_file():
+            raise ArtifactError(f"{self.engine_dir}: no {MANIFEST_FILE}, so its files cannot be verified; publish it "
+                                "with build_engines.py --target trtllm, or set verify = false to serve a bare "
+                                "engine directory", MANIFEST_FILE)
+        return verify_artifact(self.engine_dir)
 
     def _load(self) -> Any:
         api = self._api

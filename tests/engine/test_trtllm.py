@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inferd.artifacts import verify_artifact
+from inferd.artifacts import ArtifactError, verify_artifact
 from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.trtllm import TrtllmEngine, TrtllmNotInstalled
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
@@ -304,6 +304,46 @@ async def test_build_publishes_a_verified_artifact_the_engine_serves(tiny_artifa
             assert final.finish_reason is FinishReason.LENGTH and len(final.token_ids) == 5
         finally:
             await engine.close()
+
+
+async def test_a_tampered_artifact_fails_start_naming_the_file(tiny_artifact, tmp_path) -> None:
+    from inferd.build import trtllm as builder
+
+    with use_double() as controls:
+        path = await asyncio.to_thread(builder.build, build_args(tiny_artifact, tmp_path / "engines",
+                                                                 max_batch_size=4, max_seq_len=256))
+        with open(path / "rank0.engine", "ab") as engine_file:
+            engine_file.write(b"tampered")
+        controls.calls.clear()
+        engine = TrtllmEngine(path, kv_cache_max_tokens=1024)
+        with pytest.raises(ArtifactError, match="rank0.engine") as refused:
+            await engine.start()
+        assert refused.value.file == "rank0.engine" and not engine.healthy
+        assert calls(controls, "LLM") == []                 # nothing was loaded from the altered files
+        unchecked = TrtllmEngine(path, kv_cache_max_tokens=1024, verify=False)   # the operator's choice
+        await unchecked.start()
+        try:
+            assert unchecked.healthy and unchecked.info.version == path.name
+        finally:
+            await unchecked.close()
+
+
+async def test_verify_refuses_a_bare_engine_directory_and_says_how_to_serve_it(tiny_artifact, tmp_path) -> None:
+    with use_double():
+        engine = TrtllmEngine(make_engine_dir(tmp_path / "bare", tiny_artifact))
+        with pytest.raises(ArtifactError, match="verify = false") as refused:
+            await engine.start()
+        assert refused.value.file == "manifest.toml"
+
+
+def test_factory_passes_the_models_verify_setting(tmp_path) -> None:
+    from inferd.config import parse_config
+    from inferd.engine.factory import build_engine
+
+    for verify in (True, False):
+        cfg = parse_config({"models": {"m": {"backend": "trtllm", "verify": verify,
+                                             "trtllm": {"engine_dir": str(tmp_path / "eng")}}}})
+        assert build_engine("m", cfg.models["m"], cfg.server)._verify is verify
 
 
 def test_builder_uses_only_public_names_of_other_inferd_modules() -> None:
