@@ -133,6 +133,7 @@ class TrtllmEngine(Engine):
         self._stats_task: asyncio.Task | None = None
         self._stats_wakeup: asyncio.Event | None = None
         self._kv_known: asyncio.Event | None = None
+        self._sample_applied: asyncio.Event | None = None   # set after each stats sample is applied
         self._sample: dict[str, Any] = {}     # the latest iteration stats
         self._sample_seq = -1                  # submissions up to this seq are reflected in _sample
         self._prompt_total = self._gen_total = self._cached_total = 0
@@ -143,7 +144,7 @@ class TrtllmEngine(Engine):
         if self._started:
             return
         self._api = _import_trtllm()
-        self._stats_wakeup, self._kv_known = asyncio.Event(), asyncio.Event()
+        self._stats_wakeup, self._kv_known, self._sample_applied = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self.tokenizer, build, pretrained, manifest = await asyncio.to_thread(self._read_dirs)
         # Ids both the model embeds and the tokenizer decodes (an engine's vocab may be padded beyond it).
         self._vocab_size = min(self.tokenizer.vocab_size, int(pretrained.get("vocab_size") or self.tokenizer.vocab_size))
@@ -443,6 +444,7 @@ class TrtllmEngine(Engine):
                 changes["block_size"] = int(block_size)
             self.info = msgspec.structs.replace(self.info, **changes)
             self._kv_known.set()
+        self._sample_applied.set()
 
     def capacity(self) -> Capacity:
         info, reqs = self.info, self._reqs

@@ -253,11 +253,18 @@ async def test_admitting_by_capacity_keeps_the_executor_queue_empty(tiny_artifac
         assert engine.capacity().free_kv_blocks == engine.info.num_kv_blocks == 20
 
 
+async def stats_samples_until(engine, done) -> None:
+    """Wait for stats samples (the double forwards them every 0.2 s, like the real worker) until `done()`."""
+    while not done():
+        engine._sample_applied.clear()
+        await asyncio.wait_for(engine._sample_applied.wait(), TIMEOUT_S)
+
+
 async def test_stats_come_from_executor_iterations(tiny_artifact, tmp_path) -> None:
     async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
         before = engine.stats()
         final = await run(engine, request(engine, "st", max_tokens=12))
-        await asyncio.sleep(0.3)   # the double forwards iteration stats every 0.2 s, like the real worker
+        await stats_samples_until(engine, lambda: engine.stats().steps_total > before.steps_total)
         stats = engine.stats()
         assert stats.steps_total > before.steps_total and stats.kv_blocks_total == engine.info.num_kv_blocks
         assert stats.prompt_tokens_total - before.prompt_tokens_total == final.usage.prompt_tokens
