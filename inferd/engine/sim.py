@@ -27,6 +27,7 @@ import msgspec
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.sim_profiles import SimProfile, blocks_for, get_profile, sim_tokenizer
 from inferd.engine.stream import RequestStream
+from inferd.engine.validation import seed64
 from inferd.tokenization import StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
@@ -185,7 +186,7 @@ class SimEngine(Engine):
         # Greedy output depends on the prompt only; sampled output on prompt and seed (or fresh entropy).
         key = hash(tuple(prompt))
         if not sp.greedy:
-            key = hash((key, sp.seed if sp.seed is not None else self._rng.getrandbits(62), 1))
+            key = hash((key, seed64(sp.seed) if sp.seed is not None else self._rng.getrandbits(62), 1))
         stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
         eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * _EOS_SCALE)
         stream = RequestStream(request.request_id, on_cancel=self.abort)

@@ -1,4 +1,4 @@
-"""The request checks every backend shares, so a bad request gets the same error whatever serves it.
+"""What every backend shares about requests, so a client sees the same thing whatever serves it.
 
 `validate_request` raises `InvalidRequest(message, param)` naming the field the client sent (the
 API turns it into a 400). Checks that depend on an engine's state (a request id already in flight,
@@ -6,6 +6,8 @@ LoRA adapters it serves) stay in the engine.
 
 `seed64` maps any integer seed onto the 64 bits every backend's generator takes: the API accepts
 negative seeds (OpenAI's range is signed 64-bit), which a raw PCG64 or a uint64 field rejects.
+
+`failure_message` is the Delta.error of a request the engine failed.
 """
 from __future__ import annotations
 
@@ -20,6 +22,12 @@ SEED_MODULUS = 2 ** 64
 def seed64(seed: int) -> int:
     """The request's seed as an unsigned 64-bit value: -1 and 2**64 - 1 draw the same tokens."""
     return seed % SEED_MODULUS
+
+
+def failure_message(request_id: str) -> str:
+    """What a client is told when the engine fails its request. Never the exception's text (it can
+    name files, internals or another request's data): the engine logs that, with this request id."""
+    return f"the engine failed this request; see server logs for request {request_id}"
 
 
 def validate_request(request: GenerationRequest, *, vocab_size: int, max_model_len: int,

@@ -133,6 +133,15 @@ async def test_seeded_sampling_is_reproducible_whatever_else_is_batched(engine: 
     assert alone.token_ids == batched.token_ids
 
 
+async def test_any_signed_64_bit_seed_is_taken_modulo_2_64(engine: Engine) -> None:
+    # the API accepts OpenAI's signed seeds; generators take unsigned 64-bit ones
+    prompt = prompt_ids(engine, 3)
+    _, negative = await generate(engine, prompt, max_tokens=8, temperature=1.0, seed=-1)
+    _, image = await generate(engine, prompt, max_tokens=8, temperature=1.0, seed=2 ** 64 - 1)
+    assert negative.finish_reason is FinishReason.LENGTH and negative.token_ids == image.token_ids
+    assert engine.healthy
+
+
 async def test_abort_ends_stream_with_abort_and_frees_capacity(engine: Engine) -> None:
     at_idle = idle(engine)
     stream = submit(engine, prompt_ids(engine), max_tokens=200, temperature=0.0)

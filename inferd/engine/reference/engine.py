@@ -8,7 +8,6 @@ snapshot -> hand the deltas to the loop. It sleeps on a Condition when there is 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
@@ -23,10 +22,12 @@ from inferd.engine.reference.sampler import Sampler, make_rng
 from inferd.engine.reference.scheduler import Scheduler
 from inferd.engine.reference.sequence import Sequence, prefix_salt
 from inferd.engine.stream import RequestStream
+from inferd.engine.validation import failure_message
+from inferd.log import get_logger, request_context
 from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, SamplingParams, Usage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _EMA = 0.1
 
 
@@ -265,6 +266,7 @@ class ReferenceEngine(Engine):
     # -- step thread -------------------------------------------------------------------
     def _run(self) -> None:
         deltas: list[tuple[RequestStream, Delta]] = []
+        commands: list[tuple[str, object]] = []    # this round's, taken off the queue: only here now
         try:
             while True:
                 with self._cond:
@@ -285,12 +287,17 @@ class ReferenceEngine(Engine):
                 if stop:
                     return
         except BaseException as exc:  # the thread must not die silently
-            log.exception("reference engine step thread failed")
+            log.exception("reference_engine_thread_failed")
             with self._cond:
                 self._failed = f"engine failure: {type(exc).__name__}: {exc}"
-                leftovers = [seq for kind, seq in self._commands if kind == "submit"]
+                queued = [seq for kind, seq in self._commands if kind == "submit"]
                 self._commands.clear()
-            for seq in [*self._seqs.values(), *leftovers]:
+            # Every request the thread knew of ends: running ones, this round's commands (taken off
+            # the queue, perhaps not applied yet) and those still queued. A stream ignores a second
+            # final, so one that ended earlier this round keeps its own.
+            taken = [seq for kind, seq in commands if kind == "submit"]
+            failed = {id(seq): seq for seq in [*self._seqs.values(), *taken, *queued]}
+            for seq in failed.values():
                 out: RequestOutput = seq.engine_state
                 deltas.append((out.stream, out.final(seq, FinishReason.ERROR, time.monotonic(), self._failed)))
             self._seqs.clear()
@@ -303,15 +310,16 @@ class ReferenceEngine(Engine):
                 seq: Sequence = arg  # type: ignore[assignment]
                 num += 1
                 blocks += -(-seq.num_prompt_tokens // self._block_size)
-                try:
+                try:  # everything this request alone needs: if it fails, it fails this request only
                     seq.engine_state.start(self.tokenizer, seq)
-                except Exception as exc:  # e.g. the tokenizer rejects the prompt ids: this request only
-                    log.exception("request %s could not start", seq.request_id)
+                    if not seq.sampling.greedy:
+                        seq.rng = make_rng(seq.sampling.seed)
+                except Exception:  # e.g. the tokenizer rejects the prompt ids
+                    with request_context(seq.request_id):
+                        log.exception("request_setup_failed")
                     deltas.append((seq.engine_state.stream, seq.engine_state.final(
-                        seq, FinishReason.ERROR, time.monotonic(), f"cannot start: {type(exc).__name__}: {exc}")))
+                        seq, FinishReason.ERROR, time.monotonic(), failure_message(seq.request_id))))
                     continue
-                if not seq.sampling.greedy:
-                    seq.rng = make_rng(seq.sampling.seed)
                 self._seqs[seq.request_id] = seq
                 self._scheduler.add(seq)
             else:
@@ -352,7 +360,7 @@ class ReferenceEngine(Engine):
             picked = [out.seqs[r] for r in rows]
             sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked])
         except Exception as exc:
-            log.exception("reference engine step failed; failing its %d requests", len(out.seqs))
+            log.exception("engine_step_failed", request_ids=[seq.request_id for seq in out.seqs])
             message = f"engine step failed: {type(exc).__name__}: {exc}"
             for seq in out.seqs:
                 self._end(seq, FinishReason.ERROR, deltas, message)
@@ -374,7 +382,7 @@ class ReferenceEngine(Engine):
             try:
                 observer(elapsed)
             except Exception:  # metrics must never take the engine down
-                log.exception("step_observer failed")
+                log.exception("step_observer_failed")
         first = self._ema_latency == 0.0
         self._ema_latency = elapsed if first else (1 - _EMA) * self._ema_latency + _EMA * elapsed
         self._ema_tokens = out.num_tokens if first else (1 - _EMA) * self._ema_tokens + _EMA * out.num_tokens
@@ -395,4 +403,4 @@ class ReferenceEngine(Engine):
         try:
             self._loop.call_soon_threadsafe(self._deliver, deltas)
         except RuntimeError:  # the loop is closed: nobody is listening any more
-            log.warning("event loop closed; dropped %d deltas", len(deltas))
+            log.warning("event_loop_closed", dropped_deltas=len(deltas))

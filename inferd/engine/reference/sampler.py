@@ -11,12 +11,17 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
+from inferd.engine.validation import seed64
 from inferd.types import SamplingParams
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
-    """A sequence's generator: from the request seed, or from fresh entropy when unseeded."""
-    return np.random.Generator(np.random.PCG64(seed if seed is not None else secrets.randbits(64)))
+    """A sequence's generator: from the request seed, or from fresh entropy when unseeded.
+
+    Any integer seed works (the API takes signed 64-bit ones; PCG64 refuses negatives): it is
+    taken modulo 2**64, as every backend does, so -1 and 2**64 - 1 draw the same tokens.
+    """
+    return np.random.Generator(np.random.PCG64(seed64(seed) if seed is not None else secrets.randbits(64)))
 
 
 def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:

@@ -289,3 +289,47 @@ async def test_start_refuses_an_altered_artifact(tiny_artifact, tmp_path):
     assert not engine.healthy
     with pytest.raises(EngineUnavailable):
         engine.submit(GenerationRequest(request_id="x", prompt_token_ids=(1,), sampling=SamplingParams()))
+
+
+async def test_a_negative_seed_samples_like_its_64_bit_image_and_the_engine_stays_healthy(make_engine):
+    engine = await make_engine()
+    runs = [await asyncio.wait_for(solo(engine, req(engine, f"s{seed}", TEXTS[1], 8, temperature=1.0, seed=seed)),
+                                   10) for seed in (-1, 2 ** 64 - 1)]
+    assert [r.finish_reason for r in runs] == [FinishReason.LENGTH] * 2
+    assert runs[0].token_ids == runs[1].token_ids
+    assert engine.healthy
+
+
+async def test_a_request_that_cannot_be_set_up_fails_alone(make_engine, monkeypatch):
+    import inferd.engine.reference.engine as engine_module
+    engine = await make_engine()
+    make_rng = engine_module.make_rng
+
+    def picky_rng(seed):
+        if seed == 666:
+            raise ValueError("secret detail")
+        return make_rng(seed)
+
+    monkeypatch.setattr(engine_module, "make_rng", picky_rng)
+    with engine._cond:       # both requests reach the step thread in one batch of commands
+        bad = engine.submit(req(engine, "bad", TEXTS[0], 4, temperature=1.0, seed=666))
+        good = engine.submit(req(engine, "good", TEXTS[0], 4, temperature=1.0, seed=7))
+    failed, ok = await asyncio.wait_for(asyncio.gather(bad.collect(), good.collect()), 10)
+    assert failed.finish_reason is FinishReason.ERROR and "secret" not in failed.error
+    assert ok.finish_reason is FinishReason.LENGTH and len(ok.token_ids) == 4
+    assert engine.healthy
+
+
+async def test_a_dead_step_thread_ends_every_stream_it_had_taken(make_engine):
+    engine = await make_engine()
+
+    def broken_add(seq):
+        raise RuntimeError("scheduler bug")
+
+    engine._scheduler.add = broken_add
+    with engine._cond:       # the thread takes all three in one batch and dies on the first
+        streams = [engine.submit(req(engine, f"t{i}", TEXTS[i], 4)) for i in range(3)]
+    finals = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), 10)
+    assert [f.finish_reason for f in finals] == [FinishReason.ERROR] * 3
+    await asyncio.to_thread(engine._thread.join, 10)
+    assert not engine.healthy

@@ -86,3 +86,10 @@ def test_sampling_follows_the_distribution():
 def test_rows_must_match_params():
     with pytest.raises(ValueError):
         Sampler().sample(logits_rows(rows=2), [SamplingParams(temperature=0.0)], [None])
+
+
+def test_any_signed_64_bit_seed_makes_a_generator_and_maps_onto_64_bits():
+    # the API accepts OpenAI's signed seeds; PCG64 itself refuses negative ones
+    assert make_rng(-1).random(4).tolist() == make_rng(2 ** 64 - 1).random(4).tolist()
+    assert make_rng(-(2 ** 63)).random(4).tolist() == make_rng(2 ** 63).random(4).tolist()
+    assert make_rng(-1).random(4).tolist() != make_rng(1).random(4).tolist()
