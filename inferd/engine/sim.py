@@ -27,10 +27,12 @@ import msgspec
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.sim_profiles import SimProfile, blocks_for, get_profile, sim_tokenizer
 from inferd.engine.stream import RequestStream
-from inferd.engine.validation import seed64
+from inferd.engine.validation import failure_message, seed64
+from inferd.log import get_logger
 from inferd.tokenization import StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
+log = get_logger(__name__)
 _EOS_SCALE = 1 << 20
 _MAX_LAG_S = 0.005   # how far behind the simulated timeline the loop may run before it stops catching up
 # Steps that are due run back to back while the step loop's turn has used less CPU than the rest
@@ -127,6 +129,8 @@ class SimEngine(Engine):
                 await task
             except asyncio.CancelledError:
                 pass
+            except Exception:   # the loop had failed: already logged, its requests already ended
+                pass
         for request_id in list(self._seqs):
             self.abort(request_id)
 
@@ -139,7 +143,7 @@ class SimEngine(Engine):
             return
         self._failed = True   # a bug in the step loop: fail in-flight requests, report unhealthy
         for seq in list(self._seqs.values()):
-            self._finish(seq, FinishReason.ERROR, [], "", error="the simulated engine failed")
+            self._finish(seq, FinishReason.ERROR, [], "", error=failure_message(seq.request_id))
 
     # -- requests --------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestStream:
@@ -221,14 +225,25 @@ class SimEngine(Engine):
         cap = self._capacity
         if cap is None:
             # Never over-report: blocks that waiting and still-prefilling sequences will need are taken.
+            # Pending prefill: every waiting context (new or preempted, num_computed 0), and what running
+            # sequences still have to compute beyond a decode's single token (chunked or recomputing).
             bs = self.info.block_size
-            reserved = sum(blocks_for(s.prompt_len + len(s.output), bs) for s in self._waiting)
-            reserved += sum(blocks_for(s.prompt_len, bs) - s.blocks for s in self._running
-                            if s.num_computed < s.prompt_len)
+            reserved = pending = 0
+            for s in self._waiting:
+                context = s.prompt_len + len(s.output)
+                reserved += blocks_for(context, bs)
+                pending += context - s.num_computed
+            for s in self._running:
+                left = s.prompt_len + len(s.output) - s.num_computed
+                if left > 1 or not s.output:
+                    pending += left
+                if s.num_computed < s.prompt_len:
+                    reserved += blocks_for(s.prompt_len, bs) - s.blocks
             free = max(0, self._free_blocks - reserved)
             cap = self._capacity = Capacity(
                 free_kv_blocks=free, free_kv_tokens=free * bs, waiting=len(self._waiting), block_size=bs,
-                free_slots=max(0, self.info.max_batch_size - len(self._running) - len(self._waiting)))
+                free_slots=max(0, self.info.max_batch_size - len(self._running) - len(self._waiting)),
+                pending_prefill_tokens=pending)
         return cap
 
     def stats(self) -> EngineStats:
@@ -241,6 +256,13 @@ class SimEngine(Engine):
 
     # -- the step loop ---------------------------------------------------------------------------
     async def _step_loop(self) -> None:
+        try:
+            await self._run_steps()
+        except Exception:   # clients get failure_message (see _loop_ended); the details go here
+            log.exception("sim_engine_step_loop_failed", request_ids=list(self._seqs))
+            raise
+
+    async def _run_steps(self) -> None:
         loop = asyncio.get_running_loop()
         scale = self.time_scale
         deadline = loop.time()

@@ -201,6 +201,24 @@ async def test_capacity_goes_down_while_requests_run_and_back_up_after(engine: E
     assert engine.stats().running == engine.stats().waiting == 0
 
 
+async def test_pending_prefill_counts_submitted_prompts_until_their_first_token(engine: Engine) -> None:
+    assert engine.capacity().pending_prefill_tokens == 0
+    n = min(3, engine.info.max_batch_size)
+    prompts = [prompt_ids(engine, i) * 2 for i in range(n)]
+    streams, submitted = [], 0
+    for p in prompts:
+        before = engine.capacity().pending_prefill_tokens
+        streams.append(submit(engine, p, max_tokens=30, temperature=0.0))
+        submitted += len(p)
+        pending = engine.capacity().pending_prefill_tokens
+        # a submitted prompt is pending until computed; a threaded engine may have run a step since
+        assert 0 < pending <= submitted and pending >= before + len(p) - engine.info.max_num_tokens
+    await asyncio.gather(*(first_delta(s) for s in streams))
+    assert engine.capacity().pending_prefill_tokens == 0      # all decoding now
+    await asyncio.gather(*(drain(s) for s in streams))
+    assert engine.capacity().pending_prefill_tokens == 0
+
+
 async def test_more_concurrent_requests_than_slots_all_finish(engine: Engine) -> None:
     n = 2 * engine.info.max_batch_size + 1
     prompts = [prompt_ids(engine, i) + prompt_ids(engine, i + 1) for i in range(n)]

@@ -109,7 +109,9 @@ class ReferenceEngine(Engine):
         self._commands: deque[tuple[str, object]] = deque()   # guarded by _cond
         self._pending_requests = 0       # submitted, not yet reflected in a snapshot (guarded by _cond)
         self._pending_blocks = 0
-        self._snapshot = (num_kv_blocks, 0, 0)                 # (free blocks for new work, running, waiting)
+        self._pending_prompt_tokens = 0
+        # (free blocks for new work, running, waiting, prompt tokens not yet computed)
+        self._snapshot = (num_kv_blocks, 0, 0, 0)
         self._used_blocks_snapshot = 0
         self._stop = False
         self._streams: dict[str, RequestStream] = {}           # loop thread only
@@ -195,6 +197,7 @@ class ReferenceEngine(Engine):
             self._commands.append(("submit", seq))
             self._pending_requests += 1
             self._pending_blocks += blocks
+            self._pending_prompt_tokens += len(request.prompt_token_ids)
             self._cond.notify()
         self._streams[request.request_id] = stream
         return stream
@@ -236,18 +239,20 @@ class ReferenceEngine(Engine):
                 self._cond.notify()
 
     def capacity(self) -> Capacity:
+        # The snapshot was taken after the last step; since then the step thread has only computed
+        # (less pending prefill), while submissions it has not taken yet are added here in full.
         with self._cond:
-            (free, running, waiting), pending, pending_blocks = (self._snapshot, self._pending_requests,
-                                                                  self._pending_blocks)
+            (free, running, waiting, prefill), pending, pending_blocks, pending_tokens = (
+                self._snapshot, self._pending_requests, self._pending_blocks, self._pending_prompt_tokens)
         free = max(0, free - pending_blocks)
         waiting += pending
         return Capacity(free_kv_blocks=free, free_kv_tokens=free * self._block_size,
                         free_slots=max(0, self._max_batch_size - running - waiting), waiting=waiting,
-                        block_size=self._block_size)
+                        block_size=self._block_size, pending_prefill_tokens=prefill + pending_tokens)
 
     def stats(self) -> EngineStats:
         with self._cond:
-            (_, running, waiting), c = self._snapshot, dict(self._counters)
+            (_, running, waiting, _), c = self._snapshot, dict(self._counters)
             used, latency, tokens = self._used_blocks_snapshot, self._ema_latency, self._ema_tokens
             waiting += self._pending_requests
         return EngineStats(
@@ -303,13 +308,14 @@ class ReferenceEngine(Engine):
             self._seqs.clear()
             self._hand_over(deltas)
 
-    def _apply(self, commands, deltas) -> tuple[int, int]:
-        num, blocks = 0, 0
+    def _apply(self, commands, deltas) -> tuple[int, int, int]:
+        num, blocks, tokens = 0, 0, 0
         for kind, arg in commands:
             if kind == "submit":
                 seq: Sequence = arg  # type: ignore[assignment]
                 num += 1
                 blocks += -(-seq.num_prompt_tokens // self._block_size)
+                tokens += seq.num_prompt_tokens
                 try:  # everything this request alone needs: if it fails, it fails this request only
                     seq.engine_state.start(self.tokenizer, seq)
                     if not seq.sampling.greedy:
@@ -326,7 +332,7 @@ class ReferenceEngine(Engine):
                 seq = self._seqs.get(arg)  # type: ignore[arg-type]
                 if seq is not None:
                     self._end(seq, FinishReason.ABORT, deltas)
-        return num, blocks
+        return num, blocks, tokens
 
     def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
         self._scheduler.finish(seq, reason)
@@ -387,15 +393,24 @@ class ReferenceEngine(Engine):
         self._ema_latency = elapsed if first else (1 - _EMA) * self._ema_latency + _EMA * elapsed
         self._ema_tokens = out.num_tokens if first else (1 - _EMA) * self._ema_tokens + _EMA * out.num_tokens
 
-    def _publish(self, taken: tuple[int, int]) -> None:
+    def _publish(self, taken: tuple[int, int, int]) -> None:
         sched, bs = self._scheduler, self._block_size
         reserved = sum(-(-s.num_tokens // bs) for s in sched.waiting)
-        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(sched.waiting))
+        # Prefill still to compute: waiting contexts (new or preempted) and running sequences with
+        # more than a decode's one uncomputed token (chunked prefill, recompute).
+        prefill = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
+        for s in sched.running:
+            left = s.num_tokens - s.num_computed_tokens
+            if left > 1 or not s.num_completion_tokens:
+                prefill += left
+        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(sched.waiting),
+                    prefill)
         with self._cond:
             self._snapshot = snapshot
             self._used_blocks_snapshot = self._blocks.num_used_blocks
             self._pending_requests -= taken[0]
             self._pending_blocks -= taken[1]
+            self._pending_prompt_tokens -= taken[2]
 
     def _hand_over(self, deltas) -> None:
         if not deltas or self._loop is None:
