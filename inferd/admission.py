@@ -9,15 +9,27 @@ stream delivers tokens, so a tenant's long generations count against it while th
 they end; the final delta's usage settles the exact total). A tenant that becomes backlogged again is
 lifted to the smallest counter among backlogged tenants, so idling never banks credit.
 
-The dispatcher is a task woken by submissions and finishing streams, plus a short poll while blocked
-on engine capacity (capacity also frees on engine steps). It releases a request only when the engine
-has a free slot, KV blocks for the prompt plus a reserve, and its own waiting queue is below a small
-bound: whatever reaches the engine is, by construction, the fair next request.
+The dispatcher is a task woken by submissions, first tokens and finishing streams, plus a short poll
+while blocked on engine capacity (capacity also frees on engine steps). It releases a request only when
+the engine has a free slot, KV blocks for the prompt plus a reserve, its own waiting queue is below a
+small bound, and the prompt tokens it has not computed yet (queued or part-prefilled) plus this prompt
+fit the prefill budget (a longer prompt goes when nothing is pending, so nothing starves): whatever
+reaches the engine is, by construction, the fair next request.
 
-Headroom: while a *light* tenant (one that is not backlogged: its request is alone in its queue) has
-arrived recently, the last `headroom_fraction` of slots and the KV reserve are kept for light requests,
-so a well-behaved tenant next to a flooding one starts at once instead of waiting for a slot to free.
-With only backlogged tenants around, no headroom is held and the engine is filled completely.
+Why the prefill budget: the engine is FCFS inside and packs prefill chunks into steps of up to
+max_num_tokens. Without the bound, a flooding tenant's prefills fill every step, and a light tenant's
+prefill, even when released first, queues behind them and shares steps several times longer than a
+decode step. With it, a light tenant's prompt (below) joins at most a budget's worth of pending
+prefill and is computed in the engine's next step, one carrying little more than its own prefill.
+
+Light tenants: one with fewer requests queued + running than its weighted share of the engine's slots
+(among the tenants with work in flight) is owed service, so within its class it goes before heavier
+tenants whatever the counters say, and when the picked request cannot go yet (no slot beyond the
+headroom, no room in the prefill budget) a light tenant's request that fits goes instead. Its prompt
+may join pending prefill up to a whole step (max_num_tokens), and it needs no KV reserve. While a light
+tenant has arrived recently beside backlogged ones, heavier tenants leave the last `headroom_fraction`
+of slots free, so a well-behaved tenant next to a flooding one starts at once instead of waiting for a
+slot to free. With only heavy tenants around, no headroom is held and the engine is filled completely.
 """
 from __future__ import annotations
 
@@ -194,6 +206,7 @@ class AdmissionQueue:
         self._class_count = {c: 0 for c in CLASSES_BY_RANK}
         self._kv_in_flight: dict[str, int] = {}
         self._running = 0
+        self._in_flight: dict[str, int] = {}         # running requests per tenant
         self._stats: dict[str, _TenantStats] = {}
         self._seq = 0
         self._avg_output: float | None = None
@@ -275,7 +288,7 @@ class AdmissionQueue:
                            / max(1, self._queued_tokens[t.tenant]))
             self._reject(t, "queue_full", 429, self._retry(self._wait_estimate(t, own_only=True), overflow),
                          f"tenant {t.tenant!r} has too many requests queued")
-        if not q and self._total_requests:
+        if self._total_requests and self._is_light(t.tenant):
             self._last_light = now      # a light tenant arrived while others are backlogged: keep headroom
         if not q and self._total_requests == 0 and self._dispatchable(t) and self._fits(self.engine.capacity(), t):
             self._activate(t.tenant)
@@ -473,23 +486,44 @@ class AdmissionQueue:
             t = self._pick()
             if t is None:
                 return True
-            if not self._fits(self.engine.capacity(), t):
-                return True
+            cap = self.engine.capacity()
+            if not self._fits(cap, t):
+                if self.policy.scheduling == "fcfs" or self._is_light(t.tenant):
+                    return True
+                t = self._pick(light_only=True)       # the headroom is kept for them: no waiting behind t
+                if t is None or not self._fits(cap, t):
+                    return True
             self._remove(t)
             stream = self._submit(t)
             if stream is not None:
                 t.future.set_result(stream)
         return False
 
-    def _is_light(self, t: _Ticket) -> bool:
-        q = self._queues.get(t.tenant)
-        return not q or (len(q) == 1 and q[0] is t)
+    def _is_light(self, tenant: str) -> bool:
+        """Fewer requests queued + running than its weighted share of the engine's slots, among the
+        tenants with work in flight (itself included)."""
+        active = {n for n, q in self._queues.items() if q} | {n for n, c in self._in_flight.items() if c}
+        active.add(tenant)
+        weight = self.tenants.get(tenant).weight
+        share = weight / sum(self.tenants.get(n).weight for n in active) * self.engine.info.max_batch_size
+        return len(self._queues.get(tenant, ())) + self._in_flight.get(tenant, 0) < share
+
+    def _prefill_budget(self) -> int:
+        budget = self.policy.max_pending_prefill_tokens
+        return budget if budget is not None else max(1, self.engine.info.max_num_tokens // 4)
 
     def _fits(self, cap, t: _Ticket) -> bool:
         need = math.ceil(t.prompt / cap.block_size)
         if cap.free_slots < 1 or cap.waiting >= self.policy.max_engine_waiting:
             return False
-        if self._is_light(t):
+        light = self._is_light(t.tenant)
+        # The prefill budget is headroom too: a light tenant's prompt may join what is pending up to a
+        # step's worth of tokens, so it is computed in the engine's next step instead of after it.
+        budget = self._prefill_budget()
+        limit = max(budget, self.engine.info.max_num_tokens) if light else budget
+        if cap.pending_prefill_tokens and cap.pending_prefill_tokens + t.prompt > limit:
+            return False
+        if light:
             return cap.free_kv_blocks >= need
         info = self.engine.info
         reserve = math.ceil(self.policy.kv_reserve_fraction * info.num_kv_blocks)
@@ -503,14 +537,14 @@ class AdmissionQueue:
         used = self._kv_in_flight.get(t.tenant, 0)
         return cap is None or used == 0 or used + t.tokens <= cap
 
-    def _pick(self) -> _Ticket | None:
+    def _pick(self, light_only: bool = False) -> _Ticket | None:
         heads = []
         for n, q in self._queues.items():
             while q and q[0].future is not None and q[0].future.done():   # caller gone: drop at dequeue
                 gone = q[0]
                 self._remove(gone)
                 self._settle(gone, None)
-            if q and self._dispatchable(q[0]):
+            if q and self._dispatchable(q[0]) and (not light_only or self._is_light(n)):
                 heads.append(q[0])
         if not heads:
             return None
@@ -526,8 +560,11 @@ class AdmissionQueue:
                 break
         in_class = [h for h in heads if h.cls is cls]
         self._floor = max(self._floor, min(self.counters.get(h.tenant, 0.0) for h in heads))
-        # Ties (a tenant just lifted to the minimum) go to the shorter queue: the light tenant.
-        return min(in_class, key=lambda h: (self.counters.get(h.tenant, 0.0), len(self._queues[h.tenant]), h.seq))
+        # Light tenants (under their share of slots) first: a tenant using less than its share is owed
+        # service, so it need not wait behind one using more, even right after its own counter moved
+        # past theirs. Then the counter; ties (a tenant just lifted) go to the shorter queue.
+        return min(in_class, key=lambda h: (not self._is_light(h.tenant), self.counters.get(h.tenant, 0.0),
+                                            len(self._queues[h.tenant]), h.seq))
 
     def _submit(self, t: _Ticket) -> AdmittedStream | None:
         """Hand `t` to the engine. On an engine error a queued caller gets it through its future
@@ -543,6 +580,7 @@ class AdmissionQueue:
         now = self._clock()
         t.state = _DISPATCHED
         self._running += 1
+        self._in_flight[t.tenant] = self._in_flight.get(t.tenant, 0) + 1
         self._kv_in_flight[t.tenant] = self._kv_in_flight.get(t.tenant, 0) + t.tokens
         self._charge(t, t.prompt * self.policy.prompt_cost_weight)
         st = self._stat(t.tenant)
@@ -571,9 +609,11 @@ class AdmissionQueue:
         st = self._stat(t.tenant)
         st.ttft_sum += self._clock() - t.arrived
         st.ttft_n += 1
+        self._wake.set()       # its prefill is done: pending prefill went down, the next may fit
 
     def _finished(self, t: _Ticket, usage: Usage, complete: bool) -> None:
         self._running -= 1
+        self._in_flight[t.tenant] -= 1
         self._kv_in_flight[t.tenant] -= t.tokens
         if complete:    # a cancelled stream's partial output would bias the expected output length down
             out = usage.completion_tokens

@@ -90,7 +90,12 @@ class AdmissionConfig(_Table):
     max_queued_tokens: int = 4_194_304
     kv_reserve_fraction: float = 0.05           # KV blocks kept free beyond a prompt's own, for decode growth
     max_engine_waiting: int = 2                 # release only while the engine's own queue is below this
-    headroom_fraction: float = 0.0625           # sequence slots kept for light tenants while one is active
+    # Prompt tokens the engine may hold queued or part-prefilled (Capacity.pending_prefill_tokens):
+    # a request is released only while pending + its prompt fits (a longer prompt only when nothing is
+    # pending). It bounds the prefill a newcomer's prefill queues behind or shares a step with, which
+    # is what its TTFT costs beyond its own prefill. None = a quarter of the engine's max_num_tokens.
+    max_pending_prefill_tokens: int | None = None
+    headroom_fraction: float = 0.2              # sequence slots kept for light tenants while one is active
     headroom_window_s: float = 10.0             # how long after a light arrival the headroom is kept
     poll_interval_s: float = 0.005              # capacity re-check while blocked, in loop (wall) seconds
     early_refusal: bool = True                  # refuse at once when the estimated wait exceeds the budget
@@ -176,6 +181,9 @@ def admission_errors(a: AdmissionConfig, path: str = "admission") -> list[str]:
                 "poll_interval_s"):
         if getattr(a, key) <= 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(a, key)}")
+    if a.max_pending_prefill_tokens is not None and a.max_pending_prefill_tokens <= 0:
+        errors.append(f"{path}.max_pending_prefill_tokens: must be > 0 (omit it for a quarter of the engine's "
+                      f"max_num_tokens), got {a.max_pending_prefill_tokens}")
     if not 0 < a.early_refusal_fraction <= 1:
         errors.append(f"{path}.early_refusal_fraction: must be in (0, 1], got {a.early_refusal_fraction}")
     for key in ("standard_reserved_share", "batch_reserved_share", "kv_reserve_fraction", "headroom_fraction"):
