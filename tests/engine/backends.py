@@ -10,12 +10,17 @@ and small limits make queueing and capacity effects visible.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import io
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import AsyncContextManager
+
+import orjson
 
 import pytest
 
 from inferd.engine.base import Engine
+from inferd.log import JsonFormatter
 
 BackendFactory = Callable[[pytest.FixtureRequest], AsyncContextManager[Engine]]
 
@@ -58,3 +63,22 @@ BACKENDS: dict[str, BackendFactory] = {
     "sim": sim,
     "trtllm": trtllm,
 }
+
+
+@contextlib.contextmanager
+def json_log(logger_name: str) -> Iterator[list[dict]]:
+    """The JSON lines `logger_name` writes inside the block (as the daemon formats them), parsed.
+
+    Lines written from any thread count; the list is filled when the block ends.
+    """
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(logger_name)
+    lines: list[dict] = []
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        lines.extend(orjson.loads(line) for line in buffer.getvalue().splitlines())

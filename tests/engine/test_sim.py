@@ -12,10 +12,13 @@ import time
 import msgspec
 import pytest
 
+from inferd.engine.base import EngineUnavailable
 from inferd.engine.sim import SimEngine
 from inferd.engine.sim_profiles import PROFILES, SimTokenizer, get_profile
 from inferd.engine.stream import merge_deltas
+from inferd.engine.validation import failure_message
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
+from tests.engine.backends import json_log
 
 GiB = 1024 ** 3
 _ids = itertools.count()
@@ -269,3 +272,22 @@ async def test_abort_during_a_step_frees_blocks_before_the_step_ends(make_engine
     assert engine.capacity().free_kv_blocks == 32
     final = merge_deltas([d async for d in stream])
     assert final.finish_reason is FinishReason.ABORT
+
+
+async def test_a_step_loop_bug_fails_requests_with_a_safe_message_and_logs_the_details(make_engine) -> None:
+    engine = await make_engine(time_scale=1.0)
+    running = submit(engine, prompt(8), max_tokens=500)
+    await asyncio.wait_for(running.__anext__(), 30)
+
+    def broken_schedule():
+        raise RuntimeError("secret scheduler state")
+
+    engine._schedule = broken_schedule
+    with json_log("inferd.engine.sim") as lines:
+        final = await finish(running)
+    assert final.finish_reason is FinishReason.ERROR and final.error == failure_message(running.request_id)
+    assert any(line["exc"] == "secret scheduler state" and running.request_id in line["request_ids"]
+               for line in lines)
+    assert not engine.healthy
+    with pytest.raises(EngineUnavailable):
+        submit(engine, prompt(8), max_tokens=2)

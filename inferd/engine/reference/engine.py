@@ -291,10 +291,9 @@ class ReferenceEngine(Engine):
                 deltas = []
                 if stop:
                     return
-        except BaseException as exc:  # the thread must not die silently
-            log.exception("reference_engine_thread_failed")
+        except BaseException:  # the thread must not die silently
             with self._cond:
-                self._failed = f"engine failure: {type(exc).__name__}: {exc}"
+                self._failed = "the reference engine failed; see server logs"
                 queued = [seq for kind, seq in self._commands if kind == "submit"]
                 self._commands.clear()
             # Every request the thread knew of ends: running ones, this round's commands (taken off
@@ -302,9 +301,11 @@ class ReferenceEngine(Engine):
             # final, so one that ended earlier this round keeps its own.
             taken = [seq for kind, seq in commands if kind == "submit"]
             failed = {id(seq): seq for seq in [*self._seqs.values(), *taken, *queued]}
+            log.exception("reference_engine_thread_failed", request_ids=[s.request_id for s in failed.values()])
             for seq in failed.values():
                 out: RequestOutput = seq.engine_state
-                deltas.append((out.stream, out.final(seq, FinishReason.ERROR, time.monotonic(), self._failed)))
+                deltas.append((out.stream, out.final(seq, FinishReason.ERROR, time.monotonic(),
+                                                     failure_message(seq.request_id))))
             self._seqs.clear()
             self._hand_over(deltas)
 
@@ -348,7 +349,11 @@ class ReferenceEngine(Engine):
             # submit() only admits requests that fit an empty pool, so this means a bug; failing
             # the head beats spinning on it forever
             if sched.waiting and not sched.running:
-                self._end(sched.waiting[0], FinishReason.ERROR, deltas, "the request cannot be scheduled")
+                head = sched.waiting[0]
+                with request_context(head.request_id):
+                    log.error("request_cannot_be_scheduled", prompt_tokens=head.num_prompt_tokens,
+                              free_blocks=self._blocks.num_free_blocks)
+                self._end(head, FinishReason.ERROR, deltas, failure_message(head.request_id))
             return
         for seq in out.seqs:
             if seq.engine_state.first_scheduled is None:
@@ -365,11 +370,10 @@ class ReferenceEngine(Engine):
                 logits = logits[rows]
             picked = [out.seqs[r] for r in rows]
             sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked])
-        except Exception as exc:
+        except Exception:
             log.exception("engine_step_failed", request_ids=[seq.request_id for seq in out.seqs])
-            message = f"engine step failed: {type(exc).__name__}: {exc}"
             for seq in out.seqs:
-                self._end(seq, FinishReason.ERROR, deltas, message)
+                self._end(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))
             return
         now = time.monotonic()
         for seq in sched.update_from_output(out, sampled):

@@ -10,7 +10,11 @@ import pytest
 from inferd.artifacts import ArtifactError
 from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.reference.engine import ReferenceEngine
+from inferd.engine.validation import failure_message
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
+from tests.engine.backends import json_log
+
+ENGINE_LOGGER = "inferd.engine.reference.engine"
 
 TEXTS = [
     "the quick brown fox",
@@ -239,8 +243,11 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_carries_on(make_
         return forward(batch, kv)
 
     engine.model.forward = failing_once
-    failed = await solo(engine, req(engine, "bad", TEXTS[0], 4))
-    assert failed.finish_reason is FinishReason.ERROR and "boom" in failed.error
+    with json_log(ENGINE_LOGGER) as lines:
+        failed = await solo(engine, req(engine, "bad", TEXTS[0], 4))
+    # the client learns which request to look up, never the exception; the log has it
+    assert failed.finish_reason is FinishReason.ERROR and failed.error == failure_message("bad")
+    assert any(line["exc"] == "boom" and "bad" in line["request_ids"] for line in lines)
     assert engine.healthy and engine.stats().kv_blocks_used == 0
     ok = await solo(engine, req(engine, "good", TEXTS[0], 4))
     assert ok.finish_reason is FinishReason.LENGTH
@@ -253,12 +260,15 @@ async def test_a_dead_step_thread_fails_requests_and_turns_unhealthy(make_engine
         raise RuntimeError("scheduler bug")
 
     engine._scheduler.schedule = broken_schedule
-    out = await solo(engine, req(engine, "x", TEXTS[0], 4))
-    assert out.finish_reason is FinishReason.ERROR and "scheduler bug" in out.error
-    await asyncio.to_thread(engine._thread.join, 10)
+    with json_log(ENGINE_LOGGER) as lines:
+        out = await solo(engine, req(engine, "x", TEXTS[0], 4))
+        await asyncio.to_thread(engine._thread.join, 10)
+    assert out.finish_reason is FinishReason.ERROR and out.error == failure_message("x")
+    assert any(line["exc"] == "scheduler bug" and "x" in line["request_ids"] for line in lines)
     assert not engine.healthy
-    with pytest.raises(EngineUnavailable):
+    with pytest.raises(EngineUnavailable) as unavailable:
         engine.submit(req(engine, "y", TEXTS[0]))
+    assert "scheduler bug" not in str(unavailable.value)
 
 
 async def test_close_aborts_everything_in_flight(tiny_artifact):
@@ -314,8 +324,10 @@ async def test_a_request_that_cannot_be_set_up_fails_alone(make_engine, monkeypa
     with engine._cond:       # both requests reach the step thread in one batch of commands
         bad = engine.submit(req(engine, "bad", TEXTS[0], 4, temperature=1.0, seed=666))
         good = engine.submit(req(engine, "good", TEXTS[0], 4, temperature=1.0, seed=7))
-    failed, ok = await asyncio.wait_for(asyncio.gather(bad.collect(), good.collect()), 10)
-    assert failed.finish_reason is FinishReason.ERROR and "secret" not in failed.error
+    with json_log(ENGINE_LOGGER) as lines:
+        failed, ok = await asyncio.wait_for(asyncio.gather(bad.collect(), good.collect()), 10)
+    assert failed.finish_reason is FinishReason.ERROR and failed.error == failure_message("bad")
+    assert any(line.get("request_id") == "bad" and line["exc"] == "secret detail" for line in lines)
     assert ok.finish_reason is FinishReason.LENGTH and len(ok.token_ids) == 4
     assert engine.healthy
 
