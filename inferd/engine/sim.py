@@ -87,6 +87,9 @@ class SimEngine(Engine):
             raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
         self.tokenizer = sim_tokenizer(self.profile.vocab_size)
         digest = hashlib.sha256(msgspec.json.encode(self.profile)).hexdigest()[:12]
+        # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
+        # default max_tokens to a context this engine then refuses.
+        max_model_len = min(max_model_len, num_kv_blocks * block_size)
         self.info = EngineInfo(backend="sim", model_name=model_name, version=f"sim-{digest}",
                                max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
                                max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True)

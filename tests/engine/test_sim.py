@@ -174,6 +174,12 @@ async def test_waiting_requests_reserve_their_prompt_blocks(make_engine) -> None
     assert (cap.free_kv_blocks, cap.waiting, cap.free_slots) == (17, 1, engine.info.max_batch_size - 1)
 
 
+def test_max_model_len_is_bounded_by_the_kv_pool() -> None:
+    # the API defaults max_tokens to the rest of max_model_len: it must be a context the pool can hold
+    assert SimEngine("tiny", num_kv_blocks=4, block_size=16, max_model_len=256).info.max_model_len == 64
+    assert SimEngine("tiny", num_kv_blocks=40, block_size=16, max_model_len=256).info.max_model_len == 256
+
+
 async def test_request_that_can_never_fit_the_kv_pool_is_rejected_naming_max_tokens(make_engine) -> None:
     from inferd.engine.base import InvalidRequest
     engine = await make_engine(num_kv_blocks=4, block_size=16)

@@ -136,15 +136,18 @@ class ReferenceEngine(Engine):
         self.model = LlamaModel.from_pretrained(self.artifact_dir)
         self.tokenizer = HFTokenizer.from_dir(self.artifact_dir)
         config = self.model.config
+        # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
+        # default max_tokens to a context this engine then refuses.
+        max_model_len = min(config.max_position_embeddings, self._num_kv_blocks * self._block_size)
         self.info = EngineInfo(
             backend="reference", model_name=manifest.name, version=manifest.version,
-            max_model_len=config.max_position_embeddings, block_size=self._block_size,
+            max_model_len=max_model_len, block_size=self._block_size,
             num_kv_blocks=self._num_kv_blocks, max_batch_size=self._max_batch_size,
             max_num_tokens=self._max_num_tokens)
         self._kv = self.model.new_kv_cache(self._num_kv_blocks, self._block_size)
         self._blocks = BlockManager(self._num_kv_blocks, self._block_size)
         self._scheduler = Scheduler(self._blocks, max_batch_size=self._max_batch_size,
-                                    max_num_tokens=self._max_num_tokens, max_model_len=config.max_position_embeddings,
+                                    max_num_tokens=self._max_num_tokens, max_model_len=max_model_len,
                                     eos_token_ids=self.tokenizer.eos_token_ids)
         self._sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}                    # step thread only
@@ -152,12 +155,14 @@ class ReferenceEngine(Engine):
     async def warmup(self) -> None:
         """A multi-block prompt alongside short ones, through a few decode steps."""
         vocab = self.model.config.vocab_size
-        long_len = min(3 * self._block_size + 1, self.info.max_model_len - 4)
-        shapes = [long_len, 5, 9]
+        limit = self.info.max_model_len      # a small KV pool makes it small
+        shapes = [max(1, min(n, limit - 4)) for n in (3 * self._block_size + 1, 5, 9)]
+        max_tokens = max(1, min(4, limit - max(shapes)))
         streams = [self.submit(GenerationRequest(
             request_id=f"__warmup_{i}_{id(self)}", tenant="__warmup__",
             prompt_token_ids=tuple((7 * j + i) % vocab for j in range(n)),
-            sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))) for i, n in enumerate(shapes)]
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
+            for i, n in enumerate(shapes)]
         await asyncio.gather(*(s.collect() for s in streams))
 
     async def close(self) -> None:

@@ -345,3 +345,16 @@ async def test_a_dead_step_thread_ends_every_stream_it_had_taken(make_engine):
     assert [f.finish_reason for f in finals] == [FinishReason.ERROR] * 3
     await asyncio.to_thread(engine._thread.join, 10)
     assert not engine.healthy
+
+
+async def test_max_model_len_is_bounded_by_the_kv_pool(make_engine):
+    engine = await make_engine(num_kv_blocks=8, block_size=4)     # 32 tokens of KV, far below the model's context
+    await engine.warmup()
+    assert engine.info.max_model_len == 32 < engine.model.config.max_position_embeddings
+    prompt_len = len(engine.tokenizer.encode(TEXTS[0]))
+    # what the API defaults max_tokens to (the rest of max_model_len) runs
+    out = await solo(engine, req(engine, "fits", TEXTS[0], 32 - prompt_len))
+    assert out.finish_reason is FinishReason.LENGTH and out.usage.completion_tokens == 32 - prompt_len
+    with pytest.raises(InvalidRequest) as info:
+        engine.submit(req(engine, "over", TEXTS[0], 33 - prompt_len))
+    assert info.value.param == "max_tokens" and "32" in str(info.value)
