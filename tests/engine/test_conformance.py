@@ -187,7 +187,9 @@ async def test_capacity_goes_down_while_requests_run_and_back_up_after(engine: E
     at_idle = idle(engine)
     n = min(3, engine.info.max_batch_size)
     prompts = [prompt_ids(engine, i) for i in range(n)]
-    streams = [submit(engine, p, max_tokens=30, temperature=0.0) for p in prompts]
+    # long enough that none can finish while the test looks (a fast backend on a busy machine can run
+    # dozens of steps between two of the test's turns); aborted below
+    streams = [submit(engine, p, max_tokens=200, temperature=0.0) for p in prompts]
     prompt_blocks = sum(-(-len(p) // engine.info.block_size) for p in prompts)
     # submitted but not yet scheduled work counts too: capacity never over-reports
     for _ in range(2):
@@ -196,6 +198,8 @@ async def test_capacity_goes_down_while_requests_run_and_back_up_after(engine: E
         assert free_blocks <= at_idle[0] - prompt_blocks
         await asyncio.gather(*(first_delta(s) for s in streams))
     assert engine.stats().running + engine.stats().waiting == n
+    for stream in streams:
+        engine.abort(stream.request_id)
     await asyncio.gather(*(drain(s) for s in streams))
     assert idle(engine) == at_idle
     assert engine.stats().running == engine.stats().waiting == 0
