@@ -200,7 +200,12 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
             last = entry.final
         else:
             last = await stream.collect()
-            resp = _json_response(request, ident, last, headers, entry.timed_out, arrival)
+            try:
+                resp = _json_response(request, ident, last, headers, entry.timed_out, arrival)
+            except ApiError as err:     # an abnormal end: the client gets err.status, so do metrics and rollouts
+                status = err.status
+                log_fields["finish_reason"] = last.finish_reason.value
+                raise
         if last is not None:
             finish = OPENAI_FINISH.get(last.finish_reason)
             status = 200 if finish else abnormal_end(last.finish_reason, last.error).status

@@ -36,6 +36,19 @@ class Served(msgspec.Struct, kw_only=True):
         assert m, text
         return int(float(m.group(1)))
 
+    async def metrics_text(self) -> str:
+        async with self.http.get(self.base_url + "/metrics") as resp:
+            assert resp.status == 200
+            return await resp.text()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of the first `name{...}` sample carrying all `labels` (0 when there is none)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
 
 def sim_engine(**overrides) -> SimEngine:
     """The tiny profile: vocab 4096, a few hundred KV blocks; time_scale 0 unless a test needs pacing."""

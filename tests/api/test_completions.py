@@ -1,10 +1,34 @@
 """End to end through the official OpenAI SDK against the real app over the sim engine."""
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import openai
 import pytest
 
-from tests.api.conftest import sim_engine
+from inferd.engine.sim import SimEngine
+from inferd.types import Delta, FinishReason
+from tests.api.conftest import metric_value, sim_engine
+
+
+class FailingEngine(SimEngine):
+    """A sim engine that fails every request it accepts, as an engine reports a failure: a final
+    delta with FinishReason.ERROR (the real generation is aborted when the API cancels the stream)."""
+
+    def submit(self, request):
+        stream = super().submit(request)
+        asyncio.get_running_loop().call_soon(
+            stream.push, Delta(token_ids=[], finish_reason=FinishReason.ERROR, error="injected failure"))
+        return stream
+
+
+class RolloutRecorder:
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, bool]] = []
+
+    def record(self, key, ok, ttft, itl, prompt, completion) -> None:
+        self.outcomes.append((str(key), ok))
 
 
 async def test_completion_returns_text_usage_and_versioned_model(served):
@@ -129,3 +153,21 @@ async def test_draining_server_answers_503_with_retry_after(served):
     with pytest.raises(openai.InternalServerError) as exc:
         await served.sdk.completions.create(model="sim", prompt="a")
     assert exc.value.status_code == 503 and exc.value.response.headers["Retry-After"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_engine_failure_is_counted_as_500_and_reported_to_rollouts(serve, stream):
+    served = await serve({"sim": FailingEngine("tiny", time_scale=1.0, max_model_len=512)})
+    rollouts = RolloutRecorder()
+    served.state.control = SimpleNamespace(rollouts=rollouts)
+    with pytest.raises(openai.APIError) as exc:
+        if stream:
+            async for _ in await served.sdk.completions.create(model="sim", prompt="a", max_tokens=50, stream=True):
+                pass
+        else:
+            await served.sdk.completions.create(model="sim", prompt="a", max_tokens=50)
+    assert exc.value.body["code"] == "engine_error"
+    text = await served.metrics_text()
+    assert metric_value(text, "inferd_requests_total", model="sim", status="500") == 1
+    assert metric_value(text, "inferd_requests_total", model="sim", status="499") == 0
+    assert rollouts.outcomes == [(f"sim@{served.engine.info.version}", False)]
