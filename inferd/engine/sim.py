@@ -27,7 +27,7 @@ import msgspec
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.sim_profiles import SimProfile, blocks_for, get_profile, sim_tokenizer
 from inferd.engine.stream import RequestStream
-from inferd.engine.validation import failure_message, seed64
+from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.log import get_logger
 from inferd.tokenization import StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
@@ -152,7 +152,7 @@ class SimEngine(Engine):
     def submit(self, request: GenerationRequest) -> RequestStream:
         if not self.healthy:
             raise EngineUnavailable("sim engine is not running")
-        seq = self._validate(request)
+        seq = self._new_seq(request)
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
         self._prompt_tokens += seq.prompt_len
@@ -160,34 +160,13 @@ class SimEngine(Engine):
         self._wakeup.set()
         return seq.stream
 
-    def _validate(self, request: GenerationRequest) -> _Seq:
-        sp, info = request.sampling, self.info
-        prompt = request.prompt_token_ids
+    def _new_seq(self, request: GenerationRequest) -> _Seq:
+        """Check the request (InvalidRequest naming the field) and build its sequence."""
+        sp, prompt = request.sampling, request.prompt_token_ids
         if request.request_id in self._seqs:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
-        if not prompt:
-            raise InvalidRequest("the prompt is empty", "prompt")
-        vocab = self.tokenizer.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
-        if len(prompt) >= info.max_model_len:
-            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this model's context is "
-                                 f"{info.max_model_len}", "prompt")
-        if not isinstance(sp.max_tokens, int) or sp.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be at least 1", "max_tokens")
-        if len(prompt) + sp.max_tokens > info.max_model_len:
-            raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({sp.max_tokens}) exceeds the "
-                                 f"context of {info.max_model_len} tokens", "max_tokens")
-        if blocks_for(len(prompt) + sp.max_tokens, info.block_size) > info.num_kv_blocks:
-            raise InvalidRequest("prompt + max_tokens does not fit in this engine's KV cache", "max_tokens")
-        if not sp.temperature >= 0:
-            raise InvalidRequest("temperature must be >= 0", "temperature")
-        if not 0 < sp.top_p <= 1:
-            raise InvalidRequest("top_p must be in (0, 1]", "top_p")
-        if sp.top_k < 0:
-            raise InvalidRequest("top_k must be >= 0", "top_k")
-        if any(not isinstance(s, str) or not s for s in sp.stop):
-            raise InvalidRequest("stop strings must be non-empty", "stop")
+        # max_model_len is already bounded by the KV pool (see __init__): no separate capacity check
+        validate_request(request, vocab_size=self.tokenizer.vocab_size, max_model_len=self.info.max_model_len)
         if request.lora is not None:
             raise InvalidRequest("the sim backend serves no LoRA adapters", "model")
         # Greedy output depends on the prompt only; sampled output on prompt and seed (or fresh entropy).

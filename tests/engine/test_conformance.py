@@ -183,6 +183,29 @@ async def test_invalid_request_names_its_param_and_leaves_others_running(engine:
     assert idle(engine) == at_idle
 
 
+@pytest.mark.parametrize(("params", "field"), [
+    (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
+    (dict(stop=("",)), "stop"), (dict(stop_token_ids=(10 ** 9,)), "stop_token_ids"),
+])
+async def test_bad_sampling_fields_are_rejected_naming_them(engine: Engine, params: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        submit(engine, prompt_ids(engine), max_tokens=2, **params)
+    assert info.value.param == field
+    assert idle(engine) == (engine.info.num_kv_blocks, engine.info.max_batch_size)
+
+
+async def test_every_backend_states_the_context_limit_alike(engine: Engine) -> None:
+    prompt, limit = prompt_ids(engine), engine.info.max_model_len
+    with pytest.raises(InvalidRequest) as info:
+        submit(engine, prompt, max_tokens=limit - len(prompt) + 1)
+    assert info.value.param == "max_tokens"
+    assert str(info.value) == (f"this model's maximum context length is {limit} tokens; the request needs "
+                               f"{limit + 1} ({len(prompt)} prompt + {limit - len(prompt) + 1} max_tokens)")
+    with pytest.raises(InvalidRequest) as info:
+        submit(engine, (*prompt[:-1], 10 ** 9), max_tokens=2)
+    assert info.value.param == "prompt"
+
+
 async def test_capacity_goes_down_while_requests_run_and_back_up_after(engine: Engine) -> None:
     at_idle = idle(engine)
     n = min(3, engine.info.max_batch_size)

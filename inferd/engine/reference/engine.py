@@ -22,7 +22,7 @@ from inferd.engine.reference.sampler import Sampler, make_rng
 from inferd.engine.reference.scheduler import Scheduler
 from inferd.engine.reference.sequence import Sequence, prefix_salt
 from inferd.engine.stream import RequestStream
-from inferd.engine.validation import failure_message
+from inferd.engine.validation import failure_message, validate_request
 from inferd.log import get_logger, request_context
 from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, SamplingParams, Usage
@@ -208,34 +208,10 @@ class ReferenceEngine(Engine):
         return stream
 
     def _validate(self, request: GenerationRequest) -> None:
-        prompt, params = request.prompt_token_ids, request.sampling
         if request.request_id in self._streams:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
-        if not prompt:
-            raise InvalidRequest("the prompt is empty", "prompt")
-        vocab = self.model.config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab})", "prompt")
-        if params.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be >= 1", "max_tokens")
-        if params.temperature < 0:
-            raise InvalidRequest("temperature must be >= 0", "temperature")
-        if not 0 < params.top_p <= 1:
-            raise InvalidRequest("top_p must be in (0, 1]", "top_p")
-        if params.top_k < 0:
-            raise InvalidRequest("top_k must be >= 0", "top_k")
-        if any(not isinstance(s, str) or not s for s in params.stop):
-            raise InvalidRequest("stop strings must be non-empty", "stop")
-        limit = self.info.max_model_len
-        total = len(prompt) + params.max_tokens
-        if total > limit:
-            param = "prompt" if len(prompt) >= limit else "max_tokens"
-            raise InvalidRequest(f"this model's maximum context length is {limit} tokens; the request needs "
-                                 f"{total} ({len(prompt)} prompt + {params.max_tokens} max_tokens)", param)
-        kv_tokens = self._num_kv_blocks * self._block_size
-        if total > kv_tokens:
-            raise InvalidRequest(f"the request needs {total} tokens of KV cache; this engine holds {kv_tokens}",
-                                 "max_tokens")
+        # max_model_len is already bounded by the KV pool (see _load): no separate capacity check
+        validate_request(request, vocab_size=self.model.config.vocab_size, max_model_len=self.info.max_model_len)
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams and self._thread is not None:
