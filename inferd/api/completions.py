@@ -183,29 +183,27 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         record_outcome(state, route.target, None, 503, None)
         raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") from None
     stream = admitted.stream
-    headers.update(admitted.headers)    # X-RateLimit-*
-    mirror_to_shadow(state, route, engine, prompt_ids, sampling, tenant)
+    # From here the engine is generating for us: every path out must cancel the stream (the
+    # finally), or a failure before streaming would leave it generating unread until max_tokens.
     inflight = request.app[keys.INFLIGHT]
-    # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
-    # timeout is the same instant, as a backstop.
-    entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()))
     log_fields = request[keys.LOG_FIELDS]
-    log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
     status: int = CLIENT_GONE
     last = None
+    entry = None
     try:
+        headers.update(admitted.headers)    # X-RateLimit-*
+        mirror_to_shadow(state, route, engine, prompt_ids, sampling, tenant)
+        # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
+        # timeout is the same instant, as a backstop.
+        entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()))
+        log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
         if p.stream:
             encoder = ChunkEncoder(ident, p.include_usage)
             resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight)
             last = entry.final
         else:
             last = await stream.collect()
-            try:
-                resp = _json_response(request, ident, last, headers, entry.timed_out, arrival)
-            except ApiError as err:     # an abnormal end: the client gets err.status, so do metrics and rollouts
-                status = err.status
-                log_fields["finish_reason"] = last.finish_reason.value
-                raise
+            resp = _json_response(request, ident, last, headers, entry.timed_out, arrival)
         if last is not None:
             finish = OPENAI_FINISH.get(last.finish_reason)
             status = 200 if finish else abnormal_end(last.finish_reason, last.error).status
@@ -214,11 +212,22 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
             if not p.stream or not entry.client_gone:
                 log_fields["finish_reason"] = last.finish_reason.value
         return resp
+    except ApiError as err:             # an abnormal end: the client gets err.status, so do metrics and rollouts
+        status = err.status
+        if last is not None:
+            log_fields["finish_reason"] = last.finish_reason.value
+        raise
+    except ConnectionError:
+        raise                           # the client left: CLIENT_GONE
+    except Exception:
+        status = 500                    # a bug: the middleware answers 500
+        raise
     finally:
-        inflight.discard(entry)
         stream.cancel()                 # no-op when finished; aborts the engine request otherwise
-        if entry.client_gone:
-            status = CLIENT_GONE
+        if entry is not None:
+            inflight.discard(entry)
+            if entry.client_gone:
+                status = CLIENT_GONE
         usage = last.usage if last is not None else None
         timing = last.timing if last is not None else None
         obs.finish(status, usage=usage, timing=timing)

@@ -21,6 +21,7 @@ from inferd.state import ServerState
 class Served(msgspec.Struct, kw_only=True):
     base_url: str          # http://127.0.0.1:<port>
     state: ServerState
+    app: web.Application
     http: aiohttp.ClientSession
     sdk: AsyncOpenAI
 
@@ -77,7 +78,8 @@ async def serve() -> AsyncIterator[ServeFactory]:
             cleanups.append(engine.close)
         state = ServerState(Config(server=ServerConfig(**server), models={}), engines)
         state.started = True
-        runner = web.AppRunner(make_app(state), handler_cancellation=handler_cancellation)
+        app = make_app(state)
+        runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
         await runner.setup()
         cleanups.append(runner.cleanup)
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -88,7 +90,7 @@ async def serve() -> AsyncIterator[ServeFactory]:
         cleanups.append(http.close)
         sdk = AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
         cleanups.append(sdk.close)
-        return Served(base_url=base_url, state=state, http=http, sdk=sdk)
+        return Served(base_url=base_url, state=state, app=app, http=http, sdk=sdk)
 
     yield factory
     for cleanup in reversed(cleanups):

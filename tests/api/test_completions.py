@@ -9,6 +9,7 @@ import pytest
 
 from inferd.engine.sim import SimEngine
 from inferd.types import Delta, FinishReason
+from inferd.api import appkeys
 from tests.api.conftest import metric_value, sim_engine
 
 
@@ -171,3 +172,24 @@ async def test_engine_failure_is_counted_as_500_and_reported_to_rollouts(serve, 
     assert metric_value(text, "inferd_requests_total", model="sim", status="500") == 1
     assert metric_value(text, "inferd_requests_total", model="sim", status="499") == 0
     assert rollouts.outcomes == [(f"sim@{served.engine.info.version}", False)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failure_right_after_admission_aborts_the_engine_request(serve, stream):
+    # 400 tokens at ~5 ms per step: a request left generating unread would run for ~2 s.
+    served = await serve({"sim": sim_engine(time_scale=2.0)})
+    engine = served.engine
+    submitted = []
+    submit = engine.submit
+    engine.submit = lambda request: submitted.append(submit(request)) or submitted[-1]
+
+    def broken_add(*args, **kwargs):
+        raise RuntimeError("bug between admission and streaming")
+
+    served.app[appkeys.INFLIGHT].add = broken_add
+    with pytest.raises(openai.InternalServerError):
+        await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400, stream=stream)
+    (engine_stream,) = submitted
+    final = await asyncio.wait_for(engine_stream.collect(), timeout=1.0)   # the engine ends it: aborted
+    assert final.finish_reason is FinishReason.ABORT
+    assert metric_value(await served.metrics_text(), "inferd_requests_total", model="sim", status="500") == 1
