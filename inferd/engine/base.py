@@ -7,7 +7,7 @@ keeping the engine's own waiting queue near empty.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -89,10 +89,18 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Engine(abc.ABC):
-    """One loaded model version. All methods are called on the event-loop thread."""
+    """One loaded model version. All methods are called on the event-loop thread.
+
+    `step_observer`, when set (the daemon sets it to feed inferd_engine_step_seconds), is called once
+    per engine step with that step's duration in seconds: wall time for the reference engine, simulated
+    time for the sim (as its stats), the executor's iteration latency for trtllm. It may be called from
+    an engine's own thread, so it must be thread-safe (Prometheus histograms are) and quick; engines log
+    an exception from it and carry on.
+    """
 
     info: EngineInfo
     tokenizer: Tokenizer
+    step_observer: Callable[[float], None] | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -281,6 +281,12 @@ class SimEngine(Engine):
         self._last_step_s = step_s
         self._ema_tokens = 0.9 * self._ema_tokens + 0.1 * num_tokens
         self._ema_time = 0.9 * self._ema_time + 0.1 * step_s
+        observer = self.step_observer
+        if observer is not None:   # simulated seconds, as the stats: what the modelled GPU would take
+            try:
+                observer(step_s)
+            except Exception:   # metrics must never take the engine down
+                log.exception("step_observer_failed")
 
     def _schedule(self) -> tuple[list[tuple[_Seq, int]], int, int, int]:
         """Pick this step's work: running sequences first (oldest first), then FCFS from waiting."""

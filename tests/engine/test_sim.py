@@ -91,11 +91,12 @@ async def test_decode_step_time_follows_the_roofline_with_batch_size(make_engine
     step_times = {}
     for batch in (1, 64):
         engine = await make_engine(max_batch_size=64, max_num_tokens=4096, num_kv_blocks=1024)
+        steps: list[float] = []
+        engine.step_observer = steps.append
         streams = [submit(engine, prompt(32, i), max_tokens=9) for i in range(batch)]
-        await asyncio.gather(*(s.__anext__() for s in streams))          # prefill done, first tokens out
-        before_time, before_steps = engine.sim_time, engine.stats().steps_total
         await asyncio.gather(*(finish(s) for s in streams))
-        step_times[batch] = (engine.sim_time - before_time) / (engine.stats().steps_total - before_steps)
+        assert len(steps) == 9               # one prefill step (all prompts fit the budget), 8 decode steps
+        step_times[batch] = sum(steps[1:]) / 8
     implied = profile.decode_step_time(64, 36) / profile.decode_step_time(1, 36)
     assert implied > 2   # the tiny profile is compute-bound at batch 64
     assert step_times[64] / step_times[1] == pytest.approx(implied, rel=0.05)
@@ -297,3 +298,19 @@ async def test_a_step_loop_bug_fails_requests_with_a_safe_message_and_logs_the_d
     assert not engine.healthy
     with pytest.raises(EngineUnavailable):
         submit(engine, prompt(8), max_tokens=2)
+
+
+async def test_step_observer_gets_each_step_in_simulated_seconds(make_engine) -> None:
+    engine = await make_engine(time_scale=0.0)
+    steps: list[float] = []
+    engine.step_observer = steps.append
+    await finish(submit(engine, prompt(40), max_tokens=6))
+    assert len(steps) == engine.stats().steps_total and all(s > 0 for s in steps)
+    assert sum(steps) == pytest.approx(engine.sim_time) and steps[-1] == engine.stats().step_latency_s
+
+    def broken(step_s: float) -> None:
+        raise RuntimeError("metrics bug")
+
+    engine.step_observer = broken            # logged, never fatal
+    assert (await finish(submit(engine, prompt(8), max_tokens=3))).finish_reason is FinishReason.LENGTH
+    assert engine.healthy

@@ -11,7 +11,6 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 
 from inferd.artifacts import read_manifest, verify_artifact
@@ -87,13 +86,8 @@ class RequestOutput:
 
 
 class ReferenceEngine(Engine):
-    """`info` and `tokenizer` are set by start().
-
-    `step_observer`, when set (the daemon sets it), is called on the step thread with each
-    step's wall time in seconds; it must be thread-safe (Prometheus histograms are).
-    """
-
-    step_observer: Callable[[float], None] | None = None
+    """`info` and `tokenizer` are set by start(). `step_observer` (see Engine) gets each step's wall
+    time, on the step thread."""
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True) -> None:
