@@ -195,7 +195,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         mirror_to_shadow(state, route, engine, prompt_ids, sampling, tenant)
         # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
         # timeout is the same instant, as a backstop.
-        entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()))
+        entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()), request[keys.REQUEST_ID])
         log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
         if p.stream:
             encoder = ChunkEncoder(ident, p.include_usage)
@@ -211,6 +211,8 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
                 status = 504
             if not p.stream or not entry.client_gone:
                 log_fields["finish_reason"] = last.finish_reason.value
+        if entry.failed:
+            status = 500                # a bug ended the stream with an internal_error frame
         return resp
     except ApiError as err:             # an abnormal end: the client gets err.status, so do metrics and rollouts
         status = err.status

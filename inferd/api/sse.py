@@ -16,6 +16,10 @@ task per app that scans the in-flight requests a few times a second, instead of 
 A client that disconnects is noticed either by a failed write or by the watchdog (its transport
 is closing) and its engine request is aborted; the handler's `finally` aborts it too when aiohttp
 cancels the handler.
+
+Once the headers are out, the response is this stream and nothing else: a bug while writing is
+logged and ends the stream with an `internal_error` frame and `[DONE]` (`Sender.fail`); it is never
+raised to the middleware, which would write a second HTTP response into the chunked body.
 """
 from __future__ import annotations
 
@@ -28,23 +32,27 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from inferd.api.errors import ApiError
+from inferd.api.errors import SERVER_ERROR, ApiError
 from inferd.api.responses import DONE_FRAME, OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
 from inferd.engine.stream import RequestStream
+from inferd.log import get_logger, request_context
 from inferd.metrics import RequestObservation
 from inferd.types import Delta, FinishReason
 
 _monotonic = time.monotonic
+log = get_logger("inferd.api.sse")
 
 
 class Tracked:
     """One in-flight generation the watchdog looks after."""
 
-    __slots__ = ("request", "stream", "sender", "last_write", "deadline", "timed_out", "closing", "client_gone",
-                 "final")
+    __slots__ = ("request", "request_id", "stream", "sender", "last_write", "deadline", "timed_out", "closing",
+                 "client_gone", "failed", "final")
 
-    def __init__(self, request: web.BaseRequest, stream: RequestStream, deadline: float | None) -> None:
+    def __init__(self, request: web.BaseRequest, stream: RequestStream, deadline: float | None,
+                 request_id: str | None = None) -> None:
         self.request = request
+        self.request_id = request_id
         self.stream = stream
         self.sender: Sender | None = None              # set once streaming headers are sent
         self.last_write = _monotonic()
@@ -52,6 +60,7 @@ class Tracked:
         self.timed_out = False
         self.closing = False                           # final frames being written: no more pings
         self.client_gone = False
+        self.failed = False                            # a bug ended the stream (an internal_error frame)
         self.final: Delta | None = None                # the stream's last delta, once read
 
 
@@ -76,15 +85,15 @@ class Flusher:
                 sender.flush()
             except ConnectionError:
                 sender.end(client_gone=True)
-            except Exception as exc:   # a bug: fail this response (the handler raises it), not the others
-                sender.end(error=exc)
+            except Exception:   # a bug: end this stream with an error frame, not the others
+                sender.fail()
 
 
 class Sender:
     """The writing side of one event stream: frames go straight to the transport."""
 
     __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
-                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "error")
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation) -> None:
@@ -103,7 +112,6 @@ class Sender:
         self.waiter: asyncio.Future[None] | None = None
         self.blocked = False        # the transport is over its high-water mark: the handler awaits drain
         self.done = False
-        self.error: BaseException | None = None
 
     def send(self, frame: bytes) -> None:
         transport = self._transport
@@ -142,12 +150,26 @@ class Sender:
             with contextlib.suppress(ConnectionError):   # the watchdog's next scan sees a closed transport
                 self.send(PING_FRAME)
 
-    def end(self, *, client_gone: bool = False, error: BaseException | None = None) -> None:
+    def end(self, *, client_gone: bool = False) -> None:
         self.done = True
         if client_gone:
             self.entry.client_gone = True
-        self.error = error
         self._wake()
+
+    def fail(self) -> None:
+        """Inside an `except` for an unexpected exception: log it, then end the stream as the
+        protocol allows once headers are sent: an error frame, `[DONE]`, and the chunked stream's end."""
+        entry = self.entry
+        with request_context(entry.request_id or self.stream.request_id):
+            log.exception("stream_failed", completion_id=self.stream.request_id)
+        if self.done:
+            return
+        entry.failed = entry.closing = True
+        rid = f" (request id {entry.request_id})" if entry.request_id else ""
+        err = ApiError(500, f"Internal server error while streaming{rid}.", type=SERVER_ERROR, code="internal_error")
+        with contextlib.suppress(ConnectionError):
+            self.send(self._encoder.error(err, None) + DONE_FRAME)
+        self.end()
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -163,9 +185,10 @@ class Inflight:
         self.entries: set[Tracked] = set()
         self.flusher = Flusher()
 
-    def add(self, request: web.BaseRequest, stream: RequestStream, timeout_s: float | None) -> Tracked:
+    def add(self, request: web.BaseRequest, stream: RequestStream, timeout_s: float | None,
+            request_id: str | None = None) -> Tracked:
         deadline = _monotonic() + timeout_s if timeout_s else None
-        entry = Tracked(request, stream, deadline)
+        entry = Tracked(request, stream, deadline, request_id)
         self.entries.add(entry)
         return entry
 
@@ -228,10 +251,12 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
                 continue
             sender.waiter = loop.create_future()
             await sender.waiter
-        if sender.error is not None:
-            raise sender.error
     except ConnectionError:
         entry.client_gone = True            # the caller's `finally` aborts the engine request
+    except Exception:
+        if sender is None:
+            raise                           # nothing sent yet: the middleware answers 500
+        sender.fail()
     finally:
         stream.listen(None)
         if sender is not None:

@@ -8,11 +8,14 @@ import aiohttp
 import openai
 import pytest
 
-from tests.api.conftest import sim_engine, wait_until
+from inferd.engine.sim import SimEngine
+from inferd.types import Delta
+from tests.api.conftest import metric_value, sim_engine, wait_until
 
 
 async def raw_post(base_url: str, path: str, body: dict) -> bytes:
-    """One HTTP/1.1 request on a bare socket; returns the de-chunked response body."""
+    """One HTTP/1.1 request on a bare socket; returns the de-chunked response body (and checks that
+    nothing follows the last chunk: a second response written into the stream would)."""
     host, port = base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     payload = json.dumps(body).encode()
@@ -29,6 +32,7 @@ async def raw_post(base_url: str, path: str, body: dict) -> bytes:
         size_line, _, rest = rest.partition(b"\r\n")
         size = int(size_line, 16)
         if size == 0:
+            assert rest == b"\r\n", rest
             return body_bytes
         body_bytes += rest[:size]
         rest = rest[size + 2:]
@@ -110,3 +114,28 @@ async def test_tokens_faster_than_frames_merge_into_fewer_frames(served):
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
     assert len(chunks) < 30                      # the sim at time_scale 0 produces 60 tokens in far less
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+class UnencodableOutputEngine(SimEngine):
+    """Pushes a delta the SSE writer cannot encode: stands in for a bug in the writing path."""
+
+    def submit(self, request):
+        stream = super().submit(request)
+        asyncio.get_running_loop().call_soon(stream.push, Delta(token_ids=[7], text=object()))
+        return stream
+
+
+async def test_a_bug_while_streaming_ends_the_stream_with_an_error_frame_not_a_second_response(serve):
+    served = await serve({"sim": UnencodableOutputEngine("tiny", time_scale=1.0, max_model_len=512)})
+    body = await raw_post(served.base_url, "/v1/completions",
+                          {"model": "sim", "prompt": "hi", "max_tokens": 50, "stream": True})
+    frames = body.split(b"\n\n")
+    assert frames[-2:] == [b"data: [DONE]", b""]
+    error = json.loads(frames[-3].removeprefix(b"data: "))["error"]
+    assert error["code"] == "internal_error" and error["type"] == "server_error"
+    with pytest.raises(openai.APIError) as exc:                  # the SDK raises on it
+        async for _ in await served.sdk.completions.create(model="sim", prompt="hi", max_tokens=50, stream=True):
+            pass
+    assert exc.value.body["code"] == "internal_error"
+    text = await served.metrics_text()
+    assert metric_value(text, "inferd_requests_total", model="sim", status="500") == 2
