@@ -21,6 +21,7 @@ import inspect
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,11 @@ class _Req:
 
 
 class TrtllmEngine(Engine):
+    """`step_observer`, when set (the daemon sets it), gets each executor iteration's wall time in
+    seconds (`iterLatencyMS` of its stats sample), once per sample, on the event-loop thread."""
+
+    step_observer: Callable[[float], None] | None = None
+
     def __init__(self, engine_dir: Path, *, tokenizer_dir: Path | None = None, max_batch_size: int | None = None,
                  max_num_tokens: int | None = None, kv_cache_free_gpu_memory_fraction: float | None = None,
                  kv_cache_max_tokens: int | None = None, enable_block_reuse: bool = True,
@@ -169,7 +175,8 @@ class TrtllmEngine(Engine):
                                model_name=self._model_name or (manifest.name if manifest else self.engine_dir.name),
                                version=self._version or (manifest.version if manifest else "unversioned"),
                                max_model_len=int(build["max_seq_len"]), block_size=block_size,
-                               num_kv_blocks=kv_blocks, max_batch_size=max_batch, max_num_tokens=max_tokens)
+                               num_kv_blocks=kv_blocks, max_batch_size=max_batch, max_num_tokens=max_tokens,
+                               prefix_caching=self._block_reuse)
         self._started = True
         self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop(), name="trtllm-stats")
 
@@ -432,7 +439,14 @@ class TrtllmEngine(Engine):
         kv = item.get("kvCacheStats") or {}
         self._sample = item
         self._sample_seq = self._seq
-        latency = (item.get("iterLatencyMS") or 0.0) / 1000.0
+        latency_ms = item.get("iterLatencyMS")
+        latency = (latency_ms or 0.0) / 1000.0
+        observer = self.step_observer
+        if observer is not None and latency_ms is not None:
+            try:
+                observer(latency)
+            except Exception:  # metrics must never take the engine down
+                log.exception("step_observer failed")
         ifb = item.get("inflightBatchingStats") or {}
         tokens = (ifb.get("numCtxTokens") or 0) + (ifb.get("numGenRequests") or 0)
         if latency > 0:

@@ -272,6 +272,20 @@ async def test_stats_come_from_executor_iterations(tiny_artifact, tmp_path) -> N
         assert stats.running == stats.waiting == 0 and stats.step_latency_s >= 0
 
 
+async def test_step_observer_gets_each_iteration_latency_in_seconds(tiny_artifact, tmp_path) -> None:
+    async with trtllm_on_double(tiny_artifact, tmp_path, step_time_s=0.004) as engine:
+        observed: list[float] = []
+        samples: list[dict] = []
+        on_stats = engine._on_stats
+        engine._on_stats = lambda item: (samples.append(item), on_stats(item))
+        engine.step_observer = observed.append
+        await run(engine, request(engine, "obs", max_tokens=12))
+        # 12 tokens take at least 12 iterations; wait for the sample that saw the request leave
+        await stats_samples_until(engine, lambda: len(samples) >= 12 and samples[-1]["numActiveRequests"] == 0)
+        assert observed == [s["iterLatencyMS"] / 1000.0 for s in samples]
+        assert min(observed) >= 0.004
+
+
 # -- the build ------------------------------------------------------------------------------------------
 
 def build_args(hf_dir: Path, engines_root: Path, **overrides) -> argparse.Namespace:
