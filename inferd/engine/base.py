@@ -59,6 +59,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_batch_size: int          # sequence slots
     max_num_tokens: int          # per-step token budget
     simulated: bool = False      # True only for the sim backend; surfaced in responses and labels
+    prefix_caching: bool = False  # a repeated prompt reuses whole KV blocks (Usage.cached_tokens > 0)
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):

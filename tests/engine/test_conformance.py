@@ -80,13 +80,20 @@ async def test_final_delta_carries_usage_and_ordered_timing(engine: Engine) -> N
 
 
 async def test_repeated_prompt_reports_cached_tokens_in_whole_blocks(engine: Engine) -> None:
-    prompt = prompt_ids(engine, 2) * 4
+    block_size = engine.info.block_size
+    prompt = prompt_ids(engine, 2)
+    while len(prompt) <= 2 * block_size:       # several whole blocks, and a partial one
+        prompt += prompt_ids(engine, 2)
     _, first = await generate(engine, prompt, max_tokens=2, temperature=0.0)
     _, second = await generate(engine, prompt, max_tokens=2, temperature=0.0)
     assert first.usage.prompt_tokens == second.usage.prompt_tokens == len(prompt)
-    # a prefix cache may serve whole blocks of the repeat, never the last prompt token
-    assert second.usage.cached_tokens % engine.info.block_size == 0
+    # a prefix cache serves whole blocks of the repeat, never the last prompt token
+    assert second.usage.cached_tokens % block_size == 0
     assert 0 <= second.usage.cached_tokens < len(prompt)
+    if engine.info.prefix_caching:
+        assert second.usage.cached_tokens >= 2 * block_size
+    else:
+        assert second.usage.cached_tokens == 0
     assert first.token_ids == second.token_ids
 
 
