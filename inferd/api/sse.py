@@ -213,6 +213,10 @@ class Inflight:
     def scan(self, heartbeat: float) -> None:
         now = _monotonic()
         for entry in list(self.entries):
+            if entry.closing:
+                # The final frames are written: the outcome is settled, and a client that hangs up
+                # now (the SDK does, right after them) is done, not gone. The handler discards it.
+                continue
             transport = entry.request.transport
             if transport is None or transport.is_closing():
                 entry.client_gone = True

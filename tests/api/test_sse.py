@@ -8,6 +8,8 @@ import aiohttp
 import openai
 import pytest
 
+from inferd.api import appkeys
+from inferd.api.sse import Flusher
 from inferd.engine.sim import SimEngine
 from inferd.types import Delta
 from tests.api.conftest import metric_value, sim_engine, wait_until
@@ -139,3 +141,30 @@ async def test_a_bug_while_streaming_ends_the_stream_with_an_error_frame_not_a_s
     assert exc.value.body["code"] == "internal_error"
     text = await served.metrics_text()
     assert metric_value(text, "inferd_requests_total", model="sim", status="500") == 2
+
+
+async def test_a_client_hanging_up_after_the_final_frames_is_not_counted_as_gone(serve):
+    # The SDK closes the connection as soon as it reads the final frames; when the watchdog scans
+    # before the handler resumes, it must not turn the request's outcome (here 504) into 499.
+    served = await serve({"sim": sim_engine(time_scale=2.0)}, request_timeout_s=0.2)
+    inflight = served.app[appkeys.INFLIGHT]
+
+    class HangUpAfterFinalFrames(Flusher):
+        def _run(self) -> None:
+            entries = list(inflight.entries)
+            super()._run()
+            for entry in entries:
+                if entry.closing:
+                    entry.request.transport.close()     # written data is still delivered
+                    inflight.scan(heartbeat=15.0)
+
+    inflight.flusher = HangUpAfterFinalFrames()
+    stream = await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400, stream=True)
+    with pytest.raises(openai.APIError) as exc:
+        async for _ in stream:
+            pass
+    assert exc.value.body["code"] == "deadline_exceeded"
+    assert await served.state.wait_idle(timeout=1.0)
+    text = await served.metrics_text()
+    assert metric_value(text, "inferd_requests_total", model="sim", status="504") == 1
+    assert metric_value(text, "inferd_requests_total", model="sim", status="499") == 0
