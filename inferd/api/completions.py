@@ -27,7 +27,10 @@ from inferd.routing import Route
 from inferd.types import FinishReason, GenerationRequest, SamplingParams, Usage
 from inferd.versions import VersionLease
 
-OFF_LOOP_CHARS = 2048          # tokenize longer prompts in a thread
+# Tokenize (and template) in a thread when the body or the conversation is big: the text alone
+# undercounts the work (thousands of empty messages carry no text yet take tens of ms to template).
+OFF_LOOP_BYTES = 2048
+OFF_LOOP_MESSAGES = 32
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
 CLIENT_GONE = 499              # status label for requests whose client left (nginx's convention)
 
@@ -59,7 +62,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _tokenize(engine: Engine, p: Prepared) -> list[int]:
+async def _tokenize(engine: Engine, p: Prepared, body_bytes: int) -> list[int]:
     tok = engine.tokenizer
     if p.prompt_token_ids is not None:
         vocab = tok.vocab_size
@@ -79,7 +82,7 @@ async def _tokenize(engine: Engine, p: Prepared) -> list[int]:
             return tok.encode(text, add_special_tokens=False)   # the template wrote the special tokens
         return tok.encode(p.prompt_text)
 
-    if p.prompt_chars > OFF_LOOP_CHARS:
+    if body_bytes > OFF_LOOP_BYTES or p.prompt_chars > OFF_LOOP_BYTES or len(p.messages or ()) > OFF_LOOP_MESSAGES:
         return await asyncio.to_thread(work)
     return work()
 
@@ -139,7 +142,7 @@ async def _generate_routed(request: web.Request, kind: str, state, lease: Versio
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if not engine.healthy:
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
-        prompt_ids = await _tokenize(engine, prepared)
+        prompt_ids = await _tokenize(engine, prepared, len(body))
         max_model_len = engine.info.max_model_len
         sampling = _sampling(prepared, len(prompt_ids), max_model_len)
         sampling = apply_limits(tenancy, tenant, allowed, prepared, len(prompt_ids), sampling, max_model_len)

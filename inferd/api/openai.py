@@ -21,6 +21,9 @@ TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
+# Each message costs templating and tokens even when empty; tens of thousands would make one
+# request's preparation take seconds. A longer conversation is a 400 naming `messages`.
+MAX_MESSAGES = 2048
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
@@ -85,7 +88,7 @@ class CompletionRequest(_SamplingFields, **_STRICT):
 class ChatCompletionRequest(_SamplingFields, **_STRICT):
     """POST /v1/chat/completions"""
 
-    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None

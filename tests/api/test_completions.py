@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import openai
@@ -193,3 +194,25 @@ async def test_a_failure_right_after_admission_aborts_the_engine_request(serve, 
     final = await asyncio.wait_for(engine_stream.collect(), timeout=1.0)   # the engine ends it: aborted
     assert final.finish_reason is FinishReason.ABORT
     assert metric_value(await served.metrics_text(), "inferd_requests_total", model="sim", status="500") == 1
+
+
+async def test_many_messages_are_templated_off_the_loop_and_too_many_are_refused(serve):
+    # Empty messages carry no text, yet each costs templating and tokens: 2,000 take tens of ms.
+    served = await serve({"sim": sim_engine(max_model_len=8192)})
+    tok = served.engine.tokenizer
+    threads = []
+    template = tok.apply_chat_template
+
+    def recording_template(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return template(*args, **kwargs)
+
+    tok.apply_chat_template = recording_template
+    many = [{"role": "assistant"}] * 300 + [{"role": "user", "content": "hi"}]
+    resp = await served.sdk.chat.completions.create(model="sim", messages=many, max_completion_tokens=1)
+    assert resp.usage.completion_tokens == 1
+    assert threads and threads[-1] is not threading.main_thread()
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.chat.completions.create(model="sim", messages=[{"role": "assistant"}] * 2049,
+                                                 max_completion_tokens=1)
+    assert exc.value.body["param"] == "messages" and "2048" in exc.value.body["message"]
