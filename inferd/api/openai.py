@@ -45,6 +45,9 @@ class ContentPart(msgspec.Struct, **_STRICT):
     refusal: str | None = None
 
 
+_OTHER_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
+
+
 class ChatMessage(msgspec.Struct, **_STRICT):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
@@ -225,6 +228,10 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
         raise invalid(f"logprobs: not supported by this server; only {say} is accepted.", param="logprobs",
                       code="unsupported_parameter")
     opts = req.stream_options
+    if opts is not None and not req.stream:
+        # As OpenAI: options for a stream that is not one would be silently ignored.
+        raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                      param="stream_options", code="invalid_value")
     if opts is not None and opts.include_obfuscation:
         raise invalid("stream_options.include_obfuscation: only false is accepted.",
                       param="stream_options.include_obfuscation", code="unsupported_parameter")
@@ -296,6 +303,10 @@ def _prepare_messages(req: ChatCompletionRequest, out: Prepared) -> None:
                     raise invalid(f"{where}.content[{j}]: only text parts (type \"text\" with a `text` string) "
                                   f"are supported, got type {part.type!r}.", param=f"{where}.content[{j}]",
                                   code="unsupported_parameter")
+                for name in _OTHER_PART_FIELDS:     # a text part carries text only; never drop the rest
+                    if getattr(part, name) is not None:
+                        raise invalid(f"{where}.content[{j}].{name}: not allowed in a \"text\" part.",
+                                      param=f"{where}.content[{j}].{name}", code="unsupported_parameter")
                 texts.append(part.text)
             content = "\n".join(texts)
         elif content is None:

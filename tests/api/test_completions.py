@@ -216,3 +216,15 @@ async def test_many_messages_are_templated_off_the_loop_and_too_many_are_refused
         await served.sdk.chat.completions.create(model="sim", messages=[{"role": "assistant"}] * 2049,
                                                  max_completion_tokens=1)
     assert exc.value.body["param"] == "messages" and "2048" in exc.value.body["message"]
+
+
+async def test_stream_options_on_a_non_streamed_request_is_a_400_naming_it(served):
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.completions.create(model="sim", prompt="a", max_tokens=1,
+                                            stream_options={"include_usage": True})
+    assert exc.value.body["param"] == "stream_options"
+    with pytest.raises(openai.BadRequestError) as exc:
+        await served.sdk.chat.completions.create(
+            model="sim", max_completion_tokens=1,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "a", "image_url": {"url": "http://x"}}]}])
+    assert exc.value.body["param"] == "messages[0].content[0].image_url"

@@ -75,9 +75,9 @@ def test_completion_values_that_change_output_are_rejected_by_name(field, value)
     ("logprobs", False), ("top_logprobs", 0), ("tools", []), ("tool_choice", "none"),
     ("response_format", {"type": "text"}), ("parallel_tool_calls", True), ("modalities", ["text"]),
     ("store", False), ("service_tier", "auto"), ("metadata", {"k": "v"}), ("user", "u1"),
-    ("stream_options", {"include_usage": True, "include_obfuscation": False})])
+    ("stream_options", {"include_usage": True, "include_obfuscation": False}), ("stream_options", None)])
 def test_chat_no_op_values_are_accepted(field, value):
-    prepare("chat", decode("chat", chat(**{field: value})))
+    prepare("chat", decode("chat", chat(**{field: value, "stream": field == "stream_options" or None})))
 
 
 @pytest.mark.parametrize("field,value", [
@@ -130,3 +130,21 @@ def test_chat_messages_text_parts_are_joined_and_other_parts_rejected():
     assert rejected("chat", msgspec.json.encode({"model": "m", "messages": []})).param == "messages"
     bad_role = msgspec.json.encode({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})
     assert rejected("chat", bad_role).param == "messages[0].role"
+
+
+@pytest.mark.parametrize("stream", [None, False])
+def test_stream_options_without_stream_is_rejected_as_openai_does(stream):
+    for kind, body in (("chat", chat), ("completion", completion)):
+        err = rejected(kind, body(stream=stream, stream_options={"include_usage": True}))
+        assert err.param == "stream_options" and "stream" in err.message
+    assert prepare("chat", decode("chat", chat(stream=True, stream_options={"include_usage": True}))).include_usage
+
+
+@pytest.mark.parametrize("extra", [{"image_url": {"url": "http://x"}}, {"input_audio": {"data": "", "format": "wav"}},
+                                   {"file": {"file_id": "f"}}, {"refusal": "no"}])
+def test_text_content_part_with_another_parts_field_is_rejected_by_name(extra):
+    body = msgspec.json.encode({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b", **extra}]}]})
+    err = rejected("chat", body)
+    (name,) = extra
+    assert err.param == f"messages[0].content[1].{name}" and err.code == "unsupported_parameter"
