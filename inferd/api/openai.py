@@ -24,6 +24,8 @@ StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
 # Each message costs templating and tokens even when empty; tens of thousands would make one
 # request's preparation take seconds. A longer conversation is a 400 naming `messages`.
 MAX_MESSAGES = 2048
+# Holding back text that could start a stop string costs in proportion to its length, per token.
+MAX_STOP_CHARS = 256
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
@@ -239,6 +241,9 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
     for i, s in enumerate(stop):
         if not s:
             raise invalid(f"stop[{i}]: stop strings must be non-empty.", param="stop")
+        if len(s) > MAX_STOP_CHARS:
+            raise invalid(f"stop[{i}]: stop strings are at most {MAX_STOP_CHARS} characters, got {len(s)}.",
+                          param="stop", code="invalid_value")
     out = Prepared(kind=kind, max_tokens=req.max_tokens, stop=stop, seed=req.seed, stream=bool(req.stream),
                    include_usage=bool(opts and opts.include_usage),
                    temperature=1.0 if req.temperature is None else req.temperature,

@@ -228,3 +228,12 @@ async def test_stream_options_on_a_non_streamed_request_is_a_400_naming_it(serve
             model="sim", max_completion_tokens=1,
             messages=[{"role": "user", "content": [{"type": "text", "text": "a", "image_url": {"url": "http://x"}}]}])
     assert exc.value.body["param"] == "messages[0].content[0].image_url"
+
+
+async def test_a_stop_string_longer_than_the_limit_is_a_400_naming_stop(served):
+    ok = await served.sdk.completions.create(model="sim", prompt="a", max_tokens=1, stop=["x" * 256])
+    assert ok.usage.completion_tokens == 1
+    for stop in ("x" * 257, ["a", "y" * 5000]):
+        with pytest.raises(openai.BadRequestError) as exc:
+            await served.sdk.completions.create(model="sim", prompt="a", max_tokens=1, stop=stop)
+        assert exc.value.body["param"] == "stop" and "256" in exc.value.body["message"]
