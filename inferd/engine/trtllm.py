@@ -69,7 +69,8 @@ def _blocks(tokens: int, block_size: int) -> int:
 
 class _Req:
     __slots__ = ("id", "stream", "output", "task", "prompt_len", "blocks", "seq", "sent", "emitted", "detok",
-                 "matcher", "stopped", "aborting", "submitted", "first_token", "cached", "done")
+                 "matcher", "stopped", "aborting", "overdue", "submitted", "first_token", "cached", "ended",
+                 "released")
 
     def __init__(self, request: GenerationRequest, stream: RequestStream, blocks: int, seq: int,
                  detok: IncrementalDetokenizer, matcher: StopMatcher | None) -> None:
@@ -85,11 +86,13 @@ class _Req:
         self.detok = detok
         self.matcher = matcher
         self.stopped = False              # a stop string matched: drop whatever comes after
-        self.aborting = False
+        self.aborting = False             # cancelled in the executor; waiting for its 'cancelled'
+        self.overdue: asyncio.TimerHandle | None = None
         self.submitted = time.monotonic()
         self.first_token: float | None = None
         self.cached = 0
-        self.done = False
+        self.ended = False                # the client's stream has its final delta
+        self.released = False             # no longer counted in capacity (the executor let it go)
 
 
 class TrtllmEngine(Engine):
@@ -319,12 +322,17 @@ class TrtllmEngine(Engine):
 
     def abort(self, request_id: str) -> None:
         r = self._reqs.get(request_id)
-        if r is None or r.aborting or r.done:
+        if r is None or r.aborting or r.ended:
             return
+        # The stream ends when the executor confirms ('cancelled'): its blocks are free by then.
+        self._cancel_in_executor(r)
+
+    def _cancel_in_executor(self, r: _Req) -> None:
+        """Ask the executor to drop the request. Its 'cancelled' reply is not guaranteed (API contract):
+        if none comes within ABORT_GRACE_S the request is given up on, so nothing waits forever."""
         r.aborting = True
         self._abort_output(r)
-        # The stream ends when the executor confirms ('cancelled'): its blocks are free by then.
-        asyncio.get_running_loop().call_later(ABORT_GRACE_S, self._abort_overdue, r)
+        r.overdue = asyncio.get_running_loop().call_later(ABORT_GRACE_S, self._abort_overdue, r)
 
     def _abort_output(self, r: _Req) -> None:
         if r.output is not None and not r.output.finished:
@@ -334,7 +342,7 @@ class TrtllmEngine(Engine):
                 log.warning("abort of %s failed: %s", r.id, exc)
 
     def _abort_overdue(self, r: _Req) -> None:
-        if not r.done:
+        if not r.released:
             log.warning("request %s: no 'cancelled' from TensorRT-LLM %.0fs after abort", r.id, ABORT_GRACE_S)
             if r.task is not None:
                 r.task.cancel()
@@ -343,7 +351,7 @@ class TrtllmEngine(Engine):
         try:
             async for out in r.output:
                 self._on_step(r, out)
-                if r.done:
+                if r.released:
                     return
             self._finish(r, FinishReason.ERROR, error="TensorRT-LLM ended the request without a result")
         except asyncio.CancelledError:
@@ -356,6 +364,10 @@ class TrtllmEngine(Engine):
             self._fail(f"TensorRT-LLM executor failed: {exc!r}")
 
     def _on_step(self, r: _Req, out: Any) -> None:
+        if r.ended:          # stopped by a stop string: only the executor's final reply is still awaited
+            if out.finished:
+                self._release(r)
+            return
         c = out.outputs[0]
         ids = c.token_ids
         new = list(ids[r.sent:]) if len(ids) > r.sent else []
@@ -376,9 +388,11 @@ class TrtllmEngine(Engine):
         if r.matcher is not None and not r.stopped:
             text, r.stopped = r.matcher.push(text)
             if r.stopped and not final:
+                # The client gets its final delta now, not after TensorRT-LLM's 'cancelled' (which may
+                # never come); the request stays counted in capacity until the executor lets it go.
                 r.emitted += len(new)
-                r.stream.push(Delta(token_ids=new, text=text))
-                self._abort_output(r)        # the final 'cancelled' ends the stream with STOP
+                self._end_stream(r, FinishReason.STOP, new, text)
+                self._cancel_in_executor(r)
                 return
             if final and not r.stopped:
                 text += r.matcher.flush()
@@ -394,10 +408,22 @@ class TrtllmEngine(Engine):
 
     def _finish(self, r: _Req, reason: FinishReason, token_ids: list[int] | None = None, text: str = "",
                 error: str | None = None) -> None:
-        if r.done:
+        self._end_stream(r, reason, token_ids, text, error)
+        self._release(r)
+
+    def _release(self, r: _Req) -> None:
+        if r.released:
             return
-        r.done = True
+        r.released = True
         self._reqs.pop(r.id, None)
+        if r.overdue is not None:
+            r.overdue.cancel()
+
+    def _end_stream(self, r: _Req, reason: FinishReason, token_ids: list[int] | None = None, text: str = "",
+                    error: str | None = None) -> None:
+        if r.ended:
+            return
+        r.ended = True
         cached = min(r.cached, max(r.prompt_len - 1, 0))
         self._gen_total += r.emitted
         self._cached_total += cached

@@ -199,6 +199,32 @@ async def test_bad_requests_are_refused_at_submit_before_they_reach_the_executor
         assert final.finish_reason is FinishReason.LENGTH and engine.healthy
 
 
+async def test_stop_string_ends_the_stream_at_once_and_holds_capacity_until_the_executor_lets_go(
+        tiny_artifact, tmp_path, monkeypatch) -> None:
+    from inferd.engine import trtllm
+
+    monkeypatch.setattr(trtllm, "ABORT_GRACE_S", 1.0)
+    async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
+        from tensorrt_llm._double import controls
+
+        free_run = await run(engine, request(engine, "free", max_tokens=40, temperature=0.0))
+        text = free_run.text
+        stop = text[len(text) // 3:len(text) // 3 + 3]
+        controls.drop_cancel_replies = True          # TensorRT-LLM never confirms the cancel
+        req = request(engine, "stopped", max_tokens=40, temperature=0.0, stop=(stop,))
+        stream = engine.submit(req)
+        tracked = engine._reqs[req.request_id]
+        final = await asyncio.wait_for(stream.collect(), TIMEOUT_S)
+        assert final.finish_reason is FinishReason.STOP and final.text == text[:text.index(stop)]
+        assert final.usage.completion_tokens == len(final.token_ids) < 40
+        # the executor has not confirmed: the request still holds its slot and KV reservation
+        assert req.request_id in engine._reqs
+        assert engine.capacity().free_slots == engine.info.max_batch_size - 1
+        await asyncio.wait({tracked.task}, timeout=TIMEOUT_S)   # the overdue timer gives up on the reply
+        assert not engine._reqs and engine.capacity().free_slots == engine.info.max_batch_size
+        engine.abort(req.request_id)                 # ignored: long gone
+
+
 # -- LoRA -----------------------------------------------------------------------------------------------
 
 async def test_lora_adapter_is_sent_per_request_and_unknown_adapters_are_rejected(tiny_artifact, tmp_path) -> None:

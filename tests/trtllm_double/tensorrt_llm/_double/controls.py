@@ -12,6 +12,7 @@ class Controls:
     eos_after: int | None = None        # the fake model emits EOS as its N-th generated token
     fail_next_requests: int = 0         # the next N enqueued requests fail with an error response
     crash_with: BaseException | None = None   # the executor thread dies with this at its next iteration
+    drop_cancel_replies: bool = False   # a cancelled request is dropped without its final 'cancelled' reply
     fake_gpu_kv_tokens: int = 1 << 16   # KV tokens a fraction of 1.0 of "GPU memory" would hold
     calls: list = field(default_factory=list)  # (method name, kwargs) of every public LLM call
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -22,6 +23,7 @@ class Controls:
         self.eos_after = None
         self.fail_next_requests = 0
         self.crash_with = None
+        self.drop_cancel_replies = False
         self.fake_gpu_kv_tokens = 1 << 16
         self.calls.clear()
 

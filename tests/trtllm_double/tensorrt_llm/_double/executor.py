@@ -161,7 +161,8 @@ class FakeExecutor:
                 for a in list(group):
                     if a.request.id == payload:
                         group.remove(a)
-                        self._finish(a, "cancelled", [])
+                        # The contract does not confirm that 'cancelled' reaches the request's queue.
+                        self._finish(a, "cancelled", [], respond=not controls.drop_cancel_replies)
 
     def _enqueue(self, request, result) -> None:
         sp = request.sampling_params
@@ -281,7 +282,8 @@ class FakeExecutor:
             self._respond(a.result, Response(a.request.id, [token], decoding_iter=a.iters,
                                              cached_tokens=a.cached_tokens))
 
-    def _finish(self, a: _Active, reason: str, new_tokens: list[int], stop_words_hit: bool = False) -> None:
+    def _finish(self, a: _Active, reason: str, new_tokens: list[int], stop_words_hit: bool = False,
+                respond: bool = True) -> None:
         if a in self._active:
             self._active.remove(a)
         self.pool.release(a.held, a.private)
@@ -290,6 +292,8 @@ class FakeExecutor:
         if not a.request.streaming and reason == "cancelled":
             tokens = []
         self._results.pop(a.request.id, None)
+        if not respond:
+            return
         self._respond(a.result, Response(a.request.id, tokens, reason, True, stop_words_hit,
                                          decoding_iter=a.iters, cached_tokens=a.cached_tokens))
 
