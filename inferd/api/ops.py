@@ -46,11 +46,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """OpenAI's list format; `id` is what requests send, the extra fields say what is loaded."""
-    require_scope(request, "inference")
+    """OpenAI's list format; `id` is what requests send, the extra fields say what is loaded.
+    Only what the caller's tenant may use (its allowed_models) is listed."""
+    principal = require_scope(request, "inference")
     state = request.app[keys.STATE]
     created = int(getattr(state, "started_at", 0))
-    return _json({"object": "list", "data": model_rows(state, created)})
+    tenant = state.tenancy.tenants.get(principal.tenant)
+    return _json({"object": "list", "data": model_rows(state, created, tenant.allows_model)})
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -3,6 +3,8 @@ mirror to shadows. Kept out of completions.py so that file stays the request pat
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.engine.base import Engine
 from inferd.routing import ModelVersion, Route, RoutingError
@@ -68,13 +70,19 @@ def mirror_to_shadow(state, route: Route, live_engine: Engine, prompt_ids, sampl
     shadows.mirror(route.shadow, engine, prompt_ids, sampling, tenant)
 
 
-def model_rows(state, created: int) -> list[dict]:
+def model_rows(state, created: int, allows: Callable[[str], bool] = lambda name: True) -> list[dict]:
     """GET /v1/models rows: every alias and model name a request may send, each with its split or
-    its loaded versions (pin one as `model@version`)."""
+    its loaded versions (pin one as `model@version`). `allows(name)` filters by the tenant's
+    allowed_models, as requests are checked (api.admit.check_model_allowed): an alias is listed when
+    its own name is allowed, or every model its split can route to is."""
     table = state.registry.table
     rows = []
     for listing in table.list_models():
         if listing.kind == "version":
+            continue
+        if not allows(listing.id) and not (
+                listing.kind == "alias" and listing.split
+                and all(allows(a.target.partition("@")[0]) for a in listing.split)):
             continue
         row = {"id": listing.id, "object": "model", "created": created, "owned_by": "inferd",
                "kind": listing.kind, "routable": listing.routable}

@@ -408,3 +408,13 @@ async def test_bad_request_timeout_header_is_400_naming_it(tmp_path):
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_models_list_shows_only_the_models_the_tenant_may_use(tmp_path):
+    async with node(tmp_path, tenants={"narrow": {"allowed_models": ["m1"]}, "wide": {}}, models=("m1", "m2")) as n:
+        narrow, wide = n.key("narrow"), n.key("wide")
+        await refresh(n)
+        assert [m.id for m in (await n.sdk(narrow).models.list()).data] == ["m1"]
+        assert [m.id for m in (await n.sdk(wide).models.list()).data] == ["m1", "m2"]
+        with pytest.raises(openai.PermissionDeniedError):       # and what is not listed is refused
+            await n.sdk(narrow).completions.create(model="m2", prompt="x", max_tokens=1)
