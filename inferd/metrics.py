@@ -350,34 +350,43 @@ class Metrics:
         self.tenancy: Callable[[], Any] = lambda: None
         r.register(_TenancyCollector(self))
         self._loop_histograms: dict[int, _LoopHistogram] = {}   # by id(child); children live as long
-        self._series: dict[str, ModelSeries] = {}
+        self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
         self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
 
-    def labels_for(self, model: str) -> tuple[str, str, str]:
-        return self.series(model).labels
+    def labels_for(self, model: str, engine: Engine | None = None) -> tuple[str, str, str]:
+        return self.series(model, engine).labels
 
-    def series(self, model: str) -> ModelSeries:
-        """The bound series of a loaded model; `other` for a name that is not loaded (bounded labels)."""
-        engine = self.engines().get(model)
+    def series(self, model: str, engine: Engine | None = None) -> ModelSeries:
+        """The bound series of the engine version serving `model`: `engine` when given (the loaded
+        version that routing picked for a request, e.g. `model@v2`), else the model's default engine;
+        `other` for a name that is not loaded. Labels stay bounded: callers pass only loaded engines,
+        so there is one series per model version loaded."""
         if engine is None:
-            return self._other
-        cached = self._series.get(model)
+            engine = self.engines().get(model)
+            if engine is None:
+                return self._other
+        info = engine.info
+        key = (model, info.version)
+        cached = self._series.get(key)
         if cached is not None and cached.engine is engine:
             return cached
-        info = engine.info  # a new engine under this name (first use or reload): rebind
+        # a new engine for this version (first use, or reloaded): rebind
         cached = ModelSeries(self, engine, (model, info.version, info.backend))
-        self._series[model] = cached
+        self._series[key] = cached
         return cached
 
-    def start_request(self, model: str, arrival: float | None = None) -> RequestObservation:
-        return RequestObservation(self.series(model), arrival)
+    def start_request(self, model: str, arrival: float | None = None,
+                      engine: Engine | None = None) -> RequestObservation:
+        return RequestObservation(self.series(model, engine), arrival)
 
-    def count_rejected(self, model: str, status: int | str) -> None:
+    def count_rejected(self, model: str, status: int | str, engine: Engine | None = None) -> None:
         """A request answered without running (4xx/5xx before the engine): count it only."""
-        self.series(model).count_request(status)
+        self.series(model, engine).count_request(status)
 
-    def step_observer(self, model: str) -> Callable[[float], None]:
-        return self.series(model).observe_step
+    def step_observer(self, model: str, engine: Engine | None = None) -> Callable[[float], None]:
+        """Feeds inferd_engine_step_seconds of `engine` (a loaded version of `model`; default: its
+        default engine, looked up now)."""
+        return self.series(model, engine).observe_step
 
     def config_reloaded(self, ok: bool) -> None:
         self.config_reload_total.labels("success" if ok else "error").inc()

@@ -212,3 +212,15 @@ def test_itl_counted_on_the_loop_lands_in_the_buckets_a_direct_observe_would(met
     assert value(got, name + "_sum", **SIM_LABELS) == pytest.approx(sum(gaps))
     assert value(got, name + "_count", **SIM_LABELS) == len(gaps)
     assert scrape(metrics)[name] == got                     # a second render does not count them again
+
+
+def test_a_request_served_by_another_loaded_version_is_labelled_with_that_version(metrics, engines):
+    v2 = StatsOnlyEngine(version="v2")
+    metrics.start_request("small", arrival=0.0, engine=v2).finish(200, now=1.0)
+    metrics.start_request("small", arrival=0.0).finish(200, now=1.0)       # no engine: the default (v1)
+    metrics.count_rejected("small", 429, v2)
+    samples = scrape(metrics)["inferd_requests"]
+    assert value(samples, "inferd_requests_total", status="200", **{**SIM_LABELS, "version": "v2"}) == 1
+    assert value(samples, "inferd_requests_total", status="200", **SIM_LABELS) == 1
+    assert value(samples, "inferd_requests_total", status="429", **{**SIM_LABELS, "version": "v2"}) == 1
+    assert metrics.series("small", v2) is metrics.series("small", v2)      # bound once per version

@@ -125,7 +125,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
 
 
 async def _generate_routed(request: web.Request, kind: str, state, lease: VersionLease) -> web.StreamResponse:
-    model = "other"
+    model, engine = "other", None
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
@@ -148,7 +148,7 @@ async def _generate_routed(request: web.Request, kind: str, state, lease: Versio
         sampling = apply_limits(tenancy, tenant, allowed, prepared, len(prompt_ids), sampling, max_model_len)
         deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
     except ApiError as err:
-        state.metrics.count_rejected(model, err.status)
+        state.metrics.count_rejected(model, err.status, engine)
         raise
     with state.track():
         return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling, route, tenant,
@@ -166,7 +166,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
     headers = {"X-Request-Id": request[keys.REQUEST_ID], "X-Inferd-Model-Version": label}
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
-    obs = state.metrics.start_request(model, arrival)
+    obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
     make_room_for_live(state, engine, len(prompt_ids), sampling)
     gen = GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids), sampling=sampling, tenant=tenant)
     try:

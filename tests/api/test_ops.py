@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import msgspec
 
 from inferd.api import make_app
 from inferd.api.errors import ApiError
 from inferd.api.openai import ChatCompletionRequest, CompletionRequest, decode
+from tests.api.conftest import metric_value
+from tests.daemon_harness import complete, running, sim_model, write_config
 
 
 async def get(served, path: str):
@@ -78,3 +81,15 @@ async def test_openapi_lists_every_route(served):
     doc = json.loads((await get(served, "/openapi.json"))[1])
     routes = {r.resource.canonical for r in make_app(served.state).router.routes()}
     assert routes == set(doc["paths"])
+
+
+async def test_request_series_carry_the_version_that_served_the_request(tmp_path):
+    path = write_config(tmp_path / "c.toml", {"m": sim_model(["b"], version="a", time_scale=0.0)})
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        assert (await complete(http, url, "m@b"))[0] == 200
+        assert (await complete(http, url, "m"))[0] == 200      # the default, a
+        async with http.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+    for version in ("a", "b"):
+        assert metric_value(text, "inferd_requests_total", model="m", version=version, status="200") == 1
+        assert metric_value(text, "inferd_generation_tokens_total", model="m", version=version) == 4
