@@ -67,6 +67,29 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def _seconds(value: Any) -> float:
+    """A steady-clock stamp of the executor's perf metrics (timedelta in 1.2/1.3; tolerate a float)."""
+    return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+
+
+def _scheduled_at(r: "_Req", first_token: float) -> float:
+    """When the request's prefill started, on our clock.
+
+    The executor measures it (perf metrics, final response only) on its own steady clock, which may
+    be another process's, so only its prefill duration (first token - first scheduled) is used, set
+    back from our first-token stamp. Without metrics (not supported, not final yet, renamed
+    attributes) prefill cannot be told from queueing: the stamp is the first token's.
+    """
+    try:
+        timing = r.output.outputs[0].request_perf_metrics.timing_metrics
+        scheduled, token = _seconds(timing.first_scheduled_time), _seconds(timing.first_token_time)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return first_token
+    if not (scheduled > 0.0 and token >= scheduled):     # unset (zero) stamps, NaN
+        return first_token
+    return max(r.submitted, first_token - (token - scheduled))
+
+
 class _Req:
     __slots__ = ("id", "stream", "output", "task", "prompt_len", "blocks", "seq", "sent", "emitted", "detok",
                  "matcher", "stopped", "aborting", "overdue", "submitted", "first_token", "cached", "ended",
@@ -131,6 +154,7 @@ class TrtllmEngine(Engine):
         self._api: dict[str, Any] = {}
         self._llm: Any = None
         self._gen_params: frozenset[str] = frozenset()
+        self._perf_metrics = False     # SamplingParams.return_perf_metrics exists (per-request timing)
         self._lora: dict[str, Any] = {}
         self._max_input_len = 0
         self._vocab_size = 0
@@ -159,6 +183,7 @@ class TrtllmEngine(Engine):
         self._vocab_size = min(self.tokenizer.vocab_size, int(pretrained.get("vocab_size") or self.tokenizer.vocab_size))
         self._llm = await asyncio.to_thread(self._load)      # slow: engine load, executor start
         self._gen_params = frozenset(inspect.signature(self._llm.generate_async).parameters)
+        self._perf_metrics = "return_perf_metrics" in inspect.signature(self._api["SamplingParams"]).parameters
         if self._lora_paths and "lora_request" not in self._gen_params:
             raise EngineUnavailable("this TensorRT-LLM has no per-request LoRA (generate_async lacks lora_request)")
         for int_id, (name, path) in enumerate(sorted(self._lora_paths.items()), start=1):
@@ -312,6 +337,8 @@ class TrtllmEngine(Engine):
                                   stop_token_ids=stop_ids or None, include_stop_str_in_output=True)
         if eos:
             kw["end_id"] = eos[0]
+        if self._perf_metrics:
+            kw["return_perf_metrics"] = True   # the executor's own prefill timing, for Server-Timing
         if sp.greedy:
             kw["top_k"] = 1                   # the LLM API's greedy: top_k 1, top_p unset
         else:
@@ -431,8 +458,8 @@ class TrtllmEngine(Engine):
         first = r.first_token if r.first_token is not None else now
         r.stream.push(Delta(token_ids=token_ids or [], text=text, finish_reason=reason, error=error,
                             usage=Usage(prompt_tokens=r.prompt_len, completion_tokens=r.emitted, cached_tokens=cached),
-                            timing=EngineTiming(submitted=r.submitted, first_scheduled=first, first_token=first,
-                                                finished=now)))
+                            timing=EngineTiming(submitted=r.submitted, first_scheduled=_scheduled_at(r, first),
+                                                first_token=first, finished=now)))
 
     def _fail(self, message: str) -> None:
         """The executor is gone: report unhealthy and end every stream now instead of letting it hang."""

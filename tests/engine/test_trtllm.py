@@ -225,6 +225,21 @@ async def test_stop_string_ends_the_stream_at_once_and_holds_capacity_until_the_
         engine.abort(req.request_id)                 # ignored: long gone
 
 
+async def test_timing_splits_queue_and_prefill_with_the_executors_perf_metrics(tiny_artifact, tmp_path) -> None:
+    async with trtllm_on_double(tiny_artifact, tmp_path, step_time_s=0.02) as engine:
+        from tensorrt_llm._double import controls
+
+        controls.calls.clear()
+        timed = (await run(engine, request(engine, "pm", max_tokens=3))).timing
+        assert calls(controls, "generate_async")[0]["sampling_params"].return_perf_metrics is True
+        # the prefill iteration took >= 20 ms between scheduling and the first token
+        assert timed.first_token - timed.first_scheduled >= 0.019
+        assert timed.submitted <= timed.first_scheduled <= timed.first_token <= timed.finished
+        controls.perf_metrics = False               # a TensorRT-LLM that attaches none: no prefill split
+        untimed = (await run(engine, request(engine, "none", max_tokens=3))).timing
+        assert untimed.submitted <= untimed.first_scheduled == untimed.first_token <= untimed.finished
+
+
 # -- LoRA -----------------------------------------------------------------------------------------------
 
 async def test_lora_adapter_is_sent_per_request_and_unknown_adapters_are_rejected(tiny_artifact, tmp_path) -> None:

@@ -14,8 +14,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from ..bindings.executor import RequestPerfMetrics, TimingMetrics
 from ..executor.utils import ErrorResponse
 from .controls import controls
 from .kv_pool import KvPool, block_hashes
@@ -31,6 +32,7 @@ class Response:
     sequence_index: int = 0
     decoding_iter: int = 0
     cached_tokens: int = 0
+    perf_metrics: RequestPerfMetrics | None = None
 
 
 @dataclass
@@ -55,6 +57,10 @@ class _Active:
     blocks_to_complete: int = 0
     cached_tokens: int = 0
     iters: int = 0
+    arrival: float = 0.0                   # steady-clock stamps for RequestPerfMetrics
+    first_scheduled: float = 0.0
+    first_token: float = 0.0
+    first_iter: int | None = None
 
 
 class FakeModel:
@@ -192,6 +198,7 @@ class FakeExecutor:
         a = _Active(request, result, max(max_tokens, 1), end_id, stop_words, greedy, sp.seed or 0)
         a.hashes = block_hashes(list(request.prompt_token_ids), self.pool.tokens_per_block, request.cache_salt)
         a.blocks_to_complete = self.pool.blocks_for(prompt_len + a.max_tokens)
+        a.arrival = time.monotonic()
         self._waiting.append(a)
 
     def _remaining_blocks(self, a: _Active) -> int:
@@ -208,6 +215,7 @@ class FakeExecutor:
             reused, a.held, a.private = self.pool.acquire_prompt(a.hashes)
             a.computed = reused * self.pool.tokens_per_block
             a.cached_tokens = a.computed
+            a.first_scheduled, a.first_iter = time.monotonic(), self._iter
             self._active.append(a)
             reserved += self._remaining_blocks(a)
 
@@ -268,6 +276,8 @@ class FakeExecutor:
         else:
             token = self.model.next_token(context, a.greedy, a.seed, n)
         a.iters += 1
+        if not a.first_token:
+            a.first_token = time.monotonic()
         if token == a.end_id:
             self._finish(a, "stop", [])
             return
@@ -295,7 +305,19 @@ class FakeExecutor:
         if not respond:
             return
         self._respond(a.result, Response(a.request.id, tokens, reason, True, stop_words_hit,
-                                         decoding_iter=a.iters, cached_tokens=a.cached_tokens))
+                                         decoding_iter=a.iters, cached_tokens=a.cached_tokens,
+                                         perf_metrics=self._perf_metrics(a)))
+
+    def _perf_metrics(self, a: _Active) -> RequestPerfMetrics | None:
+        if not (controls.perf_metrics and a.request.sampling_params.return_perf_metrics):
+            return None
+        def steady(t: float) -> timedelta:
+            return timedelta(seconds=t) if t else timedelta(0)
+        last = time.monotonic()
+        return RequestPerfMetrics(
+            timing_metrics=TimingMetrics(arrival_time=steady(a.arrival), first_scheduled_time=steady(a.first_scheduled),
+                                         first_token_time=steady(a.first_token), last_token_time=steady(last)),
+            first_iter=a.first_iter, last_iter=self._iter)
 
     def _record_stats(self, started: float, num_gen: int, num_ctx: int, ctx_tokens: int) -> None:
         item = {

@@ -112,6 +112,8 @@ class GenerationResult:
         out.token_ids.extend(response.output_token_ids)
         if response.finish_reason == "cancelled":
             out.finish_reason = "cancelled"
+        if getattr(response, "perf_metrics", None) is not None:
+            out.request_perf_metrics = response.perf_metrics
         if self._done and response.finish_reason != "cancelled":
             out.finish_reason = response.finish_reason
             if response.finish_reason == "stop" and response.stop_words_hit:
