@@ -50,6 +50,7 @@ class Route(msgspec.Struct, frozen=True):
     target: ModelVersion
     shadow: ModelVersion | None = None
     alias: str | None = None            # the alias named in the request (None for names and pins)
+    lora: str | None = None             # the LoRA adapter named as `name:adapter` (the API checks it exists)
 
 
 class Arm(msgspec.Struct, frozen=True):
@@ -119,6 +120,17 @@ class VersionNotLoaded(RoutingError):
 
 class VersionUnavailable(RoutingError):
     status, code, retry_after_s = 503, "model_version_unavailable", 1
+
+
+def split_adapter(model_field: str) -> tuple[str, str | None]:
+    """`name:adapter` / `name@version:adapter` -> (`name` / `name@version`, `adapter`); a field
+    without `:` names no adapter. Model names and versions never contain `:`."""
+    base, sep, adapter = model_field.partition(":")
+    if not sep:
+        return model_field, None
+    if not base or not adapter.strip():
+        raise InvalidModelField(f"`model` {model_field!r} is not 'name:adapter'", model_field)
+    return base, adapter
 
 
 # -- the immutable table -------------------------------------------------------------------
@@ -252,8 +264,9 @@ class RoutingTable:
         `request_id` (else draws at random)."""
         if not isinstance(model_field, str) or not model_field.strip():
             raise InvalidModelField("`model` must be a non-empty string", str(model_field))
+        model_field, lora = split_adapter(model_field)
         if "@" in model_field:
-            return Route(self._pinned(model_field))
+            return Route(self._pinned(model_field), lora=lora)
         split = self.split_for(model_field)
         if split is None:
             if model_field in self.models():
@@ -262,10 +275,11 @@ class RoutingTable:
                                "GET /v1/models lists them.", model_field)
         target = self._pick(model_field, split, tenant, user, request_id)
         shadow = None
-        if split.shadow is not None and split.shadow != target and self.is_ready(split.shadow):
+        # A shadow runs the base model (mirrors carry no adapter): nothing to compare an adapter's output with.
+        if split.shadow is not None and split.shadow != target and self.is_ready(split.shadow) and lora is None:
             if self._draw(request_id, "shadow", model_field) < split.shadow_fraction:
                 shadow = split.shadow
-        return Route(target, shadow, model_field if model_field in self.aliases else None)
+        return Route(target, shadow, model_field if model_field in self.aliases else None, lora)
 
     def _pinned(self, field: str) -> ModelVersion:
         try:

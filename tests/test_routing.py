@@ -236,3 +236,22 @@ def test_an_arm_leaving_moves_only_its_own_users_and_they_return_when_it_does():
     assert all(during[u] == before[u] for u in users if before[u] != V1)
     reg.mark_ready(V1)
     assert {u: reg.resolve("chat", "acme", u).target for u in users} == before
+
+
+def test_a_lora_adapter_suffix_routes_as_its_base_model_and_rides_on_the_route():
+    reg = make_registry(V1, V2)
+    assert reg.resolve("llama:support", "acme") == Route(V1, lora="support")
+    assert reg.resolve(f"{V2}:support", "acme") == Route(V2, lora="support")
+    assert reg.resolve("llama", "acme").lora is None
+    for bad in ("llama:", ":support", "llama: "):
+        with pytest.raises(InvalidModelField):
+            reg.resolve(bad, "acme")
+    with pytest.raises(UnknownModel):
+        reg.resolve("nope:support", "acme")
+
+
+def test_requests_naming_an_adapter_are_never_mirrored_to_the_shadow():
+    aliases = {"chat": split((V1, 1.0), shadow=V2, fraction=1.0)}
+    reg = make_registry(V1, V2, aliases=aliases)
+    assert reg.resolve("chat", "acme", request_id="r1").shadow == V2
+    assert reg.resolve("chat:support", "acme", request_id="r1") == Route(V1, None, "chat", "support")

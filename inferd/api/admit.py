@@ -33,7 +33,7 @@ def check_model_allowed(tenancy, tenant: str, requested: str, model: str) -> str
     cfg = tenancy.tenants.get(tenant)
     if cfg.allows_model(model):
         return model
-    name = requested.partition("@")[0]
+    name = requested.partition(":")[0].partition("@")[0]      # an adapter rides on its base model's permission
     if cfg.allows_model(name):
         return name
     tenancy.count_rejection(tenant, "model_not_allowed")

@@ -162,13 +162,15 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
     info = engine.info
     label = version_label(engine)
-    ident = Identity(kind, cid, int(time.time()), f"{model}@{label}", f"inferd-{__version__}-{info.backend}")
+    served = f"{model}@{label}" if route.lora is None else f"{model}@{label}:{route.lora}"
+    ident = Identity(kind, cid, int(time.time()), served, f"inferd-{__version__}-{info.backend}")
     headers = {"X-Request-Id": request[keys.REQUEST_ID], "X-Inferd-Model-Version": label}
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
     make_room_for_live(state, engine, len(prompt_ids), sampling)
-    gen = GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids), sampling=sampling, tenant=tenant)
+    gen = GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids), sampling=sampling, tenant=tenant,
+                            lora=route.lora)
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
         admitted = await admit(state.tenancy, tenant, model, engine, gen, deadline)
@@ -200,6 +202,8 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         # timeout is the same instant, as a backstop.
         entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()), request[keys.REQUEST_ID])
         log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
+        if route.lora is not None:
+            log_fields["lora"] = route.lora
         if p.stream:
             encoder = ChunkEncoder(ident, p.include_usage)
             resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight)

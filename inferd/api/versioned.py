@@ -3,7 +3,7 @@ mirror to shadows. Kept out of completions.py so that file stays the request pat
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.engine.base import Engine
@@ -14,15 +14,29 @@ SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+si
 
 
 def route_request(state, model_field: str, tenant: str, user: str | None, request_id: str) -> Route:
-    """`model` (alias, name or name@version) -> Route, as an ApiError when it cannot be routed."""
-    if model_field.endswith(SIMULATED_SUFFIX) and "@" in model_field:
-        model_field = model_field[: -len(SIMULATED_SUFFIX)]
+    """`model` (alias, name or name@version, each optionally `:adapter`) -> Route, as an ApiError
+    when it cannot be routed. An adapter must be one of the routed model's configured lora_adapters."""
+    base, colon, adapter = model_field.partition(":")
+    if base.endswith(SIMULATED_SUFFIX) and "@" in base:
+        model_field = base[: -len(SIMULATED_SUFFIX)] + colon + adapter
     try:
-        return state.registry.resolve(model_field, tenant, user, request_id=request_id)
+        route = state.registry.resolve(model_field, tenant, user, request_id=request_id)
     except RoutingError as e:
         headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
         kind = UNAVAILABLE if e.status == 503 else NOT_FOUND if e.status == 404 else "invalid_request_error"
         raise ApiError(e.status, e.message, type=kind, param=e.param, code=e.code, headers=headers) from None
+    if route.lora is not None and route.lora not in lora_adapters(state.config, route.target.model):
+        raise ApiError(404, f"The model `{route.target.model}` has no LoRA adapter `{route.lora}`; "
+                       "GET /v1/models lists them.", type=NOT_FOUND, param="model", code="model_not_found")
+    return route
+
+
+def lora_adapters(config, model: str) -> Mapping[str, str]:
+    """Adapter name -> path of a model's `[models.<model>.trtllm] lora_adapters` (empty when none)."""
+    cfg = config.models.get(model)
+    if cfg is None or cfg.backend != "trtllm" or cfg.trtllm is None:
+        return {}
+    return cfg.trtllm.lora_adapters
 
 
 def record_outcome(state, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
@@ -103,6 +117,10 @@ def model_rows(state, created: int, allows: Callable[[str], bool] = lambda name:
                 row.update(root=f"{listing.id}@{label}", version=label, backend=info.backend,
                            max_model_len=info.max_model_len, simulated=info.simulated)
         rows.append(row)
+        if listing.kind == "model":
+            rows += [{"id": f"{listing.id}:{name}", "object": "model", "created": created, "owned_by": "inferd",
+                      "kind": "adapter", "parent": listing.id, "routable": listing.routable}
+                     for name in sorted(lora_adapters(state.config, listing.id))]
     return rows
 
 

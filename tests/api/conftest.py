@@ -12,7 +12,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from inferd.api import make_app
-from inferd.config import Config, ServerConfig
+from inferd.config import Config, ModelConfig, ServerConfig
 from inferd.engine.base import Engine
 from inferd.engine.sim import SimEngine
 from inferd.state import ServerState
@@ -63,7 +63,8 @@ ServeFactory = Callable[..., Awaitable[Served]]
 
 @pytest.fixture
 async def serve() -> AsyncIterator[ServeFactory]:
-    """serve(engines=None, handler_cancellation=False, **server_config) -> Served; torn down after the test.
+    """serve(engines=None, handler_cancellation=False, models=None, **server_config) -> Served; torn down
+    after the test. `models`: [models.*] config tables, for what the API reads of them (LoRA adapters).
 
     aiohttp's default (no handler cancellation) is the harder case for noticing a client that left;
     the daemon runs with handler_cancellation=True.
@@ -71,12 +72,12 @@ async def serve() -> AsyncIterator[ServeFactory]:
     cleanups: list[Callable[[], Awaitable[None]]] = []
 
     async def factory(engines: dict[str, Engine] | None = None, *, handler_cancellation: bool = False,
-                      **server: object) -> Served:
+                      models: dict[str, ModelConfig] | None = None, **server: object) -> Served:
         engines = engines if engines is not None else {"sim": sim_engine()}
         for engine in engines.values():
             await engine.start()
             cleanups.append(engine.close)
-        state = ServerState(Config(server=ServerConfig(**server), models={}), engines)
+        state = ServerState(Config(server=ServerConfig(**server), models=models or {}), engines)
         state.started = True
         app = make_app(state)
         runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
