@@ -9,13 +9,24 @@ Usage:
 Lines never carry prompt or completion text: fields whose name says they hold it are replaced
 by a marker before the line is written, whoever logged them. The request id lives in a
 contextvar, so each aiohttp handler task sees its own and nothing needs passing around.
+
+Logging never blocks the caller (the event loop above all): a line is formatted where it is
+logged (that is where the request id's context is) and put on a bounded queue; one thread
+writes the queue to stderr. When stderr stalls (journald backpressure) and the queue is full,
+new lines are dropped and counted (`dropped_lines()`, inferd_log_lines_dropped_total), and the
+writer says how many it lost once it catches up. `shutdown_logging()` (also run at exit)
+writes whatever is queued.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
+import logging.handlers
+import queue
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -33,6 +44,7 @@ TEXT_FIELDS = frozenset({
 })
 REDACTED = "[redacted]"
 
+QUEUE_LINES = 10_000         # lines waiting for the writer thread; beyond that, new ones are dropped
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _RESERVED = frozenset({"ts", "level", "logger", "event", "request_id"})
 
@@ -73,35 +85,105 @@ class JsonFormatter(logging.Formatter):
 
 
 class _LineHandler(logging.StreamHandler):
-    """StreamHandler that resolves sys.stderr at emit time (pytest's capsys swaps it)."""
+    """The writer thread's handler: writes lines formatted at the call site, first saying how many
+    were dropped since the last line. Resolves sys.stderr at emit time (pytest's capsys swaps it)."""
 
-    def __init__(self, stream: IO[str] | None) -> None:
+    def __init__(self, stream: IO[str] | None, source: _QueueHandler) -> None:
         super().__init__(stream or sys.stderr)
         self._fixed = stream is not None
+        self._source = source
+        self._reported = 0
+        self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self._fixed:
             self.stream = sys.stderr
+        dropped = self._source.dropped
+        if dropped != self._reported:
+            line = {"ts": round(time.time(), 6), "level": "warning", "logger": "inferd.log",
+                    "event": "log_lines_dropped", "count": dropped - self._reported,
+                    "reason": "the log writer fell behind (stderr stalled)"}
+            self._reported = dropped
+            super().emit(logging.makeLogRecord({"msg": orjson.dumps(line).decode()}))
         super().emit(record)
 
 
-_handler: logging.Handler | None = None
+class _QueueHandler(logging.handlers.QueueHandler):
+    """Formats on the caller's thread (the request id's context is there) and never blocks: a full
+    queue drops the line and counts it."""
+
+    def __init__(self, q: queue.Queue) -> None:
+        super().__init__(q)
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
 
 
-def configure_logging(level: str = "info", stream: IO[str] | None = None) -> None:
-    """Route inferd's and aiohttp's loggers to JSON lines on `stream` (default stderr). Idempotent."""
-    global _handler
+class _Listener(logging.handlers.QueueListener):
+    def enqueue_sentinel(self) -> None:
+        self.queue.put(self._sentinel)      # blocking: the writer is draining the queue, so room comes
+
+
+_queue_handler: _QueueHandler | None = None
+_listener: _Listener | None = None
+_dropped_before = 0                          # lines dropped by handlers replaced since
+
+
+def configure_logging(level: str = "info", stream: IO[str] | None = None, *, queue_lines: int = QUEUE_LINES) -> None:
+    """Route inferd's and aiohttp's loggers to JSON lines on `stream` (default stderr), written by a
+    thread from a queue of at most `queue_lines`. Idempotent: a second call replaces the first
+    (writing out what the first had queued)."""
+    global _queue_handler, _listener
     if level not in _LEVELS:
         raise ValueError(f"log level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    shutdown_logging()
     root = logging.getLogger()
-    if _handler is not None:
-        root.removeHandler(_handler)
-    _handler = _LineHandler(stream)
-    _handler.setFormatter(JsonFormatter())
-    root.addHandler(_handler)
+    handler = _QueueHandler(queue.Queue(maxsize=queue_lines))
+    handler.setFormatter(JsonFormatter())
+    listener = _Listener(handler.queue, _LineHandler(stream, handler))
+    listener.start()
+    _queue_handler, _listener = handler, listener
+    root.addHandler(handler)
     root.setLevel(_LEVELS[level])
     # inferd logs one line per request itself; aiohttp's access log would be a second, text one.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def shutdown_logging() -> None:
+    """Write every queued line, stop the writer thread and detach the handler. Safe to call twice."""
+    global _queue_handler, _listener, _dropped_before
+    handler, listener = _queue_handler, _listener
+    _queue_handler = _listener = None
+    if handler is not None:
+        logging.getLogger().removeHandler(handler)
+        _dropped_before += handler.dropped
+    if listener is not None:
+        listener.stop()                      # writes what is queued, then joins the thread
+        for h in listener.handlers:
+            h.flush()
+
+
+def flush_logging() -> None:
+    """Wait until every line logged so far is written (tests, and before exiting)."""
+    listener = _listener
+    if listener is not None:
+        listener.stop()
+        listener.start()
+
+
+def dropped_lines() -> int:
+    """Lines dropped since the process started because the writer could not keep up."""
+    handler = _queue_handler
+    return _dropped_before + (handler.dropped if handler is not None else 0)
+
+
+atexit.register(shutdown_logging)
 
 
 class EventLogger:

@@ -209,6 +209,19 @@ class _EngineCollector:
         yield from (running, waiting, blocks, info)
 
 
+class _LogCollector:
+    """inferd_log_lines_dropped_total, read from inferd.log at scrape time."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from inferd.log import dropped_lines
+
+        yield CounterMetricFamily("inferd_log_lines_dropped", "Log lines dropped because the log writer "
+                                  "fell behind (stderr stalled); logging never blocks", value=dropped_lines())
+
+
 class _TenancyCollector:
     """Scrape-time per-tenant and per-queue series from Tenancy.metrics_snapshot() (quota and admission
     keep cumulative tallies; summing them here costs nothing between scrapes). Tenant labels are already
@@ -342,6 +355,7 @@ class Metrics:
             "inferd_build_info", "inferd build (value 1)", ("version", "python"), registry=r)
         self.build_info.labels(__version__, platform.python_version()).set(1)
         r.register(_EngineCollector(self))
+        r.register(_LogCollector())
         # Issue 4, per tenant (docs/tenants.md). Requests by status are counted as they end; the rest
         # is read from the tenancy's snapshots at scrape time (_TenancyCollector): no per-token cost.
         self.tenant_requests_total = Counter(

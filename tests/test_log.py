@@ -3,27 +3,39 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import threading
+import time
 
 import orjson
 import pytest
 
-from inferd.log import REDACTED, configure_logging, get_logger, request_context
+from inferd.log import (
+    REDACTED, configure_logging, dropped_lines, flush_logging, get_logger, request_context, shutdown_logging,
+)
 
 
 @pytest.fixture
-def log_stream():
-    """Route logging to a buffer for one test, then restore the root logger as it was."""
+def restore_logging():
+    """Put the root logger back as it was after the test (and stop the writer thread it started)."""
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
+    yield
+    shutdown_logging()
+    root.handlers[:] = saved_handlers
+    root.setLevel(saved_level)
+
+
+@pytest.fixture
+def log_stream(restore_logging):
+    """Route logging to a buffer for one test; lines() waits for the writer thread, then parses."""
     stream = io.StringIO()
     configure_logging("debug", stream=stream)
 
     def lines() -> list[dict]:
+        flush_logging()
         return [orjson.loads(line) for line in stream.getvalue().splitlines()]
 
-    yield lines
-    root.handlers[:] = saved_handlers
-    root.setLevel(saved_level)
+    return lines
 
 
 def test_each_line_is_one_json_object_with_event_and_fields(log_stream):
@@ -80,6 +92,7 @@ def test_level_filters_lines(log_stream):
     log = get_logger("inferd.test")
     log.info("hidden")
     log.error("shown")
+    flush_logging()
     assert [orjson.loads(x)["event"] for x in stream.getvalue().splitlines()] == ["shown"]
 
 
@@ -105,3 +118,50 @@ def test_reserved_names_do_not_overwrite_line_keys(log_stream):
 def test_unknown_level_is_rejected():
     with pytest.raises(ValueError, match="log level"):
         configure_logging("loud")
+
+
+class StalledStream(io.StringIO):
+    """stderr under journald backpressure: every write waits until the test lets it through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.writing = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.writing.set()
+        self.release.wait(timeout=10)
+        return super().write(text)
+
+
+def test_a_stalled_stderr_never_blocks_the_caller_and_overflow_is_dropped_and_counted(restore_logging):
+    stream = StalledStream()
+    configure_logging("info", stream=stream, queue_lines=4)
+    log = get_logger("inferd.test")
+    before = dropped_lines()
+    log.info("first")
+    assert stream.writing.wait(timeout=5)          # the writer thread is stuck in write()
+    t0 = time.monotonic()
+    with request_context("req-9"):
+        for i in range(10):
+            log.info("burst", i=i)
+    assert time.monotonic() - t0 < 1.0             # a synchronous write would have waited 10 s per line
+    assert dropped_lines() - before == 6           # 4 queued behind the stuck line, 6 dropped
+    stream.release.set()
+    shutdown_logging()                             # writes out what was queued
+    lines = [orjson.loads(x) for x in stream.getvalue().splitlines()]
+    # the writer reports the loss before the next line it writes
+    assert [x["event"] for x in lines] == ["first", "log_lines_dropped", "burst", "burst", "burst", "burst"]
+    assert [x["i"] for x in lines if x["event"] == "burst"] == [0, 1, 2, 3]
+    assert all(x["request_id"] == "req-9" for x in lines if x["event"] == "burst")   # formatted in context
+    assert next(x for x in lines if x["event"] == "log_lines_dropped")["count"] == 6
+
+
+def test_shutdown_writes_every_queued_line(restore_logging):
+    stream = io.StringIO()
+    configure_logging("info", stream=stream)
+    log = get_logger("inferd.test")
+    for i in range(500):
+        log.info("line", i=i)
+    shutdown_logging()
+    assert [orjson.loads(x)["i"] for x in stream.getvalue().splitlines()] == list(range(500))

@@ -224,3 +224,11 @@ def test_a_request_served_by_another_loaded_version_is_labelled_with_that_versio
     assert value(samples, "inferd_requests_total", status="200", **SIM_LABELS) == 1
     assert value(samples, "inferd_requests_total", status="429", **{**SIM_LABELS, "version": "v2"}) == 1
     assert metrics.series("small", v2) is metrics.series("small", v2)      # bound once per version
+
+
+def test_dropped_log_lines_are_exported(metrics, monkeypatch):
+    import inferd.log
+
+    monkeypatch.setattr(inferd.log, "dropped_lines", lambda: 7)
+    samples = scrape(metrics)["inferd_log_lines_dropped"]
+    assert value(samples, "inferd_log_lines_dropped_total") == 7
