@@ -10,14 +10,15 @@ emits one synthetic token per sequence that finished its prefill. Steps already 
 _SLICE_S): a GPU does not wait for the host's event loop. Tokens are a deterministic function of
 (prompt, seed, position). It reports itself as a simulator (info.simulated).
 
-Everything runs on the event loop: the step's Python cost is a few microseconds per sequence,
-so no thread is needed, and deltas are pushed from the loop thread as RequestStream requires.
+The scheduling bookkeeping (queues, blocks, preemption, capacity) is sim_scheduler.py; this module
+times the steps and makes the tokens. Everything runs on the event loop: the step's Python cost is
+a few microseconds per sequence, so no thread is needed, and deltas are pushed from the loop thread
+as RequestStream requires.
 Stats (step latency, tokens/s) are in *simulated* time: what the modelled GPU would do.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import random
 import time
@@ -25,7 +26,8 @@ import time
 import msgspec
 
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
-from inferd.engine.sim_profiles import SimProfile, blocks_for, get_profile, sim_tokenizer
+from inferd.engine.sim_profiles import SimProfile, get_profile, sim_tokenizer
+from inferd.engine.sim_scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.engine.stream import RequestStream
 from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.log import get_logger
@@ -44,30 +46,6 @@ _MAX_LAG_S = 0.005   # how far behind the simulated timeline the loop may run be
 # 1 ms -> ~1.7 tokens/frame, 2 ms -> ~4, 3 ms -> ~5.5 (fewer, fuller frames as it grows).
 _SLICE_S = 0.002
 _cpu = time.thread_time
-
-
-class _Seq:
-    __slots__ = ("request_id", "stream", "prompt_len", "output", "num_computed", "blocks", "max_tokens",
-                 "key", "stop_ids", "eos_threshold", "matcher", "submitted", "first_scheduled",
-                 "first_token", "done")
-
-    def __init__(self, request_id: str, stream: RequestStream, prompt_len: int, max_tokens: int, key: int,
-                 stop_ids: frozenset[int], eos_threshold: int, matcher: StopMatcher | None) -> None:
-        self.request_id = request_id
-        self.stream = stream
-        self.prompt_len = prompt_len
-        self.output: list[int] = []
-        self.num_computed = 0          # tokens whose KV exists (reset to 0 by preemption: recompute)
-        self.blocks = 0                # KV blocks held
-        self.max_tokens = max_tokens
-        self.key = key                 # what generated tokens are a function of, with their position
-        self.stop_ids = stop_ids
-        self.eos_threshold = eos_threshold
-        self.matcher = matcher
-        self.submitted = time.monotonic()
-        self.first_scheduled: float | None = None
-        self.first_token: float | None = None
-        self.done = False
 
 
 class SimEngine(Engine):
@@ -95,19 +73,16 @@ class SimEngine(Engine):
                                max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True)
         self.time_scale = float(time_scale)
         self._rng = random.Random(seed)
-        self._free_blocks = num_kv_blocks
-        self._seqs: dict[str, _Seq] = {}
-        self._running: list[_Seq] = []
-        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,
+                                       max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
+        self._seqs: dict[str, SimSequence] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
         self._failed = False
-        self._capacity: Capacity | None = None
         self._eos_ids = frozenset(self.tokenizer.eos_token_ids)
         # stats, in simulated seconds
         self.sim_time = 0.0               # simulated seconds of GPU work so far
-        self.preemptions = 0
         self._steps = self._prompt_tokens = self._gen_tokens = 0
         self._last_step_s = 0.0
         self._ema_tokens = self._ema_time = 0.0
@@ -154,13 +129,12 @@ class SimEngine(Engine):
             raise EngineUnavailable("sim engine is not running")
         seq = self._new_seq(request)
         self._seqs[request.request_id] = seq
-        self._waiting.append(seq)
+        self._scheduler.add(seq)
         self._prompt_tokens += seq.prompt_len
-        self._capacity = None
         self._wakeup.set()
         return seq.stream
 
-    def _new_seq(self, request: GenerationRequest) -> _Seq:
+    def _new_seq(self, request: GenerationRequest) -> SimSequence:
         """Check the request (InvalidRequest naming the field) and build its sequence."""
         sp, prompt = request.sampling, request.prompt_token_ids
         if request.request_id in self._seqs:
@@ -176,26 +150,20 @@ class SimEngine(Engine):
         stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
         eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * _EOS_SCALE)
         stream = RequestStream(request.request_id, on_cancel=self.abort)
-        return _Seq(request.request_id, stream, len(prompt), sp.max_tokens, key, stop_ids, eos_threshold,
-                    StopMatcher(sp.stop) if sp.stop else None)
+        return SimSequence(request.request_id, stream, len(prompt), sp.max_tokens, key, stop_ids, eos_threshold,
+                           StopMatcher(sp.stop) if sp.stop else None)
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.get(request_id)
         if seq is not None:
             self._finish(seq, FinishReason.ABORT, [], "")
 
-    def _finish(self, seq: _Seq, reason: FinishReason, token_ids: list[int], text: str,
+    def _finish(self, seq: SimSequence, reason: FinishReason, token_ids: list[int], text: str,
                 error: str | None = None) -> None:
         """Release the sequence's slot and blocks now, and end its stream."""
         seq.done = True
         del self._seqs[seq.request_id]
-        if seq.first_scheduled is not None and seq in self._running:
-            self._running.remove(seq)
-        elif seq in self._waiting:
-            self._waiting.remove(seq)
-        self._free_blocks += seq.blocks
-        seq.blocks = 0
-        self._capacity = None
+        self._scheduler.remove(seq)
         timing = EngineTiming(submitted=seq.submitted, first_scheduled=seq.first_scheduled,
                               first_token=seq.first_token, finished=time.monotonic())
         usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.output))
@@ -204,34 +172,18 @@ class SimEngine(Engine):
 
     # -- admission's view ------------------------------------------------------------------------
     def capacity(self) -> Capacity:
-        cap = self._capacity
-        if cap is None:
-            # Never over-report: blocks that waiting and still-prefilling sequences will need are taken.
-            # Pending prefill: every waiting context (new or preempted, num_computed 0), and what running
-            # sequences still have to compute beyond a decode's single token (chunked or recomputing).
-            bs = self.info.block_size
-            reserved = pending = 0
-            for s in self._waiting:
-                context = s.prompt_len + len(s.output)
-                reserved += blocks_for(context, bs)
-                pending += context - s.num_computed
-            for s in self._running:
-                left = s.prompt_len + len(s.output) - s.num_computed
-                if left > 1 or not s.output:
-                    pending += left
-                if s.num_computed < s.prompt_len:
-                    reserved += blocks_for(s.prompt_len, bs) - s.blocks
-            free = max(0, self._free_blocks - reserved)
-            cap = self._capacity = Capacity(
-                free_kv_blocks=free, free_kv_tokens=free * bs, waiting=len(self._waiting), block_size=bs,
-                free_slots=max(0, self.info.max_batch_size - len(self._running) - len(self._waiting)),
-                pending_prefill_tokens=pending)
-        return cap
+        return self._scheduler.capacity()
+
+    @property
+    def preemptions(self) -> int:
+        """Sequences preempted (and later recomputed) because the KV pool ran out, since start."""
+        return self._scheduler.preemptions
 
     def stats(self) -> EngineStats:
+        sched = self._scheduler
         return EngineStats(
-            running=len(self._running), waiting=len(self._waiting), kv_blocks_total=self.info.num_kv_blocks,
-            kv_blocks_used=self.info.num_kv_blocks - self._free_blocks, prefix_cache_hit_rate=0.0,
+            running=len(sched.running), waiting=len(sched.waiting), kv_blocks_total=self.info.num_kv_blocks,
+            kv_blocks_used=self.info.num_kv_blocks - sched.free_blocks, prefix_cache_hit_rate=0.0,
             step_latency_s=self._last_step_s, steps_total=self._steps, prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._gen_tokens, prefix_cache_hit_tokens_total=0,
             tokens_per_s=self._ema_tokens / self._ema_time if self._ema_time else 0.0)
@@ -252,15 +204,15 @@ class SimEngine(Engine):
         # loop, and what the rest of the loop used between its previous turn and this one.
         turn_start, others = _cpu(), 0.0
         while True:
-            if not self._running and not self._waiting:
+            if not self._scheduler.has_work():
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 deadline = loop.time()
                 turn_start, others = _cpu(), 0.0
                 continue
-            scheduled, num_tokens, kv_tokens, pairs = self._schedule()
-            step_s = self.profile.step_time(num_tokens, kv_tokens, pairs)
-            self._account(num_tokens, step_s)
+            plan = self._scheduler.schedule()
+            step_s = self.profile.step_time(plan.num_tokens, plan.kv_tokens, plan.pairs)
+            self._account(plan.num_tokens, step_s)
             wait = 0.0
             if scale > 0:
                 # Sleep on the simulated timeline, not per step: timer rounding does not accumulate.
@@ -273,7 +225,7 @@ class SimEngine(Engine):
                 await asyncio.sleep(max(0.0, wait))
                 turn_start = _cpu()
                 others = turn_start - yielded
-            self._complete(scheduled)
+            self._complete(plan)
 
     def _account(self, num_tokens: int, step_s: float) -> None:
         self._steps += 1
@@ -288,70 +240,7 @@ class SimEngine(Engine):
             except Exception:   # metrics must never take the engine down
                 log.exception("step_observer_failed")
 
-    def _schedule(self) -> tuple[list[tuple[_Seq, int]], int, int, int]:
-        """Pick this step's work: running sequences first (oldest first), then FCFS from waiting."""
-        budget = self.info.max_num_tokens
-        bs = self.info.block_size
-        free = self._free_blocks
-        running = self._running
-        scheduled: list[tuple[_Seq, int]] = []
-        kv_tokens = pairs = 0
-        preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
-            start = seq.num_computed
-            n = seq.prompt_len + len(seq.output) - start
-            if n > budget:
-                n = budget
-            need = -(-(start + n) // bs) - seq.blocks
-            if need > free:
-                preempted = True
-                while need > free and running[-1] is not seq:
-                    free += self._preempt(running.pop())
-                if need > free:   # it is the newest itself
-                    free += self._preempt(running.pop())
-                    break
-            if need > 0:
-                free -= need
-                seq.blocks += need
-            scheduled.append((seq, n))
-            budget -= n
-            kv_tokens += start + n
-            pairs += n * start + n * (n + 1) // 2
-            i += 1
-        waiting = self._waiting
-        if not preempted:
-            now = time.monotonic()
-            max_batch = self.info.max_batch_size
-            while waiting and budget > 0 and len(running) < max_batch:
-                seq = waiting[0]
-                n = min(seq.prompt_len + len(seq.output), budget)
-                need = -(-n // bs)
-                if need > free:
-                    break
-                waiting.popleft()
-                free -= need
-                seq.blocks = need
-                if seq.first_scheduled is None:
-                    seq.first_scheduled = now
-                running.append(seq)
-                scheduled.append((seq, n))
-                budget -= n
-                kv_tokens += n
-                pairs += n * (n + 1) // 2
-        self._free_blocks = free
-        self._capacity = None
-        return scheduled, self.info.max_num_tokens - budget, kv_tokens, pairs
-
-    def _preempt(self, seq: _Seq) -> int:
-        """Drop a sequence's KV and put it at the head of the waiting queue (it will be recomputed)."""
-        freed, seq.blocks, seq.num_computed = seq.blocks, 0, 0
-        self.preemptions += 1
-        self._waiting.appendleft(seq)
-        return freed
-
-    def _complete(self, scheduled: list[tuple[_Seq, int]]) -> None:
+    def _complete(self, plan: StepPlan) -> None:
         """The step's results: one new token for every sequence whose context is now fully computed."""
         tokenizer = self.tokenizer
         gen_ids = tokenizer.generation_ids
@@ -359,10 +248,10 @@ class SimEngine(Engine):
         pieces = tokenizer._pieces
         now = time.monotonic()
         produced = 0
-        for seq, n in scheduled:
+        self._scheduler.computed(plan)
+        for seq, _ in plan.scheduled:
             if seq.done:
                 continue   # aborted while the step ran
-            seq.num_computed += n
             out = seq.output
             pos = len(out)
             if seq.num_computed < seq.prompt_len + pos:

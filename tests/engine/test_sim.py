@@ -289,7 +289,7 @@ async def test_a_step_loop_bug_fails_requests_with_a_safe_message_and_logs_the_d
     def broken_schedule():
         raise RuntimeError("secret scheduler state")
 
-    engine._schedule = broken_schedule
+    engine._scheduler.schedule = broken_schedule
     with json_log("inferd.engine.sim") as lines:
         final = await finish(running)
     assert final.finish_reason is FinishReason.ERROR and final.error == failure_message(running.request_id)
