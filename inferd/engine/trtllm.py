@@ -6,13 +6,10 @@ what has (not) run on a GPU. The rules that shape this module, all from the API 
 - `tensorrt_llm._tensorrt_engine.LLM` (the TensorRT-engine backend), built off the loop in start().
 - `generate_async` is called on the event-loop thread (its result queues bind to the running loop),
   with token ids, keyword arguments only, and always `max_tokens` (its default is 32).
-- A `RequestOutput` is mutated in place; we keep our own offset of token ids already sent and
-  detokenize ourselves (IncrementalDetokenizer + StopMatcher, as the other backends do), so no part
-  of a stop string is ever streamed and text is identical across backends.
-- Fairness lives in admission, so `capacity()` must keep the executor's own queue empty. With
-  GUARANTEED_NO_EVICT the executor starts a request only when blocks for prompt + max_tokens fit;
-  we count the same reservation for every request in flight and, while requests run, also take the
-  executor's freeNumBlocks (from `get_stats_async`) minus what was submitted since that sample.
+- Each request's RequestOutput becomes its delta stream in trtllm_stream.py (our own detokenizing and
+  stop strings; cancels whose 'cancelled' reply may never come).
+- Capacity and stats (reservations mirroring GUARANTEED_NO_EVICT, the executor's iteration stats) are
+  kept in trtllm_stats.py.
 """
 from __future__ import annotations
 
@@ -20,19 +17,17 @@ import asyncio
 import inspect
 import logging
 import random
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from inferd.artifacts import MANIFEST_FILE, ArtifactError, Manifest, read_manifest, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.stream import RequestStream
 from inferd.engine.validation import seed64, validate_request
+from inferd.engine.trtllm_stats import RequestLedger
+from inferd.engine.trtllm_stream import ABORT_GRACE_S, TrackedRequest
 from inferd.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
-from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, SamplingParams, Usage
+from inferd.types import FinishReason, GenerationRequest, SamplingParams
 
 log = logging.getLogger("inferd.engine.trtllm")
 
@@ -41,10 +36,7 @@ INSTALL_HINT = ("TensorRT-LLM is not installed. On a GPU node (Linux x86_64/aarc
                 "(see docs/gpu.md)")
 SCHEDULER_POLICIES = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 STATS_TIMEOUT_S = 2.0        # get_stats_async ends after this long without an iteration
-ABORT_GRACE_S = 5.0          # how long an aborted request may take to report 'cancelled'
 WARMUP_STATS_TIMEOUT_S = 5.0
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "timeout": FinishReason.DEADLINE,
-           "cancelled": FinishReason.ABORT}
 
 
 class TrtllmNotInstalled(EngineUnavailable):
@@ -67,62 +59,9 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def _seconds(value: Any) -> float:
-    """A steady-clock stamp of the executor's perf metrics (timedelta in 1.2/1.3; tolerate a float)."""
-    return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
-
-
-def _scheduled_at(r: "_Req", first_token: float) -> float:
-    """When the request's prefill started, on our clock.
-
-    The executor measures it (perf metrics, final response only) on its own steady clock, which may
-    be another process's, so only its prefill duration (first token - first scheduled) is used, set
-    back from our first-token stamp. Without metrics (not supported, not final yet, renamed
-    attributes) prefill cannot be told from queueing: the stamp is the first token's.
-    """
-    try:
-        timing = r.output.outputs[0].request_perf_metrics.timing_metrics
-        scheduled, token = _seconds(timing.first_scheduled_time), _seconds(timing.first_token_time)
-    except (AttributeError, IndexError, TypeError, ValueError):
-        return first_token
-    if not (scheduled > 0.0 and token >= scheduled):     # unset (zero) stamps, NaN
-        return first_token
-    return max(r.submitted, first_token - (token - scheduled))
-
-
-class _Req:
-    __slots__ = ("id", "stream", "output", "task", "prompt_len", "blocks", "seq", "sent", "emitted", "detok",
-                 "matcher", "stopped", "aborting", "overdue", "submitted", "first_token", "cached", "ended",
-                 "released")
-
-    def __init__(self, request: GenerationRequest, stream: RequestStream, blocks: int, seq: int,
-                 detok: IncrementalDetokenizer, matcher: StopMatcher | None) -> None:
-        self.id = request.request_id
-        self.stream = stream
-        self.output: Any = None           # the RequestOutput
-        self.task: asyncio.Task | None = None
-        self.prompt_len = len(request.prompt_token_ids)
-        self.blocks = blocks              # GUARANTEED_NO_EVICT reservation: prompt + max_tokens
-        self.seq = seq                    # submission order, to compare with stats samples
-        self.sent = 0                     # len(output.token_ids) already read
-        self.emitted = 0                  # tokens handed to the client
-        self.detok = detok
-        self.matcher = matcher
-        self.stopped = False              # a stop string matched: drop whatever comes after
-        self.aborting = False             # cancelled in the executor; waiting for its 'cancelled'
-        self.overdue: asyncio.TimerHandle | None = None
-        self.submitted = time.monotonic()
-        self.first_token: float | None = None
-        self.cached = 0
-        self.ended = False                # the client's stream has its final delta
-        self.released = False             # no longer counted in capacity (the executor let it go)
-
-
 class TrtllmEngine(Engine):
-    """`step_observer`, when set (the daemon sets it), gets each executor iteration's wall time in
+    """`step_observer` (base.Engine; the daemon sets it) gets each executor iteration's wall time in
     seconds (`iterLatencyMS` of its stats sample), once per sample, on the event-loop thread."""
-
-    step_observer: Callable[[float], None] | None = None
 
     def __init__(self, engine_dir: Path, *, tokenizer_dir: Path | None = None, max_batch_size: int | None = None,
                  max_num_tokens: int | None = None, kv_cache_free_gpu_memory_fraction: float | None = None,
@@ -158,26 +97,20 @@ class TrtllmEngine(Engine):
         self._lora: dict[str, Any] = {}
         self._max_input_len = 0
         self._vocab_size = 0
-        self._reqs: dict[str, _Req] = {}
-        self._seq = 0
+        self._ledger = RequestLedger()
+        self._reqs = self._ledger.requests     # request id -> TrackedRequest, until the executor lets go
         self._rng = random.Random()
         self._started = self._closed = False
         self._failure: str | None = None
         self._stats_task: asyncio.Task | None = None
         self._stats_wakeup: asyncio.Event | None = None
-        self._kv_known: asyncio.Event | None = None
-        self._sample_applied: asyncio.Event | None = None   # set after each stats sample is applied
-        self._sample: dict[str, Any] = {}     # the latest iteration stats
-        self._sample_seq = -1                  # submissions up to this seq are reflected in _sample
-        self._prompt_total = self._gen_total = self._cached_total = 0
-        self._tokens_per_s = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._started:
             return
         self._api = _import_trtllm()
-        self._stats_wakeup, self._kv_known, self._sample_applied = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._stats_wakeup = asyncio.Event()
         self.tokenizer, build, pretrained, manifest = await asyncio.to_thread(self._read_dirs)
         # Ids both the model embeds and the tokenizer decodes (an engine's vocab may be padded beyond it).
         self._vocab_size = min(self.tokenizer.vocab_size, int(pretrained.get("vocab_size") or self.tokenizer.vocab_size))
@@ -257,7 +190,7 @@ class TrtllmEngine(Engine):
         if final.finish_reason is FinishReason.ERROR:
             raise EngineUnavailable(f"trtllm warmup failed: {final.error}")
         try:
-            await asyncio.wait_for(self._kv_known.wait(), WARMUP_STATS_TIMEOUT_S)
+            await asyncio.wait_for(self._ledger.kv_known.wait(), WARMUP_STATS_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("no KV cache stats from TensorRT-LLM after warmup; capacity assumes %d blocks",
                         self.info.num_kv_blocks)
@@ -293,7 +226,7 @@ class TrtllmEngine(Engine):
         # Everything the executor would otherwise meet on the GPU: an out-of-vocabulary id there is an
         # illegal memory access that takes the whole executor down, not just this request.
         validate_request(request, vocab_size=self._vocab_size, max_model_len=info.max_model_len,
-                         kv_capacity_tokens=info.num_kv_blocks * info.block_size if self._kv_known.is_set() else None)
+                         kv_capacity_tokens=info.num_kv_blocks * info.block_size if self._ledger.kv_known.is_set() else None)
         if prompt_len > self._max_input_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens; this engine accepts at most "
                                  f"{self._max_input_len}", "prompt")
@@ -316,15 +249,13 @@ class TrtllmEngine(Engine):
         except RuntimeError as exc:          # "LLM is shutting down", CppExecutorError
             self._fail(f"TensorRT-LLM executor is down: {exc}")
             raise EngineUnavailable(self._failure) from exc
-        self._seq += 1
         stream = RequestStream(request.request_id, on_cancel=self.abort)
-        r = _Req(request, stream, blocks, self._seq,
-                 IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids),
-                 StopMatcher(sp.stop) if sp.stop else None)
-        r.output = output
-        self._reqs[r.id] = r
-        self._prompt_total += prompt_len
-        r.task = asyncio.get_running_loop().create_task(self._consume(r), name=f"trtllm-{r.id}")
+        r = TrackedRequest(request, stream, output, self._ledger, blocks,
+                           IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids),
+                           StopMatcher(sp.stop) if sp.stop else None)
+        self._ledger.admit(r)
+        r.task = asyncio.get_running_loop().create_task(r.consume(self._api["RequestError"], self._fail),
+                                                        name=f"trtllm-{r.id}")
         self._stats_wakeup.set()
         return stream
 
@@ -352,114 +283,7 @@ class TrtllmEngine(Engine):
         if r is None or r.aborting or r.ended:
             return
         # The stream ends when the executor confirms ('cancelled'): its blocks are free by then.
-        self._cancel_in_executor(r)
-
-    def _cancel_in_executor(self, r: _Req) -> None:
-        """Ask the executor to drop the request. Its 'cancelled' reply is not guaranteed (API contract):
-        if none comes within ABORT_GRACE_S the request is given up on, so nothing waits forever."""
-        r.aborting = True
-        self._abort_output(r)
-        r.overdue = asyncio.get_running_loop().call_later(ABORT_GRACE_S, self._abort_overdue, r)
-
-    def _abort_output(self, r: _Req) -> None:
-        if r.output is not None and not r.output.finished:
-            try:
-                r.output.abort()
-            except Exception as exc:   # executor gone; the request ends anyway
-                log.warning("abort of %s failed: %s", r.id, exc)
-
-    def _abort_overdue(self, r: _Req) -> None:
-        if not r.released:
-            log.warning("request %s: no 'cancelled' from TensorRT-LLM %.0fs after abort", r.id, ABORT_GRACE_S)
-            if r.task is not None:
-                r.task.cancel()
-
-    async def _consume(self, r: _Req) -> None:
-        try:
-            async for out in r.output:
-                self._on_step(r, out)
-                if r.released:
-                    return
-            self._finish(r, FinishReason.ERROR, error="TensorRT-LLM ended the request without a result")
-        except asyncio.CancelledError:
-            self._abort_output(r)
-            self._finish(r, FinishReason.ABORT)
-            raise
-        except self._api["RequestError"] as exc:
-            self._finish(r, FinishReason.ERROR, error=f"TensorRT-LLM failed this request: {exc}")
-        except Exception as exc:   # the executor died (worker gone, CppExecutorError): nothing will finish
-            self._fail(f"TensorRT-LLM executor failed: {exc!r}")
-
-    def _on_step(self, r: _Req, out: Any) -> None:
-        if r.ended:          # stopped by a stop string: only the executor's final reply is still awaited
-            if out.finished:
-                self._release(r)
-            return
-        c = out.outputs[0]
-        ids = c.token_ids
-        new = list(ids[r.sent:]) if len(ids) > r.sent else []
-        r.sent = max(r.sent, len(ids))
-        r.cached = getattr(out, "cached_tokens", 0) or 0
-        if new and r.first_token is None:
-            r.first_token = time.monotonic()
-        final = out.finished
-        text = ""
-        if r.stopped:
-            new = []
-        elif new:
-            # A matched stop token id ends the output without text (as EOS does).
-            textual = new[:-1] if final and c.finish_reason == "stop" and isinstance(c.stop_reason, int) else new
-            text = r.detok.push(textual)
-        if final and not r.stopped:
-            text += r.detok.flush()
-        if r.matcher is not None and not r.stopped:
-            text, r.stopped = r.matcher.push(text)
-            if r.stopped and not final:
-                # The client gets its final delta now, not after TensorRT-LLM's 'cancelled' (which may
-                # never come); the request stays counted in capacity until the executor lets it go.
-                r.emitted += len(new)
-                self._end_stream(r, FinishReason.STOP, new, text)
-                self._cancel_in_executor(r)
-                return
-            if final and not r.stopped:
-                text += r.matcher.flush()
-        r.emitted += len(new)
-        if not final:
-            if new or text:
-                r.stream.push(Delta(token_ids=new, text=text))
-            return
-        reason = FinishReason.STOP if r.stopped else _FINISH.get(c.finish_reason, FinishReason.ABORT)
-        if r.aborting and not r.stopped:
-            reason = FinishReason.ABORT
-        self._finish(r, reason, new, text)
-
-    def _finish(self, r: _Req, reason: FinishReason, token_ids: list[int] | None = None, text: str = "",
-                error: str | None = None) -> None:
-        self._end_stream(r, reason, token_ids, text, error)
-        self._release(r)
-
-    def _release(self, r: _Req) -> None:
-        if r.released:
-            return
-        r.released = True
-        self._reqs.pop(r.id, None)
-        if r.overdue is not None:
-            r.overdue.cancel()
-
-    def _end_stream(self, r: _Req, reason: FinishReason, token_ids: list[int] | None = None, text: str = "",
-                    error: str | None = None) -> None:
-        if r.ended:
-            return
-        r.ended = True
-        cached = min(r.cached, max(r.prompt_len - 1, 0))
-        self._gen_total += r.emitted
-        self._cached_total += cached
-        now = time.monotonic()
-        first = r.first_token if r.first_token is not None else now
-        r.stream.push(Delta(token_ids=token_ids or [], text=text, finish_reason=reason, error=error,
-                            usage=Usage(prompt_tokens=r.prompt_len, completion_tokens=r.emitted, cached_tokens=cached),
-                            timing=EngineTiming(submitted=r.submitted, first_scheduled=_scheduled_at(r, first),
-                                                first_token=first, finished=now)))
+        r.cancel_in_executor()
 
     def _fail(self, message: str) -> None:
         """The executor is gone: report unhealthy and end every stream now instead of letting it hang."""
@@ -467,7 +291,7 @@ class TrtllmEngine(Engine):
             self._failure = message
             log.error("%s", message)
         for r in list(self._reqs.values()):
-            self._finish(r, FinishReason.ERROR, error="the TensorRT-LLM engine failed")
+            r.finish(FinishReason.ERROR, error="the TensorRT-LLM engine failed")
             if r.task is not None and r.task is not asyncio.current_task():
                 r.task.cancel()
 
@@ -489,59 +313,10 @@ class TrtllmEngine(Engine):
                     return
 
     def _on_stats(self, item: dict) -> None:
-        kv = item.get("kvCacheStats") or {}
-        self._sample = item
-        self._sample_seq = self._seq
-        latency_ms = item.get("iterLatencyMS")
-        latency = (latency_ms or 0.0) / 1000.0
-        observer = self.step_observer
-        if observer is not None and latency_ms is not None:
-            try:
-                observer(latency)
-            except Exception:  # metrics must never take the engine down
-                log.exception("step_observer failed")
-        ifb = item.get("inflightBatchingStats") or {}
-        tokens = (ifb.get("numCtxTokens") or 0) + (ifb.get("numGenRequests") or 0)
-        if latency > 0:
-            self._tokens_per_s = 0.9 * self._tokens_per_s + 0.1 * (tokens / latency)
-        max_blocks, block_size = kv.get("maxNumBlocks"), kv.get("tokensPerBlock")
-        if max_blocks and not self._kv_known.is_set():
-            changes: dict[str, Any] = {"num_kv_blocks": int(max_blocks)}
-            if block_size:
-                changes["block_size"] = int(block_size)
-            self.info = msgspec.structs.replace(self.info, **changes)
-            self._kv_known.set()
-        self._sample_applied.set()
+        self.info = self._ledger.apply_sample(item, self.info, self.step_observer)
 
     def capacity(self) -> Capacity:
-        info, reqs = self.info, self._reqs
-        free = info.num_kv_blocks - sum(r.blocks for r in reqs.values())
-        kv = self._sample.get("kvCacheStats") or {}
-        sampled_free = kv.get("freeNumBlocks")
-        if reqs and sampled_free is not None:
-            # The executor's own count, less what admission submitted since that sample was taken.
-            since = sum(r.blocks for r in reqs.values() if r.seq > self._sample_seq)
-            free = min(free, sampled_free - since)
-        free = max(0, free)
-        # The executor does not report per-request prefill progress: a request whose first token has
-        # not arrived counts its whole prompt as pending (an over-estimate, never an under-report).
-        waiting = pending = 0
-        for r in reqs.values():
-            if r.first_token is None:
-                waiting += 1
-                pending += r.prompt_len
-        return Capacity(free_kv_blocks=free, free_kv_tokens=free * info.block_size, waiting=waiting,
-                        free_slots=max(0, info.max_batch_size - len(reqs)), block_size=info.block_size,
-                        pending_prefill_tokens=pending)
+        return self._ledger.capacity(self.info)
 
     def stats(self) -> EngineStats:
-        kv = self._sample.get("kvCacheStats") or {}
-        waiting = sum(1 for r in self._reqs.values() if r.first_token is None)
-        return EngineStats(
-            running=len(self._reqs) - waiting, waiting=waiting, kv_blocks_total=self.info.num_kv_blocks,
-            kv_blocks_used=int(kv.get("usedNumBlocks") or 0) if self._reqs else 0,
-            prefix_cache_hit_rate=self._cached_total / self._prompt_total if self._prompt_total else 0.0,
-            step_latency_s=(self._sample.get("iterLatencyMS") or 0.0) / 1000.0,
-            steps_total=int(self._sample.get("iter") or 0), prompt_tokens_total=self._prompt_total,
-            generation_tokens_total=self._gen_total, prefix_cache_hit_tokens_total=self._cached_total,
-            tokens_per_s=self._tokens_per_s)
+        return self._ledger.stats(self.info)

@@ -201,9 +201,9 @@ async def test_bad_requests_are_refused_at_submit_before_they_reach_the_executor
 
 async def test_stop_string_ends_the_stream_at_once_and_holds_capacity_until_the_executor_lets_go(
         tiny_artifact, tmp_path, monkeypatch) -> None:
-    from inferd.engine import trtllm
+    from inferd.engine import trtllm_stream
 
-    monkeypatch.setattr(trtllm, "ABORT_GRACE_S", 1.0)
+    monkeypatch.setattr(trtllm_stream, "ABORT_GRACE_S", 1.0)
     async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
         from tensorrt_llm._double import controls
 
@@ -297,8 +297,8 @@ async def test_admitting_by_capacity_keeps_the_executor_queue_empty(tiny_artifac
 async def stats_samples_until(engine, done) -> None:
     """Wait for stats samples (the double forwards them every 0.2 s, like the real worker) until `done()`."""
     while not done():
-        engine._sample_applied.clear()
-        await asyncio.wait_for(engine._sample_applied.wait(), TIMEOUT_S)
+        engine._ledger.sample_applied.clear()
+        await asyncio.wait_for(engine._ledger.sample_applied.wait(), TIMEOUT_S)
 
 
 async def test_stats_come_from_executor_iterations(tiny_artifact, tmp_path) -> None:
