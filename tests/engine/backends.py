@@ -6,13 +6,16 @@ engine and closes it afterwards. To put a backend under the suite, add one entry
 
 Keep every backend small (a handful of slots, a few dozen KV blocks): the suite must be fast,
 and small limits make queueing and capacity effects visible.
+
+Also the helpers backend-specific engine tests share: `started_engines` (a factory fixture's body)
+and `json_log` (what an engine logged, as the daemon would write it).
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import AsyncContextManager
 
 import orjson
@@ -34,6 +37,25 @@ async def running(engine: Engine) -> AsyncIterator[Engine]:
         yield engine
     finally:
         await engine.close()
+
+
+@contextlib.asynccontextmanager
+async def started_engines(build: Callable[..., Engine]) -> AsyncIterator[Callable[..., Awaitable[Engine]]]:
+    """A factory for a test's engines: `await make(**kwargs)` builds one with `build`, starts it (no
+    warmup, so tests see a cold engine), and every engine it made is closed when the block ends."""
+    made: list[Engine] = []
+
+    async def make(*args, **kwargs) -> Engine:
+        engine = build(*args, **kwargs)
+        made.append(engine)            # closed even if start fails half-way
+        await engine.start()
+        return engine
+
+    try:
+        yield make
+    finally:
+        for engine in made:
+            await engine.close()
 
 
 def sim(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:

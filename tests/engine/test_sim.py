@@ -18,7 +18,7 @@ from inferd.engine.sim_profiles import PROFILES, SimTokenizer, get_profile
 from inferd.engine.stream import merge_deltas
 from inferd.engine.validation import failure_message
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
-from tests.engine.backends import json_log
+from tests.engine.backends import json_log, started_engines
 
 GiB = 1024 ** 3
 _ids = itertools.count()
@@ -26,18 +26,12 @@ _ids = itertools.count()
 
 @pytest.fixture
 async def make_engine():
-    engines: list[SimEngine] = []
-
-    async def make(profile="tiny", **kwargs) -> SimEngine:
+    def build(profile="tiny", **kwargs) -> SimEngine:
         kwargs.setdefault("time_scale", 0.0)
-        engine = SimEngine(profile, **kwargs)
-        await engine.start()
-        engines.append(engine)
-        return engine
+        return SimEngine(profile, **kwargs)
 
-    yield make
-    for engine in engines:
-        await engine.close()
+    async with started_engines(build) as make:
+        yield make
 
 
 def submit(engine: SimEngine, prompt, **params):

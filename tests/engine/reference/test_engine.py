@@ -12,7 +12,7 @@ from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.engine.validation import failure_message
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
-from tests.engine.backends import json_log
+from tests.engine.backends import json_log, started_engines
 
 ENGINE_LOGGER = "inferd.engine.reference.engine"
 
@@ -28,19 +28,13 @@ TEXTS = [
 
 @pytest.fixture
 async def make_engine(tiny_artifact):
-    engines: list[ReferenceEngine] = []
-
-    async def make(**kwargs) -> ReferenceEngine:
+    def build(**kwargs) -> ReferenceEngine:
         kwargs.setdefault("num_kv_blocks", 256)
         kwargs.setdefault("block_size", 4)
-        engine = ReferenceEngine(tiny_artifact, **kwargs)
-        await engine.start()
-        engines.append(engine)
-        return engine
+        return ReferenceEngine(tiny_artifact, **kwargs)
 
-    yield make
-    for engine in engines:
-        await engine.close()
+    async with started_engines(build) as make:
+        yield make
 
 
 def req(engine, rid, text, max_tokens=12, tenant="t", **sampling) -> GenerationRequest:
