@@ -103,11 +103,29 @@ async def served(serve: ServeFactory) -> Served:
     return await serve()
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    """Poll a condition (bounded), for state that changes without an event we can await."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
+class AdmissionEntries:
+    """Counts requests entering an admission queue, with an event per entry: tests wait for "the
+    request is queued" on that, not by polling. The queue enters a request synchronously on its
+    first step (before it first waits), so once `reached(n)` returns, `n` requests are in it or
+    were refused at its door."""
+
+    def __init__(self, queue) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+        admit = queue.admit
+
+        async def counted_admit(*args, **kwargs):
+            entering = admit(*args, **kwargs)
+            self.count += 1
+            self._changed.set()          # waiters resume after this task has run the queue's entry step
+            return await entering
+
+        queue.admit = counted_admit
+
+    async def reached(self, n: int, timeout: float = 5.0) -> None:
+        await asyncio.wait_for(self._reach(n), timeout)
+
+    async def _reach(self, n: int) -> None:
+        while self.count < n:
+            self._changed.clear()
+            await self._changed.wait()

@@ -23,7 +23,7 @@ from inferd.daemon import Daemon
 from inferd.keys import KeyHasher, create_key, revoke_key
 from inferd.quota import Quota
 
-from tests.api.conftest import wait_until
+from tests.api.conftest import AdmissionEntries
 
 SIM = {"backend": "sim", "max_batch_size": 1, "max_num_tokens": 256, "num_kv_blocks": 256,
        "sim": {"profile": "tiny", "time_scale": 1.0, "max_model_len": 4096}}
@@ -50,6 +50,11 @@ class Node(msgspec.Struct, kw_only=True):
 
     def queued(self) -> int:
         return sum(q.snapshot()["queued"] for _, _, q in self.tenancy.queues())
+
+    def admission_entries(self) -> AdmissionEntries:
+        """Counts requests entering the sim's admission queue from now on (an event per entry)."""
+        engine = self.daemon.state.engines["sim"]
+        return AdmissionEntries(self.tenancy.queue_for("sim", engine))
 
     async def metrics(self, key: str | None = None) -> str:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -296,16 +301,19 @@ async def test_full_tenant_queue_is_429_and_full_node_is_503_at_once(tmp_path):
         a, b, c = n.key("a"), n.key("b"), n.key("c")
         await refresh(n)
         holder, _ = await hold_engine(n, a)
+        entries = n.admission_entries()
         body = {"model": "sim", "prompt": "x", "max_tokens": 4}
         queued_a = asyncio.ensure_future(post(n, a, body))
-        await wait_until(lambda: _true(n.queued() == 1))
+        await entries.reached(1)
+        assert n.queued() == 1
         t0 = time.monotonic()
         full = await post(n, a, body)
         assert time.monotonic() - t0 < 2.0                   # at once: waiting would take the ~7 s hold
         assert full.status == 429 and (await full.json())["error"]["code"] == "queue_full"
         assert int(full.headers["Retry-After"]) >= 1
         queued_b = asyncio.ensure_future(post(n, b, body))
-        await wait_until(lambda: _true(n.queued() == 2))
+        await entries.reached(3)                             # a's second request was refused at the door
+        assert n.queued() == 2
         t0 = time.monotonic()
         node_full = await post(n, c, body)
         assert time.monotonic() - t0 < 2.0
@@ -320,14 +328,16 @@ async def test_node_full_sheds_queued_batch_work_before_interactive(tmp_path):
         bulk, chat = n.key("bulk"), n.key("chat")
         await refresh(n)
         holder, _ = await hold_engine(n, chat)
+        entries = n.admission_entries()
         body = {"model": "sim", "prompt": "x", "max_tokens": 4}
         batch_req = asyncio.ensure_future(post(n, bulk, body))
-        await wait_until(lambda: _true(n.queued() == 1))
+        await entries.reached(1)
+        assert n.queued() == 1
         interactive = asyncio.ensure_future(post(n, chat, body))
         shed = await batch_req
         assert shed.status == 503 and (await shed.json())["error"]["code"] == "node_full"
         assert "Retry-After" in shed.headers
-        await wait_until(lambda: _true(n.queued() == 1))     # the interactive request took its place
+        assert n.queued() == 1          # the interactive request took its place as it entered (shedding the other)
         assert not interactive.done()
         cancel(holder, interactive)
 
@@ -337,9 +347,11 @@ async def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(tmp_path):
         a = n.key("a")
         await refresh(n)
         holder, _ = await hold_engine(n, a)
+        entries = n.admission_entries()
         backlog = [asyncio.ensure_future(post(n, a, {"model": "sim", "prompt": "x", "max_tokens": 1000}))
                    for _ in range(2)]
-        await wait_until(lambda: _true(n.queued() == 2))
+        await entries.reached(2)
+        assert n.queued() == 2
         t0 = time.monotonic()
         with pytest.raises(openai.RateLimitError) as exc:     # its own backlog: 429
             await n.sdk(a).completions.create(model="sim", prompt="x", max_tokens=10,
@@ -363,14 +375,16 @@ async def test_a_deadline_passing_mid_generation_ends_the_stream_and_frees_its_b
         assert exc.value.body["code"] == "deadline_exceeded"
         assert "".join(text)                                 # it did generate before the deadline
         assert time.monotonic() - t0 < 2.0                  # 3000 tokens would take ~7 s
-        await wait_until(lambda: _true(engine.stats().kv_blocks_used == 0))
+        # the sim frees an aborted request's blocks in abort() itself: free once the request has ended
+        assert await n.daemon.state.wait_idle(timeout=1.0)
+        assert engine.stats().kv_blocks_used == 0
         with pytest.raises(openai.APIStatusError) as exc:    # non-streamed, the body's `timeout`: 504
             await n.sdk().completions.create(model="sim", prompt="x", max_tokens=3000,
                                              extra_body={"timeout": 0.3})
         assert exc.value.status_code == 504
-        await wait_until(lambda: _true(engine.stats().kv_blocks_used == 0))
-        # both count as 504, the streamed one too (the SDK hangs up as soon as it reads the final chunk)
         assert await n.daemon.state.wait_idle(timeout=1.0)
+        assert engine.stats().kv_blocks_used == 0
+        # both count as 504, the streamed one too (the SDK hangs up as soon as it reads the final chunk)
         text = await n.metrics()
         assert metric(text, "inferd_tenant_requests_total", tenant="local", status="504") == 2
         assert metric(text, "inferd_tenant_requests_total", tenant="local", status="499") == 0
@@ -405,9 +419,6 @@ async def test_bad_request_timeout_header_is_400_naming_it(tmp_path):
         assert resp.status == 400
         assert (await resp.json())["error"]["param"] == "X-Request-Timeout"
 
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_models_list_shows_only_the_models_the_tenant_may_use(tmp_path):
