@@ -231,8 +231,8 @@ class Daemon:
     @staticmethod
     def _observe_steps(state: ServerState) -> Callable[[str, Engine], None]:
         def hook(name: str, engine: Engine) -> None:
-            if hasattr(engine, "step_observer"):  # optional engine hook: feeds inferd_engine_step_seconds
-                engine.step_observer = state.metrics.step_observer(name)
+            # Pass the engine: at startup state.engines is still empty, so the name alone labels "other".
+            engine.step_observer = state.metrics.step_observer(name, engine)
         return hook
 
     async def _build_synthetic(self, name: str, kind: str) -> None:

@@ -95,9 +95,9 @@ class VersionManager:
                 self.loaded[(spec.model, spec.requested)] = key
                 return key
             self.registry.register(key, engine)
-            if self.step_observer is not None:
-                self.step_observer(spec.model, engine)
             await engine.start()
+            if self.step_observer is not None:  # after start: the engine's labels come from its info
+                self.step_observer(spec.model, engine)
             await engine.warmup()
             if not engine.healthy:
                 raise EngineConfigError(spec.model, f"version {version} is unhealthy after warmup")

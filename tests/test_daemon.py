@@ -300,6 +300,8 @@ async def test_reference_engine_serves_completions_and_metrics(tiny_engines_root
     assert (f'inferd_requests_total{{backend="reference",model="tiny",status="200",version="{version}"}} 1.0'
             in metrics)
     assert 'inferd_kv_cache_blocks{backend="reference",model="tiny",state="free"' in metrics
+    # Engine steps are labelled with the engine that ran them (warmup and the request both stepped).
+    assert f'inferd_engine_step_seconds_count{{backend="reference",model="tiny",version="{version}"}}' in metrics
 
 
 async def test_stream_in_flight_at_sigterm_finishes_normally_with_the_real_app():

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from inferd.engine.stream import RequestStream
+from inferd.engine.validation import failure_message
 from inferd.tokenization import IncrementalDetokenizer, StopMatcher
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
@@ -100,7 +101,9 @@ class TrackedRequest:
             self.finish(FinishReason.ABORT)
             raise
         except request_error as exc:
-            self.finish(FinishReason.ERROR, error=f"TensorRT-LLM failed this request: {exc}")
+            # The executor's text can name internals; the client gets a pointer to the log instead.
+            log.error("TensorRT-LLM failed request %s: %s", self.id, exc)
+            self.finish(FinishReason.ERROR, error=failure_message(self.id))
         except Exception as exc:   # the executor died (worker gone, CppExecutorError): nothing will finish
             on_executor_failure(f"TensorRT-LLM executor failed: {exc!r}")
 
