@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inferd.admission import UNKNOWN_RETRY_S, AdmissionQueue, AdmissionRejected
+from inferd.admission import AdmissionQueue, AdmissionRejected
 from inferd.engine.base import Engine
 from inferd.keys import Authenticator, load_authenticator
 from inferd.log import get_logger
@@ -69,8 +69,7 @@ class Tenancy:
         if entry is not None and entry.engine is engine:
             return entry.queue
         if self._closed:
-            raise AdmissionRejected("server is draining", status=503, reason="draining",
-                                    retry_after_s=UNKNOWN_RETRY_S)
+            raise AdmissionRejected.draining()
         queue = AdmissionQueue(engine, self.config.admission, self.tenants)
         queue.start()
         self._queues[id(engine)] = _Queue(model, engine, queue)

@@ -1,0 +1,102 @@
+"""AdmittedStream: an admitted request's engine stream with admission's bookkeeping on top.
+
+While the request runs its stream charges the output it delivers to the tenant's virtual token counter
+(so long generations count against the tenant while they run, not only after they end; the final
+delta's usage settles the exact total), notes the first token (TTFT, and it wakes the dispatcher: the
+prompt's prefill is done), and enforces the deadline: engine.abort, then the final delta's
+finish_reason is DEADLINE. When it ends (or its consumer cancels it) it hands everything back to the
+queue, which releases the quota lease.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from inferd.admission_ticket import Ticket
+from inferd.engine.stream import RequestStream, merge_deltas
+from inferd.types import Delta, FinishReason, Usage
+
+if TYPE_CHECKING:
+    from inferd.admission import AdmissionQueue
+
+
+class AdmittedStream:
+    """Same consumer interface as RequestStream."""
+
+    def __init__(self, queue: AdmissionQueue, ticket: Ticket, stream: RequestStream, queue_wait_s: float,
+                 deadline_in_s: float | None) -> None:
+        """`deadline_in_s`: loop seconds until the deadline (None: none)."""
+        self._queue = queue
+        self._ticket = ticket
+        self._stream = stream
+        self.request_id = stream.request_id
+        self.tenant = ticket.tenant
+        self.queue_wait_s = queue_wait_s
+        self.deadline_hit = False
+        self._output = 0
+        self._first_token = False
+        self._closed = False
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        if deadline_in_s is not None:
+            self._deadline_timer = asyncio.get_running_loop().call_later(deadline_in_s, self._on_deadline)
+
+    def __aiter__(self) -> AdmittedStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        return self._seen(await self._stream.__anext__())
+
+    def take(self) -> Delta | None:
+        """RequestStream.take with the same bookkeeping (for a writer that reads on a listener)."""
+        delta = self._stream.take()
+        return None if delta is None else self._seen(delta)
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        self._stream.listen(listener)
+
+    def _seen(self, delta: Delta) -> Delta:
+        if delta.token_ids:
+            if not self._first_token:
+                self._first_token = True
+                self._queue.first_token(self._ticket)
+            self._output += len(delta.token_ids)
+            self._queue.charge_output(self._ticket, len(delta.token_ids))
+        if delta.finish_reason is not None:
+            if self.deadline_hit and delta.finish_reason is FinishReason.ABORT:
+                delta.finish_reason = FinishReason.DEADLINE
+            self._close(delta.usage)
+        return delta
+
+    async def collect(self) -> Delta:
+        return merge_deltas([d async for d in self])
+
+    def ready(self) -> bool:
+        return self._stream.ready()
+
+    @property
+    def finished(self) -> bool:
+        return self._stream.finished
+
+    def cancel(self) -> None:
+        """The consumer is going away: abort in the engine and give back everything held."""
+        self._stream.cancel()
+        self._close(None)
+
+    def _on_deadline(self) -> None:
+        if not self._stream.finished:
+            self.deadline_hit = True
+            self._queue.engine.abort(self.request_id)
+
+    def _close(self, usage: Usage | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        complete = usage is not None
+        if usage is None:
+            usage = Usage(prompt_tokens=self._ticket.prompt, completion_tokens=self._output)
+        elif usage.completion_tokens > self._output:   # settle what merged deltas did not show
+            self._queue.charge_output(self._ticket, usage.completion_tokens - self._output)
+        self._queue.stream_ended(self._ticket, usage, complete)

@@ -1,0 +1,58 @@
+"""A request's record in an admission queue, from entering it to ending, and the refusal of one."""
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import TYPE_CHECKING
+
+from inferd.quota import Lease
+from inferd.tenants import PriorityClass
+from inferd.types import GenerationRequest
+
+if TYPE_CHECKING:
+    from inferd.admission_stream import AdmittedStream
+
+QUEUED, DISPATCHED, DONE = 0, 1, 2
+UNKNOWN_RETRY_S = 1.0          # Retry-After with nothing to estimate from (no throughput measured yet; draining)
+
+
+class AdmissionRejected(Exception):
+    """The request was not (or no longer) admitted. status: 429 queue_full / own backlog too deep for
+    the deadline; 503 node_full / shed / deadline / ttl / draining; 504 deadline passed while queued."""
+
+    def __init__(self, message: str, *, status: int, reason: str, retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retry_after_header(self) -> str | None:
+        """`Retry-After` value (whole seconds, at least 1) or None."""
+        return None if self.retry_after_s is None else str(max(1, math.ceil(self.retry_after_s)))
+
+    @classmethod
+    def draining(cls) -> AdmissionRejected:
+        return cls("server is draining", status=503, reason="draining", retry_after_s=UNKNOWN_RETRY_S)
+
+
+class Ticket:
+    __slots__ = ("request", "tenant", "cls", "prompt", "tokens", "est_cost", "deadline", "expires",
+                 "arrived", "seq", "future", "timer", "state", "lease")
+
+    def __init__(self, request: GenerationRequest, cls: PriorityClass, est_cost: float, deadline: float,
+                 expires: float, arrived: float, seq: int, lease: Lease | None) -> None:
+        self.request = request
+        self.tenant = request.tenant
+        self.cls = cls
+        self.prompt = len(request.prompt_token_ids)
+        self.tokens = self.prompt + request.sampling.max_tokens
+        self.est_cost = est_cost
+        self.deadline = deadline
+        self.expires = expires          # min(deadline, enqueue + class TTL)
+        self.arrived = arrived
+        self.seq = seq
+        self.future: asyncio.Future[AdmittedStream] | None = None   # set when it waits in the queue
+        self.timer: asyncio.TimerHandle | None = None
+        self.state = QUEUED
+        self.lease = lease
