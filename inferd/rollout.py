@@ -1,4 +1,4 @@
-"""Canary rollouts with automatic rollback, per-version metric windows, and shadow stats.
+"""Canary rollouts with automatic rollback.
 
 A `Rollout` moves one route (an alias, or a model name) from `stable` to `candidate` through
 `steps` of candidate weight. Every candidate completion (and `tick()`, for a timer) re-judges the
@@ -11,10 +11,11 @@ when its dwell has passed, both windows hold `min_samples` requests and nothing 
 Paused holds the weights but still rolls back on a breach. Windows reset at every step, except
 that stable's window is kept as the baseline when the candidate reaches 100% (stable gets no
 traffic then). Single-threaded: call everything on the event loop.
+
+The per-version windows are `inferd.version_stats`; the config tables are `inferd.rollout_config`.
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,85 +24,11 @@ from typing import Literal
 import msgspec
 
 from inferd.audit import SYSTEM_ACTOR, AuditLog
+from inferd.rollout_config import PriceConfig, RolloutConfig, RolloutThresholds, price_for
 from inferd.routing import Arm, ModelRegistry, ModelVersion, RoutingTable, Split, parse_target
+from inferd.version_stats import VersionStats, WindowSummary
 
 Phase = Literal["idle", "running", "paused", "promoted", "rolled_back"]
-ITL_SAMPLES_PER_REQUEST = 16   # bounded per-request cost when a caller passes every token gap
-
-
-class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class RolloutThresholds(_Table):
-    """`[rollouts.<name>.thresholds]`: how much worse than stable the candidate may be."""
-
-    max_error_rate_increase: float = 0.01    # absolute: candidate <= stable + 1 percentage point
-    max_ttft_p95_ratio: float = 1.2
-    max_itl_p95_ratio: float = 1.2
-    max_cost_ratio: float = 1.1               # cost per 1k tokens
-    latency_slack_s: float = 0.0              # added to the latency limits, against noise at tiny p95s
-    min_samples: int = 200                    # requests per version per step before judging
-
-
-class RolloutConfig(_Table):
-    """`[rollouts.<route>]`: <route> is an alias (or a model name). Targets as in AliasConfig."""
-
-    stable: str
-    candidate: str
-    steps: tuple[float, ...] = (0.01, 0.05, 0.25, 1.0)
-    min_dwell_s: float = 600.0
-    start: Literal["manual", "on_load"] = "manual"
-    window_size: int = 1024                   # latency samples kept per version per step
-    thresholds: RolloutThresholds = RolloutThresholds()
-
-
-class PriceConfig(_Table):
-    """`[prices."<model>@<version>"]` or `[prices.<model>]`: currency per 1k tokens."""
-
-    prompt_per_1k: float = 0.0
-    completion_per_1k: float = 0.0
-
-
-def price_for(prices: Mapping[str, PriceConfig], key: ModelVersion) -> PriceConfig | None:
-    return prices.get(str(key)) or prices.get(key.model)
-
-
-def rollout_errors(name: str, cfg: RolloutConfig, defaults: Mapping[str, str], aliases: Sequence[str],
-                   path: str = "rollouts") -> list[str]:
-    p = f"{path}.{name}"
-    errors = []
-    if name not in aliases and name not in defaults:
-        errors.append(f"{p}: no alias or model named {name!r} to roll out")
-    for field in ("stable", "candidate"):
-        try:
-            key = parse_target(getattr(cfg, field), defaults)
-        except ValueError as exc:
-            errors.append(f"{p}.{field}: {exc}")
-            continue
-        if key.model not in defaults:
-            errors.append(f"{p}.{field}: no [models.{key.model}] table")
-    if cfg.stable == cfg.candidate:
-        errors.append(f"{p}: stable and candidate are the same version")
-    s = cfg.steps
-    if not s or any(not 0 < w <= 1 for w in s) or any(a >= b for a, b in zip(s, s[1:])):
-        errors.append(f"{p}.steps: must be increasing weights in (0, 1], got {list(s)}")
-    elif s[0] >= 1:
-        errors.append(f"{p}.steps: the first step must be below 1.0 so stable gives a baseline")
-    if cfg.min_dwell_s < 0:
-        errors.append(f"{p}.min_dwell_s: must be >= 0, got {cfg.min_dwell_s}")
-    if cfg.window_size < 20:
-        errors.append(f"{p}.window_size: must be >= 20 for a p95, got {cfg.window_size}")
-    t = cfg.thresholds
-    for field in ("max_error_rate_increase", "latency_slack_s"):
-        if getattr(t, field) < 0:
-            errors.append(f"{p}.thresholds.{field}: must be >= 0, got {getattr(t, field)}")
-    for field in ("max_ttft_p95_ratio", "max_itl_p95_ratio", "max_cost_ratio"):
-        if getattr(t, field) < 1:
-            errors.append(f"{p}.thresholds.{field}: must be >= 1, got {getattr(t, field)}")
-    if t.min_samples < 1:
-        errors.append(f"{p}.thresholds.min_samples: must be >= 1, got {t.min_samples}")
-    return errors
 
 
 class RolloutError(Exception):
@@ -112,140 +39,6 @@ class RolloutError(Exception):
 
 class RolloutNotFound(RolloutError):
     status = 404
-
-
-# -- per-version metric windows -------------------------------------------------------------
-
-
-class WindowSummary(msgspec.Struct, frozen=True):
-    requests: int
-    errors: int
-    error_rate: float | None
-    ttft_p95_s: float | None
-    itl_p95_s: float | None
-    cost_per_1k: float | None
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class _Reservoir:
-    """A uniform sample of at most `capacity` values (Algorithm R) with a cached p95."""
-
-    __slots__ = ("capacity", "values", "seen", "_rng", "_p95")
-
-    def __init__(self, capacity: int, rng: random.Random) -> None:
-        self.capacity, self.values, self.seen, self._rng, self._p95 = capacity, [], 0, rng, None
-
-    def add(self, value: float) -> None:
-        self.seen += 1
-        if len(self.values) < self.capacity:
-            self.values.append(value)
-        else:
-            j = self._rng.randrange(self.seen)
-            if j >= self.capacity:
-                return
-            self.values[j] = value
-        self._p95 = None
-
-    def p95(self) -> float | None:
-        if self._p95 is None and self.values:
-            ordered = sorted(self.values)
-            self._p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
-        return self._p95
-
-
-class VersionStats:
-    """One version's requests in one window: exact counts, sampled latencies (bounded memory)."""
-
-    def __init__(self, *, capacity: int = 1024, price: PriceConfig | None = None,
-                 rng: random.Random | None = None) -> None:
-        self._rng = rng or random.Random()
-        self.price = price
-        self.requests = self.errors = self.prompt_tokens = self.completion_tokens = 0
-        self.ttft = _Reservoir(capacity, self._rng)
-        self.itl = _Reservoir(capacity, self._rng)
-
-    def record(self, ok: bool, ttft_s: float | None, itl_s: float | Sequence[float] | None,
-               prompt_tokens: int, completion_tokens: int) -> None:
-        """One finished request. `itl_s` is the request's inter-token latency (a mean or p95 of
-        its gaps) or the gaps themselves (at most ITL_SAMPLES_PER_REQUEST of them are sampled)."""
-        self.requests += 1
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
-        if not ok:
-            self.errors += 1
-            return  # a failed request's latencies describe the failure, not the version's speed
-        if ttft_s is not None:
-            self.ttft.add(ttft_s)
-        if itl_s is None:
-            return
-        if isinstance(itl_s, (int, float)):
-            self.itl.add(float(itl_s))
-            return
-        gaps = itl_s if len(itl_s) <= ITL_SAMPLES_PER_REQUEST else self._rng.sample(
-            list(itl_s), ITL_SAMPLES_PER_REQUEST)
-        for gap in gaps:
-            self.itl.add(gap)
-
-    @property
-    def error_rate(self) -> float | None:
-        return self.errors / self.requests if self.requests else None
-
-    def cost_per_1k(self) -> float | None:
-        tokens = self.prompt_tokens + self.completion_tokens
-        if self.price is None or not tokens:
-            return None
-        return (self.prompt_tokens * self.price.prompt_per_1k
-                + self.completion_tokens * self.price.completion_per_1k) / tokens
-
-    def summary(self) -> WindowSummary:
-        return WindowSummary(self.requests, self.errors, self.error_rate, self.ttft.p95(), self.itl.p95(),
-                             self.cost_per_1k(), self.prompt_tokens, self.completion_tokens)
-
-
-class ShadowRecorder:
-    """Stats of mirrored (shadow) requests per version, kept apart from live traffic.
-
-    `mirrored()` when a shadow copy is handed to admission, `dropped()` when admission sheds it,
-    `record()` when it finishes. Counters are cumulative; latencies are a bounded sample.
-    """
-
-    def __init__(self, *, prices: Mapping[str, PriceConfig] | None = None, capacity: int = 1024,
-                 rng: random.Random | None = None) -> None:
-        self._prices = dict(prices or {})
-        self._capacity = capacity
-        self._rng = rng or random.Random()
-        self._stats: dict[ModelVersion, VersionStats] = {}
-        self._mirrored: dict[ModelVersion, int] = {}
-        self._dropped: dict[ModelVersion, int] = {}
-
-    def _get(self, key: ModelVersion) -> VersionStats:
-        stats = self._stats.get(key)
-        if stats is None:
-            stats = self._stats[key] = VersionStats(capacity=self._capacity, price=price_for(self._prices, key),
-                                                    rng=self._rng)
-        return stats
-
-    def mirrored(self, key: ModelVersion) -> None:
-        self._mirrored[key] = self._mirrored.get(key, 0) + 1
-
-    def dropped(self, key: ModelVersion) -> None:
-        self._dropped[key] = self._dropped.get(key, 0) + 1
-
-    def record(self, key: ModelVersion, ok: bool, ttft_s: float | None, itl_s: float | Sequence[float] | None,
-               prompt_tokens: int, completion_tokens: int) -> None:
-        self._get(key).record(ok, ttft_s, itl_s, prompt_tokens, completion_tokens)
-
-    def stats(self, key: ModelVersion) -> VersionStats:
-        return self._get(key)
-
-    def summary(self) -> dict[str, dict]:
-        keys = set(self._stats) | set(self._mirrored) | set(self._dropped)
-        return {str(k): {"mirrored": self._mirrored.get(k, 0), "dropped": self._dropped.get(k, 0),
-                         **msgspec.structs.asdict(self._get(k).summary())} for k in sorted(keys)}
-
-
-# -- the rollout state machine ---------------------------------------------------------------
 
 
 class RolloutStatus(msgspec.Struct, frozen=True):

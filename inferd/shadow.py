@@ -19,9 +19,9 @@ import secrets
 
 from inferd.engine.base import Engine, EngineError
 from inferd.log import get_logger
-from inferd.rollout import ShadowRecorder
 from inferd.routing import ModelVersion
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
+from inferd.version_stats import ShadowRecorder
 
 log = get_logger("inferd.shadow")
 

@@ -6,10 +6,10 @@ import asyncio
 import aiohttp
 
 from inferd.engine.sim import SimEngine
-from inferd.rollout import ShadowRecorder
 from inferd.routing import ModelVersion
 from inferd.shadow import ShadowDispatcher
 from inferd.types import GenerationRequest, SamplingParams
+from inferd.version_stats import ShadowRecorder
 from tests.daemon_harness import complete, running, sim_model, write_config
 
 KEY = ModelVersion("m", "shadow")

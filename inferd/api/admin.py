@@ -20,7 +20,8 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
-from inferd.rollout import Rollout, RolloutConfig, RolloutError, RolloutNotFound, rollout_errors
+from inferd.rollout import Rollout, RolloutError, RolloutNotFound
+from inferd.rollout_config import RolloutConfig, rollout_errors
 
 MAX_ADMIN_BODY = 16 * 1024
 
