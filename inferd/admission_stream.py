@@ -1,11 +1,17 @@
 """AdmittedStream: an admitted request's engine stream with admission's bookkeeping on top.
 
-While the request runs its stream charges the output it delivers to the tenant's virtual token counter
-(so long generations count against the tenant while they run, not only after they end; the final
-delta's usage settles the exact total), notes the first token (TTFT, and it wakes the dispatcher: the
-prompt's prefill is done), and enforces the deadline: engine.abort, then the final delta's
-finish_reason is DEADLINE. When it ends (or its consumer cancels it) it hands everything back to the
-queue, which releases the quota lease.
+While the request runs its stream charges the output it delivers to the tenant's virtual token counter,
+so long generations count against the tenant while they run, not only after they end. It charges in
+steps of CHARGE_EVERY_TOKENS tokens, not per delta: a streaming response reads one delta per SSE frame,
+and charging (counters, tenant lookup, stats, rate meter) cost several times the frame's other
+admission work; counting tokens is all a frame does now. A running stream never owes more than
+CHARGE_EVERY_TOKENS * output_cost_weight, small beside a request's prompt cost. The first token is
+charged at once (TTFT, and it wakes the dispatcher: the prompt's prefill is done), and the end settles
+the exact total (the final usage, or what was delivered when the consumer cancels).
+
+It also enforces the deadline: engine.abort, then the final delta's finish_reason is DEADLINE. When
+it ends (or its consumer cancels it) it hands everything back to the queue, which releases the quota
+lease.
 """
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ from inferd.types import Delta, FinishReason, Usage
 
 if TYPE_CHECKING:
     from inferd.admission import AdmissionQueue
+
+CHARGE_EVERY_TOKENS = 16
 
 
 class AdmittedStream:
@@ -34,8 +42,9 @@ class AdmittedStream:
         self.tenant = ticket.tenant
         self.queue_wait_s = queue_wait_s
         self.deadline_hit = False
-        self._output = 0
-        self._first_token = False
+        self._output = 0                  # tokens delivered to the consumer
+        self._charged = 0                 # of them, charged to the tenant
+        self._charge_at = 1               # charge (and note the first token) once _output reaches this
         self._closed = False
         self._deadline_timer: asyncio.TimerHandle | None = None
         if deadline_in_s is not None:
@@ -45,28 +54,35 @@ class AdmittedStream:
         return self
 
     async def __anext__(self) -> Delta:
-        return self._seen(await self._stream.__anext__())
+        delta = await self._stream.__anext__()
+        self._output += len(delta.token_ids)
+        if self._output >= self._charge_at or delta.finish_reason is not None:
+            self._account(delta)
+        return delta
 
     def take(self) -> Delta | None:
         """RequestStream.take with the same bookkeeping (for a writer that reads on a listener)."""
         delta = self._stream.take()
-        return None if delta is None else self._seen(delta)
+        if delta is not None:     # once per SSE frame: only count, unless a charge step is reached
+            self._output += len(delta.token_ids)
+            if self._output >= self._charge_at or delta.finish_reason is not None:
+                self._account(delta)
+        return delta
 
     def listen(self, listener: Callable[[], None] | None) -> None:
         self._stream.listen(listener)
 
-    def _seen(self, delta: Delta) -> Delta:
-        if delta.token_ids:
-            if not self._first_token:
-                self._first_token = True
-                self._queue.first_token(self._ticket)
-            self._output += len(delta.token_ids)
-            self._queue.charge_output(self._ticket, len(delta.token_ids))
+    def _account(self, delta: Delta) -> None:
+        if self._output and not self._charged:
+            self._queue.first_token(self._ticket)
+        if self._output > self._charged:
+            self._queue.charge_output(self._ticket, self._output - self._charged)
+            self._charged = self._output
+        self._charge_at = self._output + CHARGE_EVERY_TOKENS
         if delta.finish_reason is not None:
             if self.deadline_hit and delta.finish_reason is FinishReason.ABORT:
                 delta.finish_reason = FinishReason.DEADLINE
             self._close(delta.usage)
-        return delta
 
     async def collect(self) -> Delta:
         return merge_deltas([d async for d in self])
@@ -97,6 +113,9 @@ class AdmittedStream:
         complete = usage is not None
         if usage is None:
             usage = Usage(prompt_tokens=self._ticket.prompt, completion_tokens=self._output)
-        elif usage.completion_tokens > self._output:   # settle what merged deltas did not show
-            self._queue.charge_output(self._ticket, usage.completion_tokens - self._output)
+        # Settle: what was delivered but not charged yet, and what the engine's usage counts beyond it.
+        total = max(self._output, usage.completion_tokens)
+        if total > self._charged:
+            self._queue.charge_output(self._ticket, total - self._charged)
+            self._charged = total
         self._queue.stream_ended(self._ticket, usage, complete)
