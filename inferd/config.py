@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 import msgspec
 
 from inferd.rollout_config import PriceConfig, RolloutConfig, rollout_errors
-from inferd.routing import AliasConfig, alias_errors
+from inferd.routing_config import AliasConfig, alias_errors
 from inferd.tenants import (AdmissionConfig, AuthConfig, InsecureBindError, TenantConfig, admission_errors,
                             auth_errors, check_auth_binding, tenant_errors)
 

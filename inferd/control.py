@@ -17,8 +17,9 @@ from typing import Any
 from inferd.audit import SYSTEM_ACTOR, AuditLog
 from inferd.config import Config
 from inferd.log import get_logger
+from inferd.model_registry import ModelRegistry
 from inferd.rollout import Rollout, RolloutError, RolloutManager
-from inferd.routing import ModelRegistry, ModelVersion, RoutingTable, Split
+from inferd.routing import ModelVersion, RoutingTable, Split
 from inferd.version_stats import ShadowRecorder
 from inferd.versions import VersionManager, routes_from_config
 

@@ -35,8 +35,8 @@ from inferd.engine.base import Engine
 from inferd.engine.factory import EngineConfigError, build_engine, missing_synthetic
 from inferd.keys import KeyFileError
 from inferd.log import configure_logging, get_logger
+from inferd.model_registry import ModelRegistry
 from inferd.reload import Reloader
-from inferd.routing import ModelRegistry
 from inferd.sdnotify import Notifier
 from inferd.shadow import ShadowDispatcher
 from inferd.state import ServerState

@@ -26,7 +26,8 @@ from inferd.audit import SYSTEM_ACTOR
 from inferd.config import Config, ConfigError, load_config
 from inferd.control import ControlPlane
 from inferd.log import get_logger
-from inferd.routing import ModelVersion, RoutingConfigError
+from inferd.routing import ModelVersion
+from inferd.routing_errors import RoutingConfigError
 from inferd.versions import VersionManager, version_specs
 
 log = get_logger("inferd.reload")

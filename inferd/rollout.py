@@ -24,8 +24,10 @@ from typing import Literal
 import msgspec
 
 from inferd.audit import SYSTEM_ACTOR, AuditLog
+from inferd.model_registry import ModelRegistry
 from inferd.rollout_config import PriceConfig, RolloutConfig, RolloutThresholds, price_for
-from inferd.routing import Arm, ModelRegistry, ModelVersion, RoutingTable, Split, parse_target
+from inferd.routing import Arm, ModelVersion, RoutingTable, Split
+from inferd.routing_config import parse_target
 from inferd.version_stats import VersionStats, WindowSummary
 
 Phase = Literal["idle", "running", "paused", "promoted", "rolled_back"]

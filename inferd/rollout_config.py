@@ -10,7 +10,8 @@ from typing import Literal
 
 import msgspec
 
-from inferd.routing import ModelVersion, parse_target
+from inferd.routing import ModelVersion
+from inferd.routing_config import parse_target
 
 
 class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -10,6 +10,9 @@ hash (blake2b) of (route, tenant, user, arm) and the lowest score wins. Arm i wi
 weight_i / sum(weights), and raising one arm's weight only ever moves users *onto* that arm, so a
 canary growing 1% -> 5% keeps every user it already had. Arms that are not ready are skipped; their
 users spread over the rest and everyone else stays put.
+
+`inferd.model_registry.ModelRegistry` holds the live table; `inferd.routing_config` turns the
+`[aliases.*]` tables into splits; `inferd.routing_errors` has the errors.
 """
 from __future__ import annotations
 
@@ -17,14 +20,16 @@ import hashlib
 import math
 import random
 import re
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
 
+from inferd.routing_errors import (InvalidModelField, RoutingConfigError, UnknownModel, VersionNotLoaded,
+                                   VersionUnavailable)
+
 VersionState = Literal["loading", "ready", "retired"]
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class ModelVersion(msgspec.Struct, frozen=True, order=True):
@@ -82,44 +87,6 @@ class Split(msgspec.Struct, frozen=True):
     def with_arms(self, *arms: Arm) -> Split:
         """Same shadow settings, new arms (what a rollout step does)."""
         return Split(tuple(arms), self.shadow, self.shadow_fraction)
-
-
-# -- errors --------------------------------------------------------------------------------
-
-
-class RoutingConfigError(ValueError):
-    """A split or alias table that cannot be routed (bad weights, name clash)."""
-
-
-class RoutingError(Exception):
-    """A request's `model` cannot be routed. `message` is safe for clients; the API maps
-    status/code/param/retry_after_s onto the OpenAI error envelope."""
-
-    status = 404
-    code = "model_not_found"
-    retry_after_s: int | None = None
-
-    def __init__(self, message: str, model: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.model = model
-        self.param = "model"
-
-
-class InvalidModelField(RoutingError):
-    status, code = 400, "invalid_model"
-
-
-class UnknownModel(RoutingError):
-    status, code = 404, "model_not_found"
-
-
-class VersionNotLoaded(RoutingError):
-    status, code = 404, "model_version_not_found"
-
-
-class VersionUnavailable(RoutingError):
-    status, code, retry_after_s = 503, "model_version_unavailable", 1
 
 
 def split_adapter(model_field: str) -> tuple[str, str | None]:
@@ -196,9 +163,9 @@ class RoutingTable:
         clash = set(self.aliases) & self.models()
         if clash:
             raise RoutingConfigError(f"alias names clash with model names: {', '.join(sorted(clash))}")
-        bad = [a for a in self.aliases if not _NAME_RE.match(a)]
+        bad = [a for a in self.aliases if not ROUTE_NAME_RE.match(a)]
         if bad:
-            raise RoutingConfigError(f"alias names must match {_NAME_RE.pattern}: {', '.join(bad)}")
+            raise RoutingConfigError(f"alias names must match {ROUTE_NAME_RE.pattern}: {', '.join(bad)}")
 
     def _replace(self, **kw: Any) -> RoutingTable:
         args = {"versions": self.versions, "defaults": self.defaults, "aliases": self.aliases,
@@ -350,106 +317,3 @@ class RoutingTable:
             out.append(ModelListing(id=str(key), kind="version", routable=st == "ready",
                                     model=key.model, version=key.version, state=st))
         return out
-
-
-class ModelRegistry:
-    """The loaded engine versions and the live routing table.
-
-    Writers (the daemon, a reload, a rollout) serialise on a lock and swap `table`; readers use
-    `registry.table` (or the delegating `resolve`) with no lock at all.
-    """
-
-    def __init__(self, *, defaults: Mapping[str, str] | None = None, aliases: Mapping[str, Split] | None = None,
-                 rng: random.Random | None = None) -> None:
-        self._lock = threading.Lock()
-        self.table = RoutingTable(defaults=defaults, aliases=aliases, rng=rng)
-
-    def swap(self, change: Callable[[RoutingTable], RoutingTable]) -> RoutingTable:
-        """Apply `change` to the current table and publish the result in one reference swap.
-        Several edits in one `change` become visible together."""
-        with self._lock:
-            new = change(self.table)
-            self.table = new
-            return new
-
-    def register(self, key: ModelVersion, engine: Any) -> None:
-        """A version whose engine is loading: not routable until `mark_ready`."""
-        if not _NAME_RE.match(key.model) or not key.version or "@" in key.version:
-            raise RoutingConfigError(f"bad model version key {key!r}")
-        self.swap(lambda t: t.with_version(key, engine, "loading"))
-
-    def mark_ready(self, key: ModelVersion) -> None:
-        self.swap(lambda t: t.with_version(key, t.engine(key), "ready"))
-
-    def retire(self, key: ModelVersion) -> None:
-        """No new requests; the engine stays reachable via `table.engine` for in-flight streams."""
-        self.swap(lambda t: t.with_version(key, t.engine(key), "retired"))
-
-    def remove(self, key: ModelVersion) -> Any:
-        """Forget a version; returns its engine for the caller to close."""
-        engine = self.table.engine(key)
-        self.swap(lambda t: t.without_version(key))
-        return engine
-
-    def set_split(self, name: str, split: Split) -> None:
-        self.swap(lambda t: t.with_split(name, split))
-
-    def configure(self, *, defaults: Mapping[str, str], aliases: Mapping[str, Split]) -> None:
-        self.swap(lambda t: t.with_routes(defaults=defaults, aliases=aliases))
-
-    def resolve(self, model_field: str, tenant: str, user: str | None = None, *,
-                request_id: str | None = None) -> Route:
-        return self.table.resolve(model_field, tenant, user, request_id=request_id)
-
-    def list_models(self) -> list[ModelListing]:
-        return self.table.list_models()
-
-
-# -- config tables (the lead adds `aliases: dict[str, AliasConfig]` to inferd.config.Config) --
-
-
-class AliasConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`[aliases.<name>]`. Targets are "model@version" or "model" (its default version)."""
-
-    split: dict[str, float]
-    shadow: str | None = None
-    shadow_fraction: float = 0.0
-
-
-def parse_target(text: str, defaults: Mapping[str, str]) -> ModelVersion:
-    """'model@version' as is; a bare model name means its default version."""
-    if "@" in text:
-        return ModelVersion.parse(text)
-    if text not in defaults:
-        raise RoutingConfigError(f"{text!r} is not a configured model (use 'model@version')")
-    return ModelVersion(text, defaults[text])
-
-
-def alias_errors(name: str, cfg: AliasConfig, defaults: Mapping[str, str], path: str = "aliases") -> list[str]:
-    """`path: problem` lines for the config loader (empty when the alias is routable)."""
-    p = f"{path}.{name}"
-    errors = []
-    if not _NAME_RE.match(name):
-        errors.append(f"{p}: alias name must match {_NAME_RE.pattern}")
-    if name in defaults:
-        errors.append(f"{p}: alias name clashes with the model of the same name")
-    for target in [*cfg.split, *([cfg.shadow] if cfg.shadow else [])]:
-        try:
-            key = parse_target(target, defaults)
-        except (RoutingConfigError, ValueError) as exc:
-            errors.append(f"{p}: target {target!r}: {exc}")
-            continue
-        if key.model not in defaults:
-            errors.append(f"{p}: target {target!r}: no [models.{key.model}] table")
-    if not errors:
-        try:
-            split_from_config(cfg, defaults)
-        except RoutingConfigError as exc:
-            errors.append(f"{p}: {exc}")
-    return errors
-
-
-def split_from_config(cfg: AliasConfig, defaults: Mapping[str, str]) -> Split:
-    arms = tuple(Arm(parse_target(t, defaults), float(w)) for t, w in cfg.split.items())
-    shadow = parse_target(cfg.shadow, defaults) if cfg.shadow else None
-    return Split(arms, shadow, cfg.shadow_fraction)

@@ -24,7 +24,9 @@ from inferd.config import Config, ModelConfig, ServerConfig, artifact_name
 from inferd.engine.base import Engine
 from inferd.engine.factory import EngineConfigError
 from inferd.log import get_logger
-from inferd.routing import ModelRegistry, ModelVersion, Split, split_from_config
+from inferd.model_registry import ModelRegistry
+from inferd.routing import ModelVersion, Split
+from inferd.routing_config import split_from_config
 
 log = get_logger("inferd.versions")
 

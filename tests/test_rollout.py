@@ -3,9 +3,10 @@ import random
 import pytest
 
 from inferd.audit import AuditLog, read_audit
+from inferd.model_registry import ModelRegistry
 from inferd.rollout import Rollout, RolloutError, RolloutManager, RolloutNotFound
 from inferd.rollout_config import PriceConfig, RolloutConfig, RolloutThresholds
-from inferd.routing import Arm, ModelRegistry, ModelVersion, Split
+from inferd.routing import Arm, ModelVersion, Split
 
 STABLE = ModelVersion("llama", "aaaa1111")
 CAND = ModelVersion("llama", "bbbb2222")

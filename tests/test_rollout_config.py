@@ -5,7 +5,7 @@ import pytest
 
 from inferd._compat import tomllib
 from inferd.rollout_config import PriceConfig, RolloutConfig, RolloutThresholds, rollout_errors
-from inferd.routing import AliasConfig, alias_errors
+from inferd.routing_config import AliasConfig, alias_errors
 
 
 def test_rollout_config_decodes_from_toml_and_bad_fields_are_named():

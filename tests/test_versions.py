@@ -9,7 +9,8 @@ import aiohttp
 
 from inferd.config import parse_config
 from inferd.engine.factory import build_engine
-from inferd.routing import ModelRegistry, ModelVersion
+from inferd.model_registry import ModelRegistry
+from inferd.routing import ModelVersion
 from inferd.versions import VersionManager, version_specs
 from tests.daemon_harness import complete, running, sim_model, write_config
 

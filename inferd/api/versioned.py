@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.engine.base import Engine
-from inferd.routing import ModelVersion, Route, RoutingError
+from inferd.routing import ModelVersion, Route
+from inferd.routing_errors import RoutingError
 from inferd.types import Delta, FinishReason, SamplingParams
 
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
