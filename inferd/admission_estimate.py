@@ -4,8 +4,9 @@ request would wait, and the Retry-After of a refusal.
 Cost is in VTC units: prompt * prompt_cost_weight + output * output_cost_weight, with the output
 expected from what recent requests produced (never above max_tokens). The service rate is served cost
 per second of the queue's clock, measured over windows of at least 0.25 s. Only a window in which work
-waited on engine capacity (saturated) measures capacity; an idle one only shows a lower bound. Until
-anything is measured, the engine's own tokens/s stands in, and without that Retry-After is 1 s.
+waited on engine capacity (saturated) measures capacity; an idle one only shows a lower bound, which
+can raise an estimate but never makes one. Until a saturated window is measured, the engine's own
+tokens/s stands in, and without that Retry-After is 1 s and nothing is refused early.
 """
 from __future__ import annotations
 
@@ -54,11 +55,14 @@ class Estimator:
         span = now - self._win_start
         if span >= _WINDOW_S:
             rate = self._win_cost / span
-            if self._win_saturated or self.measured_rate is None:
+            if self._win_saturated:
                 ema = self.measured_rate
                 self.measured_rate = rate if ema is None else ema + 0.3 * (rate - ema)
-            else:
+            elif self.measured_rate is not None:
                 self.measured_rate = max(self.measured_rate, rate)
+            # Else nothing is measured yet and this window is only a lower bound: it may be mostly idle
+            # time (the first one runs from the queue's creation to its first request), and taking it
+            # for capacity made a node that idled before its first burst refuse most of that burst.
             self._win_start, self._win_cost, self._win_saturated = now, 0.0, False
 
     def rate(self) -> float | None:

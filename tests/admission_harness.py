@@ -98,11 +98,12 @@ def req(tenant, prompt=16, max_tokens=8):
 async def make_queue():
     made = []
 
-    def make(engine=None, tenants=None, **policy):
+    def make(engine=None, tenants=None, clock=None, **policy):
         engine = engine or FakeEngine()
         policy.setdefault("kv_reserve_fraction", 0.0)
         policy.setdefault("headroom_fraction", 0.0)
-        q = AdmissionQueue(engine, AdmissionConfig(**policy), TenantRegistry(tenants or {}))
+        kwargs = {} if clock is None else {"clock": clock}
+        q = AdmissionQueue(engine, AdmissionConfig(**policy), TenantRegistry(tenants or {}), **kwargs)
         q.start()
         made.append(q)
         return q, engine

@@ -44,21 +44,27 @@ class Clock:
 
 def test_only_a_saturated_window_measures_capacity_an_idle_one_only_raises_it():
     clock = Clock()
-    est = Estimator(FakeEngine(), clock)
-    clock.now = 0.5
+    est = Estimator(FakeEngine(tokens_per_s=500.0), clock)
+    clock.now = 10.0
+    est.served(20.0)                  # the first request after 10 s of nothing: 2 cost/s, all idle time
+    assert est.measured_rate is None and est.rate() == 500.0      # the engine's rate stands in
+    clock.now = 10.5
     est.saturated()
     est.served(100.0)                 # 200 cost/s over a window where work waited on capacity
     assert est.measured_rate == 200.0
-    clock.now = 1.0
+    clock.now = 11.0
     est.served(50.0)                  # 100/s while idle: a lower bound, not the capacity
     assert est.measured_rate == 200.0
-    clock.now = 1.5
+    clock.now = 11.5
     est.saturated()
     est.served(50.0)                  # 100/s saturated: the estimate moves towards it
     assert est.measured_rate == pytest.approx(170.0)
-    clock.now = 1.6
+    clock.now = 11.6
     est.served(1000.0)                # a window shorter than 0.25 s measures nothing yet
     assert est.measured_rate == pytest.approx(170.0)
+    clock.now = 12.0
+    est.served(1000.0)                # 2000 over 0.5 s unsaturated: above the estimate, it raises it
+    assert est.measured_rate == pytest.approx(2000 / 0.5)
 
 
 def test_retry_after_is_the_drain_time_of_the_needed_fraction_and_1s_with_no_rate_known():
@@ -77,3 +83,18 @@ def test_cost_expects_the_recent_output_length_capped_by_max_tokens():
     est.observe_output(10)
     assert est.cost(req("a", prompt=16, max_tokens=100), policy) == 16 + 2 * 10
     assert est.cost(req("a", prompt=16, max_tokens=4), policy) == 16 + 2 * 4
+
+
+async def test_a_burst_after_an_idle_start_is_not_refused_from_the_idle_time(make_queue):
+    # The first rate window runs from the queue's creation to its first request: on a node that idled
+    # (or started slowly, under CPU contention) it is mostly idle time, and taken for capacity it made
+    # the wait estimate refuse most of the first burst (503 ttl).
+    clock = Clock()
+    engine = FakeEngine(slots=1, tokens_per_s=1000.0)
+    q, _ = make_queue(engine=engine, clock=clock)
+    clock.now = 30.0                                       # nothing for 30 s
+    first = await q.admit(req("a", prompt=16, max_tokens=8), deadline=clock.now + 60)
+    burst = [spawn(q.admit(req(t, prompt=16, max_tokens=8), deadline=clock.now + 60)) for t in "abc" * 16]
+    await settle()
+    assert not [t for t in burst if t.done()]              # all 48 queued behind the first, none refused
+    assert q.snapshot()["queued"] == 48 and first.tenant == "a"
