@@ -1,26 +1,28 @@
 """The daemon's TOML config, decoded into frozen msgspec structs.
 
 Validation collects *every* problem before failing, so `inferd check-config` names all bad keys at
-once instead of one per run: each table is walked field by field (unknown key, wrong type), then
-semantic checks run on what decoded (port range, positive sizes, backend-specific sections).
+once instead of one per run: each table is walked field by field (unknown key, wrong type; the
+generic walk is inferd.config_walk), then semantic checks run on what decoded (port range,
+positive sizes, backend-specific sections; the tables other modules declare are checked against
+the rest of the file in inferd.config_cross_checks).
 Relative paths are resolved against the config file's directory, so the daemon behaves the same
 whatever directory systemd or a user starts it from.
 """
 from __future__ import annotations
 
-import enum
 import ipaddress
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import msgspec
 
-from inferd.rollout_config import PriceConfig, RolloutConfig, rollout_errors
-from inferd.routing_config import AliasConfig, alias_errors
-from inferd.tenants import (AdmissionConfig, AuthConfig, InsecureBindError, TenantConfig, admission_errors,
-                            auth_errors, check_auth_binding, tenant_errors)
+from inferd.config_cross_checks import auth_binding_errors, routing_errors, tenancy_errors
+from inferd.config_walk import check_table, type_name
+from inferd.rollout_config import PriceConfig, RolloutConfig
+from inferd.routing_config import AliasConfig
+from inferd.tenants import AdmissionConfig, AuthConfig, TenantConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,71 +122,6 @@ class ConfigError(Exception):
         super().__init__(f"{source}: {len(errors)} error(s):\n" + "\n".join(f"  {e}" for e in errors))
 
 
-# -- structural pass: unknown keys and types, every error collected ------------------------
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "table", list: "array", str: "str", int: "int", float: "float", bool: "bool"}.get(
-        type(value), type(value).__name__
-    )
-
-
-def _struct_of(tp: Any) -> type[msgspec.Struct] | None:
-    """The Struct class a field holds, directly or as `Struct | None`."""
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-        return tp
-    structs = [a for a in get_args(tp) if isinstance(a, type) and issubclass(a, msgspec.Struct)]
-    return structs[0] if structs and get_origin(tp) is not dict else None
-
-
-def _describe(tp: Any) -> str:
-    if get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):     # e.g. tenants.*.priority
-        return "one of " + ", ".join(repr(m.value) for m in tp)
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _leaf_error(path: str, value: Any, tp: Any) -> str | None:
-    if get_origin(tp) is dict and isinstance(value, dict):  # check entries one by one to name the key
-        _, value_tp = get_args(tp)
-        errs = [_leaf_error(f"{path}.{k}", v, value_tp) for k, v in value.items()]
-        return "; ".join(e for e in errs if e) or None
-    try:
-        msgspec.convert(value, tp)
-    except msgspec.ValidationError as exc:
-        if get_origin(tp) is Literal or (isinstance(tp, type) and issubclass(tp, enum.Enum)):
-            return f"{path}: expected {_describe(tp)}, got {value!r}"
-        if str(exc).startswith("Expected"):
-            return f"{path}: expected {_describe(tp)}, got {_type_name(value)}"
-        return f"{path}: {exc}"
-    return None
-
-
-def _check_table(raw: Any, cls: type[msgspec.Struct], path: str, errors: list[str]) -> None:
-    """Append one error per unknown key or mistyped value in `raw` (recursing into sub-tables)."""
-    if not isinstance(raw, dict):
-        errors.append(f"{path or '<root>'}: expected a table, got {_type_name(raw)}")
-        return
-    fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
-    prefix = f"{path}." if path else ""
-    for key, value in raw.items():
-        field = fields.get(key)
-        here = f"{prefix}{key}"
-        if field is None:
-            errors.append(f"{here}: unknown key (expected one of: {', '.join(fields)})")
-            continue
-        if field.name in _ENTRY_TABLES and cls is Config:
-            continue  # checked entry by entry in parse_config, so each gets its semantic checks too
-        sub = _struct_of(field.type)
-        if sub is not None and value is not None:
-            _check_table(value, sub, here, errors)
-            continue
-        err = _leaf_error(here, value, field.type)
-        if err:
-            errors.append(err)
-
-
 # -- semantic pass -------------------------------------------------------------------------
 
 # Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
@@ -260,81 +197,6 @@ def _sim_profile_errors(path: str, profile: str) -> list[str]:
     return []
 
 
-def _entries(raw: dict[str, Any], key: str, cls: type[msgspec.Struct], errors: list[str]) -> dict[str, Any]:
-    """Decode the entries of one `[key.<name>]` table that pass the structural check."""
-    table = raw.get(key, {})
-    if not isinstance(table, dict):
-        errors.append(f"{key}: expected a table, got {_type_name(table)}")
-        return {}
-    out = {}
-    for name, value in table.items():
-        entry_errors: list[str] = []
-        _check_table(value, cls, f"{key}.{name}", entry_errors)
-        errors.extend(entry_errors)
-        if not entry_errors:
-            try:
-                out[name] = msgspec.convert(value, cls)
-            except msgspec.ValidationError as exc:   # a required key is missing
-                errors.append(f"{key}.{name}: {exc}")
-    return out
-
-
-def _routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
-    """[aliases.*], [rollouts.*] and [prices.*], checked against the configured models.
-
-    Targets name a model (its default version) or `model@version`; "latest" defaults are resolved
-    only when the daemon loads the versions, so here a target's model must exist."""
-    models = raw.get("models")
-    defaults = {name: m.get("version", "latest") for name, m in models.items()
-                if isinstance(m, dict)} if isinstance(models, dict) else {"small": "latest"}
-    aliases = _entries(raw, "aliases", AliasConfig, errors)
-    for name, alias in aliases.items():
-        errors.extend(alias_errors(name, alias, defaults))
-    for name, rollout in _entries(raw, "rollouts", RolloutConfig, errors).items():
-        errors.extend(rollout_errors(name, rollout, defaults, list(aliases)))
-    for name, price in _entries(raw, "prices", PriceConfig, errors).items():
-        model = name.partition("@")[0]
-        if model not in defaults:
-            errors.append(f"prices.{name}: no [models.{model}] table (keys are \"model\" or \"model@version\")")
-        for field in ("prompt_per_1k", "completion_per_1k"):
-            if getattr(price, field) < 0:
-                errors.append(f"prices.{name}.{field}: must be >= 0, got {getattr(price, field)}")
-
-
-def _tenancy_errors(raw: dict[str, Any], errors: list[str]) -> None:
-    """[auth], [tenants.*] and [admission]: inferd.tenants' checks, plus what needs the rest of the file
-    (a tenant's allowed_models must name served models or aliases; auth off only on loopback)."""
-    tables = {}
-    for key, cls in (("auth", AuthConfig), ("admission", AdmissionConfig), ("server", ServerConfig)):
-        scratch: list[str] = []          # structural errors were reported by the root pass
-        _check_table(raw.get(key, {}), cls, key, scratch)
-        tables[key] = None if scratch else msgspec.convert(raw.get(key, {}), cls)
-    if tables["auth"] is not None:
-        errors.extend(auth_errors(tables["auth"]))
-    if tables["admission"] is not None:
-        errors.extend(admission_errors(tables["admission"]))
-    models = raw.get("models")
-    known = set(models) if isinstance(models, dict) else {"small"}
-    aliases = raw.get("aliases")
-    known |= set(aliases) if isinstance(aliases, dict) else set()
-    for name, tenant in _entries(raw, "tenants", TenantConfig, errors).items():
-        errors.extend(tenant_errors(name, tenant))
-        for i, model in enumerate(tenant.allowed_models):
-            if model != "*" and model not in known:
-                errors.append(f"tenants.{name}.allowed_models[{i}]: no model or alias named {model!r} "
-                              f"(known: {', '.join(sorted(known))})")
-    if tables["auth"] is not None and tables["server"] is not None:
-        errors.extend(_auth_binding_errors(tables["auth"], tables["server"].host))
-
-
-def _auth_binding_errors(auth: AuthConfig, host: str) -> list[str]:
-    try:
-        check_auth_binding(auth, host)
-    except InsecureBindError as exc:
-        return [f"auth.mode: {exc}"]
-    return []
-
-
 # -- public API ----------------------------------------------------------------------------
 
 
@@ -372,26 +234,27 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
     mistyped key in one model and an out-of-range port together.
     """
     errors: list[str] = []
-    _check_table(raw, Config, "", errors)
+    check_table(raw, Config, "", errors, skip=_ENTRY_TABLES)
     if isinstance(raw, dict):
         server_errors: list[str] = []
-        _check_table(raw.get("server", {}), ServerConfig, "server", server_errors)
-        if not server_errors:
-            errors.extend(_server_errors(msgspec.convert(raw.get("server", {}), ServerConfig)))
+        check_table(raw.get("server", {}), ServerConfig, "server", server_errors)
+        server = None if server_errors else msgspec.convert(raw.get("server", {}), ServerConfig)
+        if server is not None:
+            errors.extend(_server_errors(server))
         models = raw.get("models")
         if isinstance(models, dict):
             if not models:
                 errors.append("models: at least one [models.<name>] table is required")
             for name, model in models.items():
                 model_errors: list[str] = []
-                _check_table(model, ModelConfig, f"models.{name}", model_errors)
+                check_table(model, ModelConfig, f"models.{name}", model_errors)
                 errors.extend(model_errors)
                 if not model_errors:
                     errors.extend(_model_errors(name, msgspec.convert(model, ModelConfig)))
         elif models is not None:
-            errors.append(f"models: expected a table of models, got {_type_name(models)}")
-        _routing_errors(raw, errors)
-        _tenancy_errors(raw, errors)
+            errors.append(f"models: expected a table of models, got {type_name(models)}")
+        routing_errors(raw, errors)
+        tenancy_errors(raw, errors, server.host if server is not None else None)
     if errors:
         raise ConfigError(errors, source)
     try:
@@ -425,7 +288,7 @@ def with_overrides(cfg: Config, *, host: str | None = None, port: int | None = N
     out = msgspec.structs.replace(cfg, server=server)
     errors = [e for e in _server_errors(server) if e.startswith(("server.host", "server.port"))]
     if not errors:
-        errors = _auth_binding_errors(cfg.auth, server.host)   # --host 0.0.0.0 with auth off
+        errors = auth_binding_errors(cfg.auth, server.host)   # --host 0.0.0.0 with auth off
     if errors:
         raise ConfigError(errors, "command line")
     return out
