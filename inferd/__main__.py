@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from inferd.daemon import serve_main
+        from inferd.serve import serve_main
         return serve_main(args)
     if args.command == "check-config":
         from inferd.config import check_config_main

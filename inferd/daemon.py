@@ -12,32 +12,29 @@ Versions (inferd.versions) are verified, started and warmed one by one; a refuse
 and the rest serve (startup fails only when nothing loads).
 
 Tests run the whole lifecycle in-process: `Daemon(config).run()` in a task, `await daemon.ready.wait()`,
-read `daemon.port`, then `daemon.request_stop()`.
+read `daemon.port`, then `daemon.request_stop()`. `inferd serve` and `run_daemon` are in inferd.serve;
+the first-run build of a missing synthetic artifact is inferd.synthetic_build.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import os
 import signal
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
-from inferd import _compat
-from inferd.config import Config, ConfigError, load_config, with_overrides
+from inferd.config import Config
 from inferd.control import ControlPlane
 from inferd.engine.base import Engine
 from inferd.engine.factory import EngineConfigError, build_engine, missing_synthetic
 from inferd.keys import KeyFileError
-from inferd.log import configure_logging, get_logger
+from inferd.log import get_logger
 from inferd.model_registry import ModelRegistry
 from inferd.reload import Reloader
 from inferd.sdnotify import Notifier
+from inferd.synthetic_build import build_synthetic_artifact
 from inferd.shadow import ShadowDispatcher
 from inferd.state import ServerState
 from inferd.tenancy import Tenancy
@@ -54,7 +51,6 @@ EngineFactory = Callable[..., Engine]
 HANDLER_SHUTDOWN_TIMEOUT_S = 3.0
 # A forced exit still asks each engine to close, but waits at most this long for it.
 FORCED_CLOSE_TIMEOUT_S = 2.0
-BUILD_PROGRESS_INTERVAL_S = 5.0
 
 
 def _default_app_factory(state: ServerState) -> web.Application:
@@ -177,7 +173,7 @@ class Daemon:
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
             if kind is not None:
-                await self._build_synthetic(name, kind)
+                await build_synthetic_artifact(Path(cfg.server.engines_root), name, kind, self._notifier)
         state = await self._load_versions(stack)
         state.tenancy = tenancy
         tenancy.start(state.engines)              # one admission queue per engine (later versions: on use)
@@ -235,42 +231,6 @@ class Daemon:
             engine.step_observer = state.metrics.step_observer(name, engine)
         return hook
 
-    async def _build_synthetic(self, name: str, kind: str) -> None:
-        """First run: build the synthetic artifact in a thread, logging progress while it runs."""
-        from inferd.build.reference import build_synthetic
-
-        root = Path(self.config.server.engines_root)
-        log.info("building_engine", model=name, kind=kind, engines_root=str(root),
-                 message=f"engine {kind!r} not built yet; building it once (this takes a little while)")
-        self._notifier.status(f"building engine {kind}")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Path] = loop.create_future()
-
-        def work() -> None:
-            result: Path | None = None
-            error: BaseException | None = None
-            try:
-                result = build_synthetic(kind, root, progress=lambda step: log.info(
-                    "building_engine_step", model=name, kind=kind, step=step))
-            except BaseException as exc:  # noqa: BLE001 - handed to the loop, re-raised there
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the daemon stopped meanwhile
-                loop.call_soon_threadsafe(_settle, done, result, error)
-
-        # A daemon thread, not the default executor: a stop during a first-run build must not wait
-        # for it (closing the loop joins the default executor: see _compat.run).
-        t0 = time.monotonic()
-        threading.Thread(target=work, name=f"build-{kind}", daemon=True).start()
-        while True:
-            try:
-                path = await asyncio.wait_for(asyncio.shield(done), BUILD_PROGRESS_INTERVAL_S)
-                break
-            except asyncio.TimeoutError:
-                log.info("building_engine_progress", model=name, kind=kind,
-                         elapsed_s=round(time.monotonic() - t0, 1))
-        log.info("engine_built", model=name, kind=kind, path=str(path),
-                 seconds=round(time.monotonic() - t0, 3))
-
     async def _drain(self, runner: web.AppRunner) -> None:
         state = self.state
         if state is None:  # _drain runs only after a successful startup, which sets it
@@ -313,56 +273,3 @@ class Daemon:
             idle.cancel()
             return False
         return idle.result()
-
-
-def _settle(future: asyncio.Future[Path], result: Path | None, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-async def run_daemon(config: Config, *, ready_event: asyncio.Event | None = None,
-                     stop_event: asyncio.Event | None = None, app_factory: AppFactory | None = None,
-                     install_signals: bool = False) -> int:
-    """Run a daemon until `stop_event` is set (or a signal, with install_signals). Returns the exit code."""
-    daemon = Daemon(config, app_factory=app_factory)
-    relays = []
-    if ready_event is not None:
-        relays.append(asyncio.ensure_future(_relay(daemon.ready, ready_event.set)))
-    if stop_event is not None:
-        relays.append(asyncio.ensure_future(_relay(stop_event, daemon.request_stop)))
-    try:
-        return await daemon.run(install_signals=install_signals)
-    finally:
-        for task in relays:
-            task.cancel()
-
-
-async def _relay(event: asyncio.Event, action: Callable[[], None]) -> None:
-    await event.wait()
-    action()
-
-
-def serve_main(args: argparse.Namespace) -> int:
-    """`inferd serve --config PATH [--host H] [--port P]`."""
-    configure_logging("info")
-    try:
-        config = with_overrides(load_config(args.config), host=args.host, port=args.port)
-    except ConfigError as exc:
-        log.error("invalid_config", source=exc.source, errors=exc.errors)
-        return 1
-    configure_logging(config.server.log_level)
-    log.info("starting", config=str(Path(args.config).resolve()), pid=os.getpid())
-    return _compat.run(Daemon(config, config_path=args.config).run(install_signals=True),
-                       loop_factory=_loop_factory())
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
-        return None
-    return uvloop.new_event_loop

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from inferd.config import parse_config, with_overrides
-from inferd.daemon import Daemon, run_daemon
+from inferd.daemon import Daemon
 from inferd.engine.factory import build_engine
 from inferd.sdnotify import Notifier
 from inferd.state import ServerState
@@ -220,15 +220,6 @@ async def test_failed_startup_exits_one_and_closes_started_engines():
     daemon = Daemon(sim_config(), app_factory=broken_app, engine_factory=factory)
     assert await daemon.run() == 1
     assert closed == ["sim"]
-
-
-async def test_run_daemon_relays_ready_and_stop_events():
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.ensure_future(run_daemon(sim_config(), ready_event=ready, stop_event=stop,
-                                            app_factory=LifecycleApp()))
-    await ready.wait()
-    stop.set()
-    assert await task == 0
 
 
 async def test_tells_systemd_ready_then_stopping(tmp_path):
