@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.artifacts import verify_main
         return verify_main(args.path)
     if args.command == "keys":
-        from inferd.keys import keys_main
+        from inferd.keys_cli import keys_main
         return keys_main(args)
     return 2
 

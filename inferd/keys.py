@@ -6,6 +6,8 @@ the whole key is stored: HMAC-SHA256 under a server secret read from `auth.secre
 SHA-256 when none is configured. Verification looks the record up by key id and always computes and
 compares one hash in constant time; an unknown id is compared against a dummy hash, so an unknown
 key costs the same as a wrong one and timing tells nothing about which ids exist.
+
+`inferd keys create|list|revoke` is inferd.keys_cli.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import hashlib
 import hmac
 import os
 import secrets
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,11 +24,6 @@ from pathlib import Path
 import msgspec
 
 from inferd.tenants import TENANT_NAME_RE, AuthConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 KEY_PREFIX = "inf_"
 KEY_ID_HEX = 12
@@ -297,71 +293,9 @@ def load_authenticator(auth: AuthConfig, base_dir: Path) -> Authenticator:
     """Build the Authenticator for a config; file paths are relative to the config's directory."""
     if auth.mode == "none":
         return Authenticator(auth)
-    return Authenticator(auth, KeyStore(base_dir / auth.keys_file, _hasher(auth, base_dir)))
+    return Authenticator(auth, KeyStore(base_dir / auth.keys_file, hasher_for(auth, base_dir)))
 
 
-def _hasher(auth: AuthConfig, base_dir: Path) -> KeyHasher:
+def hasher_for(auth: AuthConfig, base_dir: Path) -> KeyHasher:
+    """The hasher of a config: HMAC under its secret_file (relative to `base_dir`), else plain SHA-256."""
     return KeyHasher(read_secret(base_dir / auth.secret_file) if auth.secret_file else None)
-
-
-# -- CLI: inferd keys create|list|revoke -----------------------------------------------------
-
-
-def _auth_from_config(config_path: Path) -> AuthConfig:
-    if not config_path.exists():
-        return AuthConfig()
-    with open(config_path, "rb") as f:
-        raw = tomllib.load(f)
-    try:
-        return msgspec.convert(raw.get("auth", {}), AuthConfig)
-    except msgspec.ValidationError as exc:
-        raise KeyFileError(f"{config_path}: [auth]: {exc}") from exc
-
-
-def _ensure_secret(path: Path) -> None:
-    """`keys create` makes the server secret on first use, so the HMAC setup is one config line."""
-    if path.exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-
-
-def keys_main(args) -> int:
-    config_path = Path(args.config)
-    base_dir = config_path.resolve().parent
-    out = sys.stdout
-    try:
-        auth = _auth_from_config(config_path)
-        keys_file = base_dir / auth.keys_file
-        if args.keys_command == "create":
-            if auth.secret_file:
-                _ensure_secret(base_dir / auth.secret_file)
-            record, key = create_key(keys_file, _hasher(auth, base_dir), args.tenant, args.scope or ("inference",))
-            print(key, file=out)
-            print(f"key id {record.key_id} for tenant {record.tenant!r} (scopes: {', '.join(record.scopes)}) "
-                  f"stored in {keys_file}; the key is shown only now", file=sys.stderr)
-            if auth.mode != "api_key":
-                print('note: auth.mode is "none" in this config; keys are checked only with mode = "api_key"',
-                      file=sys.stderr)
-            return 0
-        if args.keys_command == "list":
-            print(f"{'KEY_ID':<14}{'TENANT':<20}{'SCOPES':<28}{'CREATED':<22}STATUS", file=out)
-            for r in load_records(keys_file):
-                created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_at))
-                status = "active" if r.revoked_at is None else "revoked"
-                print(f"{r.key_id:<14}{r.tenant:<20}{','.join(r.scopes):<28}{created:<22}{status}", file=out)
-            return 0
-        if args.keys_command == "revoke":
-            try:
-                revoke_key(keys_file, args.key_id)
-            except KeyError:
-                print(f"error: no key with id {args.key_id!r} in {keys_file}", file=sys.stderr)
-                return 1
-            print(f"revoked {args.key_id} (a running server drops it on its next key reload / SIGHUP)", file=out)
-            return 0
-    except (KeyFileError, ValueError, OSError, tomllib.TOMLDecodeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 2
