@@ -204,10 +204,16 @@ class TrtllmEngine(Engine):
         tasks = [r.task for r in self._reqs.values() if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=ABORT_GRACE_S)
-        for task in tasks + [self._stats_task]:
-            if task is not None and not task.done():
-                task.cancel()
-        await asyncio.gather(*(t for t in tasks + [self._stats_task] if t is not None), return_exceptions=True)
+        pending = [t for t in tasks + [self._stats_task] if t is not None and not t.done()]
+        for task in pending:
+            task.cancel()
+        # A cancel can be swallowed (asyncio.wait_for in 3.10/3.11 returns a result that raced it), so the
+        # stats loop also checks _closed when woken, and close() never waits on a task without a bound.
+        self._stats_wakeup.set()
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=STATS_TIMEOUT_S + 1.0)
+            if stuck:
+                log.warning("TensorRT-LLM engine closed with %d task(s) still running", len(stuck))
         if self._llm is not None:
             await asyncio.to_thread(self._llm.shutdown)
 
@@ -299,9 +305,11 @@ class TrtllmEngine(Engine):
     async def _stats_loop(self) -> None:
         """Drain the executor's iteration stats. The stream ends after STATS_TIMEOUT_S idle and only
         restarts once a request is submitted, so wait for one before iterating again."""
-        while True:
+        while not self._closed:
             await self._stats_wakeup.wait()
             self._stats_wakeup.clear()
+            if self._closed:
+                return
             try:
                 async for item in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
                     self._on_stats(item)

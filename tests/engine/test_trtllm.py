@@ -479,3 +479,22 @@ async def test_double_result_queues_need_the_running_loop_and_stream_in_place(ti
             await asyncio.to_thread(llm.shutdown)
         with pytest.raises(RuntimeError, match="LLM is shutting down"):
             llm.generate_async([1], sampling_params=TrtSamplingParams())
+
+
+async def test_close_returns_even_when_the_stats_task_swallows_its_cancel(tiny_artifact, tmp_path) -> None:
+    # asyncio.wait_for (3.10/3.11) can swallow a cancel that races its result; the stats loop then goes
+    # back to waiting for a submission that never comes. close() must still return.
+    async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
+        engine._stats_task.cancel()
+
+        async def swallowing_stats_loop() -> None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass                                  # the swallowed cancel
+            await engine._stats_wakeup.wait()         # where the real loop waits between streams
+
+        engine._stats_task = asyncio.get_running_loop().create_task(swallowing_stats_loop())
+        await asyncio.sleep(0)
+        await asyncio.wait_for(engine.close(), TIMEOUT_S)
+        assert engine._stats_task.done()
