@@ -66,6 +66,7 @@ class AdmissionQueue:
     async def close(self) -> None:
         """Stop dispatching; every queued request gets 503 `draining`. Running streams are untouched."""
         self._closing = True
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -218,7 +219,9 @@ class AdmissionQueue:
 
     # -- dispatch -------------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
+        # Checks _closing too: asyncio.wait_for (3.10/3.11) can swallow a cancel that races its timeout,
+        # and close() must not then wait on this loop forever.
+        while not self._closing:
             self._wake.clear()
             blocked = self._dispatch()
             if blocked:

@@ -32,6 +32,28 @@ async def test_capacity_gate_holds_work_until_a_slot_frees(make_queue):
     assert (await second).request_id == engine.submitted[1].request_id
 
 
+async def test_close_returns_even_when_the_dispatchers_cancel_is_swallowed(make_queue, monkeypatch):
+    # asyncio.wait_for (3.10/3.11) can swallow a cancel that races its timeout; close() must still return.
+    real_wait_for = asyncio.wait_for
+
+    async def swallowing_wait_for(aw, timeout):
+        try:
+            return await real_wait_for(aw, timeout)
+        except asyncio.CancelledError:
+            return None
+
+    q, engine = make_queue(engine=FakeEngine(slots=1))
+    await q.admit(req("a"), deadline=far())
+    monkeypatch.setattr(asyncio, "wait_for", swallowing_wait_for)
+    blocked = spawn(q.admit(req("a"), deadline=far()))     # waits on capacity: the dispatcher polls
+    await settle()
+    closing = spawn(q.close())
+    done, _ = await asyncio.wait({closing}, timeout=5)
+    assert closing in done, "close() hung on a dispatcher whose cancel was swallowed"
+    with pytest.raises(AdmissionRejected):
+        await blocked
+
+
 async def test_dispatcher_sleeps_when_idle(make_queue):
     q, engine = make_queue()
     await settle()
