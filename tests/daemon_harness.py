@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from inferd.config import load_config
+from inferd.config import Config, load_config
 from inferd.daemon import Daemon
 
 
@@ -34,8 +34,12 @@ def write_config(path: Path, models: dict[str, str], extra: str = "", *, drain_g
 
 
 @contextlib.asynccontextmanager
-async def running(config_path: Path, **daemon_kw) -> AsyncIterator[tuple[Daemon, str]]:
-    daemon = Daemon(load_config(config_path), config_path=config_path, **daemon_kw)
+async def running_daemon(config: Config, *, drain: bool = False,
+                         **daemon_kw) -> AsyncIterator[tuple[Daemon, asyncio.Task[int], str]]:
+    """A Daemon serving `config`, yielded once ready (the test fails if it exits during startup) with
+    its run task and base URL. On exit a daemon still running is stopped: after draining when `drain`
+    (and only if nobody asked it to stop yet), else at once; the exit code is left in the task."""
+    daemon = Daemon(config, **daemon_kw)
     task = asyncio.ensure_future(daemon.run())
     ready = asyncio.ensure_future(daemon.ready.wait())
     await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
@@ -43,12 +47,21 @@ async def running(config_path: Path, **daemon_kw) -> AsyncIterator[tuple[Daemon,
         ready.cancel()
         pytest.fail(f"daemon exited during startup with {task.result()}")
     try:
-        yield daemon, f"http://127.0.0.1:{daemon.port}"
+        yield daemon, task, f"http://127.0.0.1:{daemon.port}"
     finally:
         if not task.done():
-            daemon.request_stop()
-            daemon.request_stop()
+            if not drain:
+                daemon.request_stop()
+                daemon.request_stop()
+            elif not daemon.stopping:
+                daemon.request_stop()
         await task
+
+
+@contextlib.asynccontextmanager
+async def running(config_path: Path, **daemon_kw) -> AsyncIterator[tuple[Daemon, str]]:
+    async with running_daemon(load_config(config_path), config_path=config_path, **daemon_kw) as (daemon, _, url):
+        yield daemon, url
 
 
 async def complete(http: aiohttp.ClientSession, url: str, model: str, *, max_tokens: int = 4,

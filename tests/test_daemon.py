@@ -22,6 +22,8 @@ from inferd.sdnotify import Notifier
 from inferd.state import ServerState
 from inferd.types import GenerationRequest, SamplingParams
 
+from tests.daemon_harness import running_daemon
+
 
 def sim_config(*, drain_grace_s: float = 30.0, time_scale: float = 0.01):
     """A config serving the simulator (by default 100x faster than its tiny profile) on any free port."""
@@ -77,27 +79,9 @@ class LifecycleApp:
             return web.json_response({"finish_reason": delta.finish_reason.value, "tokens": tokens})
 
 
-@contextlib.asynccontextmanager
-async def running_daemon(config, app: LifecycleApp) -> AsyncIterator[tuple[Daemon, asyncio.Task[int], str]]:
-    daemon = Daemon(config, app_factory=app)
-    task = asyncio.ensure_future(daemon.run())
-    ready = asyncio.ensure_future(daemon.ready.wait())
-    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        pytest.fail(f"daemon exited during startup with {task.result()}")
-    try:
-        yield daemon, task, f"http://127.0.0.1:{daemon.port}"
-    finally:
-        if not task.done():
-            daemon.request_stop()
-            daemon.request_stop()
-            await task
-
-
 async def test_serves_on_ephemeral_port_and_stops_with_exit_zero():
     app = LifecycleApp()
-    async with running_daemon(sim_config(), app) as (daemon, task, url):
+    async with running_daemon(sim_config(), app_factory=app) as (daemon, task, url):
         assert daemon.port and daemon.port != 0
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{url}/healthz") as resp:
@@ -115,7 +99,7 @@ async def test_serves_on_ephemeral_port_and_stops_with_exit_zero():
 
 async def test_drain_waits_for_in_flight_request_then_closes_engines():
     app = LifecycleApp()
-    async with running_daemon(sim_config(), app) as (daemon, task, url):
+    async with running_daemon(sim_config(), app_factory=app) as (daemon, task, url):
         async with aiohttp.ClientSession() as http:
             held = asyncio.ensure_future(http.get(f"{url}/hold"))
             await app.entered.wait()
@@ -135,7 +119,7 @@ async def test_drain_waits_for_in_flight_request_then_closes_engines():
 
 async def test_stopped_daemon_no_longer_accepts_connections():
     app = LifecycleApp()
-    async with running_daemon(sim_config(), app) as (daemon, task, url):
+    async with running_daemon(sim_config(), app_factory=app) as (daemon, task, url):
         daemon.request_stop()
         assert await task == 0
         async with aiohttp.ClientSession() as http:
@@ -146,7 +130,8 @@ async def test_stopped_daemon_no_longer_accepts_connections():
 async def test_drain_grace_expiry_aborts_streams_and_exits_zero():
     app = LifecycleApp()
     # real-time tiny profile: ~2.5 ms per token, so 900 tokens outlast the 50 ms grace by far
-    async with running_daemon(sim_config(drain_grace_s=0.05, time_scale=1.0), app) as (daemon, task, url):
+    config = sim_config(drain_grace_s=0.05, time_scale=1.0)
+    async with running_daemon(config, app_factory=app) as (daemon, task, url):
         async with aiohttp.ClientSession() as http:
             long = asyncio.ensure_future(http.get(f"{url}/generate?max_tokens=900"))
             await app.entered.wait()
@@ -160,7 +145,7 @@ async def test_drain_grace_expiry_aborts_streams_and_exits_zero():
 
 async def test_second_stop_skips_the_drain_and_exits_nonzero():
     app = LifecycleApp()
-    async with running_daemon(sim_config(), app) as (daemon, task, url):
+    async with running_daemon(sim_config(), app_factory=app) as (daemon, task, url):
         async with aiohttp.ClientSession() as http:
             held = asyncio.ensure_future(http.get(f"{url}/hold"))
             await app.entered.wait()
@@ -241,7 +226,7 @@ async def test_tells_systemd_ready_then_stopping(tmp_path):
 
 async def test_reload_without_a_config_file_logs_and_keeps_serving(caplog):
     app = LifecycleApp()
-    async with running_daemon(sim_config(), app) as (daemon, task, url):
+    async with running_daemon(sim_config(), app_factory=app) as (daemon, task, url):
         assert await daemon.reload() is None
         assert logged(caplog, "reload_skipped")[0]["reason"] == "no config file"
         assert daemon.state.ready()
@@ -261,19 +246,9 @@ def reference_config(engines_root, artifact: str = "tiny"):
 @contextlib.asynccontextmanager
 async def serving(config) -> AsyncIterator[tuple[Daemon, str]]:
     """The full daemon with inferd.api's app; stopped (drained) on exit."""
-    daemon = Daemon(config)
-    task = asyncio.ensure_future(daemon.run())
-    ready = asyncio.ensure_future(daemon.ready.wait())
-    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        pytest.fail(f"daemon exited during startup with {task.result()}")
-    try:
-        yield daemon, f"http://127.0.0.1:{daemon.port}"
-    finally:
-        if not daemon.stopping:
-            daemon.request_stop()
-        assert await task == 0
+    async with running_daemon(config, drain=True) as (daemon, task, url):
+        yield daemon, url
+    assert task.result() == 0
 
 
 async def test_reference_engine_serves_completions_and_metrics(tiny_engines_root):

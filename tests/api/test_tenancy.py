@@ -23,6 +23,7 @@ from inferd.keys import KeyHasher, create_key, revoke_key
 from inferd.quota import Quota
 
 from tests.api.conftest import AdmissionEntries
+from tests.daemon_harness import running_daemon
 
 SIM = {"backend": "sim", "max_batch_size": 1, "max_num_tokens": 256, "num_kv_blocks": 256,
        "sim": {"profile": "tiny", "time_scale": 1.0, "max_model_len": 4096}}
@@ -81,25 +82,15 @@ async def node(tmp_path: Path, *, auth: str = "api_key", tenants: dict | None = 
     raw = {"server": {"port": 0, "drain_grace_s": 0, **server}, "models": {m: {**SIM, **(model or {})} for m in models},
            "auth": {"mode": auth, "keys_file": "keys.jsonl"}, "tenants": tenants or {},
            "admission": admission or {}}
-    daemon = Daemon(parse_config(raw, base_dir=tmp_path))
-    task = asyncio.ensure_future(daemon.run())
-    ready = asyncio.ensure_future(daemon.ready.wait())
-    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        pytest.fail(f"daemon exited during startup with {task.result()}")
-    http = aiohttp.ClientSession()
-    n = Node(daemon=daemon, url=f"http://127.0.0.1:{daemon.port}", http=http, keys_file=tmp_path / "keys.jsonl",
-             clients=[])
-    try:
-        yield n
-    finally:
-        daemon.request_stop()
-        daemon.request_stop()
-        assert await task in (0, 1)
-        for client in n.clients:
-            await client.close()
-        await http.close()
+    async with running_daemon(parse_config(raw, base_dir=tmp_path)) as (daemon, task, url), \
+            aiohttp.ClientSession() as http:
+        n = Node(daemon=daemon, url=url, http=http, keys_file=tmp_path / "keys.jsonl", clients=[])
+        try:
+            yield n
+        finally:
+            for client in n.clients:
+                await client.close()
+    assert task.result() in (0, 1)
 
 
 async def refresh(n: Node) -> None:
