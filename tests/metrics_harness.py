@@ -1,6 +1,8 @@
-"""Shared by the metrics tests: an engine that only has `info` and `stats()`, and scrape helpers."""
+"""Shared by the metrics tests: an engine that only has `info` and `stats()`, scrape helpers, and the
+`engines` / `metrics` fixtures (a Metrics collector reading a mutable dict of such engines)."""
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.engine.base import EngineInfo, EngineStats
@@ -26,6 +28,16 @@ class StatsOnlyEngine:
                            kv_blocks_used=self.used, prefix_cache_hit_rate=0.0, step_latency_s=0.01,
                            steps_total=1, prompt_tokens_total=0, generation_tokens_total=0,
                            prefix_cache_hit_tokens_total=0, tokens_per_s=0.0)
+
+
+@pytest.fixture
+def engines():
+    return {"small": StatsOnlyEngine()}
+
+
+@pytest.fixture
+def metrics(engines):
+    return Metrics(lambda: engines)
 
 
 def scrape(metrics: Metrics) -> dict[str, list]:

@@ -4,20 +4,7 @@ import pytest
 
 from inferd.metrics import OTHER, Metrics, observe_request
 from inferd.types import Usage
-from tests.metrics_harness import SIM_LABELS, StatsOnlyEngine, scrape, value
-
-
-@pytest.fixture
-def engines():
-    return {"small": StatsOnlyEngine()}
-
-
-@pytest.fixture
-def metrics(engines):
-    return Metrics(lambda: engines)
-
-
-
+from tests.metrics_harness import SIM_LABELS, StatsOnlyEngine, engines, metrics, scrape, value  # noqa: F401 (fixtures)
 
 
 def test_every_series_is_declared_with_its_labels(metrics):

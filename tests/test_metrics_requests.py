@@ -6,17 +6,7 @@ import pytest
 
 from inferd.metrics import Metrics
 from inferd.types import EngineTiming, Usage
-from tests.metrics_harness import SIM_LABELS, StatsOnlyEngine, scrape, value
-
-
-@pytest.fixture
-def engines():
-    return {"small": StatsOnlyEngine()}
-
-
-@pytest.fixture
-def metrics(engines):
-    return Metrics(lambda: engines)
+from tests.metrics_harness import SIM_LABELS, StatsOnlyEngine, engines, metrics, scrape, value  # noqa: F401 (fixtures)
 
 
 def test_request_observation_records_ttft_itl_queue_wait_e2e_and_tokens(metrics):
