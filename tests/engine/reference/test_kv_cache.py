@@ -28,6 +28,24 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, first_pos: int)
     return out
 
 
+def decode_step(rng: np.random.Generator, cache: PagedKVCache,
+                lengths: list[int]) -> tuple[AttentionPlan, list[np.ndarray], list[np.ndarray]]:
+    """One decode step over random sequences of `lengths` in shuffled blocks: the plan, each sequence's
+    query and its dense-attention result."""
+    free = rng.permutation(cache.num_blocks).tolist()
+    tables, queries, expected = [], [], []
+    for length in lengths:
+        table = [free.pop() for _ in range(-(-length // BLOCK))]
+        k, v = rng.standard_normal((2, length, NUM_KV, HEAD_DIM)).astype(np.float32)
+        q = rng.standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
+        cache.write(0, cache.slots_for_positions(table, np.arange(length)), k, v)
+        tables.append(table)
+        queries.append(q)
+        expected.append(dense_attention(q, k, v, length - 1))
+    plan = AttentionPlan(cache, [1] * len(lengths), lengths, tables)
+    return plan, queries, expected
+
+
 def test_write_then_gather_returns_what_was_written_at_those_slots():
     cache = make_cache(num_layers=2)
     rng = np.random.default_rng(0)
@@ -94,17 +112,7 @@ def test_decodes_of_very_different_lengths_split_into_groups_and_still_equal_den
     rng = np.random.default_rng(2)
     cache = make_cache(num_blocks=200)
     lengths = [3, 300, 7, 290, 2, 150]
-    free = rng.permutation(cache.num_blocks).tolist()
-    tables, queries, expected = [], [], []
-    for length in lengths:
-        table = [free.pop() for _ in range(-(-length // BLOCK))]
-        k, v = rng.standard_normal((2, length, NUM_KV, HEAD_DIM)).astype(np.float32)
-        q = rng.standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
-        cache.write(0, cache.slots_for_positions(table, np.arange(length)), k, v)
-        tables.append(table)
-        queries.append(q)
-        expected.append(dense_attention(q, k, v, length - 1))
-    plan = AttentionPlan(cache, [1] * len(lengths), lengths, tables)
+    plan, queries, expected = decode_step(rng, cache, lengths)
 
     out = paged_attention(cache, 0, np.concatenate(queries), plan)
 
@@ -140,17 +148,7 @@ def test_decode_attention_on_the_matmul_fallback_equals_the_default_path(monkeyp
     rng = np.random.default_rng(4)
     cache = make_cache(num_blocks=200)
     lengths = [5, 300, 9, 1]
-    free = rng.permutation(cache.num_blocks).tolist()
-    tables, queries, expected = [], [], []
-    for length in lengths:
-        table = [free.pop() for _ in range(-(-length // BLOCK))]
-        k, v = rng.standard_normal((2, length, NUM_KV, HEAD_DIM)).astype(np.float32)
-        q = rng.standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
-        cache.write(0, cache.slots_for_positions(table, np.arange(length)), k, v)
-        tables.append(table)
-        queries.append(q)
-        expected.append(dense_attention(q, k, v, length - 1))
-    plan = AttentionPlan(cache, [1] * len(lengths), lengths, tables)
+    plan, queries, expected = decode_step(rng, cache, lengths)
     default = paged_attention(cache, 0, np.concatenate(queries), plan)
 
     monkeypatch.setattr(kv_cache, "_matvec", kv_cache._matvec_by_matmul)
