@@ -98,7 +98,9 @@ async def test_server_side_abort_ends_stream_with_an_error_the_sdk_raises(serve)
 
 
 async def test_deadline_ends_stream_with_deadline_error_and_non_stream_with_504(serve):
-    served = await serve({"sim": sim_engine(time_scale=2.0)}, request_timeout_s=0.2)
+    # 400 tokens at 10 ms each take 4 s; the 1 s deadline leaves a loaded CI machine ample time to
+    # start the stream (0.2 s did not: the request was sometimes dropped in the queue with a 504).
+    served = await serve({"sim": sim_engine(time_scale=4.0)}, request_timeout_s=1.0)
     stream = await served.sdk.completions.create(model="sim", prompt="a", max_tokens=400, stream=True)
     with pytest.raises(openai.APIError) as exc:
         async for _ in stream:
@@ -146,7 +148,9 @@ async def test_a_bug_while_streaming_ends_the_stream_with_an_error_frame_not_a_s
 async def test_a_client_hanging_up_after_the_final_frames_is_not_counted_as_gone(serve):
     # The SDK closes the connection as soon as it reads the final frames; when the watchdog scans
     # before the handler resumes, it must not turn the request's outcome (here 504) into 499.
-    served = await serve({"sim": sim_engine(time_scale=2.0)}, request_timeout_s=0.2)
+    # 400 tokens at 10 ms each take 4 s; the 1 s deadline leaves a loaded CI machine ample time to
+    # start the stream (0.2 s did not: the request was sometimes dropped in the queue with a 504).
+    served = await serve({"sim": sim_engine(time_scale=4.0)}, request_timeout_s=1.0)
     inflight = served.app[appkeys.INFLIGHT]
 
     class HangUpAfterFinalFrames(Flusher):
