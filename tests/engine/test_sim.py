@@ -112,7 +112,7 @@ async def test_time_scale_zero_runs_without_waiting_for_simulated_time(make_engi
     assert time.monotonic() - start < 0.1 * engine.sim_time
 
 
-async def test_step_of_256_running_sequences_costs_well_under_a_millisecond(make_engine) -> None:
+async def test_step_of_256_running_sequences_costs_a_few_milliseconds_at_most(make_engine) -> None:
     engine = await make_engine("llama3-8b-h100", max_batch_size=256)
     streams = [submit(engine, prompt(8, i), max_tokens=60) for i in range(256)]
     await streams[-1].__anext__()          # all 256 prefilled together in the first step
@@ -126,7 +126,9 @@ async def test_step_of_256_running_sequences_costs_well_under_a_millisecond(make
     finally:
         gc.enable()
     assert all(s.finished for s in streams)
-    assert per_step < 1e-3
+    # ~0.4 ms on 3.11 here. Performance targets are checked by bench/frontend.py, not timed tests: this
+    # bound only catches a gross regression (per-sequence work going quadratic) on any loaded machine.
+    assert per_step < 5e-3
 
 
 # -- scheduling and capacity ---------------------------------------------------------------------
