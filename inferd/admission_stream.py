@@ -55,19 +55,21 @@ class AdmittedStream:
 
     async def __anext__(self) -> Delta:
         delta = await self._stream.__anext__()
-        self._output += len(delta.token_ids)
-        if self._output >= self._charge_at or delta.finish_reason is not None:
-            self._account(delta)
+        self._delivered(delta)
         return delta
 
     def take(self) -> Delta | None:
         """RequestStream.take with the same bookkeeping (for a writer that reads on a listener)."""
         delta = self._stream.take()
-        if delta is not None:     # once per SSE frame: only count, unless a charge step is reached
-            self._output += len(delta.token_ids)
-            if self._output >= self._charge_at or delta.finish_reason is not None:
-                self._account(delta)
+        if delta is not None:
+            self._delivered(delta)
         return delta
+
+    def _delivered(self, delta: Delta) -> None:
+        # Once per read: only count, unless a charge step is reached or the stream ends.
+        self._output += len(delta.token_ids)
+        if self._output >= self._charge_at or delta.finish_reason is not None:
+            self._account(delta)
 
     def listen(self, listener: Callable[[], None] | None) -> None:
         self._stream.listen(listener)
