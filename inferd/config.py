@@ -18,16 +18,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from inferd._compat import tomllib
 from inferd.config_cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config_walk import check_table, type_name
 from inferd.rollout_config import PriceConfig, RolloutConfig
 from inferd.routing_config import AliasConfig
 from inferd.tenants import AdmissionConfig, AuthConfig, TenantConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 Backend = Literal["reference", "sim", "trtllm"]
 LogLevel = Literal["debug", "info", "warning", "error"]
