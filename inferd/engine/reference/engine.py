@@ -135,7 +135,7 @@ class ReferenceEngine(Engine):
         seq = Sequence(request.request_id, request.prompt_token_ids, request.sampling,
                        salt=prefix_salt(request.tenant, request.lora))
         seq.engine_state = RequestOutput(stream, time.monotonic())
-        blocks = -(-len(request.prompt_token_ids) // self._block_size)
+        blocks = self._blocks.blocks_needed(len(request.prompt_token_ids))
         with self._cond:
             if self._failed is not None or self._stop:   # lost a race with the thread ending
                 raise EngineUnavailable(self._failed or "the reference engine is closing")
@@ -236,7 +236,7 @@ class ReferenceEngine(Engine):
             if kind == "submit":
                 seq: Sequence = arg  # type: ignore[assignment]
                 num += 1
-                blocks += -(-seq.num_prompt_tokens // self._block_size)
+                blocks += self._blocks.blocks_needed(seq.num_prompt_tokens)
                 tokens += seq.num_prompt_tokens
                 try:  # everything this request alone needs: if it fails, it fails this request only
                     seq.engine_state.start(self.tokenizer, seq)
@@ -319,8 +319,8 @@ class ReferenceEngine(Engine):
         self._ema_tokens = out.num_tokens if first else (1 - _EMA) * self._ema_tokens + _EMA * out.num_tokens
 
     def _publish(self, taken: tuple[int, int, int]) -> None:
-        sched, bs = self._scheduler, self._block_size
-        reserved = sum(-(-s.num_tokens // bs) for s in sched.waiting)
+        sched, blocks_needed = self._scheduler, self._blocks.blocks_needed
+        reserved = sum(blocks_needed(s.num_tokens) for s in sched.waiting)
         # Prefill still to compute: waiting contexts (new or preempted) and running sequences with
         # more than a decode's one uncomputed token (chunked prefill, recompute).
         prefill = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
