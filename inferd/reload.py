@@ -116,7 +116,7 @@ class Reloader:
         before_routes = _routes_summary(control)
         control.registry.swap(lambda t: control.transitional_table(t, new))
         state.config = control.config = new
-        control.shadows._prices = dict(new.prices)
+        control.shadows.set_prices(new.prices)
         tenancy = getattr(state, "tenancy", None)
         if tenancy is not None:
             tenancy.reconfigure(new)

@@ -119,6 +119,10 @@ class ShadowRecorder:
         self._mirrored: dict[ModelVersion, int] = {}
         self._dropped: dict[ModelVersion, int] = {}
 
+    def set_prices(self, prices: Mapping[str, PriceConfig]) -> None:
+        """A reload's [prices]: for versions first seen from now on (stats already kept keep theirs)."""
+        self._prices = dict(prices)
+
     def _get(self, key: ModelVersion) -> VersionStats:
         stats = self._stats.get(key)
         if stats is None:
