@@ -16,6 +16,13 @@ QUEUED, DISPATCHED, DONE = 0, 1, 2
 UNKNOWN_RETRY_S = 1.0          # Retry-After with nothing to estimate from (no throughput measured yet; draining)
 
 
+def retry_after_header(seconds: float) -> str:
+    """`Retry-After` value: whole seconds, at least 1 (HTTP's has no fractions); never infinite."""
+    if not math.isfinite(seconds):
+        seconds = 60.0
+    return str(max(1, math.ceil(seconds)))
+
+
 class AdmissionRejected(Exception):
     """The request was not (or no longer) admitted. status: 429 queue_full / own backlog too deep for
     the deadline; 503 node_full / shed / deadline / ttl / draining; 504 deadline passed while queued."""
@@ -29,7 +36,7 @@ class AdmissionRejected(Exception):
     @property
     def retry_after_header(self) -> str | None:
         """`Retry-After` value (whole seconds, at least 1) or None."""
-        return None if self.retry_after_s is None else str(max(1, math.ceil(self.retry_after_s)))
+        return None if self.retry_after_s is None else retry_after_header(self.retry_after_s)
 
     @classmethod
     def draining(cls) -> AdmissionRejected:

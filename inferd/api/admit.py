@@ -16,6 +16,7 @@ import msgspec
 from aiohttp import web
 
 from inferd.admission import AdmissionRejected, AdmittedStream
+from inferd.admission_ticket import retry_after_header
 from inferd.api.auth import PERMISSION, model_forbidden
 from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
 from inferd.api.openai import Prepared
@@ -106,7 +107,7 @@ async def admit(tenancy, tenant: str, model: str, engine: Engine, gen: Generatio
     try:
         lease = quota.acquire(tenant, prompt_tokens=len(gen.prompt_token_ids), max_tokens=gen.sampling.max_tokens)
     except QuotaExceeded as exc:
-        headers = {**exc.headers, "Retry-After": _retry_after(exc.retry_after_s)}
+        headers = {**exc.headers, "Retry-After": retry_after_header(exc.retry_after_s)}
         raise ApiError(429, f"{exc}.", type=RATE_LIMIT, code=exc.reason, headers=headers) from None
     try:
         stream = await queue.admit(gen, deadline=deadline, lease=lease)
@@ -128,10 +129,3 @@ def _message(exc: AdmissionRejected) -> str:
     text = str(exc)
     text = text[:1].upper() + text[1:]
     return text if text.endswith(".") else text + "."
-
-
-def _retry_after(seconds: float) -> str:
-    """Whole seconds, at least 1 (HTTP's Retry-After has no fractions); never infinite."""
-    if not math.isfinite(seconds):
-        seconds = 60.0
-    return str(max(1, math.ceil(seconds)))
