@@ -20,7 +20,7 @@ import msgspec
 
 from inferd._compat import tomllib
 from inferd.config_cross_checks import auth_binding_errors, routing_errors, tenancy_errors
-from inferd.config_walk import check_table, type_name
+from inferd.config_walk import ConfigTable, check_table, type_name
 from inferd.rollout_config import PriceConfig, RolloutConfig
 from inferd.routing_config import AliasConfig
 from inferd.tenants import AdmissionConfig, AuthConfig, TenantConfig
@@ -35,11 +35,7 @@ MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
-class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every config table: immutable, keyword-only, unknown keys rejected."""
-
-
-class ServerConfig(_Table):
+class ServerConfig(ConfigTable):
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1_048_576
@@ -50,14 +46,14 @@ class ServerConfig(_Table):
     log_level: LogLevel = "info"
 
 
-class SimConfig(_Table):
+class SimConfig(ConfigTable):
     profile: str = "llama3-8b-h100"
     time_scale: float = 1.0
     max_model_len: int = 8192
     seed: int = 0
 
 
-class TrtllmConfig(_Table):
+class TrtllmConfig(ConfigTable):
     engine_dir: str | None = None          # default: the artifact resolved under engines_root
     tokenizer_dir: str | None = None       # default: the engine directory
     kv_cache_free_gpu_memory_fraction: float | None = None
@@ -68,7 +64,7 @@ class TrtllmConfig(_Table):
     lora_adapters: dict[str, str] = {}    # adapter name -> directory
 
 
-class ModelConfig(_Table):
+class ModelConfig(ConfigTable):
     backend: Backend = "reference"
     artifact: str | None = None            # default: the served model name (the table key)
     version: str = "latest"
@@ -85,7 +81,7 @@ class ModelConfig(_Table):
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
 
 
-class AuditConfig(_Table):
+class AuditConfig(ConfigTable):
     """`[audit]`: the append-only log of routing and rollout changes (docs/models.md)."""
 
     path: str | None = None                # default: $STATE_DIRECTORY/audit.jsonl, else ./audit.jsonl
@@ -95,7 +91,7 @@ def _default_models() -> dict[str, ModelConfig]:
     return {"small": ModelConfig()}
 
 
-class Config(_Table):
+class Config(ConfigTable):
     """The whole file. An empty file means the defaults: the reference engine serving `small`."""
 
     server: ServerConfig = ServerConfig()

@@ -14,6 +14,10 @@ from typing import Any, Literal, get_args, get_origin
 import msgspec
 
 
+class ConfigTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config table: immutable, keyword-only, unknown keys rejected."""
+
+
 def type_name(value: Any) -> str:
     return {dict: "table", list: "array", str: "str", int: "int", float: "float", bool: "bool"}.get(
         type(value), type(value).__name__

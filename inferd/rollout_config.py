@@ -8,17 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import msgspec
-
+from inferd.config_walk import ConfigTable
 from inferd.routing import ModelVersion
 from inferd.routing_config import parse_target
 
 
-class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class RolloutThresholds(_Table):
+class RolloutThresholds(ConfigTable):
     """`[rollouts.<name>.thresholds]`: how much worse than stable the candidate may be."""
 
     max_error_rate_increase: float = 0.01    # absolute: candidate <= stable + 1 percentage point
@@ -29,7 +24,7 @@ class RolloutThresholds(_Table):
     min_samples: int = 200                    # requests per version per step before judging
 
 
-class RolloutConfig(_Table):
+class RolloutConfig(ConfigTable):
     """`[rollouts.<route>]`: <route> is an alias (or a model name). Targets as in AliasConfig."""
 
     stable: str
@@ -41,7 +36,7 @@ class RolloutConfig(_Table):
     thresholds: RolloutThresholds = RolloutThresholds()
 
 
-class PriceConfig(_Table):
+class PriceConfig(ConfigTable):
     """`[prices."<model>@<version>"]` or `[prices.<model>]`: currency per 1k tokens."""
 
     prompt_per_1k: float = 0.0

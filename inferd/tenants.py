@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-import msgspec
+from inferd.config_walk import ConfigTable
 
 AuthMode = Literal["none", "api_key"]
 Scheduling = Literal["vtc", "fcfs"]
@@ -41,11 +41,7 @@ _RANK = {PriorityClass.INTERACTIVE: 0, PriorityClass.STANDARD: 1, PriorityClass.
 CLASSES_BY_RANK = (PriorityClass.INTERACTIVE, PriorityClass.STANDARD, PriorityClass.BATCH)
 
 
-class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class AuthConfig(_Table):
+class AuthConfig(ConfigTable):
     """`[auth]`. The shipped default is no auth on loopback: every request is tenant `local`."""
 
     mode: AuthMode = "none"
@@ -55,7 +51,7 @@ class AuthConfig(_Table):
     anonymous_tenant: str = LOCAL_TENANT        # tenant of every request when mode = "none"
 
 
-class TenantConfig(_Table):
+class TenantConfig(ConfigTable):
     """`[tenants.<name>]`. `None` means no limit of that kind (the engine's own limits still apply)."""
 
     weight: float = 1.0                         # share of service relative to other backlogged tenants
@@ -75,7 +71,7 @@ class TenantConfig(_Table):
         return "*" in self.allowed_models or model in self.allowed_models
 
 
-class AdmissionConfig(_Table):
+class AdmissionConfig(ConfigTable):
     """`[admission]`: the per-engine admission queue."""
 
     scheduling: Scheduling = "vtc"              # "fcfs" = one FIFO behind the same capacity gate
