@@ -75,6 +75,11 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     pending_prefill_tokens: int = 0
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """KV blocks that hold num_tokens (a partly filled last block is a whole block)."""
+    return -(-num_tokens // block_size)
+
+
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     waiting: int

@@ -138,12 +138,6 @@ def get_profile(profile: str | SimProfile) -> SimProfile:
         raise ValueError(f"unknown sim profile {profile!r}; known: {', '.join(sorted(PROFILES))}") from None
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
-
-
 # -- the simulated model's vocabulary ----------------------------------------------------------
 
 _SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>")

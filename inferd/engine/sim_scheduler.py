@@ -13,7 +13,7 @@ import collections
 import time
 
 from inferd.engine.base import Capacity
-from inferd.engine.sim_profiles import blocks_for
+from inferd.engine.base import blocks_for
 from inferd.engine.stream import RequestStream
 from inferd.tokenization import StopMatcher
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from inferd.artifacts import MANIFEST_FILE, ArtifactError, Manifest, read_manifest, verify_artifact
-from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.base import (Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest,
+                                blocks_for)
 from inferd.engine.stream import RequestStream
 from inferd.engine.validation import seed64, validate_request
 from inferd.engine.trtllm_stats import RequestLedger
@@ -53,10 +54,6 @@ def _import_trtllm() -> dict[str, Any]:
     return dict(LLM=LLM, CapacitySchedulerPolicy=CapacitySchedulerPolicy, KvCacheConfig=KvCacheConfig,
                 LoRARequest=LoRARequest, RequestError=RequestError, SamplingParams=TrtSamplingParams,
                 SchedulerConfig=SchedulerConfig)
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 class TrtllmEngine(Engine):
@@ -131,7 +128,7 @@ class TrtllmEngine(Engine):
                          build.get("max_num_tokens") or 8192)
         self._max_input_len = int(build.get("max_input_len") or build["max_seq_len"])
         # Until the executor reports maxNumBlocks, assume only what is certainly there.
-        kv_blocks = _blocks(self._kv_max_tokens, block_size) if self._kv_max_tokens else max_tokens // block_size
+        kv_blocks = blocks_for(self._kv_max_tokens, block_size) if self._kv_max_tokens else max_tokens // block_size
         self.info = EngineInfo(backend="trtllm",
                                model_name=self._model_name or (manifest.name if manifest else self.engine_dir.name),
                                version=self._version or (manifest.version if manifest else "unversioned"),
@@ -236,7 +233,7 @@ class TrtllmEngine(Engine):
         if prompt_len > self._max_input_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens; this engine accepts at most "
                                  f"{self._max_input_len}", "prompt")
-        blocks = _blocks(prompt_len + sp.max_tokens, info.block_size)
+        blocks = blocks_for(prompt_len + sp.max_tokens, info.block_size)
         lora = None
         if request.lora is not None:
             lora = self._lora.get(request.lora)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from inferd.engine.base import blocks_for
 from inferd.engine.reference.sequence import Sequence
 
 
@@ -49,7 +50,7 @@ class BlockManager:
         return len(self._free_cached)
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     def lookup_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding seq's leading full blocks. Pure lookup: nothing changes.
