@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Build engine artifacts into engines/<name>/<version>/ (see inferd.artifacts).
+"""Build engine artifacts into engines/<name>/<version>/ (see inferd.engine.artifacts).
 
   python build_engines.py --target reference --synthetic tiny|small
   python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
-  python build_engines.py --target trtllm ...      (options come from inferd.build.trtllm)
+  python build_engines.py --target trtllm ...      (options come from inferd.engine.build.trtllm)
 
 Prints progress on stderr and the artifact path on stdout; exit 0 on success, 1 on a build
 error, 2 on bad arguments.
@@ -16,16 +16,15 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from inferd.artifacts import ArtifactError
-from inferd.build.reference import SYNTHETIC_SPECS, build_synthetic, pack_hf
-from inferd.tokenization import TokenizerLoadError
+from inferd.engine import ArtifactError, TokenizerLoadError
+from inferd.engine.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
 
 
 def _trtllm_builder() -> ModuleType | None:
     try:
-        return importlib.import_module("inferd.build.trtllm")
+        return importlib.import_module("inferd.engine.build.trtllm")
     except ModuleNotFoundError as exc:
-        if exc.name in ("inferd.build.trtllm",):
+        if exc.name in ("inferd.engine.build.trtllm",):
             return None
         raise
 
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         entry = getattr(trtllm, "main", None) or getattr(trtllm, "build", None)
         if entry is None:
-            print("build_engines.py: inferd.build.trtllm has neither main(args) nor build(args)", file=sys.stderr)
+            print("build_engines.py: inferd.engine.build.trtllm has neither main(args) nor build(args)", file=sys.stderr)
             return 2
         result = entry(args)
         return result if isinstance(result, int) else 0

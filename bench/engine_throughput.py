@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.build.reference import build_synthetic
-from inferd.engine.reference.engine import ReferenceEngine
+from inferd.engine.build import build_synthetic
+from inferd.engine.reference import ReferenceEngine
 from inferd.types import GenerationRequest, SamplingParams
 
 CONCURRENCY = (1, 8, 32)

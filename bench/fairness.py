@@ -34,8 +34,8 @@ import random
 import time
 
 from inferd.admission import AdmissionQueue, AdmissionRejected
+from inferd.config import AdmissionConfig, PriorityClass, TenantConfig, TenantRegistry
 from inferd.engine.sim import SimEngine
-from inferd.tenants import AdmissionConfig, PriorityClass, TenantConfig, TenantRegistry
 from inferd.types import GenerationRequest, SamplingParams
 
 ENGINE = dict(max_batch_size=32, num_kv_blocks=4096, max_num_tokens=2048, seed=0)

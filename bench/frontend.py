@@ -3,7 +3,7 @@
     .venv/bin/python bench/frontend.py [--seconds 10] [--concurrency 256] [--max-tokens 256]
 
 Phases (each bounded; the script stops itself):
-  1. The daemon (inferd.daemon.Daemon in a subprocess: uvloop, config file, engines, app, AppRunner)
+  1. The daemon (inferd.daemon.lifecycle.Daemon in a subprocess: uvloop, config file, engines, app, AppRunner)
      serving a sim model with `time_scale = 0`, so the engine costs only its Python step; pinned to
      CPU 0. Frames are whatever the daemon writes: one per stream per flush, carrying every token
      the engine produced since the last one (no frame budget, no spacing).
@@ -85,7 +85,7 @@ def run_daemon(config_path: Path) -> None:
 
     from inferd.config import load_config
     from inferd.daemon import Daemon
-    from inferd.log import configure_logging
+    from inferd.observability import configure_logging
 
     config = load_config(config_path)
     configure_logging(config.server.log_level)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from inferd.engine.reference.model import ForwardBatch, LlamaModel
+from inferd.engine.reference import ForwardBatch, LlamaModel
 
 CONFIG = dict(model_type="llama", vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
               num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inferd.config import load_config  # noqa: E402
 from inferd.daemon import Daemon  # noqa: E402
-from inferd.log import configure_logging  # noqa: E402
-from inferd.routing import ModelVersion  # noqa: E402
+from inferd.observability import configure_logging  # noqa: E402
+from inferd.types import ModelVersion  # noqa: E402
 
 CONFIG = '''
 [server]

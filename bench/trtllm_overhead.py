@@ -65,7 +65,7 @@ def engine_limits(args: argparse.Namespace) -> None:
 
 
 def make_prompts(args: argparse.Namespace) -> list[list[int]]:
-    from inferd.tokenization import HFTokenizer
+    from inferd.engine import HFTokenizer
 
     tokenizer = HFTokenizer.from_dir(args.tokenizer_dir or args.engine_dir)
     special = set(tokenizer.eos_token_ids) | {tokenizer.bos_token_id}

@@ -45,16 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from inferd.serve import serve_main
+        from inferd.daemon import serve_main
         return serve_main(args)
     if args.command == "check-config":
         from inferd.config import check_config_main
         return check_config_main(args.path)
     if args.command == "engines":
-        from inferd.artifacts import verify_main
+        from inferd.engine import verify_main
         return verify_main(args.path)
     if args.command == "keys":
-        from inferd.keys_cli import keys_main
+        from inferd.tenancy import keys_main
         return keys_main(args)
     return 2
 

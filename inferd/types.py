@@ -83,3 +83,20 @@ class Delta(msgspec.Struct, kw_only=True):
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+class ModelVersion(msgspec.Struct, frozen=True, order=True):
+    """One loaded engine version: served model name + content-addressed artifact version id."""
+
+    model: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.model}@{self.version}"
+
+    @classmethod
+    def parse(cls, text: str) -> ModelVersion:
+        model, sep, version = text.partition("@")
+        if not sep or not model or not version or "@" in version:
+            raise ValueError(f"expected 'model@version', got {text!r}")
+        return cls(model, version)

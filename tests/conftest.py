@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inferd.build.reference import build_synthetic
-from inferd.tokenization import HFTokenizer
+from inferd.engine.build.reference import build_synthetic
+from inferd.engine.tokenization import HFTokenizer
 
 
 @pytest.fixture(scope="session")

@@ -2,5 +2,6 @@
 from __future__ import annotations
 
 from inferd.api.app import make_app
+from inferd.api.state import ServerState
 
-__all__ = ["make_app"]
+__all__ = ["ServerState", "make_app"]

@@ -1,5 +1,5 @@
 """Admin routes (admin scope) for rollouts and shadow stats. Every change goes to the audit log with
-the caller's key id as the actor (inferd.rollout writes the record).
+the caller's key id as the actor (inferd.models.rollout writes the record).
 
   GET  /admin/rollouts                   every rollout's state
   GET  /admin/rollouts/{name}            one rollout's state (phase, step, weights, both windows, reason)
@@ -20,8 +20,8 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
-from inferd.rollout import Rollout, RolloutError, RolloutNotFound
-from inferd.rollout_config import RolloutConfig, rollout_errors
+from inferd.config import RolloutConfig, rollout_errors
+from inferd.models import Rollout, RolloutError, RolloutNotFound
 
 MAX_ADMIN_BODY = 16 * 1024
 
@@ -48,7 +48,7 @@ def add_routes(app: web.Application) -> None:
 
 
 def _actor(request: web.Request) -> str:
-    from inferd.api.auth import require_scope   # issue 4: 401/403 envelopes, admin scope
+    from inferd.api.auth import require_scope  # issue 4: 401/403 envelopes, admin scope
 
     principal = require_scope(request, "admin")
     return principal.key_id or f"tenant:{principal.tenant}"

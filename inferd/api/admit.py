@@ -15,13 +15,12 @@ import math
 import msgspec
 from aiohttp import web
 
-from inferd.admission import AdmissionRejected, AdmittedStream
-from inferd.admission_ticket import retry_after_header
+from inferd.admission import AdmissionRejected, AdmittedStream, retry_after_header
 from inferd.api.auth import PERMISSION, model_forbidden
 from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
 from inferd.api.openai import Prepared
-from inferd.engine.base import Engine
-from inferd.quota import LimitExceeded, QuotaExceeded
+from inferd.engine import Engine
+from inferd.tenancy import LimitExceeded, QuotaExceeded
 from inferd.types import GenerationRequest, SamplingParams
 
 RATE_LIMIT = "rate_limit_error"

@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from inferd.api import appkeys as keys
 from inferd.api import admin, ops
+from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
 from inferd.api.errors import SERVER_ERROR, ApiError, error_response, from_http_exception
 from inferd.api.sse import Inflight
-from inferd.log import get_logger, request_id_var
+from inferd.observability import get_logger, request_id_var
 
 log = get_logger("inferd.api")
 
@@ -32,7 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def make_app(state) -> web.Application:
-    """The HTTP app over a ServerState (inferd.state); handlers read `state` on every request."""
+    """The HTTP app over a ServerState (inferd.api.state); handlers read `state` on every request."""
     app = web.Application(middlewares=[front_middleware],
                           # read_body() enforces server.max_body_bytes itself (reload-aware); this is
                           # only aiohttp's ceiling for request.read(), which our handlers never call.

@@ -7,7 +7,7 @@ from aiohttp import web
 
 from inferd.api.sse import Inflight
 
-STATE: web.AppKey[Any] = web.AppKey("inferd_state", object)     # inferd.state.ServerState
+STATE: web.AppKey[Any] = web.AppKey("inferd_state", object)     # inferd.api.state.ServerState
 INFLIGHT: web.AppKey[Inflight] = web.AppKey("inferd_inflight", Inflight)
 
 # Per-request values set by the front middleware.

@@ -7,7 +7,7 @@ handler calls says plainly what the route needs, where a middleware would need a
 
 With `auth.mode = "none"` every caller is the anonymous tenant (`local`) with every scope. The
 tenant comes only from the key, never from the request body. Key checks are constant-time and an
-unknown key costs the same as a wrong one (inferd.keys.KeyStore.verify).
+unknown key costs the same as a wrong one (inferd.tenancy.keys.KeyStore.verify).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.errors import INVALID_REQUEST, ApiError
-from inferd.keys import AuthError, InsufficientScope, Principal
+from inferd.tenancy import AuthError, InsufficientScope, Principal
 
 PERMISSION = "permission_error"
 

@@ -22,10 +22,9 @@ from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
 from inferd.api.sse import stream_response
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
-from inferd.engine.base import Engine, EngineUnavailable, InvalidRequest
-from inferd.routing import Route
+from inferd.engine import Engine, EngineUnavailable, InvalidRequest
+from inferd.models import Route, VersionLease
 from inferd.types import FinishReason, GenerationRequest, SamplingParams, Usage
-from inferd.versions import VersionLease
 
 # Tokenize (and template) in a thread when the body or the conversation is big: the text alone
 # undercounts the work (thousands of empty messages carry no text yet take tens of ms to template).
@@ -76,7 +75,7 @@ async def _tokenize(engine: Engine, p: Prepared, body_bytes: int) -> list[int]:
         if p.messages is not None:
             try:
                 text = tok.apply_chat_template(p.messages, add_generation_prompt=True)
-            except ValueError as exc:   # the template refused the messages (inferd.tokenization.ChatTemplateError)
+            except ValueError as exc:   # the template refused the messages (inferd.engine.tokenization.ChatTemplateError)
                 raise invalid(f"messages: {exc}", param=getattr(exc, "param", None) or "messages",
                               code="invalid_messages") from None
             return tok.encode(text, add_special_tokens=False)   # the template wrote the special tokens

@@ -34,9 +34,8 @@ from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import SERVER_ERROR, ApiError
 from inferd.api.responses import DONE_FRAME, OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
-from inferd.engine.stream import RequestStream
-from inferd.log import get_logger, request_context
-from inferd.metrics import RequestObservation
+from inferd.engine import RequestStream
+from inferd.observability import RequestObservation, get_logger, request_context
 from inferd.types import Delta, FinishReason
 
 _monotonic = time.monotonic

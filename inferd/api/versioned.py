@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
-from inferd.engine.base import Engine
-from inferd.routing import ModelVersion, Route
-from inferd.routing_errors import RoutingError
-from inferd.types import Delta, FinishReason, SamplingParams
+from inferd.engine import Engine
+from inferd.models import Route, RoutingError
+from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
 

@@ -1,1 +1,32 @@
 """Engines: reference (NumPy), sim (timed simulator), trtllm (TensorRT-LLM LLM API)."""
+from __future__ import annotations
+
+from inferd.engine.artifacts import (
+    MANIFEST_FILE,
+    Architecture,
+    ArtifactError,
+    DefaultSampling,
+    Manifest,
+    Progress,
+    publish_artifact,
+    read_manifest,
+    resolve_artifact,
+    staging_dir,
+    verify_artifact,
+    verify_main,
+)
+from inferd.engine.base import (
+    Capacity,
+    Engine,
+    EngineError,
+    EngineInfo,
+    EngineStats,
+    EngineUnavailable,
+    InvalidRequest,
+    blocks_for,
+)
+from inferd.engine.stream import RequestStream, merge_deltas
+from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher, TokenizerLoadError
+from inferd.engine.validation import failure_message, seed64, validate_request
+
+__all__ = ["Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE", "Manifest", "Progress", "RequestStream", "StopMatcher", "TokenizerLoadError", "blocks_for", "failure_message", "merge_deltas", "publish_artifact", "read_manifest", "resolve_artifact", "seed64", "staging_dir", "validate_request", "verify_artifact", "verify_main"]

@@ -37,7 +37,7 @@ class InvalidRequest(EngineError):
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """What the API and the engines need of a tokenizer (see inferd.tokenization)."""
+    """What the API and the engines need of a tokenizer (see inferd.engine.tokenization)."""
 
     eos_token_ids: tuple[int, ...]
     vocab_size: int

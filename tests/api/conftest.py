@@ -12,10 +12,10 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from inferd.api import make_app
-from inferd.config import Config, ModelConfig, ServerConfig
+from inferd.api.state import ServerState
+from inferd.config.root import Config, ModelConfig, ServerConfig
 from inferd.engine.base import Engine
-from inferd.engine.sim import SimEngine
-from inferd.state import ServerState
+from inferd.engine.sim.engine import SimEngine
 
 
 class Served(msgspec.Struct, kw_only=True):

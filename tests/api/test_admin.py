@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from inferd.audit import read_audit
-from tests.daemon_harness import complete, running, sim_model, write_config
+from inferd.observability.audit import read_audit
+from tests.daemon.harness import complete, running, sim_model, write_config
 
 
 async def test_operator_starts_pauses_and_promotes_a_rollout_and_each_step_is_audited(tmp_path):

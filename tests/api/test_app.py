@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from inferd.engine.sim import SimEngine
+from inferd.engine.sim.engine import SimEngine
 
 GOOD = {"model": "sim", "prompt": "hi", "max_tokens": 2}
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from inferd.engine.sim import SimEngine
-from inferd.types import Delta, FinishReason
 from inferd.api import appkeys
+from inferd.engine.sim.engine import SimEngine
+from inferd.types import Delta, FinishReason
 from tests.api.conftest import metric_value, sim_engine
 
 

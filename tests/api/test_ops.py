@@ -10,7 +10,7 @@ from inferd.api import make_app
 from inferd.api.errors import ApiError
 from inferd.api.openai import ChatCompletionRequest, CompletionRequest, decode
 from tests.api.conftest import metric_value
-from tests.daemon_harness import complete, running, sim_model, write_config
+from tests.daemon.harness import complete, running, sim_model, write_config
 
 
 async def get(served, path: str):

@@ -10,7 +10,7 @@ import pytest
 
 from inferd.api import appkeys
 from inferd.api.sse import Flusher
-from inferd.engine.sim import SimEngine
+from inferd.engine.sim.engine import SimEngine
 from inferd.types import Delta
 from tests.api.conftest import metric_value, sim_engine
 

@@ -17,13 +17,12 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from inferd.config import parse_config
-from inferd.daemon import Daemon
-from inferd.keys import KeyHasher, create_key, revoke_key
-from inferd.quota import Quota
-
+from inferd.config.root import parse_config
+from inferd.daemon.lifecycle import Daemon
+from inferd.tenancy.keys import KeyHasher, create_key, revoke_key
+from inferd.tenancy.quota import Quota
 from tests.api.conftest import AdmissionEntries
-from tests.daemon_harness import running_daemon
+from tests.daemon.harness import running_daemon
 
 SIM = {"backend": "sim", "max_batch_size": 1, "max_num_tokens": 256, "num_kv_blocks": 256,
        "sim": {"profile": "tiny", "time_scale": 1.0, "max_model_len": 4096}}
@@ -213,7 +212,7 @@ async def test_auth_off_every_request_is_tenant_local(tmp_path):
 
 
 async def test_auth_off_on_a_non_loopback_address_refuses_to_start():
-    from inferd.config import Config, ModelConfig, ServerConfig
+    from inferd.config.root import Config, ModelConfig, ServerConfig
     built = []
 
     def factory(*args, **kwargs):

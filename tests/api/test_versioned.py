@@ -4,7 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from inferd.config import ModelConfig, TrtllmConfig
+from inferd.config.root import ModelConfig, TrtllmConfig
 from tests.trtllm_double.harness import trtllm_on_double
 
 

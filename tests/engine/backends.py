@@ -19,11 +19,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import AsyncContextManager
 
 import orjson
-
 import pytest
 
 from inferd.engine.base import Engine
-from inferd.log import JsonFormatter
+from inferd.observability.log import JsonFormatter
 
 BackendFactory = Callable[[pytest.FixtureRequest], AsyncContextManager[Engine]]
 
@@ -59,7 +58,7 @@ async def started_engines(build: Callable[..., Engine]) -> AsyncIterator[Callabl
 
 
 def sim(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
-    from inferd.engine.sim import SimEngine
+    from inferd.engine.sim.engine import SimEngine
 
     # time_scale 0.05: steps of ~0.1 ms, so streams interleave with the test like a real engine's
     return running(SimEngine("tiny", num_kv_blocks=48, block_size=16, max_batch_size=4, max_num_tokens=64,

@@ -70,7 +70,7 @@ async def trtllm_on_double(source_dir: Path, tmp_path: Path, *, engine_dir_kwarg
 
     Iterations take `step_time_s` (a GPU's take ~10-30 ms), so streams interleave with their readers.
     """
-    from inferd.engine.trtllm import TrtllmEngine
+    from inferd.engine.trtllm.engine import TrtllmEngine
 
     with use_double() as controls:
         controls.step_time_s = step_time_s

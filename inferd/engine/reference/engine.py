@@ -13,18 +13,27 @@ import time
 from collections import deque
 from pathlib import Path
 
-from inferd.artifacts import read_manifest, verify_artifact
-from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine import (
+    Capacity,
+    Engine,
+    EngineInfo,
+    EngineStats,
+    EngineUnavailable,
+    HFTokenizer,
+    InvalidRequest,
+    RequestStream,
+    failure_message,
+    read_manifest,
+    validate_request,
+    verify_artifact,
+)
 from inferd.engine.reference.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
 from inferd.engine.reference.sampler import Sampler, make_rng
 from inferd.engine.reference.scheduler import Scheduler
 from inferd.engine.reference.sequence import Sequence, prefix_salt
-from inferd.engine.stream import RequestStream
-from inferd.engine.validation import failure_message, validate_request
-from inferd.log import get_logger, request_context
-from inferd.tokenization import HFTokenizer
+from inferd.observability import get_logger, request_context
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
 
 log = get_logger(__name__)

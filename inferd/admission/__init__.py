@@ -1,0 +1,7 @@
+"""The weighted-fair admission queue in front of each engine: tickets, backlog, VTC order, capacity gate, estimates."""
+from __future__ import annotations
+
+from inferd.admission.queue import AdmissionQueue, AdmissionRejected, AdmittedStream
+from inferd.admission.ticket import retry_after_header
+
+__all__ = ["AdmissionQueue", "AdmissionRejected", "AdmittedStream", "retry_after_header"]

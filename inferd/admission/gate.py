@@ -1,0 +1,92 @@
+"""The capacity gate in front of an engine: may this request be released to it now?
+
+A request goes only when the engine has a free slot, KV blocks for the prompt plus a reserve, its own
+waiting queue is below a small bound, and the prompt tokens it has not computed yet (queued or
+part-prefilled) plus this prompt fit the prefill budget (a longer prompt goes when nothing is pending,
+so nothing starves): whatever reaches the engine is, by construction, the fair next request.
+
+Why the prefill budget: the engine is FCFS inside and packs prefill chunks into steps of up to
+max_num_tokens. Without the bound, a flooding tenant's prefills fill every step, and a light tenant's
+prefill, even when released first, queues behind them and shares steps several times longer than a
+decode step. With it, a light tenant's prompt joins at most a budget's worth of pending prefill and is
+computed in the engine's next step, one carrying little more than its own prefill.
+
+Light tenants: one with fewer requests queued + running than its weighted share of the engine's slots
+(among the tenants with work in flight) is owed service. Its prompt may join pending prefill up to a
+whole step (max_num_tokens), and it needs no KV reserve. While a light tenant has arrived recently
+beside backlogged ones, heavier tenants leave the last `headroom_fraction` of slots free, so a
+well-behaved tenant next to a flooding one starts at once instead of waiting for a slot to free. With
+only heavy tenants around, no headroom is held and the engine is filled completely.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from inferd.admission.ticket import Ticket
+from inferd.config import AdmissionConfig, TenantRegistry
+from inferd.engine import Capacity, Engine
+
+
+class CapacityGate:
+    """What admission has released to one engine and not yet seen end, and the release rule.
+    Reads the queue's per-tenant FIFOs (`queues`, never replaced). Loop-thread only."""
+
+    def __init__(self, engine: Engine, queues: Mapping[str, deque[Ticket]], clock: Callable[[], float]) -> None:
+        self.engine = engine
+        self._queues = queues
+        self._clock = clock
+        self.running = 0
+        self._in_flight: dict[str, int] = {}          # running requests per tenant
+        self._kv_in_flight: dict[str, int] = {}       # their prompt + max_tokens
+        self.last_light = -math.inf                   # a light tenant arrived beside backlogged ones
+
+    def started(self, t: Ticket) -> None:
+        self.running += 1
+        self._in_flight[t.tenant] = self._in_flight.get(t.tenant, 0) + 1
+        self._kv_in_flight[t.tenant] = self._kv_in_flight.get(t.tenant, 0) + t.tokens
+
+    def ended(self, t: Ticket) -> None:
+        self.running -= 1
+        self._in_flight[t.tenant] -= 1
+        self._kv_in_flight[t.tenant] -= t.tokens
+
+    def is_light(self, tenant: str, tenants: TenantRegistry) -> bool:
+        """Fewer requests queued + running than its weighted share of the engine's slots, among the
+        tenants with work in flight (itself included)."""
+        active = {n for n, q in self._queues.items() if q} | {n for n, c in self._in_flight.items() if c}
+        active.add(tenant)
+        weight = tenants.get(tenant).weight
+        share = weight / sum(tenants.get(n).weight for n in active) * self.engine.info.max_batch_size
+        return len(self._queues.get(tenant, ())) + self._in_flight.get(tenant, 0) < share
+
+    def within_kv_cap(self, t: Ticket, tenants: TenantRegistry) -> bool:
+        """The tenant's max_kv_tokens_in_flight leaves room for `t` (its first request always goes)."""
+        cap = tenants.get(t.tenant).max_kv_tokens_in_flight
+        used = self._kv_in_flight.get(t.tenant, 0)
+        return cap is None or used == 0 or used + t.tokens <= cap
+
+    def prefill_budget(self, policy: AdmissionConfig) -> int:
+        budget = policy.max_pending_prefill_tokens
+        return budget if budget is not None else max(1, self.engine.info.max_num_tokens // 4)
+
+    def fits(self, cap: Capacity, t: Ticket, light: bool, policy: AdmissionConfig) -> bool:
+        """The engine has room for `t` now (`light`: its tenant is light)."""
+        need = math.ceil(t.prompt / cap.block_size)
+        if cap.free_slots < 1 or cap.waiting >= policy.max_engine_waiting:
+            return False
+        info = self.engine.info
+        # The prefill budget is headroom too: a light tenant's prompt may join what is pending up to a
+        # step's worth of tokens, so it is computed in the engine's next step instead of after it.
+        budget = self.prefill_budget(policy)
+        limit = max(budget, info.max_num_tokens) if light else budget
+        if cap.pending_prefill_tokens and cap.pending_prefill_tokens + t.prompt > limit:
+            return False
+        if light:
+            return cap.free_kv_blocks >= need
+        reserve = math.ceil(policy.kv_reserve_fraction * info.num_kv_blocks)
+        headroom = 0
+        if self._clock() - self.last_light < policy.headroom_window_s:
+            headroom = int(policy.headroom_fraction * info.max_batch_size)   # < all slots
+        return cap.free_slots > headroom and cap.free_kv_blocks >= min(need + reserve, info.num_kv_blocks)

@@ -1,0 +1,316 @@
+"""The per-engine admission queue: weighted-fair order, deadlines, bounds, and a capacity-gated dispatcher.
+
+One FIFO per tenant. The next request released is picked by priority class and, within a class, by the
+weighted virtual token counter (inferd.admission.vtc); light tenants (under their weighted share of the engine's
+slots) go first within their class. A request is released only when the engine has room for it
+(inferd.admission.gate), so whatever reaches the engine is the fair next request; its stream then
+charges the output it delivers and enforces the deadline (inferd.admission.stream). Waits,
+Retry-After and early refusals come from inferd.admission.estimate.
+
+The dispatcher is a task woken by submissions, first tokens and finishing streams, plus a short poll
+while blocked on engine capacity (capacity also frees on engine steps). When the picked request cannot
+go yet (no slot beyond the headroom, no room in the prefill budget) a light tenant's request that fits
+goes instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from inferd.admission.backlog import Backlog
+from inferd.admission.estimate import Estimator
+from inferd.admission.gate import CapacityGate
+from inferd.admission.stats import AdmissionStats
+from inferd.admission.stream import AdmittedStream
+from inferd.admission.ticket import DISPATCHED, DONE, QUEUED, AdmissionRejected, Lease, Ticket
+from inferd.admission.vtc import FairOrder
+from inferd.config import AdmissionConfig, PriorityClass, TenantRegistry
+from inferd.engine import Engine, InvalidRequest
+from inferd.types import GenerationRequest, Usage
+
+Clock = Callable[[], float]
+
+__all__ = ["AdmissionQueue", "AdmissionRejected", "AdmittedStream"]
+
+
+class AdmissionQueue:
+    """Admission for one engine. Loop-thread only; `start()` inside the running loop."""
+
+    def __init__(self, engine: Engine, policy: AdmissionConfig, tenants: TenantRegistry, *,
+                 clock: Clock = time.monotonic, time_scale: float = 1.0) -> None:
+        """`clock` gives deadlines' time base. `time_scale` = loop seconds per clock second: 1 for a real
+        engine; a sim engine's time_scale when `clock` runs in simulated time (benchmarks)."""
+        self.engine = engine
+        self.policy = policy
+        self.tenants = tenants
+        self._clock = clock
+        self._time_scale = time_scale
+        self._backlog = Backlog()
+        self._seq = 0
+        self._order = FairOrder()
+        self.counters = self._order.counters          # VTC, per tenant
+        self._gate = CapacityGate(engine, self._backlog.fifos, clock)
+        self._estimate = Estimator(engine, clock)
+        self._stats = AdmissionStats()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="admission-dispatcher")
+
+    async def close(self) -> None:
+        """Stop dispatching; every queued request gets 503 `draining`. Running streams are untouched."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for q in list(self._backlog.fifos.values()):
+            for t in list(q):
+                self._reject_queued(t, AdmissionRejected.draining())
+
+    def set_tenants(self, tenants: TenantRegistry) -> None:
+        self.tenants = tenants
+
+    # -- the caller's side ----------------------------------------------------------------
+    async def admit(self, request: GenerationRequest, *, deadline: float, priority: PriorityClass | None = None,
+                    lease: Lease | None = None) -> AdmittedStream:
+        """Wait until `request` is released to the engine; returns its stream. `deadline` is absolute on
+        this queue's clock. Raises AdmissionRejected, or the engine's InvalidRequest / EngineUnavailable.
+        `lease` (from quota.acquire) is released when the request ends or is refused. Cancelling the
+        caller removes the request from the queue (or aborts it if it was just released)."""
+        try:
+            t = self._enter(request, deadline, priority, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release(None)
+            raise
+        if t.future is None:            # released at once: nothing queued, engine has room
+            return self._submit(t)
+        try:
+            return await t.future
+        except asyncio.CancelledError:
+            if t.state == QUEUED:
+                self._remove(t)
+                self._settle(t, None)
+            elif t.future.done() and not t.future.cancelled() and t.future.exception() is None:
+                t.future.result().cancel()
+            raise
+
+    def _enter(self, request: GenerationRequest, deadline: float, priority: PriorityClass | None,
+               lease: Lease | None) -> Ticket:
+        if self._closing:
+            raise AdmissionRejected.draining()
+        now = self._clock()
+        cfg = self.tenants.get(request.tenant)
+        cls = priority or cfg.priority
+        self._seq += 1
+        t = Ticket(request, cls, self._estimate.cost(request, self.policy), deadline,
+                   min(deadline, now + self.policy.ttl_s(cls)), now, self._seq, lease)
+        if math.ceil(t.prompt / self.engine.info.block_size) > self.engine.info.num_kv_blocks:
+            raise InvalidRequest(f"prompt of {t.prompt} tokens needs more KV blocks than the engine has",
+                                 param="messages")
+        if deadline <= now:
+            self._reject(t, "deadline", 504, None, "the request's deadline passed before it could start")
+        backlog = self._backlog
+        q = backlog.fifos.get(t.tenant)
+        if q and (len(q) >= cfg.max_queued_requests or backlog.tokens[t.tenant] + t.tokens > cfg.max_queued_tokens):
+            overflow = max(1 / len(q), (backlog.tokens[t.tenant] + t.tokens - cfg.max_queued_tokens)
+                           / max(1, backlog.tokens[t.tenant]))
+            wait, _ = self._wait(t, own_only=True)
+            self._reject(t, "queue_full", 429, self._estimate.retry_after(wait, overflow),
+                         f"tenant {t.tenant!r} has too many requests queued")
+        light = self._gate.is_light(t.tenant, self.tenants)
+        if backlog.requests and light:
+            self._gate.last_light = now      # a light tenant arrived while others are backlogged: keep headroom
+        if (not q and backlog.requests == 0 and self._gate.within_kv_cap(t, self.tenants)
+                and self._gate.fits(self.engine.capacity(), t, light, self.policy)):
+            self._lift(t.tenant)
+            return t
+        if self.policy.early_refusal:
+            wait, own = self._wait(t)
+            budget = (t.expires - now) * self.policy.early_refusal_fraction
+            if wait > budget:
+                reason = "deadline" if t.deadline <= t.expires else "ttl"
+                self._reject(t, reason, 429 if own >= wait / 2 else 503, wait - budget,
+                             f"estimated queue wait {wait:.2f}s exceeds the request's {budget:.2f}s budget")
+        if (backlog.requests >= self.policy.max_queued_requests
+                or backlog.total_tokens + t.tokens > self.policy.max_queued_tokens):
+            self._make_room(t)
+        self._enqueue(t)
+        return t
+
+    # -- queue state ----------------------------------------------------------------------
+    def _enqueue(self, t: Ticket) -> None:
+        if not self._backlog.fifos.get(t.tenant):
+            self._lift(t.tenant)
+        self._backlog.append(t)
+        self._order.joined(t.cls)
+        loop = asyncio.get_running_loop()
+        t.future = loop.create_future()
+        t.timer = loop.call_later(max(0.0, t.expires - self._clock()) * self._time_scale, self._expire, t)
+        self._wake.set()
+
+    def _remove(self, t: Ticket) -> None:
+        self._backlog.remove(t)
+        t.state = DONE
+        if t.timer is not None:
+            t.timer.cancel()
+        self._order.left(t.cls)
+
+    def _lift(self, tenant: str) -> None:
+        """A tenant that was not backlogged: lifted to the backlogged minimum (no credit banked while idle)."""
+        self._order.lift(tenant, self._backlog.backlogged(besides=tenant))
+
+    def _wait(self, t: Ticket, *, own_only: bool = False) -> tuple[float, float]:
+        return self._estimate.wait(t, self._backlog, self.tenants, self.policy, own_only=own_only)
+
+    # -- rejections -----------------------------------------------------------------------
+    def _reject(self, t: Ticket, reason: str, status: int, retry: float | None, message: str) -> None:
+        self._stats.rejected(self.tenants.label(t.tenant), reason)
+        raise AdmissionRejected(message, status=status, reason=reason, retry_after_s=retry)
+
+    def _reject_queued(self, t: Ticket, exc: AdmissionRejected) -> None:
+        self._remove(t)
+        self._stats.rejected(self.tenants.label(t.tenant), exc.reason)
+        self._settle(t, None)
+        if t.future is not None and not t.future.done():
+            t.future.set_exception(exc)
+
+    def _settle(self, t: Ticket, usage: Usage | None) -> None:
+        t.state = DONE
+        if t.lease is not None:
+            t.lease.release(usage)
+
+    def _expire(self, t: Ticket) -> None:
+        if t.state != QUEUED:
+            return
+        if t.deadline <= t.expires:
+            exc = AdmissionRejected("the request's deadline passed while it was queued", status=504,
+                                    reason="deadline", retry_after_s=None)
+        else:
+            exc = AdmissionRejected(f"queued longer than the {t.cls.value} class allows", status=503,
+                                    reason="ttl", retry_after_s=self._estimate.retry_after(self._wait(t)[0], 0.0))
+        self._reject_queued(t, exc)
+
+    def _make_room(self, t: Ticket) -> None:
+        """Node full: shed queued work of lower classes if that frees enough; else refuse the newcomer (503)."""
+        backlog, policy = self._backlog, self.policy
+        need_tokens = backlog.total_tokens + t.tokens - policy.max_queued_tokens
+        victims = backlog.shed_for(t, backlog.requests + 1 - policy.max_queued_requests, need_tokens,
+                                   self._order.counter)
+        if victims is None:
+            overflow = max(1 / max(1, backlog.requests), need_tokens / max(1, backlog.total_tokens))
+            rate = self._estimate.rate()
+            drain = backlog.total_cost() / rate if rate else 0.0
+            self._reject(t, "node_full", 503, self._estimate.retry_after(drain, overflow), "the node's queue is full")
+        for v in victims:
+            self._reject_queued(v, AdmissionRejected(
+                "shed for higher-priority work: the node's queue is full", status=503, reason="node_full",
+                retry_after_s=self._estimate.retry_after(self._wait(v)[0], 0.0)))
+
+    # -- dispatch -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        # Checks _closing too: asyncio.wait_for (3.10/3.11) can swallow a cancel that races its timeout,
+        # and close() must not then wait on this loop forever.
+        while not self._closing:
+            self._wake.clear()
+            blocked = self._dispatch()
+            if blocked:
+                self._estimate.saturated()
+                try:   # capacity also frees on engine steps, which send no event
+                    await asyncio.wait_for(self._wake.wait(), self.policy.poll_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await self._wake.wait()
+
+    def _dispatch(self) -> bool:
+        """Release requests while the engine has room. True if work is waiting on capacity."""
+        gate = self._gate
+        while self._backlog.requests:
+            t = self._pick()
+            if t is None:
+                return True
+            cap = self.engine.capacity()
+            light = gate.is_light(t.tenant, self.tenants)
+            if not gate.fits(cap, t, light, self.policy):
+                if self.policy.scheduling == "fcfs" or light:
+                    return True
+                t = self._pick(light_only=True)       # the headroom is kept for them: no waiting behind t
+                if t is None or not gate.fits(cap, t, True, self.policy):
+                    return True
+            self._remove(t)
+            stream = self._submit(t)
+            if stream is not None:
+                t.future.set_result(stream)
+        return False
+
+    def _pick(self, light_only: bool = False) -> Ticket | None:
+        gate, tenants = self._gate, self.tenants
+        heads = []
+        fifos = self._backlog.fifos
+        for n, q in fifos.items():
+            while q and q[0].future is not None and q[0].future.done():   # caller gone: drop at dequeue
+                gone = q[0]
+                self._remove(gone)
+                self._settle(gone, None)
+            if q and gate.within_kv_cap(q[0], tenants) and (not light_only or gate.is_light(n, tenants)):
+                heads.append(q[0])
+        if not heads:
+            return None
+        return self._order.pick(heads, self.policy, lambda n: gate.is_light(n, tenants), lambda n: len(fifos[n]))
+
+    def _submit(self, t: Ticket) -> AdmittedStream | None:
+        """Hand `t` to the engine. On an engine error a queued caller gets it through its future
+        (and None is returned); a caller released at once gets it raised."""
+        try:
+            stream = self.engine.submit(t.request)
+        except Exception as exc:
+            self._settle(t, None)
+            if t.future is not None:
+                t.future.set_exception(exc)
+                return None
+            raise
+        now = self._clock()
+        t.state = DISPATCHED
+        self._gate.started(t)
+        self._charge(t, t.prompt * self.policy.prompt_cost_weight)
+        self._stats.admitted(self.tenants.label(t.tenant), t.prompt, now - t.arrived)
+        deadline_in = (max(0.0, t.deadline - now) * self._time_scale) if t.deadline < math.inf else None
+        return AdmittedStream(self, t, stream, now - t.arrived, deadline_in)
+
+    # -- called by running streams (AdmittedStream) ---------------------------------------
+    def _charge(self, t: Ticket, cost: float) -> None:
+        self._order.charge(t.tenant, t.cls, cost, self.tenants.get(t.tenant).weight)
+        self._estimate.served(cost)
+
+    def charge_output(self, t: Ticket, n: int) -> None:
+        """`n` more output tokens of `t` were delivered."""
+        self._stats.output(self.tenants.label(t.tenant), n)
+        self._charge(t, n * self.policy.output_cost_weight)
+
+    def first_token(self, t: Ticket) -> None:
+        self._stats.first_token(self.tenants.label(t.tenant), self._clock() - t.arrived)
+        self._wake.set()       # its prefill is done: pending prefill went down, the next may fit
+
+    def stream_ended(self, t: Ticket, usage: Usage, complete: bool) -> None:
+        """`complete`: it ended with the engine's final usage (not cancelled by its consumer)."""
+        self._gate.ended(t)
+        if complete:    # a cancelled stream's partial output would bias the expected output length down
+            self._estimate.observe_output(usage.completion_tokens)
+        self._settle(t, usage)
+        self._wake.set()
+
+    # -- observability --------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Values for the Prometheus series (see docs/tenants.md), keyed by bounded tenant label."""
+        return self._stats.snapshot(self._backlog, self.counters, self.tenants.label, self._gate.running,
+                                    self._estimate.measured_rate)

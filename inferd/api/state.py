@@ -1,0 +1,132 @@
+"""What the HTTP app reads of the running daemon: config, engines, readiness, in-flight work.
+
+The daemon owns one ServerState. A reload (issue 5) builds new objects and swaps these attributes
+wholesale; nothing here mutates a Config. Handlers wrap each request in `state.track()` so a drain
+can wait for the in-flight count to reach zero on an event rather than polling it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+
+from inferd.config import Config
+from inferd.engine import Engine
+from inferd.observability import Metrics
+
+
+class _Tracked:
+    """`with state.track():` / `async with state.track():` counts one in-flight request."""
+
+    __slots__ = ("_state", "_entered")
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._entered = False
+
+    def __enter__(self) -> _Tracked:
+        self._state._begin()
+        self._entered = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._entered:
+            self._entered = False
+            self._state._end()
+
+    async def __aenter__(self) -> _Tracked:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class ServerState:
+    """The daemon's live objects, as the API sees them. Event-loop thread only."""
+
+    def __init__(self, config: Config, engines: dict[str, Engine], metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.engines = engines
+        self.metrics = metrics if metrics is not None else Metrics(lambda: self.engines)
+        self.draining = False
+        self.started = False          # set by the daemon once every engine is started and warmed
+        self.started_at = time.time()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # Issue 5 (inferd.models.versions / inferd.models.control): the daemon sets these; an embedder that only
+        # passes `engines` gets a registry serving one version per model on first use.
+        self._registry = None
+        self.versions = None           # VersionManager: acquire/release, load failures
+        self.control = None            # ControlPlane: rollouts, shadow stats, audit
+        self.shadows = None            # ShadowDispatcher
+        # Issue 4 (inferd.tenancy.node): keys, tenants, quota, one admission queue per engine. The daemon sets
+        # it (reading the keys file at startup); an embedder gets one built from `config` on first use.
+        self._tenancy = None
+        self.metrics.watch_tenancy(lambda: self._tenancy)
+
+    @property
+    def tenancy(self):
+        """The Tenancy (inferd.tenancy.node): authenticator, tenant registry, quota, admission queues."""
+        if self._tenancy is None:
+            from inferd.tenancy import Tenancy
+
+            self._tenancy = Tenancy(self.config)
+        return self._tenancy
+
+    @tenancy.setter
+    def tenancy(self, tenancy) -> None:
+        self._tenancy = tenancy
+
+    @property
+    def registry(self):
+        """The ModelRegistry routing requests to loaded engine versions."""
+        if self._registry is None:
+            from inferd.models import registry_from_engines
+
+            self._registry = registry_from_engines(self.engines)
+        return self._registry
+
+    @registry.setter
+    def registry(self, registry) -> None:
+        self._registry = registry
+
+    # -- readiness -------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Serving: every engine started, warmed and healthy, and not draining (readyz)."""
+        if not self.started or self.draining or not self.engines:
+            return False
+        return all(engine.healthy for engine in self.engines.values())
+
+    def engine_for(self, model: str) -> Engine | None:
+        return self.engines.get(model)
+
+    # -- in-flight requests ----------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def track(self) -> _Tracked:
+        """Count a request as in flight for the duration of a with-block."""
+        return _Tracked(self)
+
+    def _begin(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+
+    def _end(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no request is in flight. False if `timeout` passed first."""
+        if self._in_flight == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True

@@ -1,5 +1,0 @@
-"""Engine builders: turn a checkpoint (synthetic or Hugging Face) into a verified artifact.
-
-`reference` writes HF-layout Llama checkpoints for the NumPy engine; `trtllm` (when present)
-compiles TensorRT-LLM engines. Both publish through `inferd.artifacts.publish_artifact`.
-"""

@@ -1,0 +1,31 @@
+"""The TOML config: one frozen struct per table, the strict walk that names every bad key, cross-table checks."""
+from __future__ import annotations
+
+from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
+from inferd.config.rollouts import PriceConfig, RolloutConfig, RolloutThresholds, price_for, rollout_errors
+from inferd.config.root import (
+    DEFAULT_REFERENCE_KV_BLOCKS,
+    Config,
+    ConfigError,
+    ModelConfig,
+    ServerConfig,
+    SimConfig,
+    TrtllmConfig,
+    artifact_name,
+    check_config_main,
+    load_config,
+    with_overrides,
+)
+from inferd.config.tenants import (
+    CLASSES_BY_RANK,
+    TENANT_NAME_RE,
+    AdmissionConfig,
+    AuthConfig,
+    InsecureBindError,
+    PriorityClass,
+    TenantConfig,
+    TenantRegistry,
+    check_auth_binding,
+)
+
+__all__ = ["AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError", "DEFAULT_REFERENCE_KV_BLOCKS", "InsecureBindError", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig", "TenantRegistry", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main", "load_config", "parse_target", "price_for", "rollout_errors", "split_from_config", "with_overrides"]

@@ -1,0 +1,82 @@
+"""Checks of the tables other modules declare, against the rest of the config file.
+
+`[aliases.*]`, `[rollouts.*]` and `[prices.*]` must name configured models; `[tenants.*]` may only
+allow served models or aliases; auth may be off only on a loopback bind. The tables themselves
+live in inferd.config.aliases, inferd.config.rollouts and inferd.config.tenants; inferd.config.root runs these.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from inferd.config.aliases import AliasConfig, alias_errors
+from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
+from inferd.config.tenants import (
+    AdmissionConfig,
+    AuthConfig,
+    InsecureBindError,
+    TenantConfig,
+    admission_errors,
+    auth_errors,
+    check_auth_binding,
+    tenant_errors,
+)
+from inferd.config.walk import check_table, decode_entries
+
+
+def routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
+    """[aliases.*], [rollouts.*] and [prices.*], checked against the configured models.
+
+    Targets name a model (its default version) or `model@version`; "latest" defaults are resolved
+    only when the daemon loads the versions, so here a target's model must exist."""
+    models = raw.get("models")
+    defaults = {name: m.get("version", "latest") for name, m in models.items()
+                if isinstance(m, dict)} if isinstance(models, dict) else {"small": "latest"}
+    aliases = decode_entries(raw, "aliases", AliasConfig, errors)
+    for name, alias in aliases.items():
+        errors.extend(alias_errors(name, alias, defaults))
+    for name, rollout in decode_entries(raw, "rollouts", RolloutConfig, errors).items():
+        errors.extend(rollout_errors(name, rollout, defaults, list(aliases)))
+    for name, price in decode_entries(raw, "prices", PriceConfig, errors).items():
+        model = name.partition("@")[0]
+        if model not in defaults:
+            errors.append(f"prices.{name}: no [models.{model}] table (keys are \"model\" or \"model@version\")")
+        for field in ("prompt_per_1k", "completion_per_1k"):
+            if getattr(price, field) < 0:
+                errors.append(f"prices.{name}.{field}: must be >= 0, got {getattr(price, field)}")
+
+
+def tenancy_errors(raw: dict[str, Any], errors: list[str], host: str | None) -> None:
+    """[auth], [tenants.*] and [admission]: inferd.config.tenants' checks, plus what needs the rest of the file
+    (a tenant's allowed_models must name served models or aliases; auth off only on loopback).
+    `host` is the decoded server.host (None when [server] did not decode)."""
+    tables = {}
+    for key, cls in (("auth", AuthConfig), ("admission", AdmissionConfig)):
+        scratch: list[str] = []          # structural errors were reported by the root pass
+        check_table(raw.get(key, {}), cls, key, scratch)
+        tables[key] = None if scratch else msgspec.convert(raw.get(key, {}), cls)
+    if tables["auth"] is not None:
+        errors.extend(auth_errors(tables["auth"]))
+    if tables["admission"] is not None:
+        errors.extend(admission_errors(tables["admission"]))
+    models = raw.get("models")
+    known = set(models) if isinstance(models, dict) else {"small"}
+    aliases = raw.get("aliases")
+    known |= set(aliases) if isinstance(aliases, dict) else set()
+    for name, tenant in decode_entries(raw, "tenants", TenantConfig, errors).items():
+        errors.extend(tenant_errors(name, tenant))
+        for i, model in enumerate(tenant.allowed_models):
+            if model != "*" and model not in known:
+                errors.append(f"tenants.{name}.allowed_models[{i}]: no model or alias named {model!r} "
+                              f"(known: {', '.join(sorted(known))})")
+    if tables["auth"] is not None and host is not None:
+        errors.extend(auth_binding_errors(tables["auth"], host))
+
+
+def auth_binding_errors(auth: AuthConfig, host: str) -> list[str]:
+    try:
+        check_auth_binding(auth, host)
+    except InsecureBindError as exc:
+        return [f"auth.mode: {exc}"]
+    return []

@@ -1,0 +1,306 @@
+"""The daemon's TOML config, decoded into frozen msgspec structs.
+
+Validation collects *every* problem before failing, so `inferd check-config` names all bad keys at
+once instead of one per run: each table is walked field by field (unknown key, wrong type; the
+generic walk is inferd.config.walk), then semantic checks run on what decoded (port range,
+positive sizes, backend-specific sections; the tables other modules declare are checked against
+the rest of the file in inferd.config.cross_checks).
+Relative paths are resolved against the config file's directory, so the daemon behaves the same
+whatever directory systemd or a user starts it from.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from inferd import tomllib
+from inferd.config.aliases import AliasConfig
+from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
+from inferd.config.rollouts import PriceConfig, RolloutConfig
+from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
+from inferd.config.walk import ConfigTable, check_table, type_name
+
+Backend = Literal["reference", "sim", "trtllm"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
+
+# Served model names appear in URLs, metric labels and `name@version` routing: keep them plain.
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+
+
+class ServerConfig(ConfigTable):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 1_048_576
+    heartbeat_interval_s: float = 15.0
+    request_timeout_s: float = 600.0
+    drain_grace_s: float = 30.0
+    engines_root: str = "engines"
+    log_level: LogLevel = "info"
+
+
+class SimConfig(ConfigTable):
+    profile: str = "llama3-8b-h100"
+    time_scale: float = 1.0
+    max_model_len: int = 8192
+    seed: int = 0
+
+
+class TrtllmConfig(ConfigTable):
+    engine_dir: str | None = None          # default: the artifact resolved under engines_root
+    tokenizer_dir: str | None = None       # default: the engine directory
+    kv_cache_free_gpu_memory_fraction: float | None = None
+    kv_cache_max_tokens: int | None = None
+    enable_block_reuse: bool = True
+    scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
+    enable_chunked_prefill: bool = True
+    lora_adapters: dict[str, str] = {}    # adapter name -> directory
+
+
+class ModelConfig(ConfigTable):
+    backend: Backend = "reference"
+    artifact: str | None = None            # default: the served model name (the table key)
+    version: str = "latest"
+    versions: tuple[str, ...] = ()         # further versions kept loaded and warm (docs/models.md)
+    max_batch_size: int = 32
+    max_num_tokens: int = 512
+    num_kv_blocks: int | None = None       # reference: default 2048; sim: derived from the profile
+    block_size: int = 16
+    verify: bool = True                    # reference: check artifact sha256s at start
+    sim: SimConfig | None = None
+    trtllm: TrtllmConfig | None = None
+
+
+DEFAULT_REFERENCE_KV_BLOCKS = 2048
+
+
+class AuditConfig(ConfigTable):
+    """`[audit]`: the append-only log of routing and rollout changes (docs/models.md)."""
+
+    path: str | None = None                # default: $STATE_DIRECTORY/audit.jsonl, else ./audit.jsonl
+
+
+def _default_models() -> dict[str, ModelConfig]:
+    return {"small": ModelConfig()}
+
+
+class Config(ConfigTable):
+    """The whole file. An empty file means the defaults: the reference engine serving `small`."""
+
+    server: ServerConfig = ServerConfig()
+    models: dict[str, ModelConfig] = msgspec.field(default_factory=_default_models)
+    aliases: dict[str, AliasConfig] = {}
+    rollouts: dict[str, RolloutConfig] = {}
+    prices: dict[str, PriceConfig] = {}
+    audit: AuditConfig = AuditConfig()
+    # Issue 4: who may call (auth), per-tenant limits (tenants), the per-engine fair queue (admission).
+    auth: AuthConfig = AuthConfig()
+    tenants: dict[str, TenantConfig] = {}
+    admission: AdmissionConfig = AdmissionConfig()
+
+
+class ConfigError(Exception):
+    """An invalid config. `errors` holds one `path: problem` line per bad key."""
+
+    def __init__(self, errors: list[str], source: str = "config") -> None:
+        self.errors = list(errors)
+        self.source = source
+        super().__init__(f"{source}: {len(errors)} error(s):\n" + "\n".join(f"  {e}" for e in errors))
+
+
+# -- semantic pass -------------------------------------------------------------------------
+
+# Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
+_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants")
+
+
+def _server_errors(s: ServerConfig) -> list[str]:
+    errors: list[str] = []
+    try:
+        ipaddress.ip_address(s.host)
+    except ValueError:
+        errors.append(f"server.host: expected an IP address such as 127.0.0.1, got {s.host!r}")
+    if not 0 <= s.port <= 65535:
+        errors.append(f"server.port: must be in 0..65535 (0 = any free port), got {s.port}")
+    for key in ("max_body_bytes", "heartbeat_interval_s", "request_timeout_s"):
+        if getattr(s, key) <= 0:
+            errors.append(f"server.{key}: must be > 0, got {getattr(s, key)}")
+    if s.drain_grace_s < 0:
+        errors.append(f"server.drain_grace_s: must be >= 0, got {s.drain_grace_s}")
+    if not s.engines_root:
+        errors.append("server.engines_root: must not be empty")
+    return errors
+
+
+def _model_errors(name: str, m: ModelConfig) -> list[str]:
+    p = f"models.{name}"
+    errors = []
+    if not MODEL_NAME_RE.match(name):
+        errors.append(f"{p}: model name must match {MODEL_NAME_RE.pattern} (it is used in URLs and labels)")
+    for key in ("max_batch_size", "max_num_tokens", "block_size"):
+        if getattr(m, key) <= 0:
+            errors.append(f"{p}.{key}: must be > 0, got {getattr(m, key)}")
+    if m.num_kv_blocks is not None and m.num_kv_blocks <= 0:
+        errors.append(f"{p}.num_kv_blocks: must be > 0, got {m.num_kv_blocks}")
+    if m.block_size > 0 and m.block_size & (m.block_size - 1):
+        errors.append(f"{p}.block_size: must be a power of two, got {m.block_size}")
+    if m.artifact is not None and not m.artifact:
+        errors.append(f"{p}.artifact: must not be empty")
+    if not m.version:
+        errors.append(f"{p}.version: must not be empty")
+    for i, v in enumerate(m.versions):
+        if not VERSION_RE.match(v) or v == "latest":
+            errors.append(f"{p}.versions[{i}]: expected a version id such as 3f2a9c01d2e4, got {v!r}")
+        elif v == m.version or v in m.versions[:i]:
+            errors.append(f"{p}.versions[{i}]: version {v!r} is listed twice")
+    if m.sim is not None and m.backend != "sim":
+        errors.append(f"{p}.sim: a [sim] section needs backend = \"sim\" (backend is {m.backend!r})")
+    if m.trtllm is not None and m.backend != "trtllm":
+        errors.append(f"{p}.trtllm: a [trtllm] section needs backend = \"trtllm\" (backend is {m.backend!r})")
+    if m.sim is not None:
+        if not m.sim.time_scale >= 0:   # 0: no simulated step time (front-end benchmarks); rejects NaN
+            errors.append(f"{p}.sim.time_scale: must be >= 0, got {m.sim.time_scale}")
+        if m.sim.max_model_len <= 0:
+            errors.append(f"{p}.sim.max_model_len: must be > 0, got {m.sim.max_model_len}")
+        errors.extend(_sim_profile_errors(f"{p}.sim.profile", m.sim.profile))
+    if m.trtllm is not None:
+        t = m.trtllm
+        frac = t.kv_cache_free_gpu_memory_fraction
+        if frac is not None and not 0 < frac < 1:
+            errors.append(f"{p}.trtllm.kv_cache_free_gpu_memory_fraction: must be in (0, 1), got {frac}")
+        if t.kv_cache_max_tokens is not None and t.kv_cache_max_tokens <= 0:
+            errors.append(f"{p}.trtllm.kv_cache_max_tokens: must be > 0, got {t.kv_cache_max_tokens}")
+    return errors
+
+
+def _sim_profile_errors(path: str, profile: str) -> list[str]:
+    try:
+        from inferd.engine.sim import PROFILES
+    except ImportError:  # the sim module is optional at validation time; the factory reports it
+        return []
+    if profile not in PROFILES:
+        return [f"{path}: unknown profile {profile!r} (known: {', '.join(sorted(PROFILES))})"]
+    return []
+
+
+# -- public API ----------------------------------------------------------------------------
+
+
+def _resolve(base: Path, value: str) -> str:
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _resolve_paths(cfg: Config, base: Path) -> Config:
+    server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root))
+    models = {}
+    for name, m in cfg.models.items():
+        t = m.trtllm
+        if t is not None:
+            t = msgspec.structs.replace(
+                t,
+                engine_dir=_resolve(base, t.engine_dir) if t.engine_dir else None,
+                tokenizer_dir=_resolve(base, t.tokenizer_dir) if t.tokenizer_dir else None,
+                lora_adapters={k: _resolve(base, v) for k, v in t.lora_adapters.items()},
+            )
+        models[name] = msgspec.structs.replace(m, trtllm=t)
+    audit = cfg.audit
+    if audit.path is not None:
+        audit = msgspec.structs.replace(audit, path=_resolve(base, audit.path))
+    auth = msgspec.structs.replace(
+        cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file),
+        secret_file=_resolve(base, cfg.auth.secret_file) if cfg.auth.secret_file else None)
+    return msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth)
+
+
+def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: str = "config") -> Config:
+    """Validate a decoded TOML document. Raises ConfigError listing every problem.
+
+    Each table that decodes cleanly also gets its semantic checks, so one run reports a
+    mistyped key in one model and an out-of-range port together.
+    """
+    errors: list[str] = []
+    check_table(raw, Config, "", errors, skip=_ENTRY_TABLES)
+    if isinstance(raw, dict):
+        server_errors: list[str] = []
+        check_table(raw.get("server", {}), ServerConfig, "server", server_errors)
+        server = None if server_errors else msgspec.convert(raw.get("server", {}), ServerConfig)
+        if server is not None:
+            errors.extend(_server_errors(server))
+        models = raw.get("models")
+        if isinstance(models, dict):
+            if not models:
+                errors.append("models: at least one [models.<name>] table is required")
+            for name, model in models.items():
+                model_errors: list[str] = []
+                check_table(model, ModelConfig, f"models.{name}", model_errors)
+                errors.extend(model_errors)
+                if not model_errors:
+                    errors.extend(_model_errors(name, msgspec.convert(model, ModelConfig)))
+        elif models is not None:
+            errors.append(f"models: expected a table of models, got {type_name(models)}")
+        routing_errors(raw, errors)
+        tenancy_errors(raw, errors, server.host if server is not None else None)
+    if errors:
+        raise ConfigError(errors, source)
+    try:
+        cfg = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:  # the passes above should have caught it; never crash
+        raise ConfigError([str(exc)], source) from None
+    return _resolve_paths(cfg, base_dir) if base_dir is not None else cfg
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, decode and validate a TOML config file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"cannot read: {exc.strerror or exc}"], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"not UTF-8 text: {exc.reason}"], str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"TOML syntax: {exc}"], str(path)) from None
+    return parse_config(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def with_overrides(cfg: Config, *, host: str | None = None, port: int | None = None) -> Config:
+    """Apply command-line overrides, re-checking what they touch."""
+    server = msgspec.structs.replace(
+        cfg.server,
+        host=cfg.server.host if host is None else host,
+        port=cfg.server.port if port is None else port,
+    )
+    out = msgspec.structs.replace(cfg, server=server)
+    errors = [e for e in _server_errors(server) if e.startswith(("server.host", "server.port"))]
+    if not errors:
+        errors = auth_binding_errors(cfg.auth, server.host)   # --host 0.0.0.0 with auth off
+    if errors:
+        raise ConfigError(errors, "command line")
+    return out
+
+
+def artifact_name(name: str, model: ModelConfig) -> str:
+    return model.artifact or name
+
+
+def check_config_main(path: str) -> int:
+    """`inferd check-config PATH`: 0 when valid, 1 naming every bad key on stderr."""
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        print(f"{exc.source}: invalid config, {len(exc.errors)} error(s)", file=sys.stderr)
+        for err in exc.errors:
+            print(f"  {err}", file=sys.stderr)
+        return 1
+    models = ", ".join(f"{n} ({m.backend})" for n, m in cfg.models.items())
+    tenants = ", ".join(cfg.tenants) or "none configured"
+    print(f"{path}: ok; listens on {cfg.server.host}:{cfg.server.port}; models: {models}; "
+          f"auth: {cfg.auth.mode}; tenants: {tenants}")
+    return 0

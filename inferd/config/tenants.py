@@ -1,0 +1,217 @@
+"""Tenants, auth and admission settings: the `[auth]`, `[tenants.<name>]` and `[admission]` tables.
+
+Plain frozen structs in the same style as inferd.config.root (unknown keys rejected, plain field types),
+plus `*_errors()` functions returning `path: problem` lines so the config loader can report every
+semantic problem at once. Nothing here has behaviour beyond lookups: quota.py and admission.py read
+these structs; a reload builds a new TenantRegistry and swaps it in.
+"""
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+from inferd.config.walk import ConfigTable
+
+AuthMode = Literal["none", "api_key"]
+Scheduling = Literal["vtc", "fcfs"]
+
+# Tenant names become metric labels and key-file fields: keep them plain and short.
+TENANT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LOCAL_TENANT = "local"          # every request is this tenant when auth = "none"
+OTHER_LABEL = "other"           # metric label for tenants not named in the config
+
+
+class PriorityClass(str, enum.Enum):
+    """Served strictly in this order, except for the share reserved for lower classes."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        """0 = served first."""
+        return _RANK[self]
+
+
+_RANK = {PriorityClass.INTERACTIVE: 0, PriorityClass.STANDARD: 1, PriorityClass.BATCH: 2}
+CLASSES_BY_RANK = (PriorityClass.INTERACTIVE, PriorityClass.STANDARD, PriorityClass.BATCH)
+
+
+class AuthConfig(ConfigTable):
+    """`[auth]`. The shipped default is no auth on loopback: every request is tenant `local`."""
+
+    mode: AuthMode = "none"
+    keys_file: str = "keys.jsonl"               # relative to the config file's directory
+    secret_file: str | None = None              # HMAC-SHA256 key for key hashes; None = plain SHA-256
+    allow_unauthenticated_non_loopback: bool = False
+    anonymous_tenant: str = LOCAL_TENANT        # tenant of every request when mode = "none"
+
+
+class TenantConfig(ConfigTable):
+    """`[tenants.<name>]`. `None` means no limit of that kind (the engine's own limits still apply)."""
+
+    weight: float = 1.0                         # share of service relative to other backlogged tenants
+    priority: PriorityClass = PriorityClass.STANDARD
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None        # prompt + max_tokens charged up front, unused refunded
+    max_concurrent_requests: int = 64           # queued + running
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None        # also the max_tokens used when a request sets none
+    allowed_models: tuple[str, ...] = ("*",)    # served model names; "*" = any
+    max_kv_tokens_in_flight: int | None = None  # prompt + max_tokens of this tenant's running requests
+    max_queued_requests: int = 256
+    max_queued_tokens: int = 1_048_576          # prompt + max_tokens of queued requests
+    max_request_timeout_s: float = 600.0
+
+    def allows_model(self, model: str) -> bool:
+        return "*" in self.allowed_models or model in self.allowed_models
+
+
+class AdmissionConfig(ConfigTable):
+    """`[admission]`: the per-engine admission queue."""
+
+    scheduling: Scheduling = "vtc"              # "fcfs" = one FIFO behind the same capacity gate
+    prompt_cost_weight: float = 1.0             # VTC cost = prompt * this + output * output_cost_weight
+    output_cost_weight: float = 2.0
+    standard_reserved_share: float = 0.10       # of cost served while standard waits behind interactive
+    batch_reserved_share: float = 0.05          # of cost served while batch waits behind higher classes
+    interactive_ttl_s: float = 30.0             # longest time a request of the class may sit queued
+    standard_ttl_s: float = 120.0
+    batch_ttl_s: float = 600.0
+    max_queued_requests: int = 2048             # the whole node (per engine); full -> 503 node_full
+    max_queued_tokens: int = 4_194_304
+    kv_reserve_fraction: float = 0.05           # KV blocks kept free beyond a prompt's own, for decode growth
+    max_engine_waiting: int = 2                 # release only while the engine's own queue is below this
+    # Prompt tokens the engine may hold queued or part-prefilled (Capacity.pending_prefill_tokens):
+    # a request is released only while pending + its prompt fits (a longer prompt only when nothing is
+    # pending). It bounds the prefill a newcomer's prefill queues behind or shares a step with, which
+    # is what its TTFT costs beyond its own prefill. None = a quarter of the engine's max_num_tokens.
+    max_pending_prefill_tokens: int | None = None
+    headroom_fraction: float = 0.2              # sequence slots kept for light tenants while one is active
+    headroom_window_s: float = 10.0             # how long after a light arrival the headroom is kept
+    poll_interval_s: float = 0.005              # capacity re-check while blocked, in loop (wall) seconds
+    early_refusal: bool = True                  # refuse at once when the estimated wait exceeds the budget
+    early_refusal_fraction: float = 0.5         # ... times this: the estimate is noisy, and a refusal now
+                                                # costs the client less than a drop after waiting
+
+    def ttl_s(self, cls: PriorityClass) -> float:
+        return {PriorityClass.INTERACTIVE: self.interactive_ttl_s, PriorityClass.STANDARD: self.standard_ttl_s,
+                PriorityClass.BATCH: self.batch_ttl_s}[cls]
+
+    def reserved_share(self, cls: PriorityClass) -> float:
+        return {PriorityClass.INTERACTIVE: 0.0, PriorityClass.STANDARD: self.standard_reserved_share,
+                PriorityClass.BATCH: self.batch_reserved_share}[cls]
+
+
+DEFAULT_TENANT = TenantConfig()
+
+
+class TenantRegistry:
+    """Configured tenants by name, with the default for names the config does not list.
+
+    Immutable after construction: a config reload builds a new one.
+    """
+
+    def __init__(self, tenants: Mapping[str, TenantConfig] | None = None,
+                 default: TenantConfig | None = None) -> None:
+        tenants = dict(tenants or {})
+        # `[tenants.default]` configures every tenant the config does not name.
+        self.default = default or tenants.pop("default", None) or DEFAULT_TENANT
+        self._tenants = tenants
+
+    def get(self, name: str) -> TenantConfig:
+        return self._tenants.get(name, self.default)
+
+    def is_configured(self, name: str) -> bool:
+        return name in self._tenants
+
+    def label(self, name: str) -> str:
+        """Metric label: bounded to configured tenants (plus `local`), everything else is `other`."""
+        return name if name in self._tenants or name == LOCAL_TENANT else OTHER_LABEL
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tenants)
+
+
+# -- semantic checks: `path: problem` lines for the config loader --------------------------
+
+
+def auth_errors(auth: AuthConfig, path: str = "auth") -> list[str]:
+    errors = []
+    if not auth.keys_file:
+        errors.append(f"{path}.keys_file: must not be empty")
+    if not TENANT_NAME_RE.match(auth.anonymous_tenant):
+        errors.append(f"{path}.anonymous_tenant: must match {TENANT_NAME_RE.pattern}")
+    return errors
+
+
+def tenant_errors(name: str, t: TenantConfig, path: str = "tenants") -> list[str]:
+    p = f"{path}.{name}"
+    errors = []
+    if not TENANT_NAME_RE.match(name):
+        errors.append(f"{p}: tenant name must match {TENANT_NAME_RE.pattern}")
+    if not t.weight > 0:
+        errors.append(f"{p}.weight: must be > 0, got {t.weight}")
+    for key in ("requests_per_minute", "tokens_per_minute", "max_prompt_tokens", "max_output_tokens",
+                "max_kv_tokens_in_flight"):
+        value = getattr(t, key)
+        if value is not None and value <= 0:
+            errors.append(f"{p}.{key}: must be > 0 (omit it for no limit), got {value}")
+    for key in ("max_concurrent_requests", "max_queued_requests", "max_queued_tokens", "max_request_timeout_s"):
+        if getattr(t, key) <= 0:
+            errors.append(f"{p}.{key}: must be > 0, got {getattr(t, key)}")
+    if not t.allowed_models:
+        errors.append(f'{p}.allowed_models: must name at least one model (or "*")')
+    return errors
+
+
+def admission_errors(a: AdmissionConfig, path: str = "admission") -> list[str]:
+    errors = []
+    for key in ("prompt_cost_weight", "output_cost_weight", "interactive_ttl_s", "standard_ttl_s",
+                "batch_ttl_s", "max_queued_requests", "max_queued_tokens", "max_engine_waiting",
+                "poll_interval_s"):
+        if getattr(a, key) <= 0:
+            errors.append(f"{path}.{key}: must be > 0, got {getattr(a, key)}")
+    if a.max_pending_prefill_tokens is not None and a.max_pending_prefill_tokens <= 0:
+        errors.append(f"{path}.max_pending_prefill_tokens: must be > 0 (omit it for a quarter of the engine's "
+                      f"max_num_tokens), got {a.max_pending_prefill_tokens}")
+    if not 0 < a.early_refusal_fraction <= 1:
+        errors.append(f"{path}.early_refusal_fraction: must be in (0, 1], got {a.early_refusal_fraction}")
+    for key in ("standard_reserved_share", "batch_reserved_share", "kv_reserve_fraction", "headroom_fraction"):
+        if not 0 <= getattr(a, key) < 1:
+            errors.append(f"{path}.{key}: must be in [0, 1), got {getattr(a, key)}")
+    if a.standard_reserved_share + a.batch_reserved_share >= 1:
+        errors.append(f"{path}: standard_reserved_share + batch_reserved_share must be < 1")
+    return errors
+
+
+class InsecureBindError(Exception):
+    """Auth is off on an address other machines can reach, and the config did not say so on purpose."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_auth_binding(auth: AuthConfig, host: str) -> None:
+    """Refuse `auth.mode = "none"` on a non-loopback address unless explicitly allowed.
+
+    Call at startup and on every reload, with the address the server binds.
+    """
+    if auth.mode == "none" and not is_loopback(host) and not auth.allow_unauthenticated_non_loopback:
+        raise InsecureBindError(
+            f"server.host = {host!r} is not a loopback address but auth.mode = \"none\": every client "
+            "could use this server as tenant "
+            f"{auth.anonymous_tenant!r}. Set auth.mode = \"api_key\" (and create keys with "
+            "`inferd keys create`), or set auth.allow_unauthenticated_non_loopback = true if that is intended."
+        )

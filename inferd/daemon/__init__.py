@@ -1,0 +1,7 @@
+"""The process: startup -> serve -> drain -> cleanup, SIGHUP reload, sd_notify, and `inferd serve`."""
+from __future__ import annotations
+
+from inferd.daemon.lifecycle import Daemon
+from inferd.daemon.serve import serve_main
+
+__all__ = ["Daemon", "serve_main"]

@@ -1,0 +1,173 @@
+"""SIGHUP: re-read the config and apply the difference without interrupting a stream.
+
+1. Parse and validate the whole new file (off the loop). Invalid: nothing changes; the errors are
+   logged and `inferd_config_reload_total{result="error"}` counts it.
+2. Phase 1, one step on the loop: the new Config object (tenants, quotas, server timeouts) and
+   the new routes and weights go live together in one routing-table swap. A route whose new
+   targets are not loaded yet keeps its current split until they are (never a 503 gap).
+3. New versions load and warm in the background (verified first; a failing one is refused alone).
+4. Phase 2, one swap: the final routes, with every rollout's current weights re-applied on top
+   (`RolloutManager.overlay`), so a reload never undoes a canary step or a rollback.
+5. Versions no longer in the config are retired: no new requests from this instant; each closes
+   when its last stream has finished (`VersionManager.retire`).
+
+Settings that need a restart (listen address, engines_root, a loaded version's pool sizes) are
+logged as such and otherwise left as they were.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import msgspec
+
+from inferd.config import Config, ConfigError, RoutingConfigError, load_config
+from inferd.models import ControlPlane, VersionManager, version_specs
+from inferd.observability import SYSTEM_ACTOR, get_logger
+from inferd.types import ModelVersion
+
+log = get_logger("inferd.reload")
+
+RESTART_ONLY = ("host", "port", "engines_root")
+
+
+class ReloadResult(msgspec.Struct, frozen=True):
+    ok: bool
+    errors: tuple[str, ...] = ()
+    loaded: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+
+
+async def read_config(path: str | Path, current: Config) -> Config:
+    """The new file, validated; the listen address and engines_root stay as running."""
+    new = await asyncio.to_thread(load_config, path)
+    changed = [k for k in RESTART_ONLY if getattr(new.server, k) != getattr(current.server, k)]
+    if changed:
+        log.warning("reload_needs_restart", settings=[f"server.{k}" for k in changed],
+                    message="these settings apply at the next restart; kept as running")
+        keep = {k: getattr(current.server, k) for k in changed}
+        new = msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, **keep))
+    return new
+
+
+def _pool_changes(old: Config, new: Config, versions: VersionManager) -> list[str]:
+    """Loaded versions whose backend or pool sizes changed: those apply to newly loaded versions only."""
+    out = []
+    for name, m in new.models.items():
+        before = old.models.get(name)
+        if before is None:
+            continue
+        strip = {"version": "", "versions": ()}
+        if msgspec.structs.replace(m, **strip) != msgspec.structs.replace(before, **strip):
+            if any(k[0] == name for k in versions.loaded):
+                out.append(f"models.{name}")
+    return out
+
+
+class Reloader:
+    """Applies reloads one at a time (a SIGHUP during a reload waits for it)."""
+
+    def __init__(self, state, control: ControlPlane, versions: VersionManager) -> None:
+        self.state = state
+        self.control = control
+        self.versions = versions
+        self._lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    async def reload(self, path: str | Path) -> ReloadResult:
+        async with self._lock:
+            t0 = time.monotonic()
+            state = self.state
+            try:
+                new = await read_config(path, state.config)
+                self._check_routes(new)
+            except ConfigError as exc:
+                return self._refused(list(exc.errors), exc.source)
+            except RoutingConfigError as exc:
+                return self._refused([str(exc)], str(path))
+            return await self.apply(new, t0)
+
+    def _check_routes(self, new: Config) -> None:
+        """Build both tables without publishing them: anything they reject is a config error."""
+        table = self.control.registry.table
+        self.control.transitional_table(table, new)
+        self.control.final_table(table, new)
+
+    def _refused(self, errors: list[str], source: str) -> ReloadResult:
+        log.error("reload_failed", source=source, errors=errors,
+                  message="config unchanged; the daemon keeps running as before")
+        self.state.metrics.config_reloaded(False)
+        return ReloadResult(False, tuple(errors))
+
+    async def apply(self, new: Config, t0: float | None = None) -> ReloadResult:
+        t0 = time.monotonic() if t0 is None else t0
+        state, control, versions = self.state, self.control, self.versions
+        old = state.config
+        pools = _pool_changes(old, new, versions)
+        if pools:
+            log.warning("reload_needs_restart", settings=pools,
+                        message="backend/pool changes apply to versions loaded later; loaded ones keep theirs")
+        # Phase 1: config objects and routes that can be served now, together.
+        before_routes = _routes_summary(control)
+        control.registry.swap(lambda t: control.transitional_table(t, new))
+        state.config = control.config = new
+        control.shadows.set_prices(new.prices)
+        tenancy = getattr(state, "tenancy", None)
+        if tenancy is not None:
+            tenancy.reconfigure(new)
+        control.configure_rollouts(new)
+        versions.server = msgspec.structs.replace(versions.server, **{
+            k: getattr(new.server, k) for k in ("drain_grace_s", "request_timeout_s")})
+        _refresh_engines(state, versions)
+
+        # New versions load in the background of serving.
+        wanted = version_specs(new)
+        to_load = [s for s in wanted if (s.model, s.requested) not in versions.loaded]
+        loaded = await versions.load_all(to_load)
+        failed = tuple(s.label for s in to_load if (s.model, s.requested) not in versions.loaded)
+
+        # Phase 2: the final routes, rollout weights on top; then retire what left the config.
+        control.registry.swap(lambda t: control.final_table(t, new))
+        keep = {versions.loaded[(s.model, s.requested)] for s in wanted if (s.model, s.requested) in versions.loaded}
+        gone = [k for k in control.registry.table.versions
+                if k not in keep and control.registry.table.state(k) != "retired"]
+        for key in gone:
+            self.versions.stop_routing(key)       # now: the next request cannot reach it
+            task = asyncio.get_running_loop().create_task(self._unload(key))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        control.start_on_load(new)
+        _refresh_engines(state, versions)
+        control.audit.append(SYSTEM_ACTOR, "config.reload", target="config", before=before_routes,
+                             after=_routes_summary(control), reason="SIGHUP",
+                             detail={"loaded": [str(k) for k in loaded], "failed": list(failed),
+                                     "retired": [str(k) for k in gone]})
+        state.metrics.config_reloaded(True)
+        result = ReloadResult(True, (), tuple(str(k) for k in loaded), failed, tuple(str(k) for k in gone))
+        log.info("reloaded", loaded=list(result.loaded), failed=list(failed), retired=list(result.retired),
+                 seconds=round(time.monotonic() - t0, 3))
+        return result
+
+    async def _unload(self, key: ModelVersion) -> None:
+        tenancy = getattr(self.state, "tenancy", None)
+        engine = self.control.registry.table.engine(key)
+        await self.versions.unload_when_idle(key)
+        if tenancy is not None:
+            await tenancy.retire(engine)
+
+    async def wait_retired(self) -> None:
+        """Tests and shutdown: wait until every retired version has unloaded."""
+        if self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
+
+def _routes_summary(control: ControlPlane) -> dict:
+    t = control.registry.table
+    return {"defaults": dict(t.defaults),
+            "aliases": {n: {str(a.target): a.weight for a in s.arms} for n, s in t.aliases.items()}}
+
+
+def _refresh_engines(state, versions: VersionManager) -> None:
+    state.engines = versions.default_engines(versions.registry.table.defaults)

@@ -1,0 +1,7 @@
+"""The simulated engine (a timed GPU simulator, never a silent fallback): profiles, scheduler, engine."""
+from __future__ import annotations
+
+from inferd.engine.sim.engine import SimEngine
+from inferd.engine.sim.profiles import PROFILES
+
+__all__ = ["PROFILES", "SimEngine"]

@@ -1,0 +1,292 @@
+"""The simulated engine: in-flight batching over a paged KV pool, timed by a roofline model.
+
+It exists for load tests and scheduling benchmarks at GPU-scale concurrency on CPU machines.
+Every step is scheduled like a real engine's (FCFS waiting queue, one token budget shared by
+decodes and chunked prefills, `max_batch_size` slots, KV blocks allocated as contexts grow, the
+newest sequence preempted and recomputed when blocks run out), then the step loop sleeps for
+the step time the profile's roofline predicts (times `time_scale`; 0 = no sleeping at all) and
+emits one synthetic token per sequence that finished its prefill. Steps already due (time_scale
+0, or a loop that fell behind) may run back to back within a fair share of a busy loop (see
+_SLICE_S): a GPU does not wait for the host's event loop. Tokens are a deterministic function of
+(prompt, seed, position). It reports itself as a simulator (info.simulated).
+
+The scheduling bookkeeping (queues, blocks, preemption, capacity) is sim_scheduler.py; this module
+times the steps and makes the tokens. Everything runs on the event loop: the step's Python cost is
+a few microseconds per sequence, so no thread is needed, and deltas are pushed from the loop thread
+as RequestStream requires.
+Stats (step latency, tokens/s) are in *simulated* time: what the modelled GPU would do.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+
+import msgspec
+
+from inferd.engine import (
+    Capacity,
+    Engine,
+    EngineInfo,
+    EngineStats,
+    EngineUnavailable,
+    InvalidRequest,
+    RequestStream,
+    StopMatcher,
+    failure_message,
+    seed64,
+    validate_request,
+)
+from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
+from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
+from inferd.observability import get_logger
+from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
+
+log = get_logger(__name__)
+_EOS_SCALE = 1 << 20
+_MAX_LAG_S = 0.005   # how far behind the simulated timeline the loop may run before it stops catching up
+# Steps that are due run back to back while the step loop's turn has used less CPU than the rest
+# of the loop used since its previous turn, and at most _SLICE_S: when the loop is busy (say,
+# writing frames for hundreds of streams) the engine gets an even share of it, as a step thread
+# would of the GIL, instead of its pace being one step per loop turn; when the loop is idle, one
+# step per turn, as before. The cap keeps the loop responsive (new requests, pings, disconnects)
+# within ~2 ms. At 256 streams it sets how many tokens ride in a frame: bench/frontend.py measured
+# 1 ms -> ~1.7 tokens/frame, 2 ms -> ~4, 3 ms -> ~5.5 (fewer, fuller frames as it grows).
+_SLICE_S = 0.002
+_cpu = time.thread_time
+
+
+class SimEngine(Engine):
+    def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
+                 max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
+                 model_name: str = "sim", max_model_len: int = 8192, seed: int = 0) -> None:
+        self.profile = get_profile(profile)
+        for name, value in (("block_size", block_size), ("max_batch_size", max_batch_size),
+                            ("max_num_tokens", max_num_tokens), ("max_model_len", max_model_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if num_kv_blocks is None:
+            num_kv_blocks = self.profile.num_kv_blocks(block_size)
+        elif not isinstance(num_kv_blocks, int) or num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be a positive integer, got {num_kv_blocks!r}")
+        if not time_scale >= 0:
+            raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
+        self.tokenizer = sim_tokenizer(self.profile.vocab_size)
+        digest = hashlib.sha256(msgspec.json.encode(self.profile)).hexdigest()[:12]
+        # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
+        # default max_tokens to a context this engine then refuses.
+        max_model_len = min(max_model_len, num_kv_blocks * block_size)
+        self.info = EngineInfo(backend="sim", model_name=model_name, version=f"sim-{digest}",
+                               max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                               max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True)
+        self.time_scale = float(time_scale)
+        self._rng = random.Random(seed)
+        self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,
+                                       max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
+        self._seqs: dict[str, SimSequence] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self._failed = False
+        self._eos_ids = frozenset(self.tokenizer.eos_token_ids)
+        # stats, in simulated seconds
+        self.sim_time = 0.0               # simulated seconds of GPU work so far
+        self._steps = self._prompt_tokens = self._gen_tokens = 0
+        self._last_step_s = 0.0
+        self._ema_tokens = self._ema_time = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="sim-engine-steps")
+            self._task.add_done_callback(self._loop_ended)
+
+    async def warmup(self) -> None:
+        """Nothing to warm: the tokenizer was built in __init__ and there are no kernels to compile."""
+        if self._task is None:
+            raise EngineUnavailable("sim engine not started")
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:   # the loop had failed: already logged, its requests already ended
+                pass
+        for request_id in list(self._seqs):
+            self.abort(request_id)
+
+    @property
+    def healthy(self) -> bool:
+        return self._task is not None and not self._closed and not self._failed
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failed = True   # a bug in the step loop: fail in-flight requests, report unhealthy
+        for seq in list(self._seqs.values()):
+            self._finish(seq, FinishReason.ERROR, [], "", error=failure_message(seq.request_id))
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        if not self.healthy:
+            raise EngineUnavailable("sim engine is not running")
+        seq = self._new_seq(request)
+        self._seqs[request.request_id] = seq
+        self._scheduler.add(seq)
+        self._prompt_tokens += seq.prompt_len
+        self._wakeup.set()
+        return seq.stream
+
+    def _new_seq(self, request: GenerationRequest) -> SimSequence:
+        """Check the request (InvalidRequest naming the field) and build its sequence."""
+        sp, prompt = request.sampling, request.prompt_token_ids
+        if request.request_id in self._seqs:
+            raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
+        # max_model_len is already bounded by the KV pool (see __init__): no separate capacity check
+        validate_request(request, vocab_size=self.tokenizer.vocab_size, max_model_len=self.info.max_model_len)
+        if request.lora is not None:
+            raise InvalidRequest("the sim backend serves no LoRA adapters", "model")
+        # Greedy output depends on the prompt only; sampled output on prompt and seed (or fresh entropy).
+        key = hash(tuple(prompt))
+        if not sp.greedy:
+            key = hash((key, seed64(sp.seed) if sp.seed is not None else self._rng.getrandbits(62), 1))
+        stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
+        eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * _EOS_SCALE)
+        stream = RequestStream(request.request_id, on_cancel=self.abort)
+        return SimSequence(request.request_id, stream, len(prompt), sp.max_tokens, key, stop_ids, eos_threshold,
+                           StopMatcher(sp.stop) if sp.stop else None)
+
+    def abort(self, request_id: str) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self._finish(seq, FinishReason.ABORT, [], "")
+
+    def _finish(self, seq: SimSequence, reason: FinishReason, token_ids: list[int], text: str,
+                error: str | None = None) -> None:
+        """Release the sequence's slot and blocks now, and end its stream."""
+        seq.done = True
+        del self._seqs[seq.request_id]
+        self._scheduler.remove(seq)
+        timing = EngineTiming(submitted=seq.submitted, first_scheduled=seq.first_scheduled,
+                              first_token=seq.first_token, finished=time.monotonic())
+        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.output))
+        seq.stream.push(Delta(token_ids=token_ids, text=text, finish_reason=reason, usage=usage, timing=timing,
+                              error=error))
+
+    # -- admission's view ------------------------------------------------------------------------
+    def capacity(self) -> Capacity:
+        return self._scheduler.capacity()
+
+    @property
+    def preemptions(self) -> int:
+        """Sequences preempted (and later recomputed) because the KV pool ran out, since start."""
+        return self._scheduler.preemptions
+
+    def stats(self) -> EngineStats:
+        sched = self._scheduler
+        return EngineStats(
+            running=len(sched.running), waiting=len(sched.waiting), kv_blocks_total=self.info.num_kv_blocks,
+            kv_blocks_used=self.info.num_kv_blocks - sched.free_blocks, prefix_cache_hit_rate=0.0,
+            step_latency_s=self._last_step_s, steps_total=self._steps, prompt_tokens_total=self._prompt_tokens,
+            generation_tokens_total=self._gen_tokens, prefix_cache_hit_tokens_total=0,
+            tokens_per_s=self._ema_tokens / self._ema_time if self._ema_time else 0.0)
+
+    # -- the step loop ---------------------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        try:
+            await self._run_steps()
+        except Exception:   # clients get failure_message (see _loop_ended); the details go here
+            log.exception("sim_engine_step_loop_failed", request_ids=list(self._seqs))
+            raise
+
+    async def _run_steps(self) -> None:
+        loop = asyncio.get_running_loop()
+        scale = self.time_scale
+        deadline = loop.time()
+        # CPU time (not wall time: being descheduled is nobody's turn) of this turn of the step
+        # loop, and what the rest of the loop used between its previous turn and this one.
+        turn_start, others = _cpu(), 0.0
+        while True:
+            if not self._scheduler.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                deadline = loop.time()
+                turn_start, others = _cpu(), 0.0
+                continue
+            plan = self._scheduler.schedule()
+            step_s = self.profile.step_time(plan.num_tokens, plan.kv_tokens, plan.pairs)
+            self._account(plan.num_tokens, step_s)
+            wait = 0.0
+            if scale > 0:
+                # Sleep on the simulated timeline, not per step: timer rounding does not accumulate.
+                deadline = max(deadline, loop.time() - _MAX_LAG_S) + step_s * scale
+                wait = deadline - loop.time()
+            # The simulated GPU does not wait for the loop: a step already due (time_scale 0, or a
+            # timeline the loop fell behind) follows at once, within this turn's fair share.
+            if wait > 0 or _cpu() - turn_start >= min(others, _SLICE_S):
+                yielded = _cpu()
+                await asyncio.sleep(max(0.0, wait))
+                turn_start = _cpu()
+                others = turn_start - yielded
+            self._complete(plan)
+
+    def _account(self, num_tokens: int, step_s: float) -> None:
+        self._steps += 1
+        self.sim_time += step_s
+        self._last_step_s = step_s
+        self._ema_tokens = 0.9 * self._ema_tokens + 0.1 * num_tokens
+        self._ema_time = 0.9 * self._ema_time + 0.1 * step_s
+        observer = self.step_observer
+        if observer is not None:   # simulated seconds, as the stats: what the modelled GPU would take
+            try:
+                observer(step_s)
+            except Exception:   # metrics must never take the engine down
+                log.exception("step_observer_failed")
+
+    def _complete(self, plan: StepPlan) -> None:
+        """The step's results: one new token for every sequence whose context is now fully computed."""
+        tokenizer = self.tokenizer
+        gen_ids = tokenizer.generation_ids
+        num_gen = len(gen_ids)
+        pieces = tokenizer._pieces
+        now = time.monotonic()
+        produced = 0
+        self._scheduler.computed(plan)
+        for seq, _ in plan.scheduled:
+            if seq.done:
+                continue   # aborted while the step ran
+            out = seq.output
+            pos = len(out)
+            if seq.num_computed < seq.prompt_len + pos:
+                continue   # a prefill chunk: no token yet
+            key = seq.key
+            token = gen_ids[hash((key, pos)) % num_gen]
+            if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
+                token = tokenizer.eos_token_ids[0]
+            out.append(token)
+            produced += 1
+            if seq.first_token is None:
+                seq.first_token = now
+            if token in seq.stop_ids:
+                text = seq.matcher.flush() if seq.matcher is not None else ""
+                self._finish(seq, FinishReason.STOP, [token], text)
+                continue
+            text = pieces[token]
+            if seq.matcher is not None:
+                text, stopped = seq.matcher.push(text)
+                if stopped:
+                    self._finish(seq, FinishReason.STOP, [token], text)
+                    continue
+            if pos + 1 >= seq.max_tokens:
+                if seq.matcher is not None:
+                    text += seq.matcher.flush()
+                self._finish(seq, FinishReason.LENGTH, [token], text)
+                continue
+            seq.stream.push_token(token, text)
+        self._gen_tokens += produced

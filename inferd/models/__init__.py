@@ -1,0 +1,19 @@
+"""Model versions and where requests go: routing, registry, loading versions, rollouts, shadow, the control plane."""
+from __future__ import annotations
+
+from inferd.models.control import ControlPlane
+from inferd.models.errors import RoutingError
+from inferd.models.factory import EngineConfigError, build_engine, missing_synthetic
+from inferd.models.registry import ModelRegistry
+from inferd.models.rollout import Rollout, RolloutError, RolloutNotFound
+from inferd.models.routing import Route
+from inferd.models.shadow import ShadowDispatcher
+from inferd.models.versions import (
+    VersionLease,
+    VersionManager,
+    registry_from_engines,
+    routes_from_config,
+    version_specs,
+)
+
+__all__ = ["ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route", "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic", "registry_from_engines", "routes_from_config", "version_specs"]

@@ -1,0 +1,111 @@
+"""Config -> engine. The only place that knows both the config structs and the engine constructors.
+
+Backends are imported lazily, so a reference-only node never imports tensorrt_llm and the
+simulator exists in a process only when a model says backend = "sim".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferd.config import DEFAULT_REFERENCE_KV_BLOCKS, ModelConfig, ServerConfig, TrtllmConfig, artifact_name
+from inferd.engine import Engine
+
+# Artifacts `inferd.engine.build.reference.build_synthetic` can make offline; `serve` builds these itself
+# when they are missing, so a new user's first `inferd serve` works.
+SYNTHETIC_KINDS = ("tiny", "small")
+
+
+class EngineConfigError(Exception):
+    """A model's config cannot become an engine (artifact missing, backend not installed...)."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(f"models.{model}: {message}")
+        self.model = model
+
+
+def missing_synthetic(name: str, model: ModelConfig, server: ServerConfig) -> str | None:
+    """The synthetic kind to build when this model's artifact was never built, else None.
+
+    Only a reference model asking for the latest `tiny`/`small` qualifies, and only when no version
+    of it exists at all (leftover staging directories don't count): a broken artifact is
+    reported by the engine's verify, never silently rebuilt.
+    """
+    from inferd.engine import MANIFEST_FILE
+
+    kind = artifact_name(name, model)
+    if model.backend != "reference" or kind not in SYNTHETIC_KINDS or model.version != "latest":
+        return None
+    directory = Path(server.engines_root) / kind
+    if directory.is_dir() and any((p / MANIFEST_FILE).is_file() for p in directory.iterdir()
+                                  if not p.name.startswith(".")):
+        return None
+    return kind
+
+
+def _artifact_dir(name: str, model: ModelConfig, server: ServerConfig) -> Path:
+    from inferd.engine import ArtifactError, resolve_artifact
+
+    try:
+        return resolve_artifact(Path(server.engines_root), artifact_name(name, model), model.version)
+    except (ArtifactError, OSError) as exc:
+        raise EngineConfigError(name, f"artifact {artifact_name(name, model)!r} version {model.version!r} "
+                                      f"under {server.engines_root}: {exc}") from None
+
+
+def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
+    """Construct (not start) the engine for one [models.<name>] table."""
+    if model.backend == "reference":
+        artifact_dir = _artifact_dir(name, model, server)  # first: a missing artifact is the likelier error
+        from inferd.engine.reference import ReferenceEngine
+
+        return ReferenceEngine(
+            artifact_dir,
+            num_kv_blocks=model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS,
+            block_size=model.block_size,
+            max_batch_size=model.max_batch_size,
+            max_num_tokens=model.max_num_tokens,
+            verify=model.verify,
+        )
+    if model.backend == "sim":
+        from inferd.config import SimConfig
+        from inferd.engine.sim import SimEngine
+
+        sim = model.sim or SimConfig()
+        return SimEngine(
+            sim.profile,
+            num_kv_blocks=model.num_kv_blocks,
+            block_size=model.block_size,
+            max_batch_size=model.max_batch_size,
+            max_num_tokens=model.max_num_tokens,
+            time_scale=sim.time_scale,
+            model_name=artifact_name(name, model),
+            max_model_len=sim.max_model_len,
+            seed=sim.seed,
+        )
+    if model.backend == "trtllm":
+        try:
+            from inferd.engine.trtllm import TrtllmEngine
+        except ImportError as exc:
+            raise EngineConfigError(name, f"backend 'trtllm' is not available here: {exc}") from None
+        t = model.trtllm or TrtllmConfig()
+        if t.engine_dir:
+            engine_dir, version = Path(t.engine_dir), None
+        else:  # an artifact's directory name is its content-derived version
+            engine_dir = _artifact_dir(name, model, server)
+            version = engine_dir.name
+        return TrtllmEngine(
+            engine_dir,
+            tokenizer_dir=Path(t.tokenizer_dir) if t.tokenizer_dir else None,
+            max_batch_size=model.max_batch_size,
+            max_num_tokens=model.max_num_tokens,
+            kv_cache_free_gpu_memory_fraction=t.kv_cache_free_gpu_memory_fraction,
+            kv_cache_max_tokens=t.kv_cache_max_tokens,
+            enable_block_reuse=t.enable_block_reuse,
+            scheduler_policy=t.scheduler_policy,
+            enable_chunked_prefill=t.enable_chunked_prefill,
+            lora_adapters=dict(t.lora_adapters),
+            model_name=artifact_name(name, model),
+            version=version,
+            verify=model.verify,
+        )
+    raise EngineConfigError(name, f"unknown backend {model.backend!r}")  # config validation prevents it

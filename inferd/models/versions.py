@@ -1,0 +1,275 @@
+"""Loading, warming and retiring engine versions behind the routing registry.
+
+A version's life here: verify its artifact against the manifest (off the loop) -> construct ->
+register as `loading` -> start -> warmup with representative prompt and decode shapes -> `ready`
+(routable). Any failure refuses that one version: it is logged naming the model, the version and
+(for a tampered artifact) the file, recorded in `failures` for /readyz, and everything else keeps
+serving.
+
+Retiring is the reverse and never cuts a stream: `retire` makes the version unroutable at once
+(one table swap), then waits until every request that resolved to it has released it, and only
+then removes it from the table and closes its engine. Requests `acquire` a version right after
+routing, in the same synchronous step, so no request can slip between the two.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import msgspec
+
+from inferd.config import Config, ModelConfig, ServerConfig, Split, artifact_name, split_from_config
+from inferd.engine import Engine
+from inferd.models.factory import EngineConfigError
+from inferd.models.registry import ModelRegistry
+from inferd.observability import get_logger
+from inferd.types import ModelVersion
+
+log = get_logger("inferd.versions")
+
+EngineFactory = Callable[[str, ModelConfig, ServerConfig], Engine]
+
+
+class VersionSpec(msgspec.Struct, frozen=True):
+    """One version the config asks to keep loaded: `requested` is "latest" or a version id."""
+
+    model: str
+    requested: str
+    config: ModelConfig
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}@{self.requested}"
+
+
+def version_specs(cfg: Config) -> list[VersionSpec]:
+    """Every version the config lists: each model's default first, then its `versions`."""
+    out = []
+    for name, model in cfg.models.items():
+        out.append(VersionSpec(name, model.version, model))
+        out.extend(VersionSpec(name, v, model) for v in model.versions)
+    return out
+
+
+def _uses_artifact(model: ModelConfig) -> bool:
+    return model.backend == "reference" or (model.backend == "trtllm" and not (model.trtllm and model.trtllm.engine_dir))
+
+
+class VersionManager:
+    """Owns every loaded engine version; the registry's table says which are routable."""
+
+    def __init__(self, registry: ModelRegistry, server: ServerConfig, engine_factory: EngineFactory, *,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        self.registry = registry
+        self.server = server
+        self._factory = engine_factory
+        self._on_change = on_change
+        self.loaded: dict[tuple[str, str], ModelVersion] = {}     # (model, requested) -> key
+        self.failures: dict[str, str] = {}                        # "model@requested" -> why
+        self._in_use: dict[ModelVersion, int] = {}
+        self._released: dict[ModelVersion, asyncio.Event] = {}
+        self._closing: set[ModelVersion] = set()
+        self.step_observer: Callable[[str, Engine], None] | None = None
+
+    # -- loading ---------------------------------------------------------------------------
+    async def load(self, spec: VersionSpec) -> ModelVersion | None:
+        """Verify, build, start and warm one version; ready (routable) on success, None on failure."""
+        t0 = time.monotonic()
+        key: ModelVersion | None = None
+        engine: Engine | None = None
+        try:
+            model = spec.config
+            version: str | None = None
+            if _uses_artifact(model):
+                path = await asyncio.to_thread(self._verified_artifact, spec)
+                version = path.name
+                model = msgspec.structs.replace(model, version=version, verify=False)  # verified just now
+            engine = self._factory(spec.model, model, self.server)
+            if version is None:
+                version = self._label_version(engine, spec)
+            key = ModelVersion(spec.model, version)
+            if key in self.registry.table.versions:
+                log.warning("version_already_loaded", model=spec.model, version=version, requested=spec.requested)
+                await engine.close()
+                self.loaded[(spec.model, spec.requested)] = key
+                return key
+            self.registry.register(key, engine)
+            await engine.start()
+            if self.step_observer is not None:  # after start: the engine's labels come from its info
+                self.step_observer(spec.model, engine)
+            await engine.warmup()
+            if not engine.healthy:
+                raise EngineConfigError(spec.model, f"version {version} is unhealthy after warmup")
+        except asyncio.CancelledError:
+            await self._discard(key, engine)
+            raise
+        except Exception as exc:  # noqa: BLE001 - one version failing must not stop the others
+            await self._discard(key, engine)
+            self.failures[spec.label] = str(exc)
+            log.error("version_refused", model=spec.model, version=spec.requested, error=str(exc),
+                      error_type=type(exc).__name__, file=getattr(exc, "file", None))
+            return None
+        self.registry.mark_ready(key)
+        self.loaded[(spec.model, spec.requested)] = key
+        self.failures.pop(spec.label, None)
+        self._on_change()
+        info = engine.info
+        log.info("version_ready", model=spec.model, version=key.version, backend=info.backend,
+                 simulated=info.simulated, seconds=round(time.monotonic() - t0, 3))
+        return key
+
+    def _verified_artifact(self, spec: VersionSpec) -> Path:
+        """Resolve and verify in a thread: hashing every file of a large artifact takes a while."""
+        from inferd.engine import ArtifactError, resolve_artifact, verify_artifact
+
+        name = artifact_name(spec.model, spec.config)
+        try:
+            path = resolve_artifact(Path(self.server.engines_root), name, spec.requested)
+        except (ArtifactError, OSError) as exc:
+            raise EngineConfigError(spec.model, f"artifact {name!r} version {spec.requested!r} "
+                                                f"under {self.server.engines_root}: {exc}") from None
+        try:
+            verify_artifact(path)
+        except ArtifactError as exc:
+            err = EngineConfigError(spec.model, f"artifact {path} failed verification: {exc}")
+            err.file = exc.file  # type: ignore[attr-defined]
+            raise err from None
+        return path
+
+    @staticmethod
+    def _label_version(engine: Engine, spec: VersionSpec) -> str:
+        """Engines without artifacts (sim, trtllm from an engine_dir): a configured version id
+        labels this instance; "latest" means whatever the engine reports."""
+        info = getattr(engine, "info", None)
+        if spec.requested != "latest":
+            if info is not None:
+                engine.info = msgspec.structs.replace(info, version=spec.requested)
+            return spec.requested
+        if info is None:
+            raise EngineConfigError(spec.model, "backend reports no version before start; configure one")
+        return info.version
+
+    async def _discard(self, key: ModelVersion | None, engine: Engine | None) -> None:
+        if key is not None and key in self.registry.table.versions and self.registry.table.engine(key) is engine:
+            self.registry.remove(key)
+        if engine is not None:
+            try:
+                await engine.close()
+            except Exception as exc:  # noqa: BLE001
+                log.error("engine_close_failed", error=str(exc), error_type=type(exc).__name__)
+
+    async def load_all(self, specs: Iterable[VersionSpec]) -> list[ModelVersion]:
+        keys = []
+        for spec in specs:
+            key = await self.load(spec)
+            if key is not None:
+                keys.append(key)
+        return keys
+
+    def defaults(self, cfg: Config) -> dict[str, str]:
+        """Model name -> loaded version id of its default ("latest" resolved); unloaded ones
+        keep the requested id, so routes naming them wait instead of failing validation."""
+        return {name: (self.loaded.get((name, m.version)) or ModelVersion(name, m.version)).version
+                for name, m in cfg.models.items()}
+
+    # -- requests --------------------------------------------------------------------------
+    def acquire(self, key: ModelVersion) -> None:
+        """A request resolved to `key`: keep its engine until `release`. Call right after routing."""
+        self._in_use[key] = self._in_use.get(key, 0) + 1
+
+    def release(self, key: ModelVersion) -> None:
+        n = self._in_use.get(key, 0) - 1
+        if n > 0:
+            self._in_use[key] = n
+            return
+        self._in_use.pop(key, None)
+        event = self._released.get(key)
+        if event is not None:
+            event.set()
+
+    def in_use(self, key: ModelVersion) -> int:
+        return self._in_use.get(key, 0)
+
+    # -- retiring --------------------------------------------------------------------------
+    def stop_routing(self, key: ModelVersion) -> bool:
+        """Retire `key` now (synchronously: the next request cannot reach it). False if already going."""
+        if key not in self.registry.table.versions or key in self._closing:
+            return False
+        self._closing.add(key)
+        self.registry.retire(key)
+        self.loaded = {k: v for k, v in self.loaded.items() if v != key}
+        self._on_change()
+        log.info("version_retired", model=key.model, version=key.version, in_flight=self.in_use(key))
+        return True
+
+    async def retire(self, key: ModelVersion) -> None:
+        """Stop routing to `key` now; close it once its in-flight requests have finished."""
+        if self.stop_routing(key):
+            await self.unload_when_idle(key)
+
+    async def unload_when_idle(self, key: ModelVersion) -> None:
+        """After `stop_routing`: wait for the version's last request, then remove and close it."""
+        try:
+            if self.in_use(key):
+                event = self._released.setdefault(key, asyncio.Event())
+                await event.wait()
+        finally:
+            self._released.pop(key, None)
+            self._closing.discard(key)
+            if key in self.registry.table.versions:    # close_all may have taken it meanwhile
+                engine = self.registry.remove(key)
+                self._on_change()
+                await self._discard(None, engine)
+                log.info("version_unloaded", model=key.model, version=key.version)
+
+    async def close_all(self) -> None:
+        """Shutdown: close every engine (open streams end with finish_reason "abort")."""
+        for key in sorted(self.registry.table.versions, reverse=True):
+            engine = self.registry.remove(key)
+            await self._discard(None, engine)
+            log.info("engine_closed", model=key.model, version=key.version)
+        self._on_change()
+
+    # -- what the API and /readyz read ------------------------------------------------------
+    def default_engines(self, defaults: Mapping[str, str]) -> dict[str, Engine]:
+        """Served model name -> the engine of its ready default version."""
+        table = self.registry.table
+        return {name: table.engine(ModelVersion(name, v)) for name, v in defaults.items()
+                if table.is_ready(ModelVersion(name, v))}
+
+
+def routes_from_config(cfg: Config, defaults: Mapping[str, str]) -> dict[str, Split]:
+    return {name: split_from_config(alias, defaults) for name, alias in cfg.aliases.items()}
+
+
+def registry_from_engines(engines: Mapping[str, Engine]) -> ModelRegistry:
+    """A registry serving already started engines, one version per model (tests, embedders)."""
+    defaults = {name: engine.info.version for name, engine in engines.items()}
+    registry = ModelRegistry(defaults=defaults)
+    for name, engine in engines.items():
+        key = ModelVersion(name, engine.info.version)
+        registry.register(key, engine)
+        registry.mark_ready(key)
+    return registry
+
+
+class VersionLease:
+    """Holds at most one version for one request (`hold` right after routing); `release` is idempotent."""
+
+    __slots__ = ("_manager", "_key")
+
+    def __init__(self, manager: VersionManager | None) -> None:
+        self._manager = manager
+        self._key: ModelVersion | None = None
+
+    def hold(self, key: ModelVersion) -> None:
+        if self._manager is not None and self._key is None:
+            self._manager.acquire(key)
+            self._key = key
+
+    def release(self) -> None:
+        if self._key is not None and self._manager is not None:
+            key, self._key = self._key, None
+            self._manager.release(key)

@@ -1,0 +1,229 @@
+"""Every Prometheus series inferd exports, declared once: here, and in the two modules beside it.
+
+Each `Metrics` owns its own CollectorRegistry (never the global one), so a test can build as many
+apps as it likes and read exact values. The daemon makes one per process and hangs it on
+ServerState; request handlers reach it as `state.metrics`.
+
+Labels come from bounded sets only: `model` is a served model name that is loaded right now
+(anything else is "other"), `version` and `backend` come from that engine's EngineInfo, so a sim
+engine is always visible as backend="sim". Engine gauges are read from engine.stats() at scrape
+time by a custom collector, so they are never stale and cost nothing between scrapes.
+
+Per-tenant and admission series: `inferd.observability.tenant_metrics` (read from the tenancy at scrape time).
+The hot path, a request's observation through pre-bound label children: `inferd.observability.request_metrics`.
+"""
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from inferd import __version__
+from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
+from inferd.observability.tenant_metrics import TenancyCollector
+
+if TYPE_CHECKING:
+    from inferd.engine import Engine
+    from inferd.types import Usage
+
+# `*_created` timestamps double the exposition size and no dashboard reads them.
+disable_created_metrics()
+
+OTHER = "other"
+MODEL_LABELS = ("model", "version", "backend")
+
+# Bucket edges in seconds, from a cached prefill on a GPU to a long generation on a CPU engine.
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+               0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0,
+                 80.0, 160.0, 320.0, 640.0)
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0)
+
+
+class _EngineCollector:
+    """Scrape-time gauges from engine.stats(): never stale, nothing to update between scrapes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: the registry must not cache our names at registration
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily("inferd_requests_running", "Requests in an engine's running batch",
+                                    labels=MODEL_LABELS)
+        waiting = GaugeMetricFamily("inferd_requests_waiting", "Requests inside an engine not yet scheduled",
+                                    labels=MODEL_LABELS)
+        blocks = GaugeMetricFamily("inferd_kv_cache_blocks", "KV cache blocks by state",
+                                   labels=(*MODEL_LABELS, "state"))
+        info = GaugeMetricFamily("inferd_model_info", "Loaded models (value 1); simulated=true for sim engines",
+                                 labels=(*MODEL_LABELS, "simulated", "max_model_len"))
+        for name, engine in self._metrics.engines().items():
+            labels = self._metrics.labels_for(name)
+            try:
+                stats = engine.stats()
+            except Exception:  # a failing engine must not break the scrape of the others
+                continue
+            running.add_metric(labels, stats.running)
+            waiting.add_metric(labels, stats.waiting)
+            blocks.add_metric((*labels, "used"), stats.kv_blocks_used)
+            blocks.add_metric((*labels, "free"), stats.kv_blocks_total - stats.kv_blocks_used)
+            info.add_metric((*labels, str(engine.info.simulated).lower(), str(engine.info.max_model_len)), 1)
+        yield from (running, waiting, blocks, info)
+
+
+class _LogCollector:
+    """inferd_log_lines_dropped_total, read from inferd.observability.log at scrape time."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from inferd.observability.log import dropped_lines
+
+        yield CounterMetricFamily("inferd_log_lines_dropped", "Log lines dropped because the log writer "
+                                  "fell behind (stderr stalled); logging never blocks", value=dropped_lines())
+
+
+class Metrics:
+    """All of inferd's series in one registry. `engines` returns the loaded engines by served name."""
+
+    def __init__(self, engines: Callable[[], Mapping[str, Engine]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.engines: Callable[[], Mapping[str, Engine]] = engines or dict
+        r = self.registry
+        self.requests_total = Counter(
+            "inferd_requests", "Requests answered, by HTTP status", (*MODEL_LABELS, "status"), registry=r)
+        self.time_to_first_token = Histogram(
+            "inferd_time_to_first_token_seconds", "Arrival to first token sent",
+            MODEL_LABELS, buckets=TTFT_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "inferd_inter_token_latency_seconds", "Time between tokens sent (one observation per delta)",
+            MODEL_LABELS, buckets=ITL_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "inferd_queue_wait_seconds", "Arrival to first engine step (admission + engine queue)",
+            MODEL_LABELS, buckets=QUEUE_BUCKETS, registry=r)
+        self.e2e_request_latency = Histogram(
+            "inferd_e2e_request_latency_seconds", "Arrival to last byte of the response",
+            MODEL_LABELS, buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "inferd_prompt_tokens", "Prompt tokens of finished requests", MODEL_LABELS, registry=r)
+        self.generation_tokens = Counter(
+            "inferd_generation_tokens", "Generated tokens of finished requests", MODEL_LABELS, registry=r)
+        self.prefix_cache_hit_tokens = Counter(
+            "inferd_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
+            MODEL_LABELS, registry=r)
+        self.engine_step = Histogram(
+            "inferd_engine_step_seconds", "Wall time of one engine step", MODEL_LABELS,
+            buckets=STEP_BUCKETS, registry=r)
+        self.config_reload_total = Counter(
+            "inferd_config_reload", "Config reloads (SIGHUP), by result", ("result",), registry=r)
+        for result in ("success", "error"):
+            self.config_reload_total.labels(result)
+        self.build_info = Gauge(
+            "inferd_build_info", "inferd build (value 1)", ("version", "python"), registry=r)
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        r.register(_EngineCollector(self))
+        r.register(_LogCollector())
+        # Issue 4, per tenant (docs/tenants.md). Requests by status are counted as they end; the rest
+        # is read from the tenancy's snapshots at scrape time (TenancyCollector): no per-token cost.
+        self.tenant_requests_total = Counter(
+            "inferd_tenant_requests", "Inference requests answered, by tenant and HTTP status",
+            ("tenant", "status"), registry=r)
+        self.tenancy: Callable[[], Any] = lambda: None
+        r.register(TenancyCollector(lambda: self.tenancy()))   # late-bound: watch_tenancy swaps it
+        self._loop_histograms: dict[int, LoopHistogram] = {}   # by id(child); children live as long
+        self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
+        self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
+
+    def labels_for(self, model: str, engine: Engine | None = None) -> tuple[str, str, str]:
+        return self.series(model, engine).labels
+
+    def series(self, model: str, engine: Engine | None = None) -> ModelSeries:
+        """The bound series of the engine version serving `model`: `engine` when given (the loaded
+        version that routing picked for a request, e.g. `model@v2`), else the model's default engine;
+        `other` for a name that is not loaded. Labels stay bounded: callers pass only loaded engines,
+        so there is one series per model version loaded."""
+        if engine is None:
+            engine = self.engines().get(model)
+            if engine is None:
+                return self._other
+        info = engine.info
+        key = (model, info.version)
+        cached = self._series.get(key)
+        if cached is not None and cached.engine is engine:
+            return cached
+        # a new engine for this version (first use, or reloaded): rebind
+        cached = ModelSeries(self, engine, (model, info.version, info.backend))
+        self._series[key] = cached
+        return cached
+
+    def start_request(self, model: str, arrival: float | None = None,
+                      engine: Engine | None = None) -> RequestObservation:
+        return RequestObservation(self.series(model, engine), arrival)
+
+    def count_rejected(self, model: str, status: int | str, engine: Engine | None = None) -> None:
+        """A request answered without running (4xx/5xx before the engine): count it only."""
+        self.series(model, engine).count_request(status)
+
+    def step_observer(self, model: str, engine: Engine | None = None) -> Callable[[float], None]:
+        """Feeds inferd_engine_step_seconds of `engine` (a loaded version of `model`; default: its
+        default engine, looked up now)."""
+        return self.series(model, engine).observe_step
+
+    def config_reloaded(self, ok: bool) -> None:
+        self.config_reload_total.labels("success" if ok else "error").inc()
+
+    def watch_tenancy(self, source: Callable[[], Any]) -> None:
+        """`source()` returns the live inferd.tenancy.node.Tenancy (or None); read at every scrape."""
+        self.tenancy = source
+
+    def count_tenant_request(self, tenant_label: str, status: int | str) -> None:
+        self.tenant_requests_total.labels(tenant_label, str(status)).inc()
+
+    def loop_observer(self, child: Any) -> Callable[[float], None]:
+        """A cheap observe() for a histogram child, for the event-loop thread only (see LoopHistogram)."""
+        hist = self._loop_histograms.get(id(child))
+        if hist is None:
+            hist = LoopHistogram.for_child(child)
+            if hist is None:
+                return child.observe
+            self._loop_histograms[id(child)] = hist
+        return hist.observe
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition body and its Content-Type, for the /metrics handler (on the event loop)."""
+        for hist in self._loop_histograms.values():
+            hist.fold()
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def observe_request(metrics: Metrics, model: str, status: int | str, *, ttft: float | None,
+                    itl: list[float] | tuple[float, ...] = (), queue_wait: float | None, e2e: float,
+                    usage: Usage | None = None) -> None:
+    """Record a whole request at once, from durations the caller measured (tests, batch paths)."""
+    s = metrics.series(model)
+    s.count_request(status)
+    if ttft is not None:
+        s.ttft.observe(ttft)
+    for gap in itl:
+        s.itl.observe(gap)
+    if queue_wait is not None:
+        s.queue_wait.observe(queue_wait)
+    s.e2e.observe(e2e)
+    if usage is not None:
+        s.prompt_tokens.inc(usage.prompt_tokens)
+        s.generation_tokens.inc(usage.completion_tokens)
+        s.prefix_hits.inc(usage.cached_tokens)
+
+
+__all__ = ["Metrics", "ModelSeries", "RequestObservation", "observe_request", "OTHER", "CONTENT_TYPE_LATEST"]

@@ -1,0 +1,152 @@
+"""The node's live tenancy objects: who a key belongs to, each tenant's quota, one admission queue per engine.
+
+ServerState holds one `Tenancy`. The daemon builds it at startup (reading the keys file), creates the
+queues of the engines it started, and closes it before the engines on shutdown (queued requests get
+503 `draining`). Engines that appear later (a reload loading a new version) get their queue on first
+use. A config reload calls `reconfigure`, which swaps tenants and policy without dropping anything
+queued or any quota already charged.
+
+The request path (inferd.api.admit) uses: `authenticator`, `tenants`, `quota` and `queue_for`.
+Metrics read `metrics_snapshot()` at scrape time, so nothing here is counted twice on the hot path.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inferd.admission import AdmissionQueue, AdmissionRejected
+from inferd.config import TenantRegistry
+from inferd.engine import Engine
+from inferd.observability import get_logger
+from inferd.tenancy.keys import Authenticator, load_authenticator
+from inferd.tenancy.quota import Quota
+
+if TYPE_CHECKING:
+    from inferd.config import Config
+
+Clock = Callable[[], float]
+log = get_logger("inferd.tenancy")
+
+
+class _Queue:
+    __slots__ = ("model", "engine", "queue")
+
+    def __init__(self, model: str, engine: Engine, queue: AdmissionQueue) -> None:
+        self.model = model
+        self.engine = engine
+        self.queue = queue
+
+
+class Tenancy:
+    """Authentication, tenant registry, quota and the admission queues of one node. Loop thread only
+    (construction reads the keys file: do it at startup, or off the loop)."""
+
+    def __init__(self, config: Config, *, authenticator: Authenticator | None = None,
+                 quota_clock: Clock = time.monotonic) -> None:
+        self.config = config
+        self.tenants = TenantRegistry(config.tenants)
+        # Config paths are already absolute (config.load_config resolves them); "." only matters for
+        # a Config built in code with relative paths.
+        self.authenticator = authenticator or load_authenticator(config.auth, Path("."))
+        self.quota = Quota(self.tenants, clock=quota_clock)
+        self._queues: dict[int, _Queue] = {}          # id(engine) -> its queue
+        self._rejections: dict[str, dict[str, int]] = {}   # per label: refusals made before quota/admission
+        self._closed = False
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- admission queues -------------------------------------------------------------------
+    def start(self, engines: Mapping[str, Engine]) -> None:
+        """Create (and start) the queues of these engines now, so metrics show them from the start."""
+        for model, engine in engines.items():
+            self.queue_for(model, engine)
+
+    def queue_for(self, model: str, engine: Engine) -> AdmissionQueue:
+        """The admission queue in front of `engine` (created on first use; needs the running loop)."""
+        entry = self._queues.get(id(engine))
+        if entry is not None and entry.engine is engine:
+            return entry.queue
+        if self._closed:
+            raise AdmissionRejected.draining()
+        queue = AdmissionQueue(engine, self.config.admission, self.tenants)
+        queue.start()
+        self._queues[id(engine)] = _Queue(model, engine, queue)
+        return queue
+
+    def queues(self) -> Iterable[tuple[str, Engine, AdmissionQueue]]:
+        return [(e.model, e.engine, e.queue) for e in self._queues.values()]
+
+    async def close(self) -> None:
+        """Stop every dispatcher; queued requests get 503 `draining`. Running streams are untouched.
+        Idempotent."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        entries = list(self._queues.values())
+        await asyncio.gather(*(e.queue.close() for e in entries), *self._tasks, return_exceptions=True)
+
+    async def retire(self, engine: Engine) -> None:
+        """An engine is being unloaded (reload): close its queue; its metrics totals are dropped."""
+        entry = self._queues.pop(id(engine), None)
+        if entry is not None and entry.engine is engine:
+            await entry.queue.close()
+
+    # -- reload -----------------------------------------------------------------------------
+    def reconfigure(self, config: Config, authenticator: Authenticator | None = None) -> None:
+        """Swap in a reloaded config's tenants and admission policy. Queued requests and charged quota
+        carry over. Keys are re-read off the loop (new and revoked keys take effect a moment later);
+        a changed [auth] table gets a new authenticator, also built off the loop, unless one is given."""
+        old_auth = self.config.auth
+        self.config = config
+        self.tenants = TenantRegistry(config.tenants)
+        self.quota.set_tenants(self.tenants)
+        for entry in self._queues.values():
+            entry.queue.set_tenants(self.tenants)
+            entry.queue.policy = config.admission
+        if authenticator is not None:
+            self.authenticator = authenticator
+        elif config.auth != old_auth:
+            self._background(self._swap_authenticator(config))
+        else:
+            self._background(self.refresh_keys())
+
+    async def _swap_authenticator(self, config: Config) -> None:
+        auth = await asyncio.to_thread(load_authenticator, config.auth, Path("."))
+        if self.config is config:           # a newer reload did not overtake this one
+            self.authenticator = auth
+
+    def _background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:   # keep the old keys; say why
+            log.error("keys_reload_failed", error=str(task.exception()),
+                      message="the previous keys stay in effect")
+
+    async def settled(self) -> None:
+        """Wait until background work a reconfigure started (re-reading keys) is done."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def refresh_keys(self) -> bool:
+        """Re-read the keys file if it changed (new or revoked keys). True if re-read."""
+        store = self.authenticator.store
+        return await store.refresh() if store is not None else False
+
+    # -- accounting -------------------------------------------------------------------------
+    def count_rejection(self, tenant: str, reason: str) -> None:
+        """A refusal decided before quota and admission (a tenant limit: `limit`, `model_not_allowed`)."""
+        row = self._rejections.setdefault(self.tenants.label(tenant), {})
+        row[reason] = row.get(reason, 0) + 1
+
+    def metrics_snapshot(self) -> dict:
+        """Everything the per-tenant Prometheus series show (inferd.observability.metrics reads it at scrape time):
+        `quota` (Quota.snapshot), `rejections` (label -> reason -> n, made here), and `queues`: one
+        (model, version, AdmissionQueue.snapshot()) per engine."""
+        queues = [(e.model, e.engine.info.version, e.queue.snapshot()) for e in self._queues.values()]
+        return {"quota": self.quota.snapshot(), "rejections": {k: dict(v) for k, v in self._rejections.items()},
+                "queues": queues}

@@ -1,0 +1,170 @@
+"""inferd.admission.queue: the queue and its dispatcher: release order, bounds, shedding, deadlines and TTLs."""
+import asyncio
+
+import pytest
+
+from inferd.admission.queue import AdmissionRejected
+from inferd.config.tenants import PriorityClass, TenantConfig, TenantRegistry
+from inferd.tenancy.quota import Quota
+from inferd.types import FinishReason
+from tests.admission.harness import FakeEngine, drain_order, far, make_queue, occupy, req, settle, spawn  # noqa: F401
+
+
+async def test_released_at_once_when_engine_has_room(make_queue):
+    q, engine = make_queue()
+    stream = await q.admit(req("a"), deadline=far())
+    assert engine.submitted[0].request_id == stream.request_id
+    engine.finish(stream.request_id, n_out=4)
+    out = await stream.collect()
+    assert out.finish_reason is FinishReason.STOP and len(out.token_ids) == 4
+
+
+async def test_capacity_gate_holds_work_until_a_slot_frees(make_queue):
+    q, engine = make_queue(engine=FakeEngine(slots=1))
+    first = await q.admit(req("a"), deadline=far())
+    second = spawn(q.admit(req("a"), deadline=far()))
+    await settle()
+    assert len(engine.submitted) == 1 and not second.done()
+    engine.finish(first.request_id)
+    await first.collect()                       # the finishing stream wakes the dispatcher
+    assert (await second).request_id == engine.submitted[1].request_id
+
+
+async def test_close_returns_even_when_the_dispatchers_cancel_is_swallowed(make_queue, monkeypatch):
+    # asyncio.wait_for (3.10/3.11) can swallow a cancel that races its timeout; close() must still return.
+    real_wait_for = asyncio.wait_for
+
+    async def swallowing_wait_for(aw, timeout):
+        try:
+            return await real_wait_for(aw, timeout)
+        except asyncio.CancelledError:
+            return None
+
+    q, engine = make_queue(engine=FakeEngine(slots=1))
+    await q.admit(req("a"), deadline=far())
+    monkeypatch.setattr(asyncio, "wait_for", swallowing_wait_for)
+    blocked = spawn(q.admit(req("a"), deadline=far()))     # waits on capacity: the dispatcher polls
+    await settle()
+    closing = spawn(q.close())
+    done, _ = await asyncio.wait({closing}, timeout=5)
+    assert closing in done, "close() hung on a dispatcher whose cancel was swallowed"
+    with pytest.raises(AdmissionRejected):
+        await blocked
+
+
+async def test_dispatcher_sleeps_when_idle(make_queue):
+    q, engine = make_queue()
+    await settle()
+    calls = engine.capacity_calls
+    await asyncio.sleep(0.05)                   # an idle queue must not poll the engine
+    assert engine.capacity_calls == calls
+
+
+async def test_vtc_serves_backlogged_tenants_in_proportion_to_weight(make_queue):
+    tenants = {"a": TenantConfig(weight=3), "b": TenantConfig(weight=1)}
+    q, engine = make_queue(tenants=tenants)
+    await occupy(q, engine)
+    tickets = [spawn(q.admit(req(t), deadline=far())) for t in "ab" * 20]
+    await settle()
+    order = await drain_order(q, engine, tickets, 24)
+    assert order.count("a") == 18 and order.count("b") == 6
+    for t in tickets:
+        t.cancel()
+
+
+async def test_fcfs_policy_releases_in_arrival_order(make_queue):
+    q, engine = make_queue(tenants={"a": TenantConfig(weight=3)}, scheduling="fcfs")
+    await occupy(q, engine)
+    tickets = [spawn(q.admit(req(t), deadline=far())) for t in "aabab"]
+    await settle()
+    assert await drain_order(q, engine, tickets, 5) == list("aabab")
+
+
+async def test_returning_tenant_is_lifted_and_banks_no_credit(make_queue):
+    q, engine = make_queue()
+    await occupy(q, engine)
+    a_tickets = [spawn(q.admit(req("a"), deadline=far())) for _ in range(12)]
+    await settle()
+    await drain_order(q, engine, a_tickets, 10)           # only a is backlogged: b is idle meanwhile
+    b_tickets = [spawn(q.admit(req("b"), deadline=far())) for _ in range(4)]
+    await settle()
+    assert q.counters["b"] == pytest.approx(q.counters["a"])
+    a_tickets += [spawn(q.admit(req("a"), deadline=far())) for _ in range(4)]
+    await settle()
+    order = await drain_order(q, engine, a_tickets + b_tickets, 6)
+    assert order.count("b") == 3                          # alternates instead of b taking 6 in a row
+
+
+async def test_interactive_goes_first_but_lower_classes_keep_their_reserved_share(make_queue):
+    tenants = {"i": TenantConfig(priority=PriorityClass.INTERACTIVE),
+               "s": TenantConfig(priority=PriorityClass.STANDARD)}
+    q, engine = make_queue(tenants=tenants, standard_reserved_share=0.25, batch_reserved_share=0.0)
+    await occupy(q, engine)
+    s = [spawn(q.admit(req("s"), deadline=far())) for _ in range(10)]
+    i = [spawn(q.admit(req("i"), deadline=far())) for _ in range(30)]
+    await settle()
+    order = await drain_order(q, engine, s + i, 20)
+    assert order[0] == "i"
+    assert 4 <= order.count("s") <= 6                      # ~25% of served cost
+    for t in s + i:
+        t.cancel()
+
+
+async def test_cancelled_caller_leaves_the_queue_and_returns_its_lease(make_queue):
+    q, engine = make_queue()
+    quota = Quota(TenantRegistry({"a": TenantConfig(max_concurrent_requests=5)}))
+    await occupy(q, engine)
+    lease = quota.acquire("a", prompt_tokens=16, max_tokens=8)
+    waiting = spawn(q.admit(req("a"), deadline=far(), lease=lease))
+    await settle()
+    assert q.snapshot()["queued"] == 1
+    waiting.cancel()
+    await settle()
+    assert q.snapshot()["queued"] == 0 and quota.snapshot()["a"]["in_flight"] == 0
+
+
+async def test_tenant_queue_bound_is_429_queue_full(make_queue):
+    q, engine = make_queue(tenants={"a": TenantConfig(max_queued_requests=2)})
+    await occupy(q, engine)
+    held = [spawn(q.admit(req("a"), deadline=far())) for _ in range(2)]
+    await settle()
+    with pytest.raises(AdmissionRejected) as exc:
+        await q.admit(req("a"), deadline=far())
+    assert exc.value.status == 429 and exc.value.reason == "queue_full" and exc.value.retry_after_s > 0
+    assert q.snapshot()["tenants"]["a"]["rejections"] == {"queue_full": 1}
+    for t in held:
+        t.cancel()
+
+
+async def test_node_full_sheds_newest_batch_work_for_interactive(make_queue):
+    tenants = {"bat": TenantConfig(priority=PriorityClass.BATCH),
+               "int": TenantConfig(priority=PriorityClass.INTERACTIVE)}
+    q, engine = make_queue(tenants=tenants, max_queued_requests=2)
+    await occupy(q, engine)
+    old, new = (spawn(q.admit(req("bat"), deadline=far())) for _ in range(2))
+    await settle()
+    with pytest.raises(AdmissionRejected) as exc:          # batch cannot evict batch
+        await q.admit(req("bat"), deadline=far())
+    assert exc.value.status == 503 and exc.value.reason == "node_full"
+    interactive = spawn(q.admit(req("int"), deadline=far()))
+    await settle()
+    assert new.done() and new.exception().reason == "node_full" and not old.done()
+    await drain_order(q, engine, [], 1)
+    assert (await interactive).tenant == "int"
+    old.cancel()
+
+
+async def test_deadline_passing_in_queue_is_504(make_queue):
+    q, engine = make_queue()
+    await occupy(q, engine)
+    with pytest.raises(AdmissionRejected) as exc:
+        await q.admit(req("a"), deadline=asyncio.get_running_loop().time() + 0.02)
+    assert exc.value.status == 504 and exc.value.reason == "deadline"
+
+
+async def test_class_ttl_drops_queued_work_with_503(make_queue):
+    q, engine = make_queue(standard_ttl_s=0.02)
+    await occupy(q, engine)
+    with pytest.raises(AdmissionRejected) as exc:
+        await q.admit(req("a"), deadline=far())
+    assert exc.value.status == 503 and exc.value.reason == "ttl" and exc.value.retry_after_header is not None

@@ -1,0 +1,68 @@
+"""SimScheduler on hand-made sequences: no engine, no loop, no time."""
+from __future__ import annotations
+
+from inferd.engine.sim.scheduler import SimScheduler, SimSequence
+from inferd.engine.stream import RequestStream
+
+
+def seq(name: str, prompt_len: int, max_tokens: int = 100) -> SimSequence:
+    return SimSequence(name, RequestStream(name), prompt_len, max_tokens, key=0, stop_ids=frozenset(),
+                       eos_threshold=0, matcher=None)
+
+
+def scheduler(**kwargs) -> SimScheduler:
+    limits = dict(num_kv_blocks=16, block_size=4, max_batch_size=4, max_num_tokens=32) | kwargs
+    return SimScheduler(**limits)
+
+
+def step(sched: SimScheduler) -> list[tuple[str, int]]:
+    """Schedule, 'run' and complete one step, each finished prefill or decode yielding one token."""
+    plan = sched.schedule()
+    sched.computed(plan)
+    for s, _ in plan.scheduled:
+        if s.num_computed == s.prompt_len + len(s.output):
+            s.output.append(1)
+    return [(s.request_id, n) for s, n in plan.scheduled]
+
+
+def test_waiting_sequences_start_in_order_within_the_token_budget() -> None:
+    sched = scheduler(max_num_tokens=12)
+    for name, n in (("a", 5), ("b", 5), ("c", 5)):
+        sched.add(seq(name, n))
+    assert step(sched) == [("a", 5), ("b", 5), ("c", 2)]     # c starts with the 2 tokens left
+    assert step(sched) == [("a", 1), ("b", 1), ("c", 3)]     # decodes first, then the rest of c
+    assert [s.request_id for s in sched.running] == ["a", "b", "c"] and not sched.waiting
+
+
+def test_a_long_prompt_prefills_in_chunks_of_the_budget() -> None:
+    sched = scheduler(max_num_tokens=8)
+    sched.add(seq("long", 20))
+    assert [step(sched) for _ in range(4)] == [[("long", 8)], [("long", 8)], [("long", 4)], [("long", 1)]]
+
+
+def test_out_of_blocks_preempts_the_newest_which_recomputes_from_the_head_of_waiting() -> None:
+    sched = scheduler(num_kv_blocks=4, block_size=4)
+    sched.add(seq("old", 7))
+    sched.add(seq("new", 7))
+    step(sched)                       # 2 blocks each: the pool is full
+    step(sched)                       # 8 tokens each: still 2 blocks
+    step(sched)                       # the 9th needs a third block: the newest gives way
+    assert sched.preemptions == 1 and [s.request_id for s in sched.running] == ["old"]
+    assert sched.waiting[0].request_id == "new" and sched.waiting[0].num_computed == 0
+    assert sched.free_blocks + sum(s.blocks for s in sched.running) == 4
+
+
+def test_capacity_reserves_what_waiting_sequences_need_and_remove_gives_everything_back() -> None:
+    sched = scheduler()
+    a, b = seq("a", 9), seq("b", 6)
+    sched.add(a)
+    sched.add(b)
+    cap = sched.capacity()
+    assert (cap.free_kv_blocks, cap.waiting, cap.free_slots, cap.pending_prefill_tokens) == (16 - 3 - 2, 2, 2, 15)
+    step(sched)
+    cap = sched.capacity()
+    assert (cap.free_kv_blocks, cap.waiting, cap.pending_prefill_tokens) == (11, 0, 0)
+    for s in (a, b):
+        s.done = True
+        sched.remove(s)
+    assert sched.capacity().free_kv_blocks == 16 and not sched.has_work()

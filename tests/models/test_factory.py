@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import pytest
+
+from inferd.config.root import parse_config
+from inferd.engine.build.reference import build_synthetic
+from inferd.engine.sim.engine import SimEngine
+from inferd.models.factory import EngineConfigError, build_engine, missing_synthetic
+
+
+def model_and_server(model: dict, engines_root="engines", name="m"):
+    cfg = parse_config({"server": {"engines_root": str(engines_root)}, "models": {name: model}})
+    return name, cfg.models[name], cfg.server
+
+
+def test_sim_backend_gets_its_section_and_the_model_limits():
+    name, model, server = model_and_server({
+        "backend": "sim", "max_batch_size": 3, "max_num_tokens": 96, "num_kv_blocks": 40, "block_size": 32,
+        "sim": {"profile": "tiny", "time_scale": 0.5, "max_model_len": 300}})
+    engine = build_engine(name, model, server)
+    assert isinstance(engine, SimEngine)
+    info = engine.info
+    assert (info.backend, info.simulated, info.model_name) == ("sim", True, "m")
+    assert (info.max_batch_size, info.max_num_tokens, info.num_kv_blocks, info.block_size) == (3, 96, 40, 32)
+    assert info.max_model_len == 300
+
+
+def test_sim_without_section_uses_sim_defaults():
+    name, model, server = model_and_server({"backend": "sim", "artifact": "llama"})
+    engine = build_engine(name, model, server)
+    assert engine.info.model_name == "llama"
+    assert engine.info.max_model_len == 8192
+
+
+def test_missing_synthetic_only_for_latest_reference_tiny_or_small(tmp_path):
+    assert missing_synthetic(*model_and_server({"artifact": "tiny"}, tmp_path)) == "tiny"
+    assert missing_synthetic(*model_and_server({}, tmp_path, name="small")) == "small"
+    assert missing_synthetic(*model_and_server({"artifact": "llama"}, tmp_path)) is None
+    assert missing_synthetic(*model_and_server({"artifact": "tiny", "version": "abc"}, tmp_path)) is None
+    assert missing_synthetic(*model_and_server({"backend": "sim", "artifact": "tiny"}, tmp_path)) is None
+
+
+def test_missing_synthetic_ignores_leftover_staging_dirs_and_sees_built_versions(tmp_path):
+    (tmp_path / "tiny" / ".tmp-abc").mkdir(parents=True)
+    assert missing_synthetic(*model_and_server({"artifact": "tiny"}, tmp_path)) == "tiny"
+    build_synthetic("tiny", tmp_path, progress=lambda message: None)
+    assert missing_synthetic(*model_and_server({"artifact": "tiny"}, tmp_path)) is None
+
+
+def test_missing_artifact_is_a_typed_error_naming_the_model(tmp_path):
+    name, model, server = model_and_server({"artifact": "llama-3-8b"}, tmp_path)
+    with pytest.raises(EngineConfigError, match=r"^models\.m: artifact 'llama-3-8b' version 'latest'"):
+        build_engine(name, model, server)
+
+
+def test_trtllm_backend_gets_its_section(tmp_path):
+    from inferd.engine.trtllm.engine import TrtllmEngine
+
+    name, model, server = model_and_server({
+        "backend": "trtllm", "max_batch_size": 8,
+        "trtllm": {"engine_dir": str(tmp_path / "eng"), "scheduler_policy": "max_utilization",
+                   "kv_cache_max_tokens": 4096, "lora_adapters": {"a": str(tmp_path / "a")}}})
+    engine = build_engine(name, model, server)
+    assert isinstance(engine, TrtllmEngine)
+    assert engine.engine_dir == tmp_path / "eng"
+    assert engine.tokenizer_dir == tmp_path / "eng"
+    assert (engine.info.backend, engine.info.model_name) == ("trtllm", "m")
+
+
+def test_trtllm_engine_from_artifact_is_labelled_with_its_version(tmp_path):
+    artifact = build_synthetic("tiny", tmp_path, progress=lambda message: None)
+    name, model, server = model_and_server({"backend": "trtllm", "artifact": "tiny"}, tmp_path)
+    engine = build_engine(name, model, server)
+    assert engine.engine_dir == artifact
+    assert engine.info.version == artifact.name

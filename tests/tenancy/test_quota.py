@@ -1,0 +1,121 @@
+import math
+
+import pytest
+
+from inferd.config.tenants import TenantConfig, TenantRegistry
+from inferd.tenancy.quota import LimitExceeded, Quota, QuotaExceeded, TokenBucket, format_duration
+from inferd.types import Usage
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def make_quota(clock, **tenant):
+    return Quota(TenantRegistry({"acme": TenantConfig(**tenant)}), clock=clock)
+
+
+def test_bucket_refills_continuously_and_caps_at_capacity():
+    b = TokenBucket(60, 1.0, now=0.0)
+    b.take(60, 0.0)
+    assert b.level(0.0) == 0
+    assert b.wait_s(10, 0.0) == pytest.approx(10.0)
+    assert b.level(30.0) == pytest.approx(30.0)
+    assert b.level(1000.0) == 60
+    assert b.wait_s(61, 1000.0) == math.inf
+
+
+def test_bucket_refund_never_exceeds_capacity():
+    b = TokenBucket(100, 1.0, now=0.0)
+    b.take(30, 0.0)
+    b.refund(50, 0.0)
+    assert b.level(0.0) == 100
+
+
+def test_rpm_rejects_with_retry_after_when_a_request_refills(clock):
+    q = make_quota(clock, requests_per_minute=2)
+    q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    with pytest.raises(QuotaExceeded) as exc:
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    assert exc.value.reason == "quota_rpm"
+    assert exc.value.retry_after_s == pytest.approx(30.0)      # 2/min refills one every 30 s
+    assert exc.value.headers["X-RateLimit-Remaining-Requests"] == "0"
+    clock.t += 30.0
+    q.acquire("acme", prompt_tokens=1, max_tokens=1)
+
+
+def test_tpm_charges_prompt_plus_max_tokens_and_refunds_unused(clock):
+    q = make_quota(clock, tokens_per_minute=1000)
+    lease = q.acquire("acme", prompt_tokens=100, max_tokens=500)
+    assert lease.headers["X-RateLimit-Remaining-Tokens"] == "400"
+    with pytest.raises(QuotaExceeded) as exc:
+        q.acquire("acme", prompt_tokens=100, max_tokens=500)
+    assert exc.value.reason == "quota_tpm"
+    assert exc.value.retry_after_s == pytest.approx(200 / (1000 / 60))
+    lease.release(Usage(prompt_tokens=100, completion_tokens=50))   # 450 unused come back
+    assert q.headers("acme")["X-RateLimit-Remaining-Tokens"] == "850"
+    q.acquire("acme", prompt_tokens=100, max_tokens=500)
+
+
+def test_rejection_charges_nothing(clock):
+    q = make_quota(clock, requests_per_minute=10, tokens_per_minute=100)
+    q.acquire("acme", prompt_tokens=50, max_tokens=40)
+    with pytest.raises(QuotaExceeded):
+        q.acquire("acme", prompt_tokens=50, max_tokens=40)
+    h = q.headers("acme")
+    assert h["X-RateLimit-Remaining-Requests"] == "9" and h["X-RateLimit-Remaining-Tokens"] == "10"
+
+
+def test_concurrency_cap_frees_on_release_and_release_is_idempotent(clock):
+    q = make_quota(clock, max_concurrent_requests=1)
+    lease = q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    with pytest.raises(QuotaExceeded) as exc:
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    assert exc.value.reason == "concurrency" and exc.value.retry_after_s > 0
+    lease.release(None)
+    lease.release(None)
+    q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    assert q.snapshot()["acme"]["in_flight"] == 1
+    assert q.snapshot()["acme"]["rejections"] == {"concurrency": 1}
+
+
+def test_reset_headers_use_openai_duration_format(clock):
+    q = make_quota(clock, requests_per_minute=60, tokens_per_minute=600)
+    lease = q.acquire("acme", prompt_tokens=300, max_tokens=0)
+    assert lease.headers["X-RateLimit-Limit-Requests"] == "60"
+    assert lease.headers["X-RateLimit-Reset-Requests"] == "1s"
+    assert lease.headers["X-RateLimit-Reset-Tokens"] == "30s"
+    assert format_duration(0.0199) == "20ms" and format_duration(360) == "6m0s"
+
+
+def test_limits_name_the_field(clock):
+    q = make_quota(clock, max_prompt_tokens=10, max_output_tokens=20, allowed_models=("small",),
+                   tokens_per_minute=25)
+    with pytest.raises(LimitExceeded) as exc:
+        q.check_limits("acme", model="big", prompt_tokens=1, max_tokens=1, context_len=100)
+    assert exc.value.status == 403 and exc.value.param == "model"
+    with pytest.raises(LimitExceeded, match="prompt") as exc:
+        q.check_limits("acme", model="small", prompt_tokens=11, max_tokens=1, context_len=100)
+    with pytest.raises(LimitExceeded) as exc:
+        q.check_limits("acme", model="small", prompt_tokens=1, max_tokens=21, context_len=100)
+    assert exc.value.param == "max_tokens"
+    with pytest.raises(LimitExceeded) as exc:
+        q.check_limits("acme", model="small", prompt_tokens=10, max_tokens=20, context_len=100)
+    assert exc.value.code == "request_too_large"
+    assert q.check_limits("acme", model="small", prompt_tokens=5, max_tokens=None, context_len=100) == 20
+
+
+def test_unlimited_tenant_sends_no_ratelimit_headers(clock):
+    q = Quota(TenantRegistry(), clock=clock)
+    assert q.acquire("local", prompt_tokens=10**6, max_tokens=10**6).headers == {}
+    assert q.check_limits("local", model="m", prompt_tokens=90, max_tokens=None, context_len=100) == 10

@@ -1,0 +1,140 @@
+"""The shape of inferd/: one package per concern, faces between packages, and no import cycles.
+
+The import graph is read with `ast`, so it sees every import: module level, inside functions, and
+under `if TYPE_CHECKING:` (an annotation-only cycle is still two modules that each need the other).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "inferd"
+PACKAGES = ["admission", "api", "config", "daemon", "engine", "models", "observability", "tenancy"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def top_package(module: str) -> str:
+    """`inferd.admission.queue` -> `admission`; a top-level module (`inferd.types`) is its own."""
+    return module.split(".")[1] if module != "inferd" else "inferd"
+
+
+def face(module: str) -> str:
+    """The package whose __init__ a module belongs behind: `inferd.engine.sim.profiles` -> `inferd.engine.sim`."""
+    while module not in MODULES or MODULES[module].name != "__init__.py":
+        module = module.rpartition(".")[0]
+    return module
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(module: str, *, runtime_only: bool = False) -> list[tuple[str, int]]:
+    """(imported inferd module, line) for every import in `module`; a `from pkg import name` that
+    names a submodule counts as importing it. `runtime_only` skips `if TYPE_CHECKING:` blocks."""
+    path = MODULES[module]
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        if runtime_only and isinstance(node, ast.If) and is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}" if base else package
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                target = sub if sub in MODULES else base
+                if target in MODULES:
+                    found.append((target, node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, node.lineno) for a in node.names if a.name in MODULES)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle in `graph` as a path [a, b, ..., a], or None."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(graph, WHITE)
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        color[node] = GREY
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if color.get(nxt, BLACK) == GREY:
+                return stack[stack.index(nxt):] + [nxt]
+            if color.get(nxt) == WHITE and (cycle := dfs(nxt)):
+                return cycle
+        stack.pop()
+        color[node] = BLACK
+        return None
+
+    for node in sorted(graph):
+        if color[node] == WHITE and (cycle := dfs(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_a_cycle_and_only_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+
+
+def test_no_module_imports_itself_back_through_any_chain():
+    graph = {m: {t for t, _ in imports(m) if t != m and not m.startswith(t + ".")} for m in MODULES}
+    assert find_cycle(graph) is None
+
+
+def test_packages_depend_on_each_other_in_one_direction():
+    """Faces import their insides eagerly, so two packages importing each other at run time would
+    fail on a partially initialised face; a package DAG is what keeps every face importable."""
+    graph: dict[str, set[str]] = {}
+    for m in MODULES:
+        graph.setdefault(top_package(m), set()).update(
+            top_package(t) for t, _ in imports(m, runtime_only=True) if top_package(t) != top_package(m))
+    assert find_cycle(graph) is None
+
+
+def test_other_packages_import_the_face_not_the_inside():
+    inside = []
+    for m in MODULES:
+        for target, line in imports(m):
+            if top_package(target) == top_package(m) or face(target) == "inferd":
+                continue
+            if target != face(target):
+                inside.append(f"{MODULES[m].relative_to(ROOT.parent)}:{line} imports {target} (use {face(target)})")
+    assert inside == []
+
+
+def test_inferd_top_level_is_the_packages_plus_the_cli_and_the_seam_types():
+    entries = sorted(p.name for p in ROOT.iterdir() if p.name not in ("__init__.py", "__pycache__"))
+    assert entries == sorted([*PACKAGES, "__main__.py", "types.py"])
+    assert len(entries) <= 10
+
+
+@pytest.mark.parametrize("package", sorted(m for m, p in MODULES.items() if p.name == "__init__.py"))
+def test_every_package_says_in_one_line_what_it_owns(package):
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text(encoding="utf-8")))
+    assert doc, f"{package} has no docstring"
+    assert len(doc.splitlines()[0]) <= 120 and doc.splitlines()[0].endswith(".")
