@@ -21,7 +21,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
 from inferd.config import RolloutConfig, rollout_errors
-from inferd.models import Rollout, RolloutError, RolloutNotFound
+from inferd.models import ControlPlane, Rollout, RolloutError, RolloutNotFound
 
 MAX_ADMIN_BODY = 16 * 1024
 
@@ -54,7 +54,7 @@ def _actor(request: web.Request) -> str:
     return principal.key_id or f"tenant:{principal.tenant}"
 
 
-def _control(request: web.Request):
+def _control(request: web.Request) -> ControlPlane:
     control = request.app[keys.STATE].control
     if control is None:
         raise ApiError(503, "Rollouts are not available on this server.", type="service_unavailable_error",
@@ -134,7 +134,7 @@ async def control_rollout(request: web.Request) -> web.Response:
     return _json(_status_body(rollout))
 
 
-def _define(control, name: str, body: _StartBody) -> Rollout:
+def _define(control: ControlPlane, name: str, body: _StartBody) -> Rollout:
     """A rollout given in the request body (not in the config) over alias or model `name`."""
     if not body.stable or not body.candidate:
         raise invalid("body: a new rollout needs both `stable` and `candidate`", param="stable")

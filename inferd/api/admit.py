@@ -19,15 +19,16 @@ from inferd.admission import AdmissionRejected, AdmittedStream, retry_after_head
 from inferd.api.auth import PERMISSION, model_forbidden
 from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
 from inferd.api.openai import Prepared
+from inferd.config import ServerConfig
 from inferd.engine import Engine
-from inferd.tenancy import LimitExceeded, QuotaExceeded
+from inferd.tenancy import LimitExceeded, QuotaExceeded, Tenancy
 from inferd.types import GenerationRequest, SamplingParams
 
 RATE_LIMIT = "rate_limit_error"
 TIMEOUT_HEADER = "X-Request-Timeout"
 
 
-def check_model_allowed(tenancy, tenant: str, requested: str, model: str) -> str:
+def check_model_allowed(tenancy: Tenancy, tenant: str, requested: str, model: str) -> str:
     """403 unless the tenant may use `model` (the served name) or the name it asked for (an alias).
     Returns the allowed name, for quota.check_limits. Checked before tokenizing: cheap refusals first."""
     cfg = tenancy.tenants.get(tenant)
@@ -40,7 +41,7 @@ def check_model_allowed(tenancy, tenant: str, requested: str, model: str) -> str
     raise model_forbidden(tenant, requested)
 
 
-def apply_limits(tenancy, tenant: str, allowed_name: str, p: Prepared, prompt_len: int,
+def apply_limits(tenancy: Tenancy, tenant: str, allowed_name: str, p: Prepared, prompt_len: int,
                  sampling: SamplingParams, max_model_len: int) -> SamplingParams:
     """The tenant's per-request limits on top of the model's. A request that set no max_tokens gets
     the tenant's cap (and what fits its tokens-per-minute bucket) instead of a refusal."""
@@ -66,7 +67,8 @@ def apply_limits(tenancy, tenant: str, allowed_name: str, p: Prepared, prompt_le
     return sampling if got == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=got)
 
 
-def request_deadline(request: web.BaseRequest, p: Prepared, tenancy, tenant: str, server, arrival: float) -> float:
+def request_deadline(request: web.BaseRequest, p: Prepared, tenancy: Tenancy, tenant: str, server: ServerConfig,
+                     arrival: float) -> float:
     """Absolute (time.monotonic) deadline: arrival + the smallest of the client's X-Request-Timeout
     header or body `timeout`, the tenant's max_request_timeout_s and the server's request_timeout_s."""
     budget = min(server.request_timeout_s, tenancy.tenants.get(tenant).max_request_timeout_s)
@@ -91,7 +93,7 @@ class Admitted(msgspec.Struct, kw_only=True):
     headers: dict[str, str]          # X-RateLimit-* after this request was charged
 
 
-async def admit(tenancy, tenant: str, model: str, engine: Engine, gen: GenerationRequest,
+async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gen: GenerationRequest,
                 deadline: float) -> Admitted:
     """Charge the tenant's quota, then wait in the engine's admission queue until released to it.
 

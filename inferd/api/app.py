@@ -21,6 +21,7 @@ from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
 from inferd.api.errors import SERVER_ERROR, ApiError, error_response, from_http_exception
 from inferd.api.sse import Inflight
+from inferd.api.state import ServerState
 from inferd.observability import get_logger, request_id_var
 
 log = get_logger("inferd.api")
@@ -31,7 +32,7 @@ _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})   # scraped every 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(state) -> web.Application:
+def make_app(state: ServerState) -> web.Application:
     """The HTTP app over a ServerState (inferd.api.state); handlers read `state` on every request."""
     app = web.Application(middlewares=[front_middleware],
                           # read_body() enforces server.max_body_bytes itself (reload-aware); this is

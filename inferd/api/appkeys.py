@@ -1,13 +1,12 @@
 """Typed keys for what the app and each request carry (aiohttp warns on plain string app keys)."""
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from inferd.api.sse import Inflight
+from inferd.api.state import ServerState
 
-STATE: web.AppKey[Any] = web.AppKey("inferd_state", object)     # inferd.api.state.ServerState
+STATE: web.AppKey[ServerState] = web.AppKey("inferd_state", ServerState)
 INFLIGHT: web.AppKey[Inflight] = web.AppKey("inferd_inflight", Inflight)
 
 # Per-request values set by the front middleware.

@@ -17,13 +17,15 @@ from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api.admit import admit, apply_limits, check_model_allowed, request_deadline
 from inferd.api.auth import authenticate
+from inferd.api.context import GenerationContext
 from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
 from inferd.api.sse import stream_response
+from inferd.api.state import ServerState
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
-from inferd.models import Route, VersionLease
+from inferd.models import VersionLease
 from inferd.types import FinishReason, GenerationRequest, SamplingParams, Usage
 
 # Tokenize (and template) in a thread when the body or the conversation is big: the text alone
@@ -123,7 +125,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         lease.release()
 
 
-async def _generate_routed(request: web.Request, kind: str, state, lease: VersionLease) -> web.StreamResponse:
+async def _generate_routed(request: web.Request, kind: str, state: ServerState,
+                           lease: VersionLease) -> web.StreamResponse:
     model, engine = "other", None
     try:
         if state.draining:
@@ -149,21 +152,22 @@ async def _generate_routed(request: web.Request, kind: str, state, lease: Versio
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
         raise
+    ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
+                            model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline)
     with state.track():
-        return await _run(request, state, kind, model, engine, prepared, prompt_ids, sampling, route, tenant,
-                          deadline)
+        return await _run(ctx)
 
 
-async def _run(request: web.Request, state, kind: str, model: str, engine: Engine, p: Prepared,
-               prompt_ids: list[int], sampling: SamplingParams, route: Route, tenant: str,
-               deadline: float) -> web.StreamResponse:
-    arrival = request[keys.ARRIVAL]
-    cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
+async def _run(ctx: GenerationContext) -> web.StreamResponse:
+    request, state, engine, route, model = ctx.request, ctx.state, ctx.engine, ctx.route, ctx.model
+    p, prompt_ids, sampling, tenant = ctx.prepared, ctx.prompt_ids, ctx.sampling, ctx.tenant
+    arrival = ctx.arrival
+    cid = ("chatcmpl-" if ctx.kind == "chat" else "cmpl-") + secrets.token_hex(12)
     info = engine.info
     label = version_label(engine)
     served = f"{model}@{label}" if route.lora is None else f"{model}@{label}:{route.lora}"
-    ident = Identity(kind, cid, int(time.time()), served, f"inferd-{__version__}-{info.backend}")
-    headers = {"X-Request-Id": request[keys.REQUEST_ID], "X-Inferd-Model-Version": label}
+    ident = Identity(ctx.kind, cid, int(time.time()), served, f"inferd-{__version__}-{info.backend}")
+    headers = {"X-Request-Id": ctx.request_id, "X-Inferd-Model-Version": label}
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
@@ -172,7 +176,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
                             lora=route.lora)
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
-        admitted = await admit(state.tenancy, tenant, model, engine, gen, deadline)
+        admitted = await admit(state.tenancy, tenant, model, engine, gen, ctx.deadline)
     except ApiError as err:
         obs.finish(err.status)
         raise
@@ -199,7 +203,7 @@ async def _run(request: web.Request, state, kind: str, model: str, engine: Engin
         mirror_to_shadow(state, route, engine, prompt_ids, sampling, tenant)
         # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
         # timeout is the same instant, as a backstop.
-        entry = inflight.add(request, stream, max(0.001, deadline - time.monotonic()), request[keys.REQUEST_ID])
+        entry = inflight.add(request, stream, max(0.001, ctx.deadline - time.monotonic()), ctx.request_id)
         log_fields.update(model=model, version=label, completion_id=cid, stream=p.stream)
         if route.lora is not None:
             log_fields["lora"] = route.lora

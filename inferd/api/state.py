@@ -12,7 +12,9 @@ from types import TracebackType
 
 from inferd.config import Config
 from inferd.engine import Engine
+from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
 from inferd.observability import Metrics
+from inferd.tenancy import Tenancy
 
 
 class _Tracked:
@@ -58,39 +60,35 @@ class ServerState:
         self._idle.set()
         # Issue 5 (inferd.models.versions / inferd.models.control): the daemon sets these; an embedder that only
         # passes `engines` gets a registry serving one version per model on first use.
-        self._registry = None
-        self.versions = None           # VersionManager: acquire/release, load failures
-        self.control = None            # ControlPlane: rollouts, shadow stats, audit
-        self.shadows = None            # ShadowDispatcher
+        self._registry: ModelRegistry | None = None
+        self.versions: VersionManager | None = None      # acquire/release, load failures
+        self.control: ControlPlane | None = None         # rollouts, shadow stats, audit
+        self.shadows: ShadowDispatcher | None = None
         # Issue 4 (inferd.tenancy.node): keys, tenants, quota, one admission queue per engine. The daemon sets
         # it (reading the keys file at startup); an embedder gets one built from `config` on first use.
-        self._tenancy = None
+        self._tenancy: Tenancy | None = None
         self.metrics.watch_tenancy(lambda: self._tenancy)
 
     @property
-    def tenancy(self):
-        """The Tenancy (inferd.tenancy.node): authenticator, tenant registry, quota, admission queues."""
+    def tenancy(self) -> Tenancy:
+        """Authenticator, tenant registry, quota, admission queues (inferd.tenancy)."""
         if self._tenancy is None:
-            from inferd.tenancy import Tenancy
-
             self._tenancy = Tenancy(self.config)
         return self._tenancy
 
     @tenancy.setter
-    def tenancy(self, tenancy) -> None:
+    def tenancy(self, tenancy: Tenancy) -> None:
         self._tenancy = tenancy
 
     @property
-    def registry(self):
+    def registry(self) -> ModelRegistry:
         """The ModelRegistry routing requests to loaded engine versions."""
         if self._registry is None:
-            from inferd.models import registry_from_engines
-
             self._registry = registry_from_engines(self.engines)
         return self._registry
 
     @registry.setter
-    def registry(self, registry) -> None:
+    def registry(self, registry: ModelRegistry) -> None:
         self._registry = registry
 
     # -- readiness -------------------------------------------------------------------------

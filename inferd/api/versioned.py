@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
+from inferd.api.state import ServerState
+from inferd.config import Config
 from inferd.engine import Engine
 from inferd.models import Route, RoutingError
 from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
@@ -13,7 +15,7 @@ from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
 
 
-def route_request(state, model_field: str, tenant: str, user: str | None, request_id: str) -> Route:
+def route_request(state: ServerState, model_field: str, tenant: str, user: str | None, request_id: str) -> Route:
     """`model` (alias, name or name@version, each optionally `:adapter`) -> Route, as an ApiError
     when it cannot be routed. An adapter must be one of the routed model's configured lora_adapters."""
     base, colon, adapter = model_field.partition(":")
@@ -31,7 +33,7 @@ def route_request(state, model_field: str, tenant: str, user: str | None, reques
     return route
 
 
-def lora_adapters(config, model: str) -> Mapping[str, str]:
+def lora_adapters(config: Config, model: str) -> Mapping[str, str]:
     """Adapter name -> path of a model's `[models.<model>.trtllm] lora_adapters` (empty when none)."""
     cfg = config.models.get(model)
     if cfg is None or cfg.backend != "trtllm" or cfg.trtllm is None:
@@ -39,7 +41,7 @@ def lora_adapters(config, model: str) -> Mapping[str, str]:
     return cfg.trtllm.lora_adapters
 
 
-def record_outcome(state, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
+def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
     """Feed a finished live request to the rollouts watching its version. Client aborts, deadlines
     and client errors say nothing about the version and are skipped."""
     control = state.control
@@ -61,12 +63,12 @@ def record_outcome(state, key: ModelVersion, last: Delta | None, status: int, tt
     control.rollouts.record(key, reason is not FinishReason.ERROR, ttft_s, itl, prompt, completion)
 
 
-def make_room_for_live(state, engine: Engine, prompt_len: int, sampling: SamplingParams) -> None:
+def make_room_for_live(state: ServerState, engine: Engine, prompt_len: int, sampling: SamplingParams) -> None:
     if state.shadows is not None:
         state.shadows.make_room(engine, prompt_len, sampling.max_tokens)
 
 
-def mirror_to_shadow(state, route: Route, live_engine: Engine, prompt_ids, sampling: SamplingParams,
+def mirror_to_shadow(state: ServerState, route: Route, live_engine: Engine, prompt_ids, sampling: SamplingParams,
                      tenant: str) -> None:
     """Mirror to the route's shadow when it has spare room; its output never reaches the client.
     Token ids are mirrored as they are, so only a shadow with the same vocabulary qualifies."""
@@ -84,7 +86,7 @@ def mirror_to_shadow(state, route: Route, live_engine: Engine, prompt_ids, sampl
     shadows.mirror(route.shadow, engine, prompt_ids, sampling, tenant)
 
 
-def model_rows(state, created: int, allows: Callable[[str], bool] = lambda name: True) -> list[dict]:
+def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] = lambda name: True) -> list[dict]:
     """GET /v1/models rows: every alias and model name a request may send, each with its split or
     its loaded versions (pin one as `model@version`). `allows(name)` filters by the tenant's
     allowed_models, as requests are checked (api.admit.check_model_allowed): an alias is listed when
@@ -124,7 +126,7 @@ def model_rows(state, created: int, allows: Callable[[str], bool] = lambda name:
     return rows
 
 
-def versions_status(state) -> dict:
+def versions_status(state: ServerState) -> dict:
     """What /readyz shows of loaded versions: state per version, and refused versions with why."""
     table = state.registry.table
     out: dict = {"versions": {str(k): e.state if e.engine.healthy else "unhealthy"
