@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.target == "trtllm":
         if trtllm is None:
             print("build_engines.py: --target trtllm is not available in this checkout "
-                  "(inferd/build/trtllm.py is missing); build with --target reference", file=sys.stderr)
+                  "(inferd/engine/build/trtllm.py is missing); build with --target reference", file=sys.stderr)
             return 2
         entry = getattr(trtllm, "main", None) or getattr(trtllm, "build", None)
         if entry is None:
-            print("build_engines.py: inferd.engine.build.trtllm has neither main(args) nor build(args)", file=sys.stderr)
+            print("build_engines.py: inferd.engine.build.trtllm has neither main(args) nor build(args)",
+                  file=sys.stderr)
             return 2
         result = entry(args)
         return result if isinstance(result, int) else 0

@@ -84,7 +84,7 @@ class AdmissionQueue:
                     lease: Lease | None = None) -> AdmittedStream:
         """Wait until `request` is released to the engine; returns its stream. `deadline` is absolute on
         this queue's clock. Raises AdmissionRejected, or the engine's InvalidRequest / EngineUnavailable.
-        `lease` (from quota.acquire) is released when the request ends or is refused. Cancelling the
+        `lease` (from Quota.acquire) is released when the request ends or is refused. Cancelling the
         caller removes the request from the queue (or aborts it if it was just released)."""
         try:
             t = self._enter(request, deadline, priority, lease)

@@ -28,4 +28,10 @@ from inferd.config.tenants import (
     check_auth_binding,
 )
 
-__all__ = ["AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError", "DEFAULT_REFERENCE_KV_BLOCKS", "InsecureBindError", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig", "TenantRegistry", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main", "load_config", "parse_target", "price_for", "rollout_errors", "split_from_config", "with_overrides"]
+__all__ = [
+    "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError", "DEFAULT_REFERENCE_KV_BLOCKS",
+    "InsecureBindError", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
+    "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig",
+    "TenantRegistry", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main", "load_config",
+    "parse_target", "price_for", "rollout_errors", "split_from_config", "with_overrides",
+]

@@ -2,8 +2,8 @@
 
 Plain frozen structs in the same style as inferd.config.root (unknown keys rejected, plain field types),
 plus `*_errors()` functions returning `path: problem` lines so the config loader can report every
-semantic problem at once. Nothing here has behaviour beyond lookups: quota.py and admission.py read
-these structs; a reload builds a new TenantRegistry and swaps it in.
+semantic problem at once. Nothing here has behaviour beyond lookups: inferd.tenancy.quota and
+inferd.admission read these structs; a reload builds a new TenantRegistry and swaps it in.
 """
 from __future__ import annotations
 

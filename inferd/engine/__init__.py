@@ -1,4 +1,4 @@
-"""Engines: reference (NumPy), sim (timed simulator), trtllm (TensorRT-LLM LLM API)."""
+"""The Engine contract and its backends (reference NumPy, sim, TensorRT-LLM), with artifacts, tokenization, builders."""
 from __future__ import annotations
 
 from inferd.engine.artifacts import (
@@ -29,4 +29,10 @@ from inferd.engine.stream import RequestStream, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher, TokenizerLoadError
 from inferd.engine.validation import failure_message, seed64, validate_request
 
-__all__ = ["Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE", "Manifest", "Progress", "RequestStream", "StopMatcher", "TokenizerLoadError", "blocks_for", "failure_message", "merge_deltas", "publish_artifact", "read_manifest", "resolve_artifact", "seed64", "staging_dir", "validate_request", "verify_artifact", "verify_main"]
+__all__ = [
+    "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo",
+    "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE",
+    "Manifest", "Progress", "RequestStream", "StopMatcher", "TokenizerLoadError", "blocks_for", "failure_message",
+    "merge_deltas", "publish_artifact", "read_manifest", "resolve_artifact", "seed64", "staging_dir",
+    "validate_request", "verify_artifact", "verify_main",
+]

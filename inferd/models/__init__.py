@@ -1,4 +1,4 @@
-"""Model versions and where requests go: routing, registry, loading versions, rollouts, shadow, the control plane."""
+"""Model versions and where requests go: engines from config, loading, routing, rollouts, shadow, the control plane."""
 from __future__ import annotations
 
 from inferd.models.control import ControlPlane
@@ -16,4 +16,8 @@ from inferd.models.versions import (
     version_specs,
 )
 
-__all__ = ["ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route", "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic", "registry_from_engines", "routes_from_config", "version_specs"]
+__all__ = [
+    "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route",
+    "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic",
+    "registry_from_engines", "routes_from_config", "version_specs",
+]

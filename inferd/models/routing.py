@@ -11,8 +11,9 @@ weight_i / sum(weights), and raising one arm's weight only ever moves users *ont
 canary growing 1% -> 5% keeps every user it already had. Arms that are not ready are skipped; their
 users spread over the rest and everyone else stays put.
 
-`inferd.models.registry.ModelRegistry` holds the live table; `inferd.config.aliases` turns the
-`[aliases.*]` tables into splits; `inferd.models.errors` has the errors.
+`inferd.models.registry.ModelRegistry` holds the live table; `inferd.models.errors` has the routing
+errors. `ModelVersion` is in `inferd.types`; `inferd.config.aliases` turns the `[aliases.*]` tables into
+splits and holds their vocabulary (`Arm`, `Split`, `ROUTE_NAME_RE`, `RoutingConfigError`).
 """
 from __future__ import annotations
 

@@ -5,4 +5,7 @@ from inferd.observability.audit import SYSTEM_ACTOR, AuditLog
 from inferd.observability.log import configure_logging, get_logger, request_context, request_id_var
 from inferd.observability.metrics import Metrics, RequestObservation
 
-__all__ = ["AuditLog", "Metrics", "RequestObservation", "SYSTEM_ACTOR", "configure_logging", "get_logger", "request_context", "request_id_var"]
+__all__ = [
+    "AuditLog", "Metrics", "RequestObservation", "SYSTEM_ACTOR", "configure_logging", "get_logger", "request_context",
+    "request_id_var",
+]

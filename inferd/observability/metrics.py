@@ -1,4 +1,4 @@
-"""Every Prometheus series inferd exports, declared once: here, and in the two modules beside it.
+"""Every Prometheus series inferd exports, declared once: here, in request_metrics and in tenant_metrics.
 
 Each `Metrics` owns its own CollectorRegistry (never the global one), so a test can build as many
 apps as it likes and read exact values. The daemon makes one per process and hangs it on

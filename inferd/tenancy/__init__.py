@@ -6,4 +6,7 @@ from inferd.tenancy.keys_cli import keys_main
 from inferd.tenancy.node import Tenancy
 from inferd.tenancy.quota import Lease, LimitExceeded, QuotaExceeded
 
-__all__ = ["AuthError", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded", "Principal", "QuotaExceeded", "Tenancy", "keys_main"]
+__all__ = [
+    "AuthError", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded", "Principal", "QuotaExceeded", "Tenancy",
+    "keys_main",
+]

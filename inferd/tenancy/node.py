@@ -48,7 +48,7 @@ class Tenancy:
                  quota_clock: Clock = time.monotonic) -> None:
         self.config = config
         self.tenants = TenantRegistry(config.tenants)
-        # Config paths are already absolute (config.load_config resolves them); "." only matters for
+        # Config paths are already absolute (inferd.config.load_config resolves them); "." only matters for
         # a Config built in code with relative paths.
         self.authenticator = authenticator or load_authenticator(config.auth, Path("."))
         self.quota = Quota(self.tenants, clock=quota_clock)
@@ -144,9 +144,9 @@ class Tenancy:
         row[reason] = row.get(reason, 0) + 1
 
     def metrics_snapshot(self) -> dict:
-        """Everything the per-tenant Prometheus series show (inferd.observability.metrics reads it at scrape time):
-        `quota` (Quota.snapshot), `rejections` (label -> reason -> n, made here), and `queues`: one
-        (model, version, AdmissionQueue.snapshot()) per engine."""
+        """Everything the per-tenant Prometheus series show (inferd.observability.tenant_metrics reads it at
+        scrape time): `quota` (Quota.snapshot), `rejections` (label -> reason -> n, made here), and `queues`:
+        one (model, version, AdmissionQueue.snapshot()) per engine."""
         queues = [(e.model, e.engine.info.version, e.queue.snapshot()) for e in self._queues.values()]
         return {"quota": self.quota.snapshot(), "rejections": {k: dict(v) for k, v in self._rejections.items()},
                 "queues": queues}

@@ -1,5 +1,5 @@
 """The admission queue's test harness: an engine double whose capacity the test sets, and a queue
-factory that cleans up (shared by tests/test_admission*.py)."""
+factory that cleans up (shared by tests/admission/test_*.py)."""
 import asyncio
 import math
 

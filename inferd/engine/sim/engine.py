@@ -10,9 +10,9 @@ emits one synthetic token per sequence that finished its prefill. Steps already 
 _SLICE_S): a GPU does not wait for the host's event loop. Tokens are a deterministic function of
 (prompt, seed, position). It reports itself as a simulator (info.simulated).
 
-The scheduling bookkeeping (queues, blocks, preemption, capacity) is sim_scheduler.py; this module
-times the steps and makes the tokens. Everything runs on the event loop: the step's Python cost is
-a few microseconds per sequence, so no thread is needed, and deltas are pushed from the loop thread
+The scheduling bookkeeping (queues, blocks, preemption, capacity) is inferd.engine.sim.scheduler; this
+module times the steps and makes the tokens. Everything runs on the event loop: the step's Python cost
+is a few microseconds per sequence, so no thread is needed, and deltas are pushed from the loop thread
 as RequestStream requires.
 Stats (step latency, tokens/s) are in *simulated* time: what the modelled GPU would do.
 """
@@ -43,7 +43,7 @@ from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
-log = get_logger(__name__)
+log = get_logger("inferd.engine.sim")   # the name operators filter on; it predates the sim package
 _EOS_SCALE = 1 << 20
 _MAX_LAG_S = 0.005   # how far behind the simulated timeline the loop may run before it stops catching up
 # Steps that are due run back to back while the step loop's turn has used less CPU than the rest

@@ -6,10 +6,10 @@ what has (not) run on a GPU. The rules that shape this module, all from the API 
 - `tensorrt_llm._tensorrt_engine.LLM` (the TensorRT-engine backend), built off the loop in start().
 - `generate_async` is called on the event-loop thread (its result queues bind to the running loop),
   with token ids, keyword arguments only, and always `max_tokens` (its default is 32).
-- Each request's RequestOutput becomes its delta stream in trtllm_stream.py (our own detokenizing and
-  stop strings; cancels whose 'cancelled' reply may never come).
+- Each request's RequestOutput becomes its delta stream in inferd.engine.trtllm.stream (our own
+  detokenizing and stop strings; cancels whose 'cancelled' reply may never come).
 - Capacity and stats (reservations mirroring GUARANTEED_NO_EVICT, the executor's iteration stats) are
-  kept in trtllm_stats.py.
+  kept in inferd.engine.trtllm.stats.
 """
 from __future__ import annotations
 

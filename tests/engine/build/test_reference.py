@@ -158,7 +158,7 @@ def test_cli_trtllm_without_its_builder_fails_clearly(monkeypatch: pytest.Monkey
     build_engines = load_build_engines()
     monkeypatch.setattr(build_engines, "_trtllm_builder", lambda: None)
     assert build_engines.main(["--target", "trtllm"]) == 2
-    assert "inferd/build/trtllm.py is missing" in capsys.readouterr().err
+    assert "inferd/engine/build/trtllm.py is missing" in capsys.readouterr().err
 
 
 def test_cli_trtllm_delegates_with_its_own_arguments(monkeypatch: pytest.MonkeyPatch) -> None:

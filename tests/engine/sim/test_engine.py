@@ -286,7 +286,7 @@ async def test_a_step_loop_bug_fails_requests_with_a_safe_message_and_logs_the_d
         raise RuntimeError("secret scheduler state")
 
     engine._scheduler.schedule = broken_schedule
-    with json_log("inferd.engine.sim.engine") as lines:
+    with json_log("inferd.engine.sim") as lines:
         final = await finish(running)
     assert final.finish_reason is FinishReason.ERROR and final.error == failure_message(running.request_id)
     assert any(line["exc"] == "secret scheduler state" and running.request_id in line["request_ids"]

@@ -2,7 +2,7 @@
 
 Run on a GPU node after building an engine (docs/gpu.md):
 
-    INFERD_TRTLLM_ENGINE_DIR=engines/llama3-8b-trt/<version> python -m pytest -m gpu tests/engine/test_trtllm_gpu.py
+    INFERD_TRTLLM_ENGINE_DIR=engines/llama3-8b-trt/<version> python -m pytest -m gpu tests/engine/trtllm/test_gpu.py
 
 Optional: INFERD_TRTLLM_TOKENIZER_DIR (default: the engine directory), INFERD_TRTLLM_KV_TOKENS (default
 8192: a small KV pool keeps capacity effects visible). Runtime caps are small for the same reason.
