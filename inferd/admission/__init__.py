@@ -2,6 +2,6 @@
 from __future__ import annotations
 
 from inferd.admission.queue import AdmissionQueue, AdmissionRejected, AdmittedStream
-from inferd.admission.ticket import retry_after_header
+from inferd.admission.ticket import Lease, retry_after_header
 
-__all__ = ["AdmissionQueue", "AdmissionRejected", "AdmittedStream", "retry_after_header"]
+__all__ = ["AdmissionQueue", "AdmissionRejected", "AdmittedStream", "Lease", "retry_after_header"]

@@ -10,19 +10,20 @@ while queued. Every 429/503 carries a Retry-After computed from bucket or queue 
 """
 from __future__ import annotations
 
+import asyncio
 import math
 
 import msgspec
 from aiohttp import web
 
-from inferd.admission import AdmissionRejected, AdmittedStream, retry_after_header
+from inferd.admission import AdmissionQueue, AdmissionRejected, AdmittedStream, Lease, retry_after_header
 from inferd.api.auth import PERMISSION, model_forbidden
 from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
 from inferd.api.openai import Prepared
 from inferd.config import ServerConfig
 from inferd.engine import Engine
 from inferd.tenancy import LimitExceeded, QuotaExceeded, Tenancy
-from inferd.types import GenerationRequest, SamplingParams
+from inferd.types import GenerationRequest, SamplingParams, Usage
 
 RATE_LIMIT = "rate_limit_error"
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -89,15 +90,50 @@ def request_deadline(request: web.BaseRequest, p: Prepared, tenancy: Tenancy, te
 
 
 class Admitted(msgspec.Struct, kw_only=True):
-    stream: AdmittedStream
+    streams: list[AdmittedStream]    # one per prompt (choice), in order
     headers: dict[str, str]          # X-RateLimit-* after this request was charged
 
 
-async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gen: GenerationRequest,
-                deadline: float) -> Admitted:
-    """Charge the tenant's quota, then wait in the engine's admission queue until released to it.
+class SharedLease:
+    """One quota lease held by the n engine requests of one HTTP request (a list of prompts): each
+    request releases its share, and the lease goes back, with their usage summed, when the last does."""
 
-    The quota lease travels with the request: admission releases it when the request is refused,
+    def __init__(self, lease: Lease, n: int) -> None:
+        self._lease = lease
+        self._pending = n
+        self._usages: list[Usage] = []
+        self.shares = [_LeaseShare(self) for _ in range(n)]
+
+    def _release(self, usage: Usage | None) -> None:
+        if usage is not None:
+            self._usages.append(usage)
+        self._pending -= 1
+        if self._pending == 0:
+            u = self._usages
+            self._lease.release(Usage(prompt_tokens=sum(x.prompt_tokens for x in u),
+                                      completion_tokens=sum(x.completion_tokens for x in u),
+                                      cached_tokens=sum(x.cached_tokens for x in u)) if u else None)
+
+
+class _LeaseShare:
+    __slots__ = ("_shared", "_released")
+
+    def __init__(self, shared: SharedLease) -> None:
+        self._shared = shared
+        self._released = False
+
+    def release(self, usage: Usage | None) -> None:
+        if not self._released:           # idempotent, as Lease.release
+            self._released = True
+            self._shared._release(usage)
+
+
+async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens: list[GenerationRequest],
+                deadline: float) -> Admitted:
+    """Charge the tenant's quota once for all of `gens` (one per prompt), then wait in the engine's
+    admission queue until each is released to it; all are admitted or none is.
+
+    The quota lease travels with the requests: admission releases it when a request is refused,
     leaves the queue, or ends (refunding the tokens it did not use). Raises ApiError (429/503/504), or
     the engine's InvalidRequest / EngineUnavailable from its submit."""
     try:
@@ -106,15 +142,35 @@ async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gen: 
         raise rejection_error(exc, {}) from None
     quota = tenancy.quota
     try:
-        lease = quota.acquire(tenant, prompt_tokens=len(gen.prompt_token_ids), max_tokens=gen.sampling.max_tokens)
+        lease = quota.acquire(tenant, prompt_tokens=sum(len(g.prompt_token_ids) for g in gens),
+                              max_tokens=sum(g.sampling.max_tokens for g in gens))
     except QuotaExceeded as exc:
         headers = {**exc.headers, "Retry-After": retry_after_header(exc.retry_after_s)}
         raise ApiError(429, f"{exc}.", type=RATE_LIMIT, code=exc.reason, headers=headers) from None
     try:
-        stream = await queue.admit(gen, deadline=deadline, lease=lease)
+        if len(gens) == 1:
+            streams = [await queue.admit(gens[0], deadline=deadline, lease=lease)]
+        else:
+            streams = await _admit_all(queue, gens, deadline, SharedLease(lease, len(gens)).shares)
     except AdmissionRejected as exc:
         raise rejection_error(exc, quota.headers(tenant)) from None
-    return Admitted(stream=stream, headers=lease.headers)
+    return Admitted(streams=streams, headers=lease.headers)
+
+
+async def _admit_all(queue: AdmissionQueue, gens: list[GenerationRequest], deadline: float,
+                     shares: list[_LeaseShare]) -> list[AdmittedStream]:
+    """Each request waits in the queue on its own (fairness sees n requests); the first refusal or a
+    cancelled caller withdraws the rest and cancels those already admitted."""
+    tasks = [asyncio.ensure_future(queue.admit(g, deadline=deadline, lease=s)) for g, s in zip(gens, shares)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled() and task.exception() is None:
+                task.result().cancel()
+        raise
 
 
 def rejection_error(exc: AdmissionRejected, ratelimit_headers: dict[str, str]) -> ApiError:

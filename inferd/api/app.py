@@ -47,6 +47,7 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/models", ops.list_models)
     app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/health", ops.healthz)      # vLLM's name; load tools (guidellm) probe it
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", ops.openapi)

@@ -17,16 +17,18 @@ from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api.admit import admit, apply_limits, check_model_allowed, request_deadline
 from inferd.api.auth import authenticate
+from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
 from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
 from inferd.api.openai import Prepared, decode, prepare
-from inferd.api.responses import OPENAI_FINISH, ChunkEncoder, Identity, abnormal_end, completion_body, server_timing
-from inferd.api.sse import stream_response
+from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
+                                  server_timing)
+from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
-from inferd.types import FinishReason, GenerationRequest, SamplingParams, Usage
+from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
 # Tokenize (and template) in a thread when the body or the conversation is big: the text alone
 # undercounts the work (thousands of empty messages carry no text yet take tens of ms to template).
@@ -105,7 +107,7 @@ def _sampling(p: Prepared, prompt_len: int, max_model_len: int) -> SamplingParam
                       f"model's context of {max_model_len} tokens; at most {room} are possible.",
                       param=name, code="context_length_exceeded")
     return SamplingParams(max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-                          stop=p.stop)
+                          stop=p.stop, ignore_eos=p.ignore_eos)
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -144,10 +146,13 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if not engine.healthy:
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
-        prompt_ids = await _tokenize(engine, prepared, len(body))
         max_model_len = engine.info.max_model_len
-        sampling = _sampling(prepared, len(prompt_ids), max_model_len)
-        sampling = apply_limits(tenancy, tenant, allowed, prepared, len(prompt_ids), sampling, max_model_len)
+        prompt_ids, sampling = [], []
+        for part in prepared.prompts():         # one per prompt of a completions batch; usually just one
+            ids = await _tokenize(engine, part, len(body))
+            params = _sampling(part, len(ids), max_model_len)
+            prompt_ids.append(ids)
+            sampling.append(apply_limits(tenancy, tenant, allowed, part, len(ids), params, max_model_len))
         deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
@@ -160,7 +165,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
 
 async def _run(ctx: GenerationContext) -> web.StreamResponse:
     request, state, engine, route, model = ctx.request, ctx.state, ctx.engine, ctx.route, ctx.model
-    p, prompt_ids, sampling, tenant = ctx.prepared, ctx.prompt_ids, ctx.sampling, ctx.tenant
+    p, tenant = ctx.prepared, ctx.tenant
     arrival = ctx.arrival
     cid = ("chatcmpl-" if ctx.kind == "chat" else "cmpl-") + secrets.token_hex(12)
     info = engine.info
@@ -171,12 +176,14 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
-    make_room_for_live(state, engine, len(prompt_ids), sampling)
-    gen = GenerationRequest(request_id=cid, prompt_token_ids=tuple(prompt_ids), sampling=sampling, tenant=tenant,
-                            lora=route.lora)
+    gens = []
+    for i, (ids, sampling) in enumerate(zip(ctx.prompt_ids, ctx.sampling)):
+        make_room_for_live(state, engine, len(ids), sampling)
+        gens.append(GenerationRequest(request_id=cid if i == 0 else f"{cid}-{i}", prompt_token_ids=tuple(ids),
+                                      sampling=sampling, tenant=tenant, lora=route.lora))
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
-        admitted = await admit(state.tenancy, tenant, model, engine, gen, ctx.deadline)
+        admitted = await admit(state.tenancy, tenant, model, engine, gens, ctx.deadline)
     except ApiError as err:
         obs.finish(err.status)
         raise
@@ -190,7 +197,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         obs.finish(503)
         record_outcome(state, route.target, None, 503, None)
         raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") from None
-    stream = admitted.stream
+    streams = admitted.streams
+    stream = streams[0] if len(streams) == 1 else Choices(streams)
     # From here the engine is generating for us: every path out must cancel the stream (the
     # finally), or a failure before streaming would leave it generating unread until max_tokens.
     inflight = request.app[keys.INFLIGHT]
@@ -200,7 +208,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     entry = None
     try:
         headers.update(admitted.headers)    # X-RateLimit-*
-        mirror_to_shadow(state, route, engine, prompt_ids, sampling, tenant)
+        mirror_to_shadow(state, route, engine, ctx.prompt_ids[0], ctx.sampling[0], tenant)
         # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
         # timeout is the same instant, as a backstop.
         entry = inflight.add(request, stream, max(0.001, ctx.deadline - time.monotonic()), ctx.request_id)
@@ -208,12 +216,15 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if route.lora is not None:
             log_fields["lora"] = route.lora
         if p.stream:
-            encoder = ChunkEncoder(ident, p.include_usage)
-            resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight)
+            running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
+            encoder = ChunkEncoder(ident, p.include_usage, running=running)
+            resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight,
+                                         ChoicesSender if isinstance(stream, Choices) else Sender)
             last = entry.final
         else:
-            last = await stream.collect()
-            resp = _json_response(request, ident, last, headers, entry.timed_out, arrival)
+            finals = await stream.collect() if isinstance(stream, Choices) else [await stream.collect()]
+            last = finals[0] if len(finals) == 1 else merged_final(finals)
+            resp = _json_response(ident, finals, headers, entry.timed_out, arrival)
         if last is not None:
             finish = OPENAI_FINISH.get(last.finish_reason)
             status = 200 if finish else abnormal_end(last.finish_reason, last.error).status
@@ -252,12 +263,17 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         log_fields["outcome_status"] = status
 
 
-def _json_response(request: web.Request, ident: Identity, last, headers: dict[str, str], timed_out: bool,
+def _json_response(ident: Identity, finals: list[Delta], headers: dict[str, str], timed_out: bool,
                    arrival: float) -> web.Response:
-    finish = OPENAI_FINISH.get(last.finish_reason)
-    if finish is None:
-        raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
-    usage = last.usage or Usage(prompt_tokens=0, completion_tokens=len(last.token_ids))
-    headers["Server-Timing"] = server_timing(arrival, last.timing, time.monotonic())
-    return web.Response(body=completion_body(ident, last.text, finish, usage), headers=headers,
+    """The whole response from each choice's final (merged) delta; any abnormal end is the response's error."""
+    choices = []
+    for last in finals:
+        finish = OPENAI_FINISH.get(last.finish_reason)
+        if finish is None:
+            raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
+        choices.append((last.text, finish))
+    usage = (finals[0].usage if len(finals) == 1 else merged_final(finals).usage) or Usage(
+        prompt_tokens=0, completion_tokens=sum(len(last.token_ids) for last in finals))
+    headers["Server-Timing"] = server_timing(arrival, finals[0].timing, time.monotonic())
+    return web.Response(body=completion_body(ident, choices, usage), headers=headers,
                         content_type="application/json")

@@ -29,8 +29,8 @@ class GenerationContext:
     route: Route                    # the version (and LoRA adapter) routing chose
     model: str                      # the served model name (route.target.model)
     engine: Engine                  # the loaded engine of route.target
-    prompt_ids: list[int]
-    sampling: SamplingParams        # after the model's context and the tenant's limits
+    prompt_ids: list[list[int]]     # one per choice: a completions request may send a list of prompts
+    sampling: list[SamplingParams]  # one per choice, after the model's context and the tenant's limits
     deadline: float                 # absolute, time.monotonic()
 
     @property

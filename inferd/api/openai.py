@@ -26,6 +26,8 @@ StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
 MAX_MESSAGES = 2048
 # Holding back text that could start a stop string costs in proportion to its length, per token.
 MAX_STOP_CHARS = 256
+# A list of prompts in /v1/completions becomes one engine request per prompt (LangChain sends up to 20).
+MAX_PROMPTS = 64
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
@@ -33,6 +35,8 @@ _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
 
 class StreamOptions(msgspec.Struct, **_STRICT):
     include_usage: bool | None = None
+    # vLLM's extension (guidellm sends it): usage so far on every chunk
+    continuous_usage_stats: bool | None = None
     include_obfuscation: bool | None = None     # no-op value: false (we never add padding fields)
 
 
@@ -73,6 +77,8 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     user: str | None = None
     # inferd: seconds the client will wait; caps the request's deadline (as the X-Request-Timeout header)
     timeout: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
+    # inferd (as vLLM): generate past end-of-sequence up to max_tokens; for benchmarks
+    ignore_eos: bool | None = None
     # accepted at their no-op value only
     n: int | None = None
     presence_penalty: float | None = None
@@ -206,6 +212,7 @@ class Prepared(msgspec.Struct, kw_only=True):
     kind: str                               # "completion" | "chat"
     prompt_text: str | None = None          # completions with a text prompt
     prompt_token_ids: list[int] | None = None
+    batch: list[str | list[int]] | None = None  # completions with a list of 2+ prompts: one choice each
     messages: list[dict] | None = None      # chat: for the model's chat template
     prompt_chars: int = 0                   # how much text tokenization will see
     max_tokens: int | None = None           # None: the chat default (up to the context)
@@ -215,7 +222,18 @@ class Prepared(msgspec.Struct, kw_only=True):
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False          # usage so far on every chunk (stream_options.continuous_usage_stats)
+    ignore_eos: bool = False
     timeout: float | None = None            # the body's `timeout` (seconds), if any
+
+    def prompts(self) -> list[Prepared]:
+        """One Prepared per prompt of a completions batch (just this one when it is not a batch)."""
+        if self.batch is None:
+            return [self]
+        return [msgspec.structs.replace(self, batch=None, prompt_chars=len(x) if isinstance(x, str) else 0,
+                                        prompt_text=x if isinstance(x, str) else None,
+                                        prompt_token_ids=None if isinstance(x, str) else x)
+                for x in self.batch]
 
 
 def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
@@ -246,6 +264,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
                           param="stop", code="invalid_value")
     out = Prepared(kind=kind, max_tokens=req.max_tokens, stop=stop, seed=req.seed, stream=bool(req.stream),
                    include_usage=bool(opts and opts.include_usage),
+                   continuous_usage=bool(opts and opts.continuous_usage_stats), ignore_eos=bool(req.ignore_eos),
                    temperature=1.0 if req.temperature is None else req.temperature,
                    top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout)
     if kind == "completion":
@@ -261,19 +280,28 @@ def _show(value: Any) -> str:
 
 
 def _prepare_prompt(prompt: Any, out: Prepared) -> None:
+    """A string, a list of token ids, or a list of either (one choice per prompt, as OpenAI's API)."""
     if isinstance(prompt, list):
         if not prompt:
             raise invalid("prompt: must not be empty.", param="prompt", code="empty_prompt")
         if all(type(t) is int for t in prompt):
             out.prompt_token_ids = prompt
             return
+        if not (all(isinstance(x, str) for x in prompt) or all(isinstance(x, list) for x in prompt)):
+            raise invalid("prompt: a list must hold token ids, strings, or token-id lists, not a mix.",
+                          param="prompt", code="invalid_prompt")
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}.",
+                          param="prompt", code="too_many_prompts")
+        for i, x in enumerate(prompt):
+            if not x:
+                raise invalid(f"prompt[{i}]: must not be empty.", param="prompt", code="empty_prompt")
         if len(prompt) > 1:
-            raise invalid("prompt: batched prompts (a list of several strings or token lists) are not supported; "
-                          "send one prompt per request.", param="prompt", code="unsupported_parameter")
+            out.batch = prompt
+            out.prompt_chars = sum(len(x) for x in prompt if isinstance(x, str))
+            return
         prompt = prompt[0]
         if isinstance(prompt, list):
-            if not prompt:
-                raise invalid("prompt: must not be empty.", param="prompt", code="empty_prompt")
             out.prompt_token_ids = prompt
             return
     if not isinstance(prompt, str) or not prompt:

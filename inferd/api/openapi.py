@@ -90,6 +90,7 @@ def document() -> dict:
                                                  "chat.completion"),
             "/v1/models": _plain_get("List the served models"),
             "/healthz": _plain_get("Liveness: the process answers"),
+            "/health": _plain_get("Liveness, as /healthz (the name vLLM-style load tools probe)"),
             "/readyz": _plain_get("Readiness: 200 when serving, 503 with reasons otherwise"),
             "/metrics": _plain_get("Prometheus metrics", "text/plain"),
             "/openapi.json": _plain_get("This document"),

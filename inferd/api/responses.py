@@ -61,29 +61,56 @@ class Identity:
                 "system_fingerprint": self.fingerprint}
 
 
-def completion_body(ident: Identity, text: str, finish: str, usage: Usage) -> bytes:
+def completion_body(ident: Identity, choices: list[tuple[str, str]], usage: Usage) -> bytes:
+    """The whole (not streamed) response: `choices` are (text, finish_reason) in index order."""
     if ident.kind == "chat":
         body = ident.header("chat.completion")
-        body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                            "logprobs": None, "finish_reason": finish}]
+        body["choices"] = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                            "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)]
     else:
         body = ident.header("text_completion")
-        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        body["choices"] = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+                           for i, (text, finish) in enumerate(choices)]
     body["usage"] = usage_dict(usage)
     return orjson.dumps(body)
 
 
+class RunningUsage:
+    """Tokens so far of one streamed response, for `stream_options.continuous_usage_stats` (as vLLM:
+    every chunk carries the usage up to it). Shared by the encoders of a response's choices."""
+
+    __slots__ = ("prompt_tokens", "completion_tokens")
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+
+    def count(self, tokens: int) -> None:
+        """Tokens the client was given without a chunk of their own (text held back by a stop string)."""
+        self.completion_tokens += tokens
+
+    def add(self, tokens: int) -> bytes:
+        """Count `tokens` more and return the usage object as JSON."""
+        self.completion_tokens += tokens
+        return b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+            self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens)
+
+
 class ChunkEncoder:
-    """Builds the SSE frames of one streamed response."""
+    """Builds the SSE frames of one streamed response (of its choice `index`)."""
 
-    __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage")
+    __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage",
+                 "_index", "running")
 
-    def __init__(self, ident: Identity, include_usage: bool) -> None:
+    def __init__(self, ident: Identity, include_usage: bool, *, index: int = 0,
+                 running: RunningUsage | None = None) -> None:
         self._ident = ident
         self._include_usage = include_usage
+        self._index = index
+        self.running = running          # set: every chunk carries the usage so far
         chat = ident.kind == "chat"
         self._object = "chat.completion.chunk" if chat else "text_completion"
-        head = orjson.dumps(ident.header(self._object))[:-1] + b',"choices":[{"index":0,'
+        head = orjson.dumps(ident.header(self._object))[:-1] + b',"choices":[{"index":%d,' % index
         head = b"data: " + head
         if chat:
             self._prefix = head + b'"delta":{"content":'
@@ -97,16 +124,27 @@ class ChunkEncoder:
         self._tail = (b'}],"usage":null}\n\n' if include_usage else b"}]}\n\n")
         self._suffix = self._mid + b"null" + self._tail
 
+    def for_choice(self, index: int) -> ChunkEncoder:
+        """The encoder of choice `index` of the same response (a list of prompts in /v1/completions)."""
+        return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running)
+
     def content(self, text: str) -> bytes:
         prefix = self._next_prefix
         self._next_prefix = self._prefix
         return b"".join((prefix, _dumps(text), self._suffix))
 
-    def final(self, text: str, finish: str) -> bytes:
-        """The last content chunk: whatever text is left, and the finish_reason."""
+    def content_with_usage(self, text: str, tokens: int) -> bytes:
+        """content() carrying the usage so far, `tokens` more included (continuous usage stats)."""
         prefix = self._next_prefix
         self._next_prefix = self._prefix
-        return prefix + _dumps(text) + self._mid + b'"' + finish.encode() + b'"' + self._tail
+        return b"".join((prefix, _dumps(text), self._mid, b'null}],"usage":', self.running.add(tokens), b"}\n\n"))
+
+    def final(self, text: str, finish: str, tokens: int = 0) -> bytes:
+        """The last content chunk of this choice: whatever text is left, and the finish_reason."""
+        prefix = self._next_prefix
+        self._next_prefix = self._prefix
+        tail = self._tail if self.running is None else b'}],"usage":' + self.running.add(tokens) + b"}\n\n"
+        return prefix + _dumps(text) + self._mid + b'"' + finish.encode() + b'"' + tail
 
     def usage(self, usage: Usage) -> bytes:
         body = self._ident.header(self._object)

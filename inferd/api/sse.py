@@ -135,8 +135,12 @@ class Sender:
         if delta.finish_reason is None:
             if delta.text:
                 now = entry.last_write = _monotonic()
-                self.send(self._content(delta.text))
+                running = self._encoder.running
+                self.send(self._content(delta.text) if running is None
+                          else self._encoder.content_with_usage(delta.text, len(delta.token_ids)))
                 self._on_tokens(len(delta.token_ids), now)
+            elif self._encoder.running is not None:
+                self._encoder.running.count(len(delta.token_ids))
             return
         entry.closing = True
         entry.final = delta
@@ -232,7 +236,9 @@ class Inflight:
 
 async def stream_response(request: web.BaseRequest, stream: RequestStream, entry: Tracked,
                           encoder: ChunkEncoder, headers: dict[str, str], include_usage: bool,
-                          obs: RequestObservation, inflight: Inflight) -> web.StreamResponse:
+                          obs: RequestObservation, inflight: Inflight,
+                          sender_class: type[Sender] = Sender) -> web.StreamResponse:
+    """Write `stream` as server-sent events; `sender_class` (default Sender) writes the frames."""
     resp = web.StreamResponse(headers=headers)
     resp.content_type = "text/event-stream"
     resp.headers["Cache-Control"] = "no-cache"
@@ -240,7 +246,7 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
     sender = None
     try:
         writer = await resp.prepare(request)
-        sender = Sender(entry, writer, encoder, include_usage, obs)
+        sender = sender_class(entry, writer, encoder, include_usage, obs)
         entry.last_write = _monotonic()
         entry.sender = sender
         stream.listen(functools.partial(inflight.flusher.mark, sender))   # new output -> this turn's flush
@@ -270,7 +276,7 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
 def final_frames(delta: Delta, encoder: ChunkEncoder, include_usage: bool, timed_out: bool) -> list[bytes]:
     finish = OPENAI_FINISH.get(delta.finish_reason)
     if finish is not None:
-        frames = [encoder.final(delta.text, finish)]
+        frames = [encoder.final(delta.text, finish, len(delta.token_ids))]
         if include_usage and delta.usage is not None:
             frames.append(encoder.usage(delta.usage))
     else:

@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 from inferd.api import make_app
 from inferd.api.state import ServerState
 from inferd.config.root import Config, ModelConfig, ServerConfig
+from inferd.config.tenants import TenantConfig
 from inferd.engine.base import Engine
 from inferd.engine.sim.engine import SimEngine
 
@@ -63,8 +64,9 @@ ServeFactory = Callable[..., Awaitable[Served]]
 
 @pytest.fixture
 async def serve() -> AsyncIterator[ServeFactory]:
-    """serve(engines=None, handler_cancellation=False, models=None, **server_config) -> Served; torn down
-    after the test. `models`: [models.*] config tables, for what the API reads of them (LoRA adapters).
+    """serve(engines=None, handler_cancellation=False, models=None, tenants=None, **server_config) -> Served;
+    torn down after the test. `models`: [models.*] config tables, for what the API reads of them (LoRA
+    adapters); `tenants`: [tenants.*] tables (auth is off, so requests are tenant `local`).
 
     aiohttp's default (no handler cancellation) is the harder case for noticing a client that left;
     the daemon runs with handler_cancellation=True.
@@ -72,12 +74,14 @@ async def serve() -> AsyncIterator[ServeFactory]:
     cleanups: list[Callable[[], Awaitable[None]]] = []
 
     async def factory(engines: dict[str, Engine] | None = None, *, handler_cancellation: bool = False,
-                      models: dict[str, ModelConfig] | None = None, **server: object) -> Served:
+                      models: dict[str, ModelConfig] | None = None,
+                      tenants: dict[str, TenantConfig] | None = None, **server: object) -> Served:
         engines = engines if engines is not None else {"sim": sim_engine()}
         for engine in engines.values():
             await engine.start()
             cleanups.append(engine.close)
-        state = ServerState(Config(server=ServerConfig(**server), models=models or {}), engines)
+        state = ServerState(Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {}),
+                            engines)
         state.started = True
         app = make_app(state)
         runner = web.AppRunner(app, handler_cancellation=handler_cancellation)

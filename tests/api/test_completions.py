@@ -5,11 +5,13 @@ import asyncio
 import threading
 from types import SimpleNamespace
 
+import msgspec
 import openai
 import pytest
 
 from inferd.api import appkeys
 from inferd.engine.sim.engine import SimEngine
+from inferd.engine.sim.profiles import get_profile
 from inferd.types import Delta, FinishReason
 from tests.api.conftest import metric_value, sim_engine
 
@@ -237,3 +239,16 @@ async def test_a_stop_string_longer_than_the_limit_is_a_400_naming_stop(served):
         with pytest.raises(openai.BadRequestError) as exc:
             await served.sdk.completions.create(model="sim", prompt="a", max_tokens=1, stop=stop)
         assert exc.value.body["param"] == "stop" and "256" in exc.value.body["message"]
+
+
+async def test_ignore_eos_generates_exactly_max_tokens_where_eos_would_end_it_early(serve):
+    eager = msgspec.structs.replace(get_profile("tiny"), eos_probability=0.3)   # EOS within a few tokens
+    served = await serve({"sim": SimEngine(eager, time_scale=0.0, max_model_len=512, model_name="sim", seed=0)})
+    early = await served.sdk.completions.create(model="sim", prompt="p", max_tokens=64, temperature=0)
+    assert early.choices[0].finish_reason == "stop" and early.usage.completion_tokens < 64
+    full = await served.sdk.completions.create(model="sim", prompt="p", max_tokens=64, temperature=0,
+                                               extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 64
+    chat = await served.sdk.chat.completions.create(model="sim", messages=[{"role": "user", "content": "p"}],
+                                                    max_completion_tokens=64, extra_body={"ignore_eos": True})
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 64

@@ -5,7 +5,7 @@ import msgspec
 import pytest
 
 from inferd.api.errors import ApiError
-from inferd.api.openai import NO_OP_VALUES, ChatCompletionRequest, CompletionRequest, decode, prepare
+from inferd.api.openai import MAX_PROMPTS, NO_OP_VALUES, ChatCompletionRequest, CompletionRequest, decode, prepare
 
 
 def completion(**fields) -> bytes:
@@ -101,9 +101,38 @@ def test_prompt_forms():
     assert prepare("completion", decode("completion", completion(prompt=[1, 2, 3]))).prompt_token_ids == [1, 2, 3]
     assert prepare("completion", decode("completion", completion(prompt=[[4, 5]]))).prompt_token_ids == [4, 5]
     assert prepare("completion", decode("completion", completion(prompt=["one"]))).prompt_text == "one"
-    assert rejected("completion", completion(prompt=["a", "b"])).param == "prompt"
     assert rejected("completion", completion(prompt="")).code == "empty_prompt"
     assert rejected("completion", completion(prompt=[])).code == "empty_prompt"
+
+
+def test_a_list_of_prompts_becomes_one_prepared_prompt_each_in_order():
+    p = prepare("completion", decode("completion", completion(prompt=["one", "three"])))
+    assert p.batch == ["one", "three"] and p.prompt_chars == 8
+    parts = p.prompts()
+    assert [(x.prompt_text, x.prompt_token_ids, x.prompt_chars, x.batch) for x in parts] == [
+        ("one", None, 3, None), ("three", None, 5, None)]
+    tokens = prepare("completion", decode("completion", completion(prompt=[[1, 2], [3]]))).prompts()
+    assert [(x.prompt_text, x.prompt_token_ids) for x in tokens] == [(None, [1, 2]), (None, [3])]
+
+
+def test_a_prompt_list_that_mixes_forms_is_empty_somewhere_or_too_long_is_rejected_naming_prompt():
+    assert rejected("completion", completion(prompt=["a", [1]])).code == "invalid_prompt"
+    assert rejected("completion", completion(prompt=["a", 5])).code == "invalid_prompt"
+    err = rejected("completion", completion(prompt=["a", ""]))
+    assert (err.param, err.code) == ("prompt", "empty_prompt") and "prompt[1]" in err.message
+    err = rejected("completion", completion(prompt=["a"] * (MAX_PROMPTS + 1)))
+    assert (err.param, err.code) == ("prompt", "too_many_prompts")
+    assert prepare("completion", decode("completion", completion(prompt=["a"] * MAX_PROMPTS))).batch
+
+
+def test_ignore_eos_and_continuous_usage_stats_are_known_parameters():
+    p = prepare("completion", decode("completion", completion(
+        ignore_eos=True, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})))
+    assert p.ignore_eos and p.continuous_usage and p.include_usage
+    assert not prepare("chat", decode("chat", chat())).ignore_eos
+    err = rejected("chat", chat(stream_options={"continuous_usage_stats": True}))
+    assert err.param == "stream_options"            # stream options without a stream, as OpenAI
+    assert rejected("chat", chat(ignore_eos="yes")).param == "ignore_eos"
 
 
 def test_stop_string_becomes_a_tuple_and_empty_stops_are_rejected():

@@ -27,6 +27,13 @@ async def test_healthz_and_readyz(served):
     assert (await get(served, "/healthz"))[0] == 200
 
 
+async def test_health_answers_as_healthz_for_load_tools_built_for_vllm(served):
+    status, body, _ = await get(served, "/health")
+    assert status == 200 and (status, body) == (await get(served, "/healthz"))[:2]
+    served.state.draining = True                        # liveness, not readiness: a draining node is alive
+    assert (await get(served, "/health"))[0] == 200
+
+
 async def test_readyz_names_an_unhealthy_engine(served):
     await served.engine.close()
     status, body, _ = await get(served, "/readyz")

@@ -55,6 +55,29 @@ async def test_raw_sse_frames_are_data_lines_ending_with_done(served):
     assert len({e["id"] for e in events}) == 1
 
 
+async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(served):
+    body = await raw_post(served.base_url, "/v1/completions",
+                          {"model": "sim", "prompt": "hi", "max_tokens": 12, "stream": True,
+                           "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    events = [json.loads(f.removeprefix(b"data: ")) for f in body.split(b"\n\n")[:-2]]
+    content, final = events[:-1], events[-1]
+    prompt = final["usage"]["prompt_tokens"]
+    counts = [e["usage"]["completion_tokens"] for e in content]
+    assert all(e["usage"]["prompt_tokens"] == prompt for e in content)
+    assert all(e["usage"]["total_tokens"] == prompt + e["usage"]["completion_tokens"] for e in content)
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 12
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 12
+
+
+async def test_continuous_usage_of_a_batch_counts_every_choice(served):
+    stream = await served.sdk.completions.create(
+        model="sim", prompt=["a", "b"], max_tokens=5, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = [c async for c in stream]
+    assert all(c.usage is not None for c in chunks)
+    assert chunks[-2].usage.completion_tokens == 10 and chunks[-1].usage.completion_tokens == 10
+
+
 async def test_heartbeat_comment_while_no_token_is_ready(serve):
     # ~0.25 s per simulated step: the first token takes a while, heartbeats every 0.05 s fill the gap.
     served = await serve({"sim": sim_engine(time_scale=100.0)}, heartbeat_interval_s=0.05)
