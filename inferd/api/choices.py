@@ -64,11 +64,7 @@ class ChoicesSender(Sender):
         self._finals: list[Delta | None] = [None] * len(streams)
 
     def flush(self) -> None:
-        if self.blocked or self.done:
-            return
-        if self._protocol.writing_paused:
-            self.blocked = True
-            self._wake()
+        if not self.writable():
             return
         frames: list[bytes] = []
         tokens = 0

@@ -118,15 +118,21 @@ class Sender:
             raise ConnectionResetError("the client closed the connection")
         transport.write(b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame)
 
-    def flush(self) -> None:
-        """Write what the stream has pending as one frame (or the final frames)."""
+    def writable(self) -> bool:
+        """May a frame be written now? Not once done, nor while the client is not keeping up: then
+        the deltas stay pending (they merge) rather than buffering frames without bound, and the
+        handler is woken to wait for the drain."""
         if self.blocked or self.done:
-            return
+            return False
         if self._protocol.writing_paused:
-            # The client is not keeping up: leave the deltas pending (they merge) rather than
-            # buffering frames without bound, and let the handler wait for the drain.
             self.blocked = True
             self._wake()
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Write what the stream has pending as one frame (or the final frames)."""
+        if not self.writable():
             return
         delta = self.stream.take()
         if delta is None:
