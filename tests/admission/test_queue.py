@@ -136,6 +136,23 @@ async def test_tenant_queue_bound_is_429_queue_full(make_queue):
         t.cancel()
 
 
+async def test_tenant_queued_tokens_bound_is_429_queue_full_and_leaves_other_tenants_alone(make_queue):
+    # each request holds prompt 16 + max_tokens 8 = 24 tokens while queued; the bound is 50
+    q, engine = make_queue(tenants={"a": TenantConfig(max_queued_tokens=50)})
+    await occupy(q, engine)
+    held = [spawn(q.admit(req("a"), deadline=far())) for _ in range(2)]       # 48 tokens queued
+    await settle()
+    with pytest.raises(AdmissionRejected) as exc:
+        await q.admit(req("a"), deadline=far())                               # 72 > 50
+    assert exc.value.status == 429 and exc.value.reason == "queue_full" and exc.value.retry_after_s > 0
+    other = spawn(q.admit(req("b", prompt=64), deadline=far()))               # b's own bound is the default
+    await settle()
+    assert not other.done() and q.snapshot()["queued"] == 3
+    assert q.snapshot()["tenants"]["a"]["rejections"] == {"queue_full": 1}
+    for t in [*held, other]:
+        t.cancel()
+
+
 async def test_node_full_sheds_newest_batch_work_for_interactive(make_queue):
     tenants = {"bat": TenantConfig(priority=PriorityClass.BATCH),
                "int": TenantConfig(priority=PriorityClass.INTERACTIVE)}

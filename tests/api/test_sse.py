@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import aiohttp
 import openai
@@ -109,6 +110,38 @@ async def test_client_disconnect_aborts_and_frees_kv_blocks(serve, stream, handl
     assert await served.state.wait_idle(timeout=1.0)
     assert await served.free_kv_blocks() == idle
     assert served.engine.stats().running == 0
+
+
+async def test_a_client_that_stops_reading_pauses_its_stream_and_gets_everything_merged_once_it_reads(serve):
+    served = await serve({"sim": sim_engine(max_model_len=8192, time_scale=0.2)})   # ~0.5 ms per token
+    host, port = served.base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    payload = json.dumps({"model": "sim", "prompt": "x", "max_tokens": 3000, "stream": True,
+                          "stream_options": {"include_usage": True}}).encode()
+    writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+    inflight = served.app[appkeys.INFLIGHT]
+
+    async def until(condition) -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    # Loopback's socket buffers hold megabytes; shrink the server side's so a client that does not
+    # read fills it within a few frames, as a slow client on a real network does.
+    await asyncio.wait_for(until(lambda: any(e.sender is not None for e in inflight.entries)), 5.0)
+    (entry,) = inflight.entries
+    transport = entry.request.transport
+    transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport.set_write_buffer_limits(high=4096)
+    await asyncio.wait_for(until(lambda: entry.sender.blocked), 5.0)      # past the high-water mark: paused
+    data = await asyncio.wait_for(reader.read(-1), 20.0)   # reading lets the transport drain: writing resumes
+    writer.close()
+    await writer.wait_closed()
+    body = data.partition(b"\r\n\r\n")[2]
+    frames = [f for f in body.split(b"\n\n") if b"data: {" in f]
+    usage = json.loads(frames[-1].partition(b"data: ")[2])["usage"]
+    assert usage["completion_tokens"] == 3000 and b"data: [DONE]" in body[-40:]
+    assert len(frames) - 1 < 3000                             # tokens merged while the client did not read
 
 
 async def test_server_side_abort_ends_stream_with_an_error_the_sdk_raises(serve):
