@@ -2,6 +2,15 @@
 from __future__ import annotations
 
 from inferd.api.app import make_app
+from inferd.api.errors import (
+    SERVER_HEADER,
+    internal_error_response,
+    protocol_error_response,
+    too_many_connections_response,
+)
 from inferd.api.state import ServerState
 
-__all__ = ["ServerState", "make_app"]
+__all__ = [
+    "SERVER_HEADER", "ServerState", "internal_error_response", "make_app", "protocol_error_response",
+    "too_many_connections_response",
+]

@@ -19,7 +19,7 @@ from inferd.api import admin, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
-from inferd.api.errors import SERVER_ERROR, ApiError, error_response, from_http_exception
+from inferd.api.errors import SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception
 from inferd.api.sse import Inflight
 from inferd.api.state import ServerState
 from inferd.observability import get_logger, request_id_var
@@ -39,6 +39,7 @@ def make_app(state: ServerState) -> web.Application:
                           # only aiohttp's ceiling for request.read(), which our handlers never call.
                           client_max_size=state.config.server.max_body_bytes)
     app[keys.STATE] = state
+    app.on_response_prepare.append(_server_header)
     inflight = Inflight(lambda: state.config.server.heartbeat_interval_s)
     app[keys.INFLIGHT] = inflight
     app.cleanup_ctx.append(inflight.cleanup_ctx)
@@ -53,6 +54,12 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_get("/openapi.json", ops.openapi)
     admin.add_routes(app)
     return app
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    # aiohttp's default `Server` header names the Python and aiohttp versions; say only what we are.
+    # Once per response (at prepare), never per SSE frame.
+    response.headers["Server"] = SERVER_HEADER
 
 
 async def _tenancy_ctx(app: web.Application) -> AsyncIterator[None]:

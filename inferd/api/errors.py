@@ -6,7 +6,7 @@ aiohttp's own HTTP errors and anything unexpected into `{"error": {message, type
 from __future__ import annotations
 
 import orjson
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 # OpenAI's `type` values; clients (and the SDK) key off the HTTP status, people read the type.
 INVALID_REQUEST = "invalid_request_error"
@@ -79,3 +79,70 @@ def from_http_exception(exc: web.HTTPException, limit: int) -> ApiError:
         return err
     kind = SERVER_ERROR if status >= 500 else INVALID_REQUEST
     return ApiError(status, exc.reason or "HTTP error", type=kind, code=None)
+
+
+# -- the listener's own answers (inferd.daemon.listener): before any route or middleware runs ----------
+
+# The `Server` response header: the product, never the Python or aiohttp version it runs on.
+SERVER_HEADER = "inferd"
+
+# Parser refusals by kind: (metric reason label, HTTP status, error code, message). The message is fixed
+# per kind: the parser's own text quotes up to 100 bytes of what the client sent, which we never echo.
+_BAD_LINE = ("bad_request_line", 400, "invalid_request_line", "Malformed HTTP request line.")
+_URI_TOO_LONG = ("uri_too_long", 414, "uri_too_long", "The request target is longer than the server accepts.")
+_HEADER_TOO_LARGE = ("header_too_large", 431, "request_header_too_large",
+                     "A request header field, or the number of header fields, is larger than the server accepts.")
+_INVALID_HEADER = ("invalid_header", 400, "invalid_header", "Malformed HTTP header.")
+_FRAMING = ("invalid_framing", 400, "invalid_message_framing",
+            "Ambiguous or invalid message framing (Content-Length / Transfer-Encoding).")
+_BAD_REQUEST = ("bad_request", 400, "malformed_request", "Malformed HTTP request.")
+
+
+def _protocol_kind(exc: BaseException | None) -> tuple[str, int, str, str]:
+    if isinstance(exc, http_exceptions.BadStatusLine):           # includes BadHttpMethod (TLS on a plain port)
+        return _BAD_LINE
+    if isinstance(exc, http_exceptions.InvalidURLError):
+        return _BAD_LINE
+    if isinstance(exc, http_exceptions.LineTooLong):
+        # aiohttp raises the same class for the request target and for a header; the target is the one
+        # that starts with "/" (origin form, what HTTP/1.1 clients send to a server).
+        line = exc.args[0] if exc.args else b""
+        is_target = isinstance(line, bytes | bytearray | str) and line[:1] in (b"/", "/")
+        return _URI_TOO_LONG if is_target else _HEADER_TOO_LARGE
+    if isinstance(exc, http_exceptions.InvalidHeader):
+        return _INVALID_HEADER
+    text = getattr(exc, "message", "") or ""
+    if text.startswith("Too many headers"):
+        return _HEADER_TOO_LARGE
+    if "Content-Length" in text or "Transfer-Encoding" in text or "transfer" in text.lower():
+        return _FRAMING                                           # request smuggling shapes: CL+TE, duplicate CL
+    if "header" in text.lower():
+        return _INVALID_HEADER
+    return _BAD_REQUEST
+
+
+def protocol_error_response(exc: BaseException | None) -> tuple[str, web.Response]:
+    """A request the HTTP parser refused (bad request line, header too large, CL+TE, ...): its bounded
+    reason label and the enveloped 4xx answer. The connection closes after it."""
+    reason, status, code, message = _protocol_kind(exc)
+    resp = error_response(ApiError(status, message, code=code))
+    resp.headers["Server"] = SERVER_HEADER
+    resp.force_close()
+    return reason, resp
+
+
+def internal_error_response() -> web.Response:
+    """An error that escaped the app (a bug), answered by the listener: enveloped, no traceback."""
+    resp = error_response(ApiError(500, "Internal server error.", type=SERVER_ERROR, code="internal_error"))
+    resp.headers["Server"] = SERVER_HEADER
+    resp.force_close()
+    return resp
+
+
+def too_many_connections_response() -> web.Response:
+    """A non-probe request on a connection accepted over server.max_connections (probe reserve only)."""
+    resp = error_response(unavailable("The server has too many open connections; retry shortly.",
+                                      code="too_many_connections"))
+    resp.headers["Server"] = SERVER_HEADER
+    resp.force_close()
+    return resp

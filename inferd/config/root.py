@@ -43,6 +43,12 @@ class ServerConfig(ConfigTable):
     drain_grace_s: float = 30.0
     engines_root: str = "engines"
     log_level: LogLevel = "info"
+    # The listener's guards against slow or idle clients (inferd.daemon.listener); read per new connection.
+    header_timeout_s: float = 10.0         # first byte of a request -> end of its headers
+    body_timeout_s: float = 30.0           # end of the headers -> end of the body
+    idle_timeout_s: float = 15.0           # an open connection with no request in progress (keep-alive)
+    max_connections: int = 1024            # open connections serving any route
+    probe_connections: int = 8             # beyond max_connections: accepted for /healthz, /readyz only
 
 
 class SimConfig(ConfigTable):
@@ -128,9 +134,15 @@ def _server_errors(s: ServerConfig) -> list[str]:
         errors.append(f"server.host: expected an IP address such as 127.0.0.1, got {s.host!r}")
     if not 0 <= s.port <= 65535:
         errors.append(f"server.port: must be in 0..65535 (0 = any free port), got {s.port}")
-    for key in ("max_body_bytes", "heartbeat_interval_s", "request_timeout_s"):
-        if getattr(s, key) <= 0:
+    for key in ("max_body_bytes", "heartbeat_interval_s", "request_timeout_s", "header_timeout_s",
+                "body_timeout_s", "idle_timeout_s", "max_connections"):
+        if not getattr(s, key) > 0:   # `not >` also rejects NaN
             errors.append(f"server.{key}: must be > 0, got {getattr(s, key)}")
+    for key in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+        if getattr(s, key) == float("inf"):
+            errors.append(f"server.{key}: must be finite (it is what cuts a slow client), got inf")
+    if s.probe_connections < 0:
+        errors.append(f"server.probe_connections: must be >= 0, got {s.probe_connections}")
     if s.drain_grace_s < 0:
         errors.append(f"server.drain_grace_s: must be >= 0, got {s.drain_grace_s}")
     if not s.engines_root:

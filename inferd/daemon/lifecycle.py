@@ -27,6 +27,7 @@ from aiohttp import web
 
 from inferd.api import ServerState
 from inferd.config import Config, InsecureBindError, check_auth_binding
+from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.reload import Reloader
 from inferd.daemon.sdnotify import Notifier
 from inferd.daemon.synthetic_build import build_synthetic_artifact
@@ -184,7 +185,10 @@ class Daemon:
         stack.push_async_callback(tenancy.close)  # unwinds before the engines close
         app = self._app_factory(state)
         # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
+        # GuardedRunner (inferd.daemon.listener): read deadlines, idle timeout and the connection cap,
+        # from the live [server] table (a reload applies to new connections).
+        runner = GuardedRunner(app, settings=lambda: state.config.server, metrics=state.metrics,
+                               handle_signals=False, access_log=None, handler_cancellation=True,
                                shutdown_timeout=HANDLER_SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 disable_created_metrics()
 
 OTHER = "other"
+# Why the listener closed a connection itself (inferd.daemon.listener): a bounded set, all pre-created.
+CONNECTION_CUT_REASONS = ("header_timeout", "body_timeout", "idle", "over_cap")
 MODEL_LABELS = ("model", "version", "backend")
 
 # Bucket edges in seconds, from a cached prefill on a GPU to a long generation on a CPU engine.
@@ -141,6 +143,17 @@ class Metrics:
             ("tenant", "status"), registry=r)
         self.tenancy: Callable[[], Any] = lambda: None
         r.register(TenancyCollector(lambda: self.tenancy()))   # late-bound: watch_tenancy swaps it
+        # The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused.
+        self.connections_cut_total = Counter(
+            "inferd_http_connections_cut", "Connections the listener closed or refused, by reason",
+            ("reason",), registry=r)
+        for reason in CONNECTION_CUT_REASONS:
+            self.connections_cut_total.labels(reason)
+        self.protocol_errors_total = Counter(
+            "inferd_http_protocol_errors", "Requests the HTTP parser refused (answered 4xx), by kind",
+            ("reason",), registry=r)
+        self.connections_open = Gauge(
+            "inferd_http_connections_open", "Open client connections (serving and probe-only)", registry=r)
         self._loop_histograms: dict[int, LoopHistogram] = {}   # by id(child); children live as long
         self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
         self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
@@ -189,6 +202,18 @@ class Metrics:
 
     def count_tenant_request(self, tenant_label: str, status: int | str) -> None:
         self.tenant_requests_total.labels(tenant_label, str(status)).inc()
+
+    def count_connection_cut(self, reason: str) -> None:
+        """`reason`: one of CONNECTION_CUT_REASONS."""
+        self.connections_cut_total.labels(reason).inc()
+
+    def count_protocol_error(self, reason: str) -> None:
+        """`reason`: a kind from inferd.api.errors' fixed table of parser refusals."""
+        self.protocol_errors_total.labels(reason).inc()
+
+    def watch_connections(self, source: Callable[[], int]) -> None:
+        """`source()` is the listener's open-connection count, read at scrape time."""
+        self.connections_open.set_function(source)
 
     def loop_observer(self, child: Any) -> Callable[[float], None]:
         """A cheap observe() for a histogram child, for the event-loop thread only (see LoopHistogram)."""
