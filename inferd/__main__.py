@@ -1,4 +1,4 @@
-"""CLI: `inferd serve | check-config | engines verify | keys ...`.
+"""CLI: `inferd serve | check-config | engines verify | keys ... | audit verify`.
 
 Each subcommand's work lives in the module that owns that concern; this file only parses
 arguments and imports lazily, so `inferd engines verify` does not pay for aiohttp or numpy.
@@ -39,7 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
     revoke.add_argument("--config", default="config.toml")
+
+    audit = sub.add_parser("audit", help="the audit log")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    audit_verify = audit_sub.add_parser("verify", help="check the audit log's hash chain; exit 1 naming the first "
+                                                       "broken record")
+    audit_verify.add_argument("path", nargs="?", default=None, help="the audit file (default: the config's)")
+    audit_verify.add_argument("--config", default="config.toml", help="read [audit] path from this config")
     return parser
+
+
+def _audit_path(args) -> str:
+    """The file `inferd audit verify` checks: the one given, else where the daemon writes it for `--config`."""
+    from pathlib import Path
+
+    from inferd.config import load_config
+    from inferd.models import audit_path
+    if args.path is not None:
+        return args.path
+    return str(audit_path(load_config(args.config), Path(args.config).resolve().parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         from inferd.tenancy import keys_main
         return keys_main(args)
+    if args.command == "audit":
+        from inferd.config import ConfigError
+        from inferd.observability import audit_verify_main
+        try:
+            path = _audit_path(args)
+        except (ConfigError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return audit_verify_main(path)
     return 2
 
 

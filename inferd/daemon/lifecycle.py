@@ -181,7 +181,7 @@ class Daemon:
                 await build_synthetic_artifact(Path(cfg.server.engines_root), name, kind, self._notifier)
         state = await self._load_versions(stack)
         state.tenancy = tenancy
-        tenancy.start(state.engines)              # one admission queue per engine (later versions: on use)
+        tenancy.start(state.engines, audit=state.control.audit)  # queue per engine; keys-file poll, audited
         stack.push_async_callback(tenancy.close)  # unwinds before the engines close
         app = self._app_factory(state)
         # handler_cancellation: a client that goes away cancels its handler, which aborts its request.

@@ -1,7 +1,8 @@
 """SIGHUP: re-read the config and apply the difference without interrupting a stream.
 
-1. Parse and validate the whole new file (off the loop). Invalid: nothing changes; the errors are
-   logged and `inferd_config_reload_total{result="error"}` counts it.
+1. Parse and validate the whole new file (off the loop), then re-read the keys file (off the loop).
+   Invalid config or a malformed keys file: nothing changes (the old keys stay); the errors are
+   logged, audited (`config.reload_failed`) and `inferd_config_reload_total{result="error"}` counts it.
 2. Phase 1, one step on the loop: the new Config object (tenants, quotas, server timeouts) and
    the new routes and weights go live together in one routing-table swap. A route whose new
    targets are not loaded yet keeps its current split until they are (never a 503 gap).
@@ -25,6 +26,7 @@ import msgspec
 from inferd.config import Config, ConfigError, RoutingConfigError, load_config
 from inferd.models import ControlPlane, VersionManager, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
+from inferd.tenancy import KeyFileError
 from inferd.types import ModelVersion
 
 log = get_logger("inferd.reload")
@@ -83,11 +85,15 @@ class Reloader:
             try:
                 new = await read_config(path, state.config)
                 self._check_routes(new)
+                tenancy = getattr(state, "tenancy", None)
+                authenticator = await tenancy.check_keys(new) if tenancy is not None else None
             except ConfigError as exc:
                 return self._refused(list(exc.errors), exc.source)
             except RoutingConfigError as exc:
                 return self._refused([str(exc)], str(path))
-            return await self.apply(new, t0)
+            except KeyFileError as exc:
+                return self._refused([f"auth keys: {exc}"], str(path))
+            return await self.apply(new, t0, authenticator=authenticator)
 
     def _check_routes(self, new: Config) -> None:
         """Build both tables without publishing them: anything they reject is a config error."""
@@ -98,10 +104,13 @@ class Reloader:
     def _refused(self, errors: list[str], source: str) -> ReloadResult:
         log.error("reload_failed", source=source, errors=errors,
                   message="config unchanged; the daemon keeps running as before")
+        self.control.audit.append(SYSTEM_ACTOR, "config.reload_failed", target="config", reason="SIGHUP",
+                                  detail={"source": source, "errors": errors})
         self.state.metrics.config_reloaded(False)
         return ReloadResult(False, tuple(errors))
 
-    async def apply(self, new: Config, t0: float | None = None) -> ReloadResult:
+    async def apply(self, new: Config, t0: float | None = None, *, authenticator=None) -> ReloadResult:
+        """Apply a validated config; `authenticator`: one `Tenancy.check_keys` built for a changed [auth]."""
         t0 = time.monotonic() if t0 is None else t0
         state, control, versions = self.state, self.control, self.versions
         old = state.config
@@ -116,7 +125,7 @@ class Reloader:
         control.shadows.set_prices(new.prices)
         tenancy = getattr(state, "tenancy", None)
         if tenancy is not None:
-            tenancy.reconfigure(new)
+            tenancy.reconfigure(new, authenticator)
         control.configure_rollouts(new)
         versions.server = msgspec.structs.replace(versions.server, **{
             k: getattr(new.server, k) for k in ("drain_grace_s", "request_timeout_s")})

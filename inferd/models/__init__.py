@@ -1,7 +1,7 @@
 """Model versions and where requests go: engines from config, loading, routing, rollouts, shadow, the control plane."""
 from __future__ import annotations
 
-from inferd.models.control import ControlPlane
+from inferd.models.control import ControlPlane, audit_path
 from inferd.models.errors import RoutingError
 from inferd.models.factory import EngineConfigError, build_engine, missing_synthetic
 from inferd.models.registry import ModelRegistry
@@ -19,5 +19,5 @@ from inferd.models.versions import (
 __all__ = [
     "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route",
     "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic",
-    "registry_from_engines", "routes_from_config", "version_specs",
+    "audit_path", "registry_from_engines", "routes_from_config", "version_specs",
 ]

@@ -1,11 +1,11 @@
 """What inferd tells operators: Prometheus metrics, JSON log lines, the audit log."""
 from __future__ import annotations
 
-from inferd.observability.audit import SYSTEM_ACTOR, AuditLog
+from inferd.observability.audit import SYSTEM_ACTOR, AuditLog, audit_verify_main
 from inferd.observability.log import configure_logging, get_logger, request_context, request_id_var
 from inferd.observability.metrics import Metrics, RequestObservation
 
 __all__ = [
     "AuditLog", "Metrics", "RequestObservation", "SYSTEM_ACTOR", "configure_logging", "get_logger", "request_context",
-    "request_id_var",
+    "audit_verify_main", "request_id_var",
 ]

@@ -104,3 +104,9 @@ class TenancyCollector:
             in_flight.add_metric((label,), row.get("in_flight", 0))
         yield from (rejections, admitted, prompt, output, wait, ttft, queued, queued_tok, in_flight, remaining,
                     vtc, class_queued, class_tokens, running, throughput)
+        keys = CounterMetricFamily("inferd_keys_reload", "Keys-file re-reads (1 s poll or SIGHUP) that changed "
+                                   "keys (success) or found the file malformed, old keys kept (error)",
+                                   labels=("result",))
+        for result, n in snap.get("keys_reloads", {}).items():
+            keys.add_metric((result,), n)
+        yield keys

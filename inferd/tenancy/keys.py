@@ -1,4 +1,4 @@
-"""API keys: creation, the keys file, and `Authorization: Bearer` checks.
+"""API keys: creation, revocation, the in-memory key store, and `Authorization: Bearer` checks.
 
 A key is `inf_<key id>_<secret>`: the prefix makes leaked keys recognisable to secret scanners, the
 key id (12 hex) is public (logs, `keys list`, revocation) and the secret is 256 bits. Only a hash of
@@ -7,12 +7,12 @@ SHA-256 when none is configured. Verification looks the record up by key id and 
 compares one hash in constant time; an unknown id is compared against a dummy hash, so an unknown
 key costs the same as a wrong one and timing tells nothing about which ids exist.
 
-`inferd keys create|list|revoke` is inferd.tenancy.keys_cli.
+The file itself (format, atomic writes, locking) is inferd.tenancy.keys_file; `inferd keys create|list|revoke`
+is inferd.tenancy.keys_cli.
 """
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import hmac
 import os
@@ -24,22 +24,21 @@ from pathlib import Path
 import msgspec
 
 from inferd.config import TENANT_NAME_RE, AuthConfig
+from inferd.tenancy.keys_file import (
+    FileLock,
+    KeyFileError,
+    KeyFileUnchanged,
+    KeyRecord,
+    Stamp,
+    load_records,
+    parse_records,
+    read_stamped,
+    write_records,
+)
 
 KEY_PREFIX = "inf_"
 KEY_ID_HEX = 12
 SCOPES = ("inference", "admin", "metrics")
-
-
-class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One line of the keys file (JSON lines)."""
-
-    key_id: str
-    tenant: str
-    scopes: tuple[str, ...]
-    alg: str                         # "hmac-sha256" | "sha256"
-    hash: str                        # hex digest of the whole key
-    created_at: float
-    revoked_at: float | None = None
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,10 +47,6 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     key_id: str | None               # None when auth is off
     scopes: frozenset[str]
-
-
-class KeyFileError(Exception):
-    """The keys file or the secret file cannot be read or is malformed (message names file and line)."""
 
 
 class AuthError(Exception):
@@ -120,64 +115,6 @@ def parse_key_id(key: str) -> str | None:
 # -- the keys file ---------------------------------------------------------------------------
 
 
-def load_records(path: Path) -> list[KeyRecord]:
-    """All records in the file; a missing file is an empty store."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise KeyFileError(f"{path}: {exc.strerror}") from exc
-    records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(msgspec.json.decode(line, type=KeyRecord))
-        except msgspec.DecodeError as exc:
-            raise KeyFileError(f"{path}:{lineno}: {exc}") from exc
-    return records
-
-
-def write_records(path: Path, records: Iterable[KeyRecord]) -> None:
-    """Replace the file atomically (temp file in the same directory, fsync, rename), mode 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for r in records:
-                f.write(msgspec.json.encode(r) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-class _FileLock:
-    """Serialises read-modify-write of the keys file between concurrent `inferd keys` runs."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path.with_name(f".{path.name}.lock")
-
-    def __enter__(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-
-
 def create_key(path: Path, hasher: KeyHasher, tenant: str, scopes: Iterable[str] = ("inference",),
                now: float | None = None) -> tuple[KeyRecord, str]:
     """Add a key for `tenant`; returns its record and the key itself (shown once, never stored)."""
@@ -187,7 +124,7 @@ def create_key(path: Path, hasher: KeyHasher, tenant: str, scopes: Iterable[str]
     bad = [s for s in scopes if s not in SCOPES]
     if bad or not scopes:
         raise ValueError(f"scope: expected some of {', '.join(SCOPES)}, got {', '.join(bad) or 'none'}")
-    with _FileLock(path):
+    with FileLock(path):
         records = load_records(path)
         taken = {r.key_id for r in records}
         key_id, key = new_key()
@@ -201,7 +138,7 @@ def create_key(path: Path, hasher: KeyHasher, tenant: str, scopes: Iterable[str]
 
 def revoke_key(path: Path, key_id: str, now: float | None = None) -> KeyRecord:
     """Mark a key revoked (kept in the file for audit). Raises KeyError for an unknown id."""
-    with _FileLock(path):
+    with FileLock(path):
         records = load_records(path)
         for i, r in enumerate(records):
             if r.key_id == key_id:
@@ -217,36 +154,64 @@ def revoke_key(path: Path, key_id: str, now: float | None = None) -> KeyRecord:
 
 
 class KeyStore:
-    """The keys file in memory, re-read on demand (`refresh`, e.g. on SIGHUP)."""
+    """The keys file in memory, re-read on demand (`reread`; inferd.tenancy.key_reload polls it)."""
 
     def __init__(self, path: Path, hasher: KeyHasher) -> None:
         self.path = path
         self.hasher = hasher
         self._records: dict[str, KeyRecord] = {}
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: Stamp | None = None
+        self._read_once = False
+        self._bad: tuple[Stamp | None, str] | None = None   # the malformed file last seen, and why
+        self._settling: Stamp | None = None                  # an in-place rewrite seen once (see reread)
         # Compared against when the key id is unknown, so the work done does not depend on it.
         self._dummy = hasher.digest(new_key()[1])
         self.reload()
 
-    def _file_stamp(self) -> tuple[int, int, int] | None:
+    def _file_stamp(self) -> Stamp | None:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
+    def reread(self, *, settle: bool = False) -> tuple[dict[str, KeyRecord], dict[str, KeyRecord]] | None:
+        """If the file changed since last read, swap in its records and return (old, new) by key id;
+        else None. Blocking: call off the loop. A malformed file raises KeyFileError and keeps the old
+        keys; asking again while that same file is unchanged raises KeyFileUnchanged.
+
+        `settle` (the poll): a file rewritten in place (same inode; a shell redirect, some editors) is
+        read only once its stamp is the same at two calls in a row, so a poll landing mid-write does
+        not take a truncated or half-written file for the new keys. A file replaced by rename (`inferd
+        keys`, atomic) is read at once."""
+        stamp = self._file_stamp()
+        if self._read_once and stamp == self._stamp:
+            return None
+        in_place = stamp is not None and self._stamp is not None and stamp[0] == self._stamp[0]
+        if settle and in_place and stamp != self._settling:
+            self._settling = stamp
+            return None
+        if self._bad is not None and stamp == self._bad[0]:
+            raise KeyFileUnchanged(self._bad[1])
+        stamp, data = read_stamped(self.path)
+        try:
+            records = parse_records(self.path, data)
+        except KeyFileError as exc:
+            self._bad = (stamp, str(exc))
+            raise
+        old, self._records = self._records, {r.key_id: r for r in records}
+        self._stamp, self._bad, self._read_once = stamp, None, True
+        return old, self._records
+
     def reload(self) -> bool:
         """Re-read the file if it changed (blocking: call off the loop, see `refresh`). True if re-read."""
-        stamp = self._file_stamp()
-        if stamp == self._stamp and self._stamp is not None:
-            return False
-        records = load_records(self.path)   # a malformed file raises and keeps the old keys
-        self._records = {r.key_id: r for r in records}
-        self._stamp = stamp
-        return True
+        return self.reread() is not None
 
     async def refresh(self) -> bool:
         return await asyncio.to_thread(self.reload)
+
+    def records(self) -> dict[str, KeyRecord]:
+        return self._records
 
     def __len__(self) -> int:
         return len(self._records)

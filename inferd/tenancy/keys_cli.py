@@ -1,7 +1,8 @@
 """`inferd keys create|list|revoke`: manage the keys file a config's [auth] table names.
 
 Paths in [auth] are relative to the config file's directory, as for the daemon. The key itself is
-printed once, on create; only its hash is stored (inferd.tenancy.keys).
+printed once, on create; only its hash is stored (inferd.tenancy.keys). Writes replace the file
+atomically, and a running daemon polls it (inferd.tenancy.key_reload): no SIGHUP needed.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def keys_main(args) -> int:
             except KeyError:
                 print(f"error: no key with id {args.key_id!r} in {keys_file}", file=sys.stderr)
                 return 1
-            print(f"revoked {args.key_id} (a running server drops it on its next key reload / SIGHUP)", file=out)
+            print(f"revoked {args.key_id} (a running server refuses it within about a second)", file=out)
             return 0
     except (KeyFileError, ValueError, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -4,7 +4,8 @@ ServerState holds one `Tenancy`. The daemon builds it at startup (reading the ke
 queues of the engines it started, and closes it before the engines on shutdown (queued requests get
 503 `draining`). Engines that appear later (a reload loading a new version) get their queue on first
 use. A config reload calls `reconfigure`, which swaps tenants and policy without dropping anything
-queued or any quota already charged.
+queued or any quota already charged. `start` also starts the keys-file poll (inferd.tenancy.key_reload):
+keys created or revoked while serving take effect within about a second, no SIGHUP needed.
 
 The request path (inferd.api.admit) uses: `authenticator`, `tenants`, `quota` and `queue_for`.
 Metrics read `metrics_snapshot()` at scrape time, so nothing here is counted twice on the hot path.
@@ -21,7 +22,9 @@ from inferd.admission import AdmissionQueue, AdmissionRejected
 from inferd.config import TenantRegistry
 from inferd.engine import Engine
 from inferd.observability import get_logger
-from inferd.tenancy.keys import Authenticator, load_authenticator
+from inferd.tenancy.key_reload import AuditSink, KeyReloader
+from inferd.tenancy.keys import Authenticator, KeyStore, load_authenticator
+from inferd.tenancy.keys_file import KeyFileError
 from inferd.tenancy.quota import Quota
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ class Tenancy:
     (construction reads the keys file: do it at startup, or off the loop)."""
 
     def __init__(self, config: Config, *, authenticator: Authenticator | None = None,
-                 quota_clock: Clock = time.monotonic) -> None:
+                 quota_clock: Clock = time.monotonic, keys_poll_interval_s: float | None = None) -> None:
         self.config = config
         self.tenants = TenantRegistry(config.tenants)
         # Config paths are already absolute (inferd.config.load_config resolves them); "." only matters for
@@ -56,12 +59,20 @@ class Tenancy:
         self._rejections: dict[str, dict[str, int]] = {}   # per label: refusals made before quota/admission
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
+        self.keys = KeyReloader(self._key_store, interval_s=keys_poll_interval_s)
+
+    def _key_store(self) -> KeyStore | None:
+        return self.authenticator.store
 
     # -- admission queues -------------------------------------------------------------------
-    def start(self, engines: Mapping[str, Engine]) -> None:
-        """Create (and start) the queues of these engines now, so metrics show them from the start."""
+    def start(self, engines: Mapping[str, Engine], *, audit: AuditSink | None = None) -> None:
+        """Create (and start) the queues of these engines now, so metrics show them from the start, and
+        start polling the keys file; key changes (and malformed files) are recorded in `audit`."""
         for model, engine in engines.items():
             self.queue_for(model, engine)
+        if audit is not None:
+            self.keys.audit = audit
+        self.keys.start()
 
     def queue_for(self, model: str, engine: Engine) -> AdmissionQueue:
         """The admission queue in front of `engine` (created on first use; needs the running loop)."""
@@ -82,6 +93,7 @@ class Tenancy:
         """Stop every dispatcher; queued requests get 503 `draining`. Running streams are untouched.
         Idempotent."""
         self._closed = True
+        await self.keys.close()
         for task in list(self._tasks):
             task.cancel()
         entries = list(self._queues.values())
@@ -106,16 +118,29 @@ class Tenancy:
             entry.queue.set_tenants(self.tenants)
             entry.queue.policy = config.admission
         if authenticator is not None:
-            self.authenticator = authenticator
+            self._use(authenticator, "SIGHUP")
         elif config.auth != old_auth:
             self._background(self._swap_authenticator(config))
         else:
-            self._background(self.refresh_keys())
+            self._background(self.refresh_keys("SIGHUP"))
+
+    async def check_keys(self, config: Config) -> Authenticator | None:
+        """Before a reload applies anything: re-read the keys file now (new and revoked keys take
+        effect), or, when [auth] changed, build the new authenticator off the loop for `reconfigure`.
+        Raises KeyFileError for a malformed keys file: the reload is refused and the old keys stay."""
+        if config.auth != self.config.auth:
+            return await asyncio.to_thread(load_authenticator, config.auth, Path("."))
+        await self.keys.reload("SIGHUP")
+        return None
 
     async def _swap_authenticator(self, config: Config) -> None:
         auth = await asyncio.to_thread(load_authenticator, config.auth, Path("."))
         if self.config is config:           # a newer reload did not overtake this one
-            self.authenticator = auth
+            self._use(auth, "SIGHUP")
+
+    def _use(self, authenticator: Authenticator, reason: str) -> None:
+        old, self.authenticator = self.authenticator.store, authenticator
+        self.keys.replaced(old, authenticator.store, reason)
 
     def _background(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -124,6 +149,8 @@ class Tenancy:
 
     def _reap(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
+        if not task.cancelled() and isinstance(task.exception(), KeyFileError):
+            return                          # the key reloader logged, counted and audited it
         if not task.cancelled() and task.exception() is not None:   # keep the old keys; say why
             log.error("keys_reload_failed", error=str(task.exception()),
                       message="the previous keys stay in effect")
@@ -132,10 +159,12 @@ class Tenancy:
         """Wait until background work a reconfigure started (re-reading keys) is done."""
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def refresh_keys(self) -> bool:
-        """Re-read the keys file if it changed (new or revoked keys). True if re-read."""
-        store = self.authenticator.store
-        return await store.refresh() if store is not None else False
+    async def refresh_keys(self, reason: str = "refresh") -> bool:
+        """Re-read the keys file now if it changed (new or revoked keys). True if re-read. Raises
+        KeyFileError for a malformed file (the old keys stay)."""
+        generation = self.keys.generation
+        await self.keys.reload(reason)
+        return self.keys.generation > generation
 
     # -- accounting -------------------------------------------------------------------------
     def count_rejection(self, tenant: str, reason: str) -> None:
@@ -146,7 +175,8 @@ class Tenancy:
     def metrics_snapshot(self) -> dict:
         """Everything the per-tenant Prometheus series show (inferd.observability.tenant_metrics reads it at
         scrape time): `quota` (Quota.snapshot), `rejections` (label -> reason -> n, made here), and `queues`:
-        one (model, version, AdmissionQueue.snapshot()) per engine."""
+        one (model, version, AdmissionQueue.snapshot()) per engine; `keys_reloads`: result -> n, the keys
+        file re-reads that changed keys ("success") or found the file malformed ("error")."""
         queues = [(e.model, e.engine.info.version, e.queue.snapshot()) for e in self._queues.values()]
         return {"quota": self.quota.snapshot(), "rejections": {k: dict(v) for k, v in self._rejections.items()},
-                "queues": queues}
+                "queues": queues, "keys_reloads": dict(self.keys.counts)}

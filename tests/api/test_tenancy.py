@@ -80,7 +80,7 @@ async def node(tmp_path: Path, *, auth: str = "api_key", tenants: dict | None = 
                **server) -> AsyncIterator[Node]:
     raw = {"server": {"port": 0, "drain_grace_s": 0, **server}, "models": {m: {**SIM, **(model or {})} for m in models},
            "auth": {"mode": auth, "keys_file": "keys.jsonl"}, "tenants": tenants or {},
-           "admission": admission or {}}
+           "admission": admission or {}, "audit": {"path": "audit.jsonl"}}   # under tmp_path
     async with running_daemon(parse_config(raw, base_dir=tmp_path)) as (daemon, task, url), \
             aiohttp.ClientSession() as http:
         n = Node(daemon=daemon, url=url, http=http, keys_file=tmp_path / "keys.jsonl", clients=[])

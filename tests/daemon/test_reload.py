@@ -8,6 +8,8 @@ import socket
 import aiohttp
 
 from inferd.daemon.sdnotify import Notifier
+from inferd.observability.audit import read_audit
+from inferd.tenancy.keys import KeyHasher, create_key
 from inferd.types import ModelVersion
 from tests.daemon.harness import complete, running, sim_model, stream, write_config
 
@@ -97,3 +99,33 @@ async def test_systemd_hears_ready_reloading_ready_stopping_in_order(tmp_path):
     reloading = next(m for m in messages if m.startswith("RELOADING=1"))
     assert "\nMONOTONIC_USEC=" in reloading
     assert "WATCHDOG=1" in messages   # pinged from the event loop once serving
+
+
+async def test_failed_reload_is_audited_with_its_errors(tmp_path):
+    path = write_config(tmp_path / "c.toml", {"m": sim_model()})
+    async with running(path) as (daemon, _):
+        path.write_text(path.read_text() + "[models.m.bogus]\n")
+        assert not (await daemon.reload()).ok
+        await asyncio.to_thread(daemon.control.audit.flush)
+    (record,) = read_audit(tmp_path / "audit.jsonl")
+    assert record["action"] == "config.reload_failed" and record["actor"] == "system"
+    assert any("models.m.bogus" in e for e in record["detail"]["errors"])
+
+
+async def test_reload_with_a_malformed_keys_file_counts_an_error_and_keeps_the_keys(tmp_path):
+    path = write_config(tmp_path / "c.toml", {"m": sim_model()}, '[auth]\nmode = "api_key"\nkeys_file = "keys.jsonl"\n')
+    keys_file = tmp_path / "keys.jsonl"
+    _, key = create_key(keys_file, KeyHasher(None), "acme")
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        config_before = daemon.state.config
+        keys_file.write_text(keys_file.read_text() + "not json\n")
+        result = await daemon.reload()
+        assert not result.ok and any("keys.jsonl:2" in e for e in result.errors)
+        assert reload_counts(daemon)["error"] == 1 and reload_counts(daemon)["success"] == 0
+        assert daemon.state.config is config_before
+        body = {"model": "m", "prompt": "hello", "max_tokens": 2}
+        async with http.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
+            assert resp.status == 200
+        await asyncio.to_thread(daemon.control.audit.flush)
+    actions = [r["action"] for r in read_audit(tmp_path / "audit.jsonl")]
+    assert actions[-1] == "config.reload_failed" and "config.reload" not in actions

@@ -1,12 +1,13 @@
 import errno
 import fcntl
+import hashlib
 import os
 import threading
 
 import pytest
 
 from inferd.observability import audit as audit_mod
-from inferd.observability.audit import AuditLog, AuditLogClosed, AuditWriteError, read_audit
+from inferd.observability.audit import GENESIS, AuditLog, AuditLogClosed, AuditWriteError, read_audit
 
 
 @pytest.fixture
@@ -32,8 +33,9 @@ def test_records_are_json_lines_with_every_field_in_order(make_log):
     first, second = read_audit(log.path)
     assert first == {"time": 1700000000.0, "seq": 1, "actor": "key_ops", "action": "rollout.start",
                      "target": "chat", "before": {"phase": "idle"}, "after": {"phase": "running"},
-                     "reason": "ship v2"}
+                     "reason": "ship v2", "prev": GENESIS}
     assert second["seq"] == 2 and second["detail"] == {"n": 200} and second["actor"] == "system"
+    assert second["prev"] == hashlib.sha256(log.path.read_bytes().splitlines(keepends=True)[0]).hexdigest()
 
 
 def test_file_is_opened_append_only_and_reopening_keeps_old_records(make_log):
