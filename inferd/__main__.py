@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inferd import __version__
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferd", description="LLM serving daemon")
+    parser.add_argument("--version", action="version", version=f"inferd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the daemon")

@@ -315,17 +315,30 @@ def _find_artifacts(root: Path) -> Iterator[Path]:
 
 def _dangling_latest(root: Path) -> Iterator[str]:
     for latest in sorted(root.rglob(LATEST_FILE)):
-        version = latest.read_text(encoding="utf-8").strip()
-        if not (latest.parent / version / MANIFEST_FILE).is_file():
+        try:
+            version = latest.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            yield f"{latest}: unreadable: {exc}"
+            continue
+        if not version or "/" in version or not (latest.parent / version / MANIFEST_FILE).is_file():
             yield f"{latest} points at {version!r}, which does not exist"
 
 
 def verify_main(path: str | Path) -> int:
-    """Verify one artifact or every artifact under a tree. 0 = all good, 1 = failures, 2 = no such path."""
+    """Verify one artifact or every artifact under a tree. 0 = all good, 1 = failures, 2 = no such path.
+    Every problem is one line naming it, never a traceback."""
     root = Path(path)
     if not root.exists():
         print(f"inferd engines verify: {root}: no such file or directory", file=sys.stderr)
         return 2
+    try:
+        return _verify_tree(root)
+    except OSError as exc:              # e.g. a directory we may not read
+        print(f"FAIL  {exc}")
+        return 1
+
+
+def _verify_tree(root: Path) -> int:
     artifacts = [root] if (root / MANIFEST_FILE).is_file() else list(_find_artifacts(root))
     if not artifacts:
         print(f"FAIL  {root}: no artifacts found (no {MANIFEST_FILE} anywhere below it)")

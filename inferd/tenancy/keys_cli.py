@@ -1,6 +1,7 @@
 """`inferd keys create|list|revoke`: manage the keys file a config's [auth] table names.
 
-Paths in [auth] are relative to the config file's directory, as for the daemon. The key itself is
+The config is read and checked as the daemon reads it (a missing or invalid file is an error, never
+an empty key table), so paths in [auth] are relative to the config file's directory, as for the daemon. The key itself is
 printed once, on create; only its hash is stored (inferd.tenancy.keys). Writes replace the file
 atomically, and a running daemon polls it (inferd.tenancy.key_reload): no SIGHUP needed.
 """
@@ -12,22 +13,21 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
-
-from inferd import tomllib
-from inferd.config import AuthConfig
+from inferd.config import AuthConfig, ConfigError, load_config
 from inferd.tenancy.keys import KeyFileError, create_key, hasher_for, load_records, revoke_key
 
 
 def _auth_from_config(config_path: Path) -> AuthConfig:
-    if not config_path.exists():
-        return AuthConfig()
-    with open(config_path, "rb") as f:
-        raw = tomllib.load(f)
+    """The config's [auth] table with its paths resolved, or KeyFileError saying what is wrong."""
+    if not config_path.is_file():
+        raise KeyFileError(f"{config_path}: no such config file (pass --config)")
     try:
-        return msgspec.convert(raw.get("auth", {}), AuthConfig)
-    except msgspec.ValidationError as exc:
-        raise KeyFileError(f"{config_path}: [auth]: {exc}") from exc
+        auth = load_config(config_path).auth
+    except ConfigError as exc:
+        raise KeyFileError(str(exc)) from None
+    if not Path(auth.keys_file).parent.is_dir():
+        raise KeyFileError(f"auth.keys_file: the directory of {auth.keys_file} does not exist")
+    return auth
 
 
 def _ensure_secret(path: Path) -> None:
@@ -42,14 +42,14 @@ def _ensure_secret(path: Path) -> None:
 
 def keys_main(args) -> int:
     config_path = Path(args.config)
-    base_dir = config_path.resolve().parent
+    base_dir = config_path.resolve().parent      # [auth] paths are already absolute; this is for hasher_for
     out = sys.stdout
     try:
         auth = _auth_from_config(config_path)
-        keys_file = base_dir / auth.keys_file
+        keys_file = Path(auth.keys_file)
         if args.keys_command == "create":
             if auth.secret_file:
-                _ensure_secret(base_dir / auth.secret_file)
+                _ensure_secret(Path(auth.secret_file))
             record, key = create_key(keys_file, hasher_for(auth, base_dir), args.tenant, args.scope or ("inference",))
             print(key, file=out)
             print(f"key id {record.key_id} for tenant {record.tenant!r} (scopes: {', '.join(record.scopes)}) "
@@ -73,7 +73,7 @@ def keys_main(args) -> int:
                 return 1
             print(f"revoked {args.key_id} (a running server refuses it within about a second)", file=out)
             return 0
-    except (KeyFileError, ValueError, OSError, tomllib.TOMLDecodeError) as exc:
+    except (KeyFileError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 2

@@ -240,6 +240,16 @@ def test_verify_cli_reports_a_dangling_latest_and_empty_trees(engines_root: Path
     assert verify_main(tmp_path / "missing") == 2
 
 
+def test_verify_cli_reports_unreadable_files_as_lines_not_tracebacks(engines_root: Path, artifact: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (engines_root / "tiny" / "LATEST").write_bytes(b"\xff\xfe not utf-8")
+    (artifact / "manifest.toml").write_bytes(b"\xff" * 10)
+    assert verify_main(engines_root) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("FAIL  ") for line in out) and len(out) == 2
+    assert "LATEST: unreadable" in out[1] and "manifest.toml: unreadable" in out[0]
+
+
 def test_inferd_engines_verify_process_exit_codes(engines_root: Path, artifact: Path) -> None:
     command = [sys.executable, "-m", "inferd", "engines", "verify", str(engines_root)]
     assert subprocess.run(command, capture_output=True, timeout=60).returncode == 0

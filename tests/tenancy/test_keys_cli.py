@@ -11,6 +11,7 @@ from inferd.tenancy.keys_cli import keys_main
 def test_cli_create_list_revoke_roundtrip(tmp_path, capsys):
     config = tmp_path / "config.toml"
     config.write_text('[auth]\nmode = "api_key"\nkeys_file = "k/keys.jsonl"\nsecret_file = "secret"\n')
+    (tmp_path / "k").mkdir()
     args = types.SimpleNamespace(config=str(config), keys_command="create", tenant="acme", scope=None)
     assert keys_main(args) == 0
     key = capsys.readouterr().out.strip()
@@ -27,3 +28,28 @@ def test_cli_create_list_revoke_roundtrip(tmp_path, capsys):
     auth.store.reload()
     with pytest.raises(InvalidApiKey):
         auth.authenticate(f"Bearer {key}")
+
+
+@pytest.mark.parametrize("command", ["create", "list", "revoke"])
+def test_cli_with_a_missing_config_is_an_error_not_an_empty_table(tmp_path, capsys, command):
+    args = types.SimpleNamespace(config=str(tmp_path / "nope.toml"), keys_command=command, tenant="a",
+                                 scope=None, key_id="x")
+    assert keys_main(args) == 1
+    captured = capsys.readouterr()
+    assert "nope.toml: no such config file" in captured.err and captured.out == ""
+
+
+def test_cli_with_an_invalid_config_names_every_bad_key(tmp_path, capsys):
+    config = tmp_path / "config.toml"
+    config.write_text('[auth]\nmode = "sometimes"\n[server]\nport = "x"\n')
+    assert keys_main(types.SimpleNamespace(config=str(config), keys_command="list")) == 1
+    err = capsys.readouterr().err
+    assert "auth.mode" in err and "server.port" in err
+
+
+def test_cli_refuses_a_keys_file_in_a_directory_that_does_not_exist(tmp_path, capsys):
+    config = tmp_path / "config.toml"
+    config.write_text('[auth]\nmode = "api_key"\nkeys_file = "typo/keys.jsonl"\n')
+    args = types.SimpleNamespace(config=str(config), keys_command="create", tenant="acme", scope=None)
+    assert keys_main(args) == 1
+    assert "auth.keys_file" in capsys.readouterr().err and not (tmp_path / "typo").exists()
