@@ -1,6 +1,6 @@
 """The TensorRT-LLM backend: a TensorRT engine directory served through the LLM API (1.2.x).
 
-Written against /work/shared/trtllm-api.md and tested with tests/trtllm_double; see docs/gpu.md for
+Written against docs/trtllm-api.md and tested with tests/trtllm_double; see docs/gpu.md for
 what has (not) run on a GPU. The rules that shape this module, all from the API contract:
 
 - `tensorrt_llm._tensorrt_engine.LLM` (the TensorRT-engine backend), built off the loop in start().
