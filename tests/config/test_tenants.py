@@ -1,6 +1,11 @@
+import re
+from pathlib import Path
+
 import msgspec
 import pytest
 
+from inferd import tomllib
+from inferd.config.root import parse_config
 from inferd.config.tenants import (
     AdmissionConfig,
     AuthConfig,
@@ -64,3 +69,11 @@ def test_auth_off_on_a_public_address_is_refused_unless_explicit():
         check_auth_binding(AuthConfig(), "0.0.0.0")
     check_auth_binding(AuthConfig(allow_unauthenticated_non_loopback=True), "0.0.0.0")
     check_auth_binding(AuthConfig(mode="api_key"), "10.0.0.5")
+
+
+def test_every_toml_example_in_docs_tenants_md_is_a_valid_config():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tenants.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        parse_config(tomllib.loads(block))       # raises ConfigError naming any key the docs get wrong
