@@ -6,10 +6,18 @@ handler calls says plainly what the route needs, where a middleware would need a
 /healthz, /readyz and /openapi.json call neither and stay open.
 
 With `auth.mode = "none"` every caller is the anonymous tenant (`local`) with every scope. The
-tenant comes only from the key, never from the request body. Key checks are constant-time and an
+tenant comes only from the key (or a verified client certificate, below), never from the request body.
+
+mTLS: a request with no `Authorization` header over a connection whose client certificate (verified
+against `server.tls.client_ca_file` during the handshake) has a subject listed in
+`server.tls.tenant_by_subject` is that tenant, with the `inference` scope only (admin and metrics
+need a key). The subject is matched as RFC 4514 text, e.g. "CN=alice,O=acme", which is what
+`openssl x509 -noout -subject -nameopt RFC2253` prints. Key checks are constant-time and an
 unknown key costs the same as a wrong one (inferd.tenancy.keys.KeyStore.verify).
 """
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 
@@ -21,6 +29,11 @@ PERMISSION = "permission_error"
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("inferd_principal", Principal)
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})   # counted per tenant
+CERTIFICATE_SCOPES = frozenset({"inference"})
+# getpeercert() attribute names -> the short names RFC 4514 (and openssl) write.
+_RDN_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+              "localityName": "L", "stateOrProvinceName": "ST", "domainComponent": "DC", "userId": "UID",
+              "streetAddress": "STREET"}
 
 
 def authenticate(request: web.BaseRequest, scope: str = "inference") -> Principal:
@@ -37,19 +50,53 @@ def authenticate(request: web.BaseRequest, scope: str = "inference") -> Principa
     if tenancy is None:     # an app over a state without tenancy (tests of other layers): refuse, never open
         raise ApiError(503, "Authentication is not configured on this server.", type="service_unavailable_error",
                        code="auth_unavailable", headers={"Retry-After": "1"})
-    try:
-        principal = tenancy.authenticator.authenticate(request.headers.get("Authorization"), scope)
-    except InsufficientScope as exc:
-        raise _forbidden(f"This API key lacks the {scope!r} scope needed here.") from exc
-    except AuthError as exc:
-        raise _unauthorized(exc) from None
+    header = request.headers.get("Authorization")
+    subject = client_subject(request) if header is None else None
+    tenant_by_subject = state.config.server.tls.tenant_by_subject if state.config.server.tls is not None else {}
+    if subject is not None and subject in tenant_by_subject:
+        if scope not in CERTIFICATE_SCOPES:
+            raise _forbidden(f"A client certificate grants only the 'inference' scope; {scope!r} needs an API key.")
+        principal = Principal(tenant=tenant_by_subject[subject], key_id=None, scopes=CERTIFICATE_SCOPES)
+    else:
+        try:
+            principal = tenancy.authenticator.authenticate(header, scope)
+        except InsufficientScope as exc:
+            raise _forbidden(f"This API key lacks the {scope!r} scope needed here.") from exc
+        except AuthError as exc:
+            raise _unauthorized(exc) from None
     request[PRINCIPAL] = principal
     fields = request.get(keys.LOG_FIELDS)
     if fields is not None:
         fields["tenant"] = principal.tenant
+        if subject is not None:
+            fields["client_subject"] = subject
         if principal.key_id is not None:
             fields["key_id"] = principal.key_id
     return principal
+
+
+def client_subject(request: web.BaseRequest) -> str | None:
+    """The verified client certificate's subject as RFC 4514 text ("CN=alice,O=acme"), or None."""
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:        # plain HTTP, no client CA configured, or an optional certificate not sent
+        return None
+    return rfc4514(cert.get("subject", ()))
+
+
+def rfc4514(subject: Any) -> str:
+    """getpeercert()'s subject (RDNs, most significant first) as RFC 4514 text (least significant first)."""
+    rdns = ["+".join(f"{_RDN_NAMES.get(k, k)}={_escape(v)}" for k, v in rdn) for rdn in subject]
+    return ",".join(reversed(rdns))
+
+
+def _escape(value: str) -> str:
+    out = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+    if out[:1] in ("#", " "):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
 
 
 def require_scope(request: web.BaseRequest, scope: str) -> Principal:

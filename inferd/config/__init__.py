@@ -27,11 +27,13 @@ from inferd.config.tenants import (
     TenantRegistry,
     check_auth_binding,
 )
+from inferd.config.tls import TlsConfig, check_tls_binding
 
 __all__ = [
     "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError", "DEFAULT_REFERENCE_KV_BLOCKS",
     "InsecureBindError", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
     "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig",
-    "TenantRegistry", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main", "load_config",
-    "parse_target", "price_for", "rollout_errors", "split_from_config", "with_overrides",
+    "TenantRegistry", "TlsConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
+    "check_tls_binding", "load_config", "parse_target", "price_for", "rollout_errors", "split_from_config",
+    "with_overrides",
 ]

@@ -23,6 +23,7 @@ from inferd.config.aliases import AliasConfig
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
+from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
 from inferd.config.walk import ConfigTable, check_table, type_name
 
 Backend = Literal["reference", "sim", "trtllm"]
@@ -49,6 +50,9 @@ class ServerConfig(ConfigTable):
     idle_timeout_s: float = 15.0           # an open connection with no request in progress (keep-alive)
     max_connections: int = 1024            # open connections serving any route
     probe_connections: int = 8             # beyond max_connections: accepted for /healthz, /readyz only
+    # Issue 10: HTTPS (inferd.config.tls); plain HTTP on a non-loopback host only when explicitly allowed.
+    tls: TlsConfig | None = None
+    allow_plaintext_non_loopback: bool = False
 
 
 class SimConfig(ConfigTable):
@@ -147,6 +151,8 @@ def _server_errors(s: ServerConfig) -> list[str]:
         errors.append(f"server.drain_grace_s: must be >= 0, got {s.drain_grace_s}")
     if not s.engines_root:
         errors.append("server.engines_root: must not be empty")
+    if s.tls is not None:
+        errors.extend(tls_errors(s.tls))
     return errors
 
 
@@ -210,7 +216,9 @@ def _resolve(base: Path, value: str) -> str:
 
 
 def _resolve_paths(cfg: Config, base: Path) -> Config:
-    server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root))
+    tls = cfg.server.tls
+    tls = resolve_tls_paths(tls, lambda p: _resolve(base, p)) if tls is not None else None
+    server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root), tls=tls)
     models = {}
     for name, m in cfg.models.items():
         t = m.trtllm
@@ -245,6 +253,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         server = None if server_errors else msgspec.convert(raw.get("server", {}), ServerConfig)
         if server is not None:
             errors.extend(_server_errors(server))
+            errors.extend(tls_binding_errors(server.tls, server.host, server.allow_plaintext_non_loopback))
         models = raw.get("models")
         if isinstance(models, dict):
             if not models:
@@ -292,7 +301,8 @@ def with_overrides(cfg: Config, *, host: str | None = None, port: int | None = N
     out = msgspec.structs.replace(cfg, server=server)
     errors = [e for e in _server_errors(server) if e.startswith(("server.host", "server.port"))]
     if not errors:
-        errors = auth_binding_errors(cfg.auth, server.host)   # --host 0.0.0.0 with auth off
+        errors = (auth_binding_errors(cfg.auth, server.host)   # --host 0.0.0.0 with auth off or without TLS
+                  + tls_binding_errors(server.tls, server.host, server.allow_plaintext_non_loopback))
     if errors:
         raise ConfigError(errors, "command line")
     return out

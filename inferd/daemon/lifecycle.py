@@ -8,6 +8,8 @@ set events (as uvicorn's do):
                     server.drain_grace_s, close engines, exit 0); second: skip the wait, exit 1.
   SIGHUP            reload (`Daemon.reload`, inferd.daemon.reload): validate the whole file, then apply the
                     difference; RELOADING=1 ... READY=1 to systemd around it.
+With [server.tls] the site serves HTTPS from one SSLContext kept for its whole life (inferd.daemon.tls),
+so a SIGHUP can load a new certificate into it without touching open connections.
 Versions (inferd.models.versions) are verified, started and warmed one by one; a refused version is logged
 and the rest serve (startup fails only when nothing loads).
 
@@ -26,11 +28,12 @@ from pathlib import Path
 from aiohttp import web
 
 from inferd.api import ServerState
-from inferd.config import Config, InsecureBindError, check_auth_binding
+from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.reload import Reloader
 from inferd.daemon.sdnotify import Notifier
 from inferd.daemon.synthetic_build import build_synthetic_artifact
+from inferd.daemon.tls import ListenerTls, TlsError
 from inferd.engine import Engine
 from inferd.models import (
     ControlPlane,
@@ -76,6 +79,7 @@ class Daemon:
         self._engine_factory = engine_factory
         self._notifier = notifier or Notifier()
         self.state: ServerState | None = None
+        self.tls: ListenerTls | None = None   # the listener's TLS context, when [server.tls] is set
         self.host: str | None = None
         self.port: int | None = None
         self.ready = asyncio.Event()       # set once listening and serving
@@ -156,7 +160,7 @@ class Daemon:
             stopper.cancel()
             try:
                 runner: web.AppRunner = startup.result()
-            except (EngineConfigError, OSError, InsecureBindError, KeyFileError) as exc:  # expected: say what
+            except (EngineConfigError, OSError, InsecureBindError, KeyFileError, TlsError) as exc:  # expected
                 log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
                 return 1
             except Exception as exc:  # noqa: BLE001 - a bug or an engine failure: keep the traceback
@@ -174,6 +178,9 @@ class Daemon:
         # Issue 4, before any engine or socket: no open server on a reachable address by accident, and
         # a bad keys file fails the start naming the file.
         check_auth_binding(cfg.auth, cfg.server.host)
+        check_tls_binding(cfg.server.tls, cfg.server.host, cfg.server.allow_plaintext_non_loopback)
+        if cfg.server.tls is not None:   # a certificate that does not load fails the start, naming the key
+            self.tls = await ListenerTls.start(cfg.server.tls)
         tenancy = await asyncio.to_thread(Tenancy, cfg)
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
@@ -192,11 +199,12 @@ class Daemon:
                                shutdown_timeout=HANDLER_SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
+        site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True,
+                           ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         self.host, self.port = runner.addresses[0][:2]
         state.started = True
-        log.info("listening", host=self.host, port=self.port)
+        log.info("listening", host=self.host, port=self.port, tls=self.tls is not None)
         log.info("ready", models=list(state.engines),
                  versions=[str(k) for k in state.registry.table.versions], refused=list(state.versions.failures))
         self._notifier.ready(self._status())
@@ -227,7 +235,7 @@ class Daemon:
         stack.push_async_callback(shadows.close)
         state.engines = versions.default_engines(registry.table.defaults)
         self.state, self.control = state, control
-        self.reloader = Reloader(state, control, versions)
+        self.reloader = Reloader(state, control, versions, tls=self.tls)
         ticker = asyncio.ensure_future(control.tick_loop())
         stack.callback(ticker.cancel)
         return state

@@ -12,8 +12,13 @@
 5. Versions no longer in the config are retired: no new requests from this instant; each closes
    when its last stream has finished (`VersionManager.retire`).
 
-Settings that need a restart (listen address, engines_root, a loaded version's pool sizes) are
-logged as such and otherwise left as they were.
+With `[server.tls]`, step 1 also loads the new certificate and key into a scratch context: one that
+does not load refuses the whole reload like an invalid file. Just before phase 1 they go into the
+listener's live context (inferd.daemon.tls): new handshakes get the new certificate, open connections
+keep theirs.
+
+Settings that need a restart (listen address, engines_root, TLS on or off, the client CA, a loaded
+version's pool sizes) are logged as such and otherwise left as they were.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from pathlib import Path
 import msgspec
 
 from inferd.config import Config, ConfigError, RoutingConfigError, load_config
+from inferd.daemon.tls import RESTART_ONLY_TLS, ListenerTls, TlsError
 from inferd.models import ControlPlane, VersionManager, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
 from inferd.tenancy import KeyFileError
@@ -51,7 +57,23 @@ async def read_config(path: str | Path, current: Config) -> Config:
                     message="these settings apply at the next restart; kept as running")
         keep = {k: getattr(current.server, k) for k in changed}
         new = msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, **keep))
-    return new
+    return _keep_running_tls(new, current)
+
+
+def _keep_running_tls(new: Config, current: Config) -> Config:
+    """TLS on/off and the client-certificate settings stay as running; the certificate and key may change."""
+    old_tls, new_tls = current.server.tls, new.server.tls
+    if (old_tls is None) != (new_tls is None):
+        changed, tls = ["server.tls"], old_tls
+    elif old_tls is not None and new_tls is not None:
+        changed = [f"server.tls.{k}" for k in RESTART_ONLY_TLS if getattr(new_tls, k) != getattr(old_tls, k)]
+        tls = msgspec.structs.replace(new_tls, **{k: getattr(old_tls, k) for k in RESTART_ONLY_TLS})
+    else:
+        return new
+    if changed:
+        log.warning("reload_needs_restart", settings=changed,
+                    message="these settings apply at the next restart; kept as running")
+    return msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, tls=tls))
 
 
 def _pool_changes(old: Config, new: Config, versions: VersionManager) -> list[str]:
@@ -71,10 +93,12 @@ def _pool_changes(old: Config, new: Config, versions: VersionManager) -> list[st
 class Reloader:
     """Applies reloads one at a time (a SIGHUP during a reload waits for it)."""
 
-    def __init__(self, state, control: ControlPlane, versions: VersionManager) -> None:
+    def __init__(self, state, control: ControlPlane, versions: VersionManager,
+                 tls: ListenerTls | None = None) -> None:
         self.state = state
         self.control = control
         self.versions = versions
+        self.tls = tls              # the listener's live TLS context; None when serving plain HTTP
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -87,12 +111,17 @@ class Reloader:
                 self._check_routes(new)
                 tenancy = getattr(state, "tenancy", None)
                 authenticator = await tenancy.check_keys(new) if tenancy is not None else None
+                if self.tls is not None and new.server.tls is not None:
+                    await self.tls.check(new.server.tls)
+                    self.tls.apply(new.server.tls)   # last: everything else passed
             except ConfigError as exc:
                 return self._refused(list(exc.errors), exc.source)
             except RoutingConfigError as exc:
                 return self._refused([str(exc)], str(path))
             except KeyFileError as exc:
                 return self._refused([f"auth keys: {exc}"], str(path))
+            except TlsError as exc:
+                return self._refused([str(exc)], str(path))
             return await self.apply(new, t0, authenticator=authenticator)
 
     def _check_routes(self, new: Config) -> None:

@@ -47,10 +47,11 @@ def test_tenants_decode_with_defaults_for_what_they_leave_out():
 
 
 def test_auth_off_is_refused_on_a_reachable_address_unless_allowed():
-    errors = errors_of({"server": {"host": "0.0.0.0"}})
+    plain = {"host": "0.0.0.0", "allow_plaintext_non_loopback": True}   # TLS: tests/config/test_tls.py
+    errors = errors_of({"server": plain})
     assert len(errors) == 1 and errors[0].startswith("auth.mode: server.host = '0.0.0.0' is not a loopback")
-    parse_config({"server": {"host": "0.0.0.0"}, "auth": {"allow_unauthenticated_non_loopback": True}})
-    parse_config({"server": {"host": "0.0.0.0"}, "auth": {"mode": "api_key"}})
+    parse_config({"server": plain, "auth": {"allow_unauthenticated_non_loopback": True}})
+    parse_config({"server": plain, "auth": {"mode": "api_key"}})
     with pytest.raises(ConfigError) as exc:                       # `serve --host 0.0.0.0`
         with_overrides(parse_config({}), host="0.0.0.0")
     assert exc.value.errors[0].startswith("auth.mode:")
