@@ -254,13 +254,16 @@ class Daemon:
         state.draining = True
         self._notifier.stopping()
         log.info("draining", in_flight=state.in_flight, grace_s=self.config.server.drain_grace_s)
-        for site in list(runner.sites):
-            await site.stop()                  # stop accepting connections
+        # The listener stays open while in-flight work finishes, so load balancers' probes see /readyz
+        # answer 503 (a refused connect looks like a crash) and new inference requests get 503
+        # `draining` with Retry-After; keep-alive connections close after their current request.
         if runner.server is not None:
-            runner.server.pre_shutdown()       # keep-alive connections close after their current request
+            runner.server.pre_shutdown()
         drained = await self._wait_drained(state)
         if not drained:
             log.warning("drain_incomplete", in_flight=state.in_flight, forced=self._force.is_set())
+        for site in list(runner.sites):
+            await site.stop()                  # now stop accepting connections
         # Requests still queued in admission get 503 `draining`; then close engines before the runner:
         # their open streams end with finish_reason "abort", so handlers still streaming send a final
         # chunk and return instead of being cancelled.

@@ -287,6 +287,25 @@ async def test_stream_in_flight_at_sigterm_finishes_normally_with_the_real_app()
     assert rest.rstrip().endswith("data: [DONE]")
 
 
+async def test_while_draining_the_listener_stays_open_for_probes_and_refuses_new_work_with_503():
+    async with serving(sim_config(time_scale=1.0)) as (daemon, url):
+        async with aiohttp.ClientSession() as http, aiohttp.ClientSession() as fresh:
+            body = {"model": "sim", "prompt": "hi", "max_tokens": 200, "stream": True}
+            async with http.post(f"{url}/v1/completions", json=body) as resp:
+                assert (await resp.content.readline()).startswith(b"data: ")
+                daemon.request_stop()
+                while not daemon.state.draining:      # the drain starts on the daemon's next turn
+                    await asyncio.sleep(0)
+                # a load balancer's probe on a new connection sees the node leaving, not a refused connect
+                async with fresh.get(f"{url}/readyz") as probe:
+                    assert probe.status == 503 and "draining" in await probe.text()
+                async with fresh.post(f"{url}/v1/completions", json={**body, "stream": False}) as refused:
+                    assert refused.status == 503 and (await refused.json())["error"]["code"] == "draining"
+                    assert refused.headers["Retry-After"]
+                rest = (await resp.read()).decode()
+            assert rest.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in rest
+
+
 def logged(caplog, event: str) -> list[dict]:
     """Fields of every captured log line with this event name."""
     return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == event]
