@@ -132,10 +132,11 @@ _ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants")
 
 def _server_errors(s: ServerConfig) -> list[str]:
     errors: list[str] = []
-    try:
-        ipaddress.ip_address(s.host)
-    except ValueError:
-        errors.append(f"server.host: expected an IP address such as 127.0.0.1, got {s.host!r}")
+    if s.host != "localhost":            # the one name accepted: it means loopback everywhere
+        try:
+            ipaddress.ip_address(s.host)
+        except ValueError:
+            errors.append(f"server.host: expected an IP address such as 127.0.0.1 (or localhost), got {s.host!r}")
     if not 0 <= s.port <= 65535:
         errors.append(f"server.port: must be in 0..65535 (0 = any free port), got {s.port}")
     for key in ("max_body_bytes", "heartbeat_interval_s", "request_timeout_s", "header_timeout_s",

@@ -115,11 +115,16 @@ def test_every_error_is_reported_not_just_the_first():
     assert len(errs) == 7
 
 
+def test_localhost_is_accepted_as_the_loopback_host():
+    assert parse_config({"server": {"host": "localhost"}}).server.host == "localhost"
+
+
 def test_semantic_errors_of_server():
-    errs = errors_of({"server": {"host": "localhost", "port": 70000, "max_body_bytes": 0,
-                                 "drain_grace_s": -1.0}})
+    errs = errors_of({"server": {"host": "example.com", "port": 70000, "max_body_bytes": 0,
+                                 "drain_grace_s": -1.0, "allow_plaintext_non_loopback": True},
+                      "auth": {"allow_unauthenticated_non_loopback": True}})
     assert errs == [
-        "server.host: expected an IP address such as 127.0.0.1, got 'localhost'",
+        "server.host: expected an IP address such as 127.0.0.1 (or localhost), got 'example.com'",
         "server.port: must be in 0..65535 (0 = any free port), got 70000",
         "server.max_body_bytes: must be > 0, got 0",
         "server.drain_grace_s: must be >= 0, got -1.0",
