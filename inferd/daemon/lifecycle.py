@@ -29,6 +29,7 @@ from aiohttp import web
 
 from inferd.api import ServerState
 from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
+from inferd.daemon.bind import BindError, bind_listener
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.reload import Reloader
 from inferd.daemon.sdnotify import Notifier
@@ -181,6 +182,10 @@ class Daemon:
         check_tls_binding(cfg.server.tls, cfg.server.host, cfg.server.allow_plaintext_non_loopback)
         if cfg.server.tls is not None:   # a certificate that does not load fails the start, naming the key
             self.tls = await ListenerTls.start(cfg.server.tls)
+        # Bound now, before engines take minutes to load: a port in use fails the start at once.
+        sock = bind_listener(cfg.server.host, cfg.server.port)
+        stack.callback(sock.close)
+        self.host, self.port = sock.getsockname()[:2]
         tenancy = await asyncio.to_thread(Tenancy, cfg)
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
@@ -199,8 +204,7 @@ class Daemon:
                                shutdown_timeout=HANDLER_SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True,
-                           ssl_context=self.tls.context if self.tls is not None else None)
+        site = web.SockSite(runner, sock, ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         self.host, self.port = runner.addresses[0][:2]
         state.started = True

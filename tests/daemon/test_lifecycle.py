@@ -331,7 +331,7 @@ async def test_missing_non_synthetic_artifact_fails_startup_naming_the_model(tmp
     assert failure["error"].startswith("models.tiny: artifact 'llama-3-8b'")
 
 
-async def test_port_in_use_fails_startup_and_closes_engines(caplog):
+async def test_port_in_use_fails_startup_before_any_engine_loads(caplog):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -340,8 +340,38 @@ async def test_port_in_use_fails_startup_and_closes_engines(caplog):
         daemon = Daemon(config, app_factory=LifecycleApp())
         assert await daemon.run() == 1
     (failure,) = logged(caplog, "startup_failed")
-    assert failure["error_type"] == "OSError"
-    assert not daemon.state.engines["sim"].healthy
+    assert failure["error_type"] == "BindError" and f"127.0.0.1:{port}" in failure["error"]
+    assert daemon.state is None                       # no engine was loaded, so none had to be closed
+
+
+async def test_the_port_is_bound_but_refuses_connections_until_the_daemon_is_ready():
+    app = LifecycleApp()
+    daemon = Daemon(with_overrides(sim_config(), port=0), app_factory=app)
+    entered = asyncio.Event()
+    load_versions = daemon._load_versions
+
+    async def slow_load(stack):           # engines "load" until the test has looked at the port
+        entered.set()
+        await release.wait()
+        return await load_versions(stack)
+
+    release = asyncio.Event()
+    daemon._load_versions = slow_load
+    task = asyncio.ensure_future(daemon.run())
+    await asyncio.wait_for(entered.wait(), 10.0)
+    port = daemon.port                                # bound before the engines load
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))               # the port is ours already
+    with pytest.raises(ConnectionRefusedError):       # but not listening: a client is refused, not left hanging
+        await asyncio.open_connection("127.0.0.1", port)
+    release.set()
+    await asyncio.wait_for(daemon.ready.wait(), 10.0)
+    assert daemon.port == port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.close()
+    await writer.wait_closed()
+    daemon.request_stop()
+    assert await task == 0
 
 
 # -- as a real process -----------------------------------------------------------------------
