@@ -29,7 +29,7 @@ from aiohttp import web
 
 from inferd.api import ServerState
 from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
-from inferd.daemon.bind import BindError, bind_listener
+from inferd.daemon.bind import bind_listener
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.reload import Reloader
 from inferd.daemon.sdnotify import Notifier
