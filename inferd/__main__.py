@@ -54,13 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _audit_path(args) -> str:
     """The file `inferd audit verify` checks: the one given, else where the daemon writes it for `--config`."""
-    from pathlib import Path
 
     from inferd.config import load_config
     from inferd.models import audit_path
     if args.path is not None:
         return args.path
-    return str(audit_path(load_config(args.config), Path(args.config).resolve().parent))
+    return str(audit_path(load_config(args.config)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ whatever directory systemd or a user starts it from.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import sys
 from pathlib import Path
@@ -43,6 +44,9 @@ class ServerConfig(ConfigTable):
     request_timeout_s: float = 600.0
     drain_grace_s: float = 30.0
     engines_root: str = "engines"
+    # Runtime state (API keys, audit log): never loose in a checkout. Default: systemd's
+    # $STATE_DIRECTORY (/var/lib/inferd), else ./state beside the config file (git-ignored).
+    state_dir: str | None = None
     log_level: LogLevel = "info"
     # The listener's guards against slow or idle clients (inferd.daemon.listener); read per new connection.
     header_timeout_s: float = 10.0         # first byte of a request -> end of its headers
@@ -93,7 +97,7 @@ DEFAULT_REFERENCE_KV_BLOCKS = 2048
 class AuditConfig(ConfigTable):
     """`[audit]`: the append-only log of routing and rollout changes (docs/models.md)."""
 
-    path: str | None = None                # default: $STATE_DIRECTORY/audit.jsonl, else ./audit.jsonl
+    path: str | None = None                # default: <server.state_dir>/audit.jsonl
 
 
 def _default_models() -> dict[str, ModelConfig]:
@@ -216,9 +220,23 @@ def _resolve(base: Path, value: str) -> str:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
+def _systemd_state_dir() -> str:
+    """systemd's StateDirectory= (the unit sets StateDirectory=inferd: /var/lib/inferd), or ""."""
+    return os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+
+
+def _with_state_files(cfg: Config, state: Path) -> Config:
+    """Keys and audit files default to the state directory; paths given in the file are kept."""
+    return msgspec.structs.replace(
+        cfg, server=msgspec.structs.replace(cfg.server, state_dir=str(state)),
+        audit=msgspec.structs.replace(cfg.audit, path=cfg.audit.path or str(state / "audit.jsonl")),
+        auth=msgspec.structs.replace(cfg.auth, keys_file=cfg.auth.keys_file or str(state / "keys.jsonl")))
+
+
 def _resolve_paths(cfg: Config, base: Path) -> Config:
     tls = cfg.server.tls
     tls = resolve_tls_paths(tls, lambda p: _resolve(base, p)) if tls is not None else None
+    state = Path(_resolve(base, cfg.server.state_dir or _systemd_state_dir() or "state"))
     server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root), tls=tls)
     models = {}
     for name, m in cfg.models.items():
@@ -231,13 +249,12 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
                 lora_adapters={k: _resolve(base, v) for k, v in t.lora_adapters.items()},
             )
         models[name] = msgspec.structs.replace(m, trtllm=t)
-    audit = cfg.audit
-    if audit.path is not None:
-        audit = msgspec.structs.replace(audit, path=_resolve(base, audit.path))
+    audit = msgspec.structs.replace(cfg.audit, path=_resolve(base, cfg.audit.path) if cfg.audit.path else None)
     auth = msgspec.structs.replace(
-        cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file),
+        cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file) if cfg.auth.keys_file else None,
         secret_file=_resolve(base, cfg.auth.secret_file) if cfg.auth.secret_file else None)
-    return msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth)
+    return _with_state_files(msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth),
+                             state)
 
 
 def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: str = "config") -> Config:
@@ -275,6 +292,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         cfg = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:  # the passes above should have caught it; never crash
         raise ConfigError([str(exc)], source) from None
+    # No file (tests, embedders): paths stay as written; the keys and audit files' users default to ./state.
     return _resolve_paths(cfg, base_dir) if base_dir is not None else cfg
 
 

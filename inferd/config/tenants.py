@@ -45,7 +45,7 @@ class AuthConfig(ConfigTable):
     """`[auth]`. The shipped default is no auth on loopback: every request is tenant `local`."""
 
     mode: AuthMode = "none"
-    keys_file: str = "keys.jsonl"               # relative to the config file's directory
+    keys_file: str | None = None                # relative to the config file; default <server.state_dir>/keys.jsonl
     secret_file: str | None = None              # HMAC-SHA256 key for key hashes; None = plain SHA-256
     allow_unauthenticated_non_loopback: bool = False
     anonymous_tenant: str = LOCAL_TENANT        # tenant of every request when mode = "none"
@@ -143,7 +143,7 @@ class TenantRegistry:
 
 def auth_errors(auth: AuthConfig, path: str = "auth") -> list[str]:
     errors = []
-    if not auth.keys_file:
+    if auth.keys_file == "":
         errors.append(f"{path}.keys_file: must not be empty")
     if not TENANT_NAME_RE.match(auth.anonymous_tenant):
         errors.append(f"{path}.anonymous_tenant: must match {TENANT_NAME_RE.pattern}")

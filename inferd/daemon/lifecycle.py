@@ -222,8 +222,7 @@ class Daemon:
         state = ServerState(cfg, {})
         versions = VersionManager(registry, cfg.server, self._engine_factory)
         versions.step_observer = self._observe_steps(state)
-        control = ControlPlane(cfg, registry, versions,
-                               config_dir=Path(self.config_path).resolve().parent if self.config_path else None)
+        control = ControlPlane(cfg, registry, versions)
         stack.callback(control.close)     # last out: the audit log sees every record before it closes
         stack.push_async_callback(versions.close_all)
         await versions.load_all(version_specs(cfg))

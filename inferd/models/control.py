@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,12 +27,9 @@ log = get_logger("inferd.control")
 TICK_INTERVAL_S = 1.0
 
 
-def audit_path(cfg: Config, config_dir: Path | None = None) -> Path:
-    """[audit] path; else systemd's StateDirectory (/var/lib/inferd), else beside the config file."""
-    if cfg.audit.path:
-        return Path(cfg.audit.path)
-    state_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(state_dir or config_dir or ".") / "audit.jsonl"
+def audit_path(cfg: Config) -> Path:
+    """[audit] path: parse_config fills in <server.state_dir>/audit.jsonl when the file names none."""
+    return Path(cfg.audit.path or Path(cfg.server.state_dir or "state") / "audit.jsonl")   # or a Config built in code
 
 
 class LazyAudit:
@@ -58,14 +54,13 @@ class LazyAudit:
 
 
 class ControlPlane:
-    def __init__(self, config: Config, registry: ModelRegistry, versions: VersionManager, *,
-                 config_dir: Path | None = None) -> None:
+    def __init__(self, config: Config, registry: ModelRegistry, versions: VersionManager) -> None:
         self.config = config
         self.registry = registry
         self.versions = versions
         self.rollouts = RolloutManager()
         self.shadows = ShadowRecorder(prices=config.prices)
-        self.audit = LazyAudit(audit_path(config, config_dir))
+        self.audit = LazyAudit(audit_path(config))
 
     # -- routes ------------------------------------------------------------------------------
     def final_table(self, table: RoutingTable, cfg: Config) -> RoutingTable:

@@ -258,7 +258,8 @@ def load_authenticator(auth: AuthConfig, base_dir: Path) -> Authenticator:
     """Build the Authenticator for a config; file paths are relative to the config's directory."""
     if auth.mode == "none":
         return Authenticator(auth)
-    return Authenticator(auth, KeyStore(base_dir / auth.keys_file, hasher_for(auth, base_dir)))
+    keys_file = auth.keys_file or "state/keys.jsonl"    # parse_config fills it in; a Config built in code may not
+    return Authenticator(auth, KeyStore(base_dir / keys_file, hasher_for(auth, base_dir)))
 
 
 def hasher_for(auth: AuthConfig, base_dir: Path) -> KeyHasher:

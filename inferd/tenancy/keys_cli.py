@@ -22,10 +22,13 @@ def _auth_from_config(config_path: Path) -> AuthConfig:
     if not config_path.is_file():
         raise KeyFileError(f"{config_path}: no such config file (pass --config)")
     try:
-        auth = load_config(config_path).auth
+        config = load_config(config_path)
     except ConfigError as exc:
         raise KeyFileError(str(exc)) from None
-    if not Path(auth.keys_file).parent.is_dir():
+    auth, state_dir = config.auth, Path(config.server.state_dir)
+    if Path(auth.keys_file).parent == state_dir:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)    # the default place: made on first use
+    elif not Path(auth.keys_file).parent.is_dir():                  # a path someone wrote: a typo, not a mkdir
         raise KeyFileError(f"auth.keys_file: the directory of {auth.keys_file} does not exist")
     return auth
 

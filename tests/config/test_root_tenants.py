@@ -75,3 +75,18 @@ def test_shipped_config_example_tenants_decode_when_uncommented(tmp_path, capsys
     assert check_config_main(str(path)) == 0, capsys.readouterr().err
     cfg = load_config(path)
     assert cfg.auth.mode == "api_key" and set(cfg.tenants) >= {"acme", "default"}
+
+
+def test_runtime_state_defaults_to_a_state_directory_never_loose_in_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    cfg = parse_config({"auth": {"mode": "api_key"}}, base_dir=tmp_path)
+    assert cfg.server.state_dir == str(tmp_path / "state")
+    assert cfg.auth.keys_file == str(tmp_path / "state" / "keys.jsonl")
+    assert cfg.audit.path == str(tmp_path / "state" / "audit.jsonl")
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/inferd")          # what systemd's StateDirectory= sets
+    cfg = parse_config({}, base_dir=tmp_path)
+    assert (cfg.auth.keys_file, cfg.audit.path) == ("/var/lib/inferd/keys.jsonl", "/var/lib/inferd/audit.jsonl")
+    cfg = parse_config({"server": {"state_dir": "run"}, "auth": {"keys_file": "k.jsonl"}}, base_dir=tmp_path)
+    assert cfg.audit.path == str(tmp_path / "run" / "audit.jsonl")     # server.state_dir wins over systemd's
+    assert cfg.auth.keys_file == str(tmp_path / "k.jsonl")             # a path in the file is kept as written
+

@@ -53,3 +53,13 @@ def test_cli_refuses_a_keys_file_in_a_directory_that_does_not_exist(tmp_path, ca
     args = types.SimpleNamespace(config=str(config), keys_command="create", tenant="acme", scope=None)
     assert keys_main(args) == 1
     assert "auth.keys_file" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+
+
+def test_keys_create_makes_the_default_state_directory_private(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    config = tmp_path / "config.toml"
+    config.write_text('[auth]\nmode = "api_key"\n')
+    args = types.SimpleNamespace(config=str(config), keys_command="create", tenant="acme", scope=None)
+    assert keys_main(args) == 0
+    assert (tmp_path / "state" / "keys.jsonl").is_file()
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700

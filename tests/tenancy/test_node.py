@@ -14,7 +14,8 @@ from inferd.types import GenerationRequest, SamplingParams
 
 
 def config(tmp_path, *, mode="api_key", tenants=None, admission=None):
-    return parse_config({"auth": {"mode": mode}, "tenants": tenants or {}, "admission": admission or {}},
+    return parse_config({"auth": {"mode": mode, "keys_file": "keys.jsonl"}, "tenants": tenants or {},
+                         "admission": admission or {}},
                         base_dir=tmp_path)
 
 
