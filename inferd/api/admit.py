@@ -1,7 +1,9 @@
 """Tenant limits, quota, deadline and the fair admission queue for one generation request.
 
-The order on the request path (completions.py):  authenticate -> route -> `check_model_allowed` ->
-tokenize -> context checks -> `apply_limits` -> `admit` (quota buckets and concurrency, then the
+The order on the request path (completions.py), cheapest refusals first:  authenticate ->
+`precheck_quota` (RPM and concurrency, nothing charged) -> read and decode the body -> route ->
+`check_model_allowed` -> `request_deadline` -> the prompt's length bound -> tokenize (api/tokenize.py)
+-> context checks -> `apply_limits` -> `admit` (quota buckets and concurrency, charged, then the
 engine's admission queue) -> stream. Everything here runs once per request; nothing per token.
 
 Errors leave as ApiError in the OpenAI envelope: 400/403 for tenant limits (retrying cannot help),
@@ -27,6 +29,20 @@ from inferd.types import GenerationRequest, SamplingParams, Usage
 
 RATE_LIMIT = "rate_limit_error"
 TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+def precheck_quota(tenancy: Tenancy, tenant: str) -> None:
+    """429 now if `admit` would refuse this tenant whatever the request (requests per minute or
+    concurrency): before its body is read or tokenized. Charges nothing; `admit` charges."""
+    try:
+        tenancy.quota.precheck(tenant)
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
+
+
+def quota_error(exc: QuotaExceeded) -> ApiError:
+    headers = {**exc.headers, "Retry-After": retry_after_header(exc.retry_after_s)}
+    return ApiError(429, f"{exc}.", type=RATE_LIMIT, code=exc.reason, headers=headers)
 
 
 def check_model_allowed(tenancy: Tenancy, tenant: str, requested: str, model: str) -> str:
@@ -145,8 +161,7 @@ async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens:
         lease = quota.acquire(tenant, prompt_tokens=sum(len(g.prompt_token_ids) for g in gens),
                               max_tokens=sum(g.sampling.max_tokens for g in gens))
     except QuotaExceeded as exc:
-        headers = {**exc.headers, "Retry-After": retry_after_header(exc.retry_after_s)}
-        raise ApiError(429, f"{exc}.", type=RATE_LIMIT, code=exc.reason, headers=headers) from None
+        raise quota_error(exc) from None
     try:
         if len(gens) == 1:
             streams = [await queue.admit(gens[0], deadline=deadline, lease=lease)]

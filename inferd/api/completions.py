@@ -1,9 +1,9 @@
 """POST /v1/completions and /v1/chat/completions: body -> engine request -> JSON or SSE.
 
 The wire format lives in openai.py (requests) and responses.py (bodies, chunks); streaming in
-sse.py. This module is the glue: routing a model name to an engine, tokenization (off the loop
-when long), length checks against the model's context, submit, and the end-of-request metrics
-and log fields.
+sse.py. This module is the glue: routing a model name to an engine, tokenization (tokenize.py: a
+cheap length bound, then a bounded pool when long), length checks against the model's context,
+submit, and the end-of-request metrics and log fields. The order of checks is in admit.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from inferd import __version__
 from inferd.api import appkeys as keys
-from inferd.api.admit import admit, apply_limits, check_model_allowed, request_deadline
+from inferd.api.admit import admit, apply_limits, check_model_allowed, precheck_quota, request_deadline
 from inferd.api.auth import authenticate
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
@@ -25,15 +25,12 @@ from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, Running
                                   server_timing)
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
+from inferd.api.tokenize import check_length_bound, tokenize
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
-# Tokenize (and template) in a thread when the body or the conversation is big: the text alone
-# undercounts the work (thousands of empty messages carry no text yet take tens of ms to template).
-OFF_LOOP_BYTES = 2048
-OFF_LOOP_MESSAGES = 32
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
 CLIENT_GONE = 499              # status label for requests whose client left (nginx's convention)
 
@@ -63,31 +60,6 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
             raise body_too_large(limit)
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _tokenize(engine: Engine, p: Prepared, body_bytes: int) -> list[int]:
-    tok = engine.tokenizer
-    if p.prompt_token_ids is not None:
-        vocab = tok.vocab_size
-        for i, t in enumerate(p.prompt_token_ids):
-            if not 0 <= t < vocab:
-                raise invalid(f"prompt[{i}]: token id {t} is outside this model's vocabulary [0, {vocab}).",
-                              param="prompt", code="invalid_token_id")
-        return p.prompt_token_ids
-
-    def work() -> list[int]:
-        if p.messages is not None:
-            try:
-                text = tok.apply_chat_template(p.messages, add_generation_prompt=True)
-            except ValueError as exc:   # the template refused the messages (inferd.engine.tokenization.ChatTemplateError)
-                raise invalid(f"messages: {exc}", param=getattr(exc, "param", None) or "messages",
-                              code="invalid_messages") from None
-            return tok.encode(text, add_special_tokens=False)   # the template wrote the special tokens
-        return tok.encode(p.prompt_text)
-
-    if body_bytes > OFF_LOOP_BYTES or p.prompt_chars > OFF_LOOP_BYTES or len(p.messages or ()) > OFF_LOOP_MESSAGES:
-        return await asyncio.to_thread(work)
-    return work()
 
 
 def _sampling(p: Prepared, prompt_len: int, max_model_len: int) -> SamplingParams:
@@ -134,6 +106,8 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
         tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
+        tenancy = state.tenancy
+        precheck_quota(tenancy, tenant)     # 429 over RPM/concurrency before reading, let alone tokenizing
         _check_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
@@ -142,18 +116,20 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         route = route_request(state, req.model, tenant, req.user, request[keys.REQUEST_ID])
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
-        tenancy = state.tenancy
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if not engine.healthy:
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
+        deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
         max_model_len = engine.info.max_model_len
+        parts = prepared.prompts()              # one per prompt of a completions batch; usually just one
+        for part in parts:                      # every part judged from its length before any is tokenized
+            await check_length_bound(engine, part, max_model_len, deadline)
         prompt_ids, sampling = [], []
-        for part in prepared.prompts():         # one per prompt of a completions batch; usually just one
-            ids = await _tokenize(engine, part, len(body))
+        for part in parts:
+            ids = await tokenize(engine, part, len(body), deadline)
             params = _sampling(part, len(ids), max_model_len)
             prompt_ids.append(ids)
             sampling.append(apply_limits(tenancy, tenant, allowed, part, len(ids), params, max_model_len))
-        deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
         raise

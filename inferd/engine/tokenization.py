@@ -154,7 +154,9 @@ class HFTokenizer:
         return self._tok.id_to_token(token_id)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works and encode does not: a long prompt tokenized on a
+        # worker thread would otherwise stall the event loop for the whole encode.
+        ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         bos = self.bos_token_id
         if add_special_tokens and bos is not None:
             if self._add_bos_token and (not ids or ids[0] != bos):

@@ -1,6 +1,7 @@
 """Edge quota checks: per-tenant limits, token buckets (RPM, TPM) and the concurrency cap.
 
 Pure and synchronous with an injected clock, so every rule is tested without sleeping. The API calls
+`precheck` before it reads and tokenizes the body (RPM and concurrency only, nothing charged),
 `check_limits` (400/403, nothing charged), then `acquire`, which either charges everything (one
 request, prompt + max_tokens tokens, one concurrency slot) and returns a Lease, or charges nothing
 and raises QuotaExceeded (429) with `retry_after_s` computed from when the buckets will actually
@@ -184,11 +185,36 @@ class Quota:
                                 code="request_too_large")
         return max_tokens
 
+    def precheck(self, tenant: str) -> None:
+        """Would `acquire` refuse this tenant whatever the request? Its requests-per-minute bucket and
+        concurrency cap, peeked without charging: the API asks before reading and tokenizing a body.
+        Raises the same QuotaExceeded (counted the same); tokens per minute need the request's size,
+        so only `acquire` checks them."""
+        now = self._clock()
+        st = self._get(tenant)
+        refusal = self._refusal(tenant, st, now, cost=None)
+        if refusal is not None:
+            raise refusal
+
     def acquire(self, tenant: str, *, prompt_tokens: int, max_tokens: int) -> Lease:
         """Charge one request and prompt + max_tokens tokens, or raise QuotaExceeded charging nothing."""
         now = self._clock()
         st = self._get(tenant)
         cost = prompt_tokens + max_tokens
+        refusal = self._refusal(tenant, st, now, cost)
+        if refusal is not None:
+            raise refusal
+        if st.rpm is not None:
+            st.rpm.take(1, now)
+        if st.tpm is not None:
+            st.tpm.take(cost, now)
+        st.in_flight += 1
+        st.admitted += 1
+        return Lease(self, tenant, prompt_tokens, max_tokens, st.headers(now), now)
+
+    def _refusal(self, tenant: str, st: _TenantState, now: float, cost: int | None) -> QuotaExceeded | None:
+        """The QuotaExceeded for one more request costing `cost` tokens (None: leave TPM out), counted;
+        None when it fits."""
         waits: dict[str, float] = {}
         if st.in_flight >= st.config.max_concurrent_requests:
             # Leases end one by one; with n held for ~hold_ema_s each, one frees about every hold/n.
@@ -197,23 +223,17 @@ class Quota:
             w = st.rpm.wait_s(1, now)
             if w > 0:
                 waits["quota_rpm"] = w
-        if st.tpm is not None:
+        if st.tpm is not None and cost is not None:
             w = st.tpm.wait_s(cost, now)
             if w > 0:
                 waits["quota_tpm"] = w
-        if waits:
-            reason = next(iter(waits))
-            st.rejections[reason] = st.rejections.get(reason, 0) + 1
-            retry = max(waits.values())     # the request needs every one of them to have room
-            raise QuotaExceeded(f"tenant {tenant!r} is over its {_DESCRIBE[reason]}; retry in {retry:.2f}s",
-                                reason=reason, retry_after_s=retry, headers=st.headers(now))
-        if st.rpm is not None:
-            st.rpm.take(1, now)
-        if st.tpm is not None:
-            st.tpm.take(cost, now)
-        st.in_flight += 1
-        st.admitted += 1
-        return Lease(self, tenant, prompt_tokens, max_tokens, st.headers(now), now)
+        if not waits:
+            return None
+        reason = next(iter(waits))
+        st.rejections[reason] = st.rejections.get(reason, 0) + 1
+        retry = max(waits.values())     # the request needs every one of them to have room
+        return QuotaExceeded(f"tenant {tenant!r} is over its {_DESCRIBE[reason]}; retry in {retry:.2f}s",
+                             reason=reason, retry_after_s=retry, headers=st.headers(now))
 
     def _release(self, lease: Lease, usage: Usage | None) -> None:
         now = self._clock()

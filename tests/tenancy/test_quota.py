@@ -119,3 +119,31 @@ def test_unlimited_tenant_sends_no_ratelimit_headers(clock):
     q = Quota(TenantRegistry(), clock=clock)
     assert q.acquire("local", prompt_tokens=10**6, max_tokens=10**6).headers == {}
     assert q.check_limits("local", model="m", prompt_tokens=90, max_tokens=None, context_len=100) == 10
+
+
+def test_precheck_refuses_over_rpm_or_concurrency_and_charges_nothing(clock):
+    q = make_quota(clock, requests_per_minute=1, tokens_per_minute=100, max_concurrent_requests=1)
+    q.precheck("acme")                                  # room: passes, takes nothing
+    assert q.headers("acme")["X-RateLimit-Remaining-Requests"] == "1"
+    lease = q.acquire("acme", prompt_tokens=10, max_tokens=10)
+    with pytest.raises(QuotaExceeded) as exc:
+        q.precheck("acme")
+    assert exc.value.reason == "concurrency"            # the first reason, as acquire reports it
+    assert exc.value.retry_after_s == pytest.approx(60.0)   # and the longest wait: the RPM bucket's
+    lease.release(Usage(prompt_tokens=10, completion_tokens=10))
+    with pytest.raises(QuotaExceeded) as exc:
+        q.precheck("acme")
+    assert exc.value.reason == "quota_rpm"
+    assert exc.value.headers["X-RateLimit-Remaining-Tokens"] == "80"
+    assert q.snapshot()["acme"]["rejections"] == {"concurrency": 1, "quota_rpm": 1}
+    clock.t += 60
+    q.precheck("acme")
+
+
+def test_precheck_leaves_tokens_per_minute_to_acquire(clock):
+    q = make_quota(clock, tokens_per_minute=100)
+    q.acquire("acme", prompt_tokens=50, max_tokens=50)  # the bucket is empty
+    q.precheck("acme")                                  # the next request's size is not known yet
+    with pytest.raises(QuotaExceeded) as exc:
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    assert exc.value.reason == "quota_tpm"
