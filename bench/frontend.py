@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from daemon_process import run_daemon  # noqa: E402 (bench/ is this script's own directory)
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU, CLIENT_CPU = 0, 1
 
@@ -76,30 +78,6 @@ def pin(cpu: int):
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-# -- the daemon ------------------------------------------------------------------------------------
-def run_daemon(config_path: Path) -> None:
-    """The real Daemon (config file, engines, app, AppRunner, drain on SIGTERM), as `inferd serve` runs it."""
-    import uvloop
-
-    from inferd.config import load_config
-    from inferd.daemon import Daemon
-    from inferd.observability import configure_logging
-
-    config = load_config(config_path)
-    configure_logging(config.server.log_level)
-
-    async def main() -> int:
-        daemon = Daemon(config)
-        run = asyncio.ensure_future(daemon.run(install_signals=True))
-        ready = asyncio.ensure_future(daemon.ready.wait())
-        await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)
-        if daemon.ready.is_set():
-            print(json.dumps({"port": daemon.port}), flush=True)
-        return await run
-
-    sys.exit(uvloop.run(main()))
 
 
 # -- the bare SSE server ---------------------------------------------------------------------------

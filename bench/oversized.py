@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from daemon_process import run_daemon  # noqa: E402 (bench/ is this script's own directory)
+
 SERVER_CPU, CLIENT_CPU = 0, 1
 
 CONFIG = """
@@ -113,30 +115,6 @@ def text_of(kb: int, seed: int) -> str:
         words.append(w)
         size += len(w) + 1
     return " ".join(words)
-
-
-# -- the daemon ------------------------------------------------------------------------------------
-def run_daemon(config_path: Path) -> None:
-    import uvloop
-
-    import inferd
-    from inferd.config import load_config
-    from inferd.daemon import Daemon
-    from inferd.observability import configure_logging
-
-    config = load_config(config_path)
-    configure_logging(config.server.log_level)
-
-    async def main() -> int:
-        daemon = Daemon(config)
-        run = asyncio.ensure_future(daemon.run(install_signals=True))
-        ready = asyncio.ensure_future(daemon.ready.wait())
-        await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)
-        if daemon.ready.is_set():
-            print(json.dumps({"port": daemon.port, "inferd": inferd.__file__}), flush=True)
-        return await run
-
-    sys.exit(uvloop.run(main()))
 
 
 def start_daemon(workdir: Path, engine: str) -> tuple[subprocess.Popen, dict]:
