@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(args)
     if args.command == "check-config":
         from inferd.config import check_config_main
-        return check_config_main(args.path)
+        from inferd.daemon import preflight_errors
+        return check_config_main(args.path, preflight_errors)
     if args.command == "engines":
         from inferd.engine import verify_main
         return verify_main(args.path)

@@ -14,6 +14,7 @@ import ipaddress
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -331,10 +332,13 @@ def artifact_name(name: str, model: ModelConfig) -> str:
     return model.artifact or name
 
 
-def check_config_main(path: str) -> int:
-    """`inferd check-config PATH`: 0 when valid, 1 naming every bad key on stderr."""
+def check_config_main(path: str, more_checks: Callable[[Config], list[str]] | None = None) -> int:
+    """`inferd check-config PATH`: 0 when valid, 1 naming every bad key on stderr. `more_checks` (the
+    daemon's preflight: artifacts, keys file) runs on a config that validated."""
     try:
         cfg = load_config(path)
+        if more_checks is not None and (errors := more_checks(cfg)):
+            raise ConfigError(errors, str(path))
     except ConfigError as exc:
         print(f"{exc.source}: invalid config, {len(exc.errors)} error(s)", file=sys.stderr)
         for err in exc.errors:

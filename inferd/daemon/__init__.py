@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from inferd.daemon.lifecycle import Daemon
+from inferd.daemon.preflight import preflight_errors
 from inferd.daemon.serve import serve_main
 
-__all__ = ["Daemon", "serve_main"]
+__all__ = ["Daemon", "preflight_errors", "serve_main"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from inferd.models.control import ControlPlane, audit_path
 from inferd.models.errors import RoutingError
-from inferd.models.factory import EngineConfigError, build_engine, missing_synthetic
+from inferd.models.factory import SYNTHETIC_KINDS, EngineConfigError, build_engine, missing_synthetic
 from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutNotFound
 from inferd.models.routing import Route
@@ -17,7 +17,7 @@ from inferd.models.versions import (
 )
 
 __all__ = [
-    "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route",
+    "SYNTHETIC_KINDS", "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route",
     "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic",
     "audit_path", "registry_from_engines", "routes_from_config", "version_specs",
 ]
