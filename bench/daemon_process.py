@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,3 +32,13 @@ def run_daemon(config_path: Path) -> None:
         return await run
 
     sys.exit(uvloop.run(main()))
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM (the daemon drains), then SIGKILL if it has not exited within `timeout` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -27,14 +27,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import run_daemon  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import run_daemon, stop  # noqa: E402 (bench/ is this script's own directory)
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU, CLIENT_CPU = 0, 1
@@ -281,15 +280,6 @@ def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[su
     return proc, json.loads(line)["port"]
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--role", choices=["main", "daemon", "bare", "client"], default="main")
@@ -319,7 +309,7 @@ def main() -> int:
             try:
                 results[role] = measure(proc, port, args, with_ttft=True)
             finally:
-                stop(proc)
+                stop(proc, 15)
     results["load_average_after"] = os.getloadavg()
     d, b = results["daemon"], results["bare"]
     results["frames_ratio"] = d["frames_per_s"] / b["frames_per_s"] if b["frames_per_s"] else 0.0

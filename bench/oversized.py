@@ -27,7 +27,6 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import run_daemon  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import run_daemon, stop  # noqa: E402 (bench/ is this script's own directory)
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 
@@ -141,15 +140,6 @@ def start_daemon(workdir: Path, engine: str) -> tuple[subprocess.Popen, dict]:
         proc.wait(timeout=30)
         raise RuntimeError(f"daemon did not start: {(workdir / 'daemon.log').read_text()[-2000:]}")
     return proc, {**json.loads(line), "keys": keys}
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # -- the clients -----------------------------------------------------------------------------------
