@@ -26,6 +26,7 @@ from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, Running
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
+from inferd.api.waiting import QueuedStream
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
@@ -157,22 +158,24 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         make_room_for_live(state, engine, len(ids), sampling)
         gens.append(GenerationRequest(request_id=cid if i == 0 else f"{cid}-{i}", prompt_token_ids=tuple(ids),
                                       sampling=sampling, tenant=tenant, lora=route.lora))
+    # A stream kept waiting in admission gets its headers and pings meanwhile (inferd.api.waiting).
+    queued = QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream else None
+    admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline)
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
-        admitted = await admit(state.tenancy, tenant, model, engine, gens, ctx.deadline)
-    except ApiError as err:
-        obs.finish(err.status)
-        raise
-    except asyncio.CancelledError:
+        admitted = await (queued.wait(admitting) if queued is not None else admitting)
+    except (asyncio.CancelledError, ConnectionError):
         obs.finish(CLIENT_GONE)         # the client left while queued; admission dropped the request
         raise
-    except InvalidRequest as exc:
-        obs.finish(400)
-        raise invalid(str(exc), param=exc.param) from None
-    except EngineUnavailable as exc:
-        obs.finish(503)
-        record_outcome(state, route.target, None, 503, None)
-        raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") from None
+    except (ApiError, InvalidRequest, EngineUnavailable) as exc:
+        err = _admission_error(exc, model)
+        obs.finish(err.status)
+        if isinstance(exc, EngineUnavailable):
+            record_outcome(state, route.target, None, 503, None)
+        if queued is not None and queued.prepared is not None:      # headers are out: end the stream
+            request[keys.LOG_FIELDS]["outcome_status"] = err.status
+            return await queued.end_with(err, ChunkEncoder(ident, p.include_usage))
+        raise err from None
     streams = admitted.streams
     stream = streams[0] if len(streams) == 1 else Choices(streams)
     # From here the engine is generating for us: every path out must cancel the stream (the
@@ -195,7 +198,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
             encoder = ChunkEncoder(ident, p.include_usage, running=running)
             resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight,
-                                         ChoicesSender if isinstance(stream, Choices) else Sender)
+                                         ChoicesSender if isinstance(stream, Choices) else Sender,
+                                         prepared=queued.prepared if queued is not None else None)
             last = entry.final
         else:
             finals = await stream.collect() if isinstance(stream, Choices) else [await stream.collect()]
@@ -237,6 +241,15 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if obs.ttft is not None:
             log_fields["ttft_ms"] = round(obs.ttft * 1000, 3)
         log_fields["outcome_status"] = status
+
+
+def _admission_error(exc: Exception, model: str) -> ApiError:
+    """What a refusal from quota, admission or the engine's submit says to the client."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return invalid(str(exc), param=exc.param)
+    return unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable")
 
 
 def _json_response(ident: Identity, finals: list[Delta], headers: dict[str, str], timed_out: bool,

@@ -240,18 +240,25 @@ class Inflight:
                 entry.sender.ping()                 # writes are synchronous: frames never interleave
 
 
-async def stream_response(request: web.BaseRequest, stream: RequestStream, entry: Tracked,
-                          encoder: ChunkEncoder, headers: dict[str, str], include_usage: bool,
-                          obs: RequestObservation, inflight: Inflight,
-                          sender_class: type[Sender] = Sender) -> web.StreamResponse:
-    """Write `stream` as server-sent events; `sender_class` (default Sender) writes the frames."""
+def sse_response(headers: dict[str, str]) -> web.StreamResponse:
     resp = web.StreamResponse(headers=headers)
     resp.content_type = "text/event-stream"
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
+    return resp
+
+
+async def stream_response(request: web.BaseRequest, stream: RequestStream, entry: Tracked,
+                          encoder: ChunkEncoder, headers: dict[str, str], include_usage: bool,
+                          obs: RequestObservation, inflight: Inflight, sender_class: type[Sender] = Sender,
+                          prepared: tuple[web.StreamResponse, AbstractStreamWriter] | None = None,
+                          ) -> web.StreamResponse:
+    """Write `stream` as server-sent events; `sender_class` (default Sender) writes the frames.
+    `prepared`: a response whose headers already went out (it waited in admission, inferd.api.waiting)."""
+    resp = sse_response(headers) if prepared is None else prepared[0]
     sender = None
     try:
-        writer = await resp.prepare(request)
+        writer = await resp.prepare(request) if prepared is None else prepared[1]
         sender = sender_class(entry, writer, encoder, include_usage, obs)
         entry.last_write = _monotonic()
         entry.sender = sender

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from inferd.api import make_app
 from inferd.api.state import ServerState
 from inferd.config.root import Config, ModelConfig, ServerConfig
-from inferd.config.tenants import TenantConfig
+from inferd.config.tenants import AdmissionConfig, TenantConfig
 from inferd.engine.base import Engine
 from inferd.engine.sim.engine import SimEngine
 
@@ -66,7 +66,8 @@ ServeFactory = Callable[..., Awaitable[Served]]
 async def serve() -> AsyncIterator[ServeFactory]:
     """serve(engines=None, handler_cancellation=False, models=None, tenants=None, **server_config) -> Served;
     torn down after the test. `models`: [models.*] config tables, for what the API reads of them (LoRA
-    adapters); `tenants`: [tenants.*] tables (auth is off, so requests are tenant `local`).
+    adapters); `tenants`: [tenants.*] tables (auth is off, so requests are tenant `local`); `admission`: the
+    [admission] table.
 
     aiohttp's default (no handler cancellation) is the harder case for noticing a client that left;
     the daemon runs with handler_cancellation=True.
@@ -75,13 +76,14 @@ async def serve() -> AsyncIterator[ServeFactory]:
 
     async def factory(engines: dict[str, Engine] | None = None, *, handler_cancellation: bool = False,
                       models: dict[str, ModelConfig] | None = None,
-                      tenants: dict[str, TenantConfig] | None = None, **server: object) -> Served:
+                      tenants: dict[str, TenantConfig] | None = None, admission: AdmissionConfig | None = None,
+                      **server: object) -> Served:
         engines = engines if engines is not None else {"sim": sim_engine()}
         for engine in engines.values():
             await engine.start()
             cleanups.append(engine.close)
-        state = ServerState(Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {}),
-                            engines)
+        state = ServerState(Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {},
+                                   admission=admission or AdmissionConfig()), engines)
         state.started = True
         app = make_app(state)
         runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
