@@ -26,7 +26,7 @@ from inferd.config.cross_checks import auth_binding_errors, routing_errors, tena
 from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
-from inferd.config.walk import ConfigTable, check_table, type_name
+from inferd.config.walk import ConfigTable, check_table, type_name, well_formed
 
 Backend = Literal["reference", "sim", "trtllm"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -258,21 +258,25 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
                              state)
 
 
+def _besides(semantic: list[str], structural: list[str]) -> list[str]:
+    """The semantic errors not about a key already reported malformed (that key took its default)."""
+    bad = {e.split(":", 1)[0] for e in structural}
+    return [e for e in semantic if e.split(":", 1)[0] not in bad]
+
+
 def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: str = "config") -> Config:
     """Validate a decoded TOML document. Raises ConfigError listing every problem.
 
-    Each table that decodes cleanly also gets its semantic checks, so one run reports a
-    mistyped key in one model and an out-of-range port together.
+    Each table also gets its semantic checks, on the keys that decoded (walk.well_formed), so one run
+    reports a mistyped key and an out-of-range value of the same table together.
     """
     errors: list[str] = []
     check_table(raw, Config, "", errors, skip=_ENTRY_TABLES)
     if isinstance(raw, dict):
-        server_errors: list[str] = []
-        check_table(raw.get("server", {}), ServerConfig, "server", server_errors)
-        server = None if server_errors else msgspec.convert(raw.get("server", {}), ServerConfig)
+        server = well_formed(raw.get("server", {}), ServerConfig)
         if server is not None:
-            errors.extend(_server_errors(server))
-            errors.extend(tls_binding_errors(server.tls, server.host, server.allow_plaintext_non_loopback))
+            errors.extend(_besides(_server_errors(server) + tls_binding_errors(
+                server.tls, server.host, server.allow_plaintext_non_loopback), errors))
         models = raw.get("models")
         if isinstance(models, dict):
             if not models:
@@ -281,8 +285,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
                 model_errors: list[str] = []
                 check_table(model, ModelConfig, f"models.{name}", model_errors)
                 errors.extend(model_errors)
-                if not model_errors:
-                    errors.extend(_model_errors(name, msgspec.convert(model, ModelConfig)))
+                decoded = well_formed(model, ModelConfig)
+                if decoded is not None:
+                    errors.extend(_besides(_model_errors(name, decoded), model_errors))
         elif models is not None:
             errors.append(f"models: expected a table of models, got {type_name(models)}")
         routing_errors(raw, errors)

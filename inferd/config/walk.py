@@ -82,6 +82,32 @@ def check_table(raw: Any, cls: type[msgspec.Struct], path: str, errors: list[str
             errors.append(err)
 
 
+def well_formed(raw: Any, cls: type[msgspec.Struct]) -> msgspec.Struct | None:
+    """`raw` decoded without the keys check_table faults (they take their defaults), so the semantic
+    checks can still judge the rest and check-config names every error at once; None when even that
+    does not decode (a required key is missing or bad)."""
+    try:
+        return msgspec.convert(_well_formed_part(raw, cls), cls) if isinstance(raw, dict) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def _well_formed_part(raw: dict[str, Any], cls: type[msgspec.Struct]) -> dict[str, Any]:
+    fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
+    out = {}
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            continue
+        sub = _struct_of(field.type)
+        if sub is not None and value is not None:
+            if isinstance(value, dict):
+                out[key] = _well_formed_part(value, sub)
+        elif _leaf_error(key, value, field.type) is None:
+            out[key] = value
+    return out
+
+
 def decode_entries(raw: dict[str, Any], key: str, cls: type[msgspec.Struct],
                    errors: list[str]) -> dict[str, Any]:
     """Decode the entries of one `[key.<name>]` table that pass the structural check."""

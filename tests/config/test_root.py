@@ -105,6 +105,7 @@ def test_every_error_is_reported_not_just_the_first():
     for expected in (
         "server.port: expected int, got str",
         "server.hots: unknown key",
+        "server.drain_grace_s: must be >= 0",          # a semantic error beside the table's malformed keys
         "extra: unknown key",
         "models.a.max_batch_size: must be > 0",
         "models.a.block_size: must be a power of two",
@@ -112,7 +113,7 @@ def test_every_error_is_reported_not_just_the_first():
         'models.c.sim: a [sim] section needs backend = "sim"',
     ):
         assert expected in joined
-    assert len(errs) == 7
+    assert len(errs) == 8
 
 
 def test_localhost_is_accepted_as_the_loopback_host():

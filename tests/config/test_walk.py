@@ -4,7 +4,7 @@ from typing import Literal
 
 import msgspec
 
-from inferd.config.walk import check_table, decode_entries
+from inferd.config.walk import ConfigTable, check_table, decode_entries, well_formed
 
 
 class Inner(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -45,3 +45,20 @@ def test_decode_entries_keeps_the_good_entries_and_names_the_bad_ones():
     assert out == {"ok": Inner(size=2)} and errors == ["entries.bad.size: expected int, got str"]
     assert decode_entries({"entries": [1]}, "entries", Inner, errors) == {}
     assert errors[-1] == "entries: expected a table, got array"
+
+
+class Part(ConfigTable):
+    name: str = "x"
+    size: int = 1
+
+
+class Whole(ConfigTable):
+    port: int = 0
+    label: str = "d"
+    part: Part = Part()
+
+
+def test_well_formed_keeps_the_good_keys_of_a_table_with_bad_ones():
+    got = well_formed({"port": "80", "label": "ok", "typo": 1, "part": {"name": "n", "size": "big"}}, Whole)
+    assert got == Whole(port=0, label="ok", part=Part(name="n", size=1))
+    assert well_formed("not a table", Whole) is None
