@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from inferd.admission.backlog import Backlog
-from inferd.admission.estimate import Estimator
+from inferd.admission.estimate import MIN_RETRY_S, Estimator
 from inferd.admission.gate import CapacityGate
 from inferd.admission.stats import AdmissionStats
 from inferd.admission.stream import AdmittedStream
@@ -194,11 +194,19 @@ class AdmissionQueue:
             return
         if t.deadline <= t.expires:
             exc = AdmissionRejected("the request's deadline passed while it was queued", status=504,
-                                    reason="deadline", retry_after_s=None)
+                                    reason="deadline", retry_after_s=self._retry_after_waited(t))
         else:
             exc = AdmissionRejected(f"queued longer than the {t.cls.value} class allows", status=503,
-                                    reason="ttl", retry_after_s=self._estimate.retry_after(self._wait(t)[0], 0.0))
+                                    reason="ttl", retry_after_s=self._retry_after_waited(t))
         self._reject_queued(t, exc)
+
+    def _retry_after_waited(self, t: Ticket) -> float:
+        """Retry-After for a request dropped after waiting: the estimated rest of its wait; with no
+        service rate measured yet, as long as it already waited (the queue held it that long), never
+        a constant."""
+        if self._estimate.rate():
+            return self._estimate.retry_after(self._wait(t)[0], 0.0)
+        return max(MIN_RETRY_S, self._clock() - t.arrived)
 
     def _make_room(self, t: Ticket) -> None:
         """Node full: shed queued work of lower classes if that frees enough; else refuse the newcomer (503)."""

@@ -179,6 +179,26 @@ async def test_deadline_passing_in_queue_is_504(make_queue):
     assert exc.value.status == 504 and exc.value.reason == "deadline"
 
 
+async def test_a_deadline_refusal_after_waiting_says_when_to_retry_from_the_wait(make_queue):
+    loop = asyncio.get_running_loop()
+    q, engine = make_queue()                              # no service rate known: the time it waited
+    await occupy(q, engine)
+    arrived = loop.time()
+    with pytest.raises(AdmissionRejected) as exc:
+        await q.admit(req("a"), deadline=arrived + 0.3)
+    assert 0.3 <= exc.value.retry_after_s < 1.0 and exc.value.retry_after_header == "1"
+    measured = FakeEngine(tokens_per_s=100.0)             # a rate: the estimated rest of the wait
+    q, _ = make_queue(engine=measured, early_refusal=False)   # so it waits for its deadline in the queue
+    await occupy(q, measured)
+    held = [spawn(q.admit(req("a", prompt=100, max_tokens=50), deadline=far())) for _ in range(4)]
+    await settle()                                        # 800 cost queued at 100/s: 8 s ahead of it
+    with pytest.raises(AdmissionRejected) as exc:
+        await q.admit(req("a", prompt=100, max_tokens=50), deadline=loop.time() + 0.05)
+    assert (exc.value.status, exc.value.reason) == (504, "deadline") and exc.value.retry_after_s >= 4.0
+    for t in held:
+        t.cancel()
+
+
 async def test_class_ttl_drops_queued_work_with_503(make_queue):
     q, engine = make_queue(standard_ttl_s=0.02)
     await occupy(q, engine)
