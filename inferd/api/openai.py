@@ -51,7 +51,11 @@ class ContentPart(msgspec.Struct, **_STRICT):
     refusal: str | None = None
 
 
-_OTHER_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
+OTHER_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
+# Decoded (OpenAI clients send them) but refused by `prepare`: there is no tool calling. /openapi.json
+# leaves these roles out and allows these message fields only at null (or an empty list).
+UNSUPPORTED_ROLES = ("tool", "function")
+UNSUPPORTED_MESSAGE_FIELDS = ("tool_calls", "function_call", "audio", "refusal", "tool_call_id")
 
 
 class ChatMessage(msgspec.Struct, **_STRICT):
@@ -153,7 +157,7 @@ NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_cache_options": ((), "null"),
 }
 # `logprobs` differs: a bool on chat, an int (how many) on completions; any non-null int asks for output.
-_LOGPROBS_NO_OP = {"chat": ((False,), "null or false"), "completion": ((), "null")}
+LOGPROBS_NO_OP = {"chat": ((False,), "null or false"), "completion": ((), "null")}
 
 _decoders = {
     "completion": msgspec.json.Decoder(CompletionRequest),
@@ -243,7 +247,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
         if not _is_no_op(value, allowed):
             raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {_show(value)}).",
                           param=name, code="unsupported_parameter")
-    allowed, say = _LOGPROBS_NO_OP[kind]
+    allowed, say = LOGPROBS_NO_OP[kind]
     if not _is_no_op(req.logprobs, allowed):
         raise invalid(f"logprobs: not supported by this server; only {say} is accepted.", param="logprobs",
                       code="unsupported_parameter")
@@ -321,10 +325,10 @@ def _prepare_messages(req: ChatCompletionRequest, out: Prepared) -> None:
     chars = 0
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
-        if m.role in ("tool", "function"):
+        if m.role in UNSUPPORTED_ROLES:
             raise invalid(f"{where}.role: tool and function messages are not supported (no tool calling).",
                           param=f"{where}.role", code="unsupported_parameter")
-        for name in ("tool_calls", "function_call", "audio", "refusal", "tool_call_id"):
+        for name in UNSUPPORTED_MESSAGE_FIELDS:
             if getattr(m, name) not in (None, []):
                 raise invalid(f"{where}.{name}: not supported by this server; only null is accepted.",
                               param=f"{where}.{name}", code="unsupported_parameter")
@@ -336,7 +340,7 @@ def _prepare_messages(req: ChatCompletionRequest, out: Prepared) -> None:
                     raise invalid(f"{where}.content[{j}]: only text parts (type \"text\" with a `text` string) "
                                   f"are supported, got type {part.type!r}.", param=f"{where}.content[{j}]",
                                   code="unsupported_parameter")
-                for name in _OTHER_PART_FIELDS:     # a text part carries text only; never drop the rest
+                for name in OTHER_PART_FIELDS:     # a text part carries text only; never drop the rest
                     if getattr(part, name) is not None:
                         raise invalid(f"{where}.content[{j}].{name}: not allowed in a \"text\" part.",
                                       param=f"{where}.content[{j}].{name}", code="unsupported_parameter")

@@ -1,17 +1,37 @@
 """The OpenAPI 3.1 document, with request schemas generated from the structs the decoder uses.
 
 Because /v1/completions and /v1/chat/completions decode with exactly these msgspec structs
-(unknown fields rejected), the document cannot drift from what the server accepts.
+(unknown fields rejected), the document cannot drift from what the server accepts. The rules
+`prepare` checks after decoding (no-op-only parameters, non-empty prompts and stop strings, chat
+roles and content, `stream_options` only with `stream`) are added to the generated schemas here,
+so a request the schema allows is one validation accepts, and a client generated from this
+document (or a fuzzer such as schemathesis) is not surprised by a 400. What no JSON
+Schema can say is left to the documented 400/404: what depends on the model (the prompt's length
+against its context, token ids against its vocabulary, what its chat template accepts), model
+names the server does not serve, and an integer spelled as a float (`2.0`, the same number to JSON
+Schema, is refused where the struct says int).
 """
 from __future__ import annotations
 
 import functools
+import typing
 
 import msgspec
 import orjson
 
 from inferd import __version__
-from inferd.api.openai import NO_OP_VALUES, ChatCompletionRequest, CompletionRequest
+from inferd.api.openai import (
+    LOGPROBS_NO_OP,
+    MAX_PROMPTS,
+    MAX_STOP_CHARS,
+    NO_OP_VALUES,
+    OTHER_PART_FIELDS,
+    UNSUPPORTED_MESSAGE_FIELDS,
+    UNSUPPORTED_ROLES,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
 
 _REF = "#/components/schemas/{name}"
 
@@ -26,19 +46,120 @@ _ERROR = {
     }},
 }
 
-_ERROR_STATUSES = {
+_ERROR_TEXT = {
     "400": "Invalid request: the message and `param` name the field",
-    "404": "Unknown model",
+    "401": "Missing or unknown API key (when auth is on)",
+    "403": "The key lacks the scope, or its tenant may not use the model",
+    "404": "Not found: the message and `code` say what",
+    "409": "The rollout cannot take this action in its current state",
     "413": "Body larger than server.max_body_bytes",
     "415": "Content-Type is not application/json",
+    "429": "Tenant over quota or its queue full (Retry-After)",
     "500": "Server error (never caused by the request's content)",
-    "503": "Draining or engine unavailable (Retry-After)",
-    "504": "The request's deadline passed",
+    "503": "Draining, overloaded or engine unavailable (Retry-After)",
+    "504": "The request's deadline passed before it could start",
 }
+_GENERATE_ERRORS = ("400", "401", "403", "404", "413", "415", "429", "500", "503", "504")
+
+# The chat roles `prepare` accepts: the struct's, less those it refuses.
+CHAT_ROLES = tuple(r for r in typing.get_args(typing.get_type_hints(ChatMessage)["role"])
+                   if r not in UNSUPPORTED_ROLES)
+# inferd.api.admin.control_rollout's actions; any other is a 404 unknown_action.
+ROLLOUT_ACTIONS = ("start", "pause", "resume", "promote", "rollback")
+# What routing (inferd.models.routing: resolve, split_adapter; ModelVersion.parse) accepts as `model` before
+# it looks the name up: not blank; `name`, `name@version` or either with `:adapter` (adapter not blank).
+# Anything else is a 400 invalid_model; a well-formed name the server does not serve is a 404.
+MODEL_PATTERN = (r"^(?:(?=[\s\S]*\S)(?:[^:@]*|[^:@]+@[^:@]+)"
+                 r"|(?:[^:@]+|[^:@]+@[^:@]+):[\s\S]*\S[\s\S]*)$")
+
+
+def _no_op(values: tuple, say: str) -> dict:
+    """A parameter accepted only at its no-op value; null always counts as absent."""
+    return {"enum": [None, *values], "default": None, "description": f"Not implemented by this server: accepted only as {say}."}
+
+
+def _tighten_sampling(schema: dict, kind: str) -> None:
+    props = schema["properties"]
+    props["model"] = {"type": "string", "pattern": MODEL_PATTERN}
+    for name, (values, say) in NO_OP_VALUES.items():
+        if name in props:
+            props[name] = _no_op(values, say)
+    props["logprobs"] = _no_op(*LOGPROBS_NO_OP[kind])
+    stop = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+    props["stop"] = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": 4}, {"type": "null"}],
+                     "default": None}
+    # As OpenAI: stream_options for a response that is not a stream would be silently ignored, so it is a 400.
+    schema["anyOf"] = [{"properties": {"stream": {"const": True}}, "required": ["stream"]},
+                       {"properties": {"stream_options": {"type": "null"}}}]
+
+
+def _prompt_schema() -> dict:
+    """A non-empty string, token ids, or a batch of up to MAX_PROMPTS non-empty strings or token-id lists."""
+    token_ids = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
+    text = {"type": "string", "minLength": 1}
+    return {"anyOf": [
+        text,
+        token_ids,
+        {"type": "array", "items": text, "minItems": 1, "maxItems": MAX_PROMPTS},
+        {"type": "array", "items": token_ids, "minItems": 1, "maxItems": MAX_PROMPTS},
+    ]}
+
+
+def _chat_message_schema(generated: dict) -> dict:
+    """Roles without tool/function; content required except from the assistant; unsupported fields null."""
+    props = dict(generated["properties"])
+    for name in UNSUPPORTED_MESSAGE_FIELDS:
+        # `prepare` lets an empty list through too, where the field's type allows one
+        types = generated["properties"][name].get("anyOf")       # none: typed Any
+        can_be_list = types is None or any(t.get("type") == "array" for t in types)
+        props[name] = {"enum": [None, []] if can_be_list else [None], "default": None}
+    content = props.pop("content")["anyOf"]
+    content = [c for c in content if c != {"type": "null"}]
+    base = {k: v for k, v in generated.items() if k not in ("properties", "required")}
+    assistant = {**base, "properties": {**props, "role": {"const": "assistant"},
+                                        "content": {"anyOf": [*content, {"type": "null"}], "default": None}},
+                 "required": ["role"]}
+    others = {**base, "properties": {**props, "role": {"enum": [r for r in CHAT_ROLES if r != "assistant"]},
+                                     "content": {"anyOf": content}},
+              "required": ["role", "content"]}
+    return {"title": generated["title"], "anyOf": [others, assistant]}
+
+
+def _content_part_schema(generated: dict) -> dict:
+    """Only text parts, carrying text only."""
+    props = {**generated["properties"], "type": {"const": "text"}, "text": {"type": "string"}}
+    for name in OTHER_PART_FIELDS:
+        props[name] = {"type": "null", "default": None}
+    return {**generated, "properties": props, "required": ["type", "text"]}
+
+
+def request_schemas() -> tuple[str, str, dict]:
+    """(completion schema name, chat schema name, components): the structs' schemas plus `prepare`'s rules."""
+    (completion, chat), components = msgspec.json.schema_components(
+        [CompletionRequest, ChatCompletionRequest], ref_template=_REF)
+    completion_name, chat_name = (s["$ref"].rsplit("/", 1)[1] for s in (completion, chat))
+    _tighten_sampling(components[completion_name], "completion")
+    _tighten_sampling(components[chat_name], "chat")
+    components[completion_name]["properties"]["prompt"] = _prompt_schema()
+    # `prepare` refuses the two when they differ; equality is not a JSON Schema rule, so the document says
+    # "send one of them" (one notch stricter than the server, which tolerates an equal pair).
+    components[chat_name]["not"] = {"required": ["max_tokens", "max_completion_tokens"], "properties": {
+        "max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}}}
+    components[chat_name]["properties"]["max_tokens"]["description"] = (
+        "The older name of max_completion_tokens: send one of them.")
+    components["StreamOptions"]["properties"]["include_obfuscation"] = {"enum": [None, False], "default": None}
+    components["ChatMessage"] = _chat_message_schema(components["ChatMessage"])
+    components["ContentPart"] = _content_part_schema(components["ContentPart"])
+    return completion_name, chat_name, components
 
 
 def _json_content(schema: dict) -> dict:
     return {"application/json": {"schema": schema}}
+
+
+def _errors(*statuses: str) -> dict:
+    return {s: {"description": _ERROR_TEXT[s], "content": _json_content({"$ref": _REF.format(name="ErrorResponse")})}
+            for s in statuses}
 
 
 def _generate_op(summary: str, schema_name: str, object_name: str) -> dict:
@@ -55,10 +176,8 @@ def _generate_op(summary: str, schema_name: str, object_name: str) -> dict:
             "content": {"application/json": {"schema": {"type": "object"}},
                         "text/event-stream": {"schema": {"type": "string"}}},
         },
+        **_errors(*_GENERATE_ERRORS),
     }
-    for status, text in _ERROR_STATUSES.items():
-        responses[status] = {"description": text,
-                             "content": _json_content({"$ref": _REF.format(name="ErrorResponse")})}
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": _json_content({"$ref": _REF.format(name=schema_name)})},
@@ -66,15 +185,25 @@ def _generate_op(summary: str, schema_name: str, object_name: str) -> dict:
     }}
 
 
-def _plain_get(summary: str, content_type: str = "application/json") -> dict:
-    return {"get": {"summary": summary, "responses": {"200": {"description": "OK",
-                                                              "content": {content_type: {"schema": {}}}}}}}
+def _get(summary: str, *errors: str, content_type: str = "application/json", parameters: list | None = None) -> dict:
+    op = {"summary": summary,
+          "responses": {"200": {"description": "OK", "content": {content_type: {"schema": {}}}}, **_errors(*errors)}}
+    if parameters:
+        op["parameters"] = parameters
+    return {"get": op}
+
+
+def _path_param(name: str, schema: dict) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+_ROLLOUT_NAME = _path_param("name", {"type": "string", "minLength": 1})
+_ADMIN_ERRORS = ("401", "403", "503")
 
 
 @functools.cache
 def document() -> dict:
-    (completion, chat), components = msgspec.json.schema_components(
-        [CompletionRequest, ChatCompletionRequest], ref_template=_REF)
+    completion, chat, components = request_schemas()
     components["ErrorResponse"] = _ERROR
     note = ", ".join(f"`{k}`" for k in NO_OP_VALUES)
     return {
@@ -84,22 +213,23 @@ def document() -> dict:
                                 f"parameters the server does not implement ({note}, `logprobs`) are accepted "
                                 "only at their no-op value."},
         "paths": {
-            "/v1/completions": _generate_op("Create a completion", completion["$ref"].rsplit("/", 1)[1],
-                                            "text_completion"),
-            "/v1/chat/completions": _generate_op("Create a chat completion", chat["$ref"].rsplit("/", 1)[1],
-                                                 "chat.completion"),
-            "/v1/models": _plain_get("List the served models"),
-            "/healthz": _plain_get("Liveness: the process answers"),
-            "/health": _plain_get("Liveness, as /healthz (the name vLLM-style load tools probe)"),
-            "/readyz": _plain_get("Readiness: 200 when serving, 503 with reasons otherwise"),
-            "/metrics": _plain_get("Prometheus metrics", "text/plain"),
-            "/openapi.json": _plain_get("This document"),
-            "/admin/rollouts": _plain_get("Admin: every rollout's state"),
-            "/admin/rollouts/{name}": _plain_get("Admin: one rollout's state"),
+            "/v1/completions": _generate_op("Create a completion", completion, "text_completion"),
+            "/v1/chat/completions": _generate_op("Create a chat completion", chat, "chat.completion"),
+            "/v1/models": _get("List the served models", "401", "403"),
+            "/healthz": _get("Liveness: the process answers"),
+            "/health": _get("Liveness, as /healthz (the name vLLM-style load tools probe)"),
+            "/readyz": _get("Readiness: 200 when serving, 503 with reasons otherwise", "503"),
+            "/metrics": _get("Prometheus metrics", "401", "403", content_type="text/plain"),
+            "/openapi.json": _get("This document"),
+            "/admin/rollouts": _get("Admin: every rollout's state", *_ADMIN_ERRORS),
+            "/admin/rollouts/{name}": _get("Admin: one rollout's state", *_ADMIN_ERRORS, "404",
+                                           parameters=[_ROLLOUT_NAME]),
             "/admin/rollouts/{name}/{action}": {"post": {
                 "summary": "Admin: start, pause, resume, promote or roll back a rollout (audited)",
-                "responses": {"200": {"description": "The rollout's new state", "content": _json_content({})}}}},
-            "/admin/shadow": _plain_get("Admin: shadow traffic per version"),
+                "parameters": [_ROLLOUT_NAME, _path_param("action", {"type": "string", "enum": list(ROLLOUT_ACTIONS)})],
+                "responses": {"200": {"description": "The rollout's new state", "content": _json_content({})},
+                              **_errors("400", *_ADMIN_ERRORS, "404", "409")}}},
+            "/admin/shadow": _get("Admin: shadow traffic per version", *_ADMIN_ERRORS),
         },
         "components": {"schemas": components},
     }

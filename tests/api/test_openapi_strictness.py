@@ -1,0 +1,136 @@
+"""The request schemas in /openapi.json allow exactly what validation accepts, case by case.
+
+Fast and deterministic beside the schemathesis run (test_openapi_schemathesis.py): each body below is
+judged by the published schema and by the real app, and the two must agree. Model `m` is not served,
+so a body validation accepts ends in a 404 (routing), one it refuses in a 400 naming the field.
+"""
+from __future__ import annotations
+
+import json
+
+import jsonschema_rs  # installed with schemathesis (the test extra); validates OpenAPI 3.1 schemas
+import pytest
+
+COMPLETION = {"model": "m", "prompt": "x"}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+
+
+def _message(**fields) -> dict:
+    return {**CHAT, "messages": [{"role": "user", "content": "x", **fields}]}
+
+
+CASES = [
+    # (path, body); the expected answer is whatever the schema says, checked against the server
+    ("completions", {**COMPLETION, "prompt": ""}),
+    ("completions", {**COMPLETION, "prompt": []}),
+    ("completions", {**COMPLETION, "prompt": [""]}),
+    ("completions", {**COMPLETION, "prompt": [[]]}),
+    ("completions", {**COMPLETION, "prompt": [1, "a"]}),
+    ("completions", {**COMPLETION, "prompt": ["a"] * 65}),
+    ("completions", {**COMPLETION, "prompt": ["a"] * 64}),
+    ("completions", {**COMPLETION, "prompt": [1, 2]}),
+    ("completions", {**COMPLETION, "prompt": [[1], [2]]}),
+    ("completions", {**COMPLETION, "stop": ""}),
+    ("completions", {**COMPLETION, "stop": [""]}),
+    ("completions", {**COMPLETION, "stop": "x" * 257}),
+    ("completions", {**COMPLETION, "stop": ["x" * 256]}),
+    ("completions", {**COMPLETION, "stop": []}),
+    ("completions", {**COMPLETION, "n": 2}),
+    ("completions", {**COMPLETION, "n": 1}),
+    ("completions", {**COMPLETION, "best_of": 1}),
+    ("completions", {**COMPLETION, "presence_penalty": 0.5}),
+    ("completions", {**COMPLETION, "presence_penalty": 0.0}),
+    ("completions", {**COMPLETION, "logit_bias": {"1": 1.0}}),
+    ("completions", {**COMPLETION, "logit_bias": {}}),
+    ("completions", {**COMPLETION, "echo": True}),
+    ("completions", {**COMPLETION, "suffix": "x"}),
+    ("completions", {**COMPLETION, "suffix": ""}),
+    ("completions", {**COMPLETION, "logprobs": 0}),
+    ("completions", {**COMPLETION, "stream_options": {}}),
+    ("completions", {**COMPLETION, "stream": False, "stream_options": {"include_usage": True}}),
+    ("completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True}}),
+    ("completions", {**COMPLETION, "stream_options": None}),
+    ("completions", {**COMPLETION, "stream": True, "stream_options": {"include_obfuscation": True}}),
+    ("completions", {**COMPLETION, "stream": True, "stream_options": {"include_obfuscation": False}}),
+    ("completions", {**COMPLETION, "model": ""}),
+    ("completions", {**COMPLETION, "model": " "}),
+    ("completions", {**COMPLETION, "model": "a@"}),
+    ("completions", {**COMPLETION, "model": "a@b@c"}),
+    ("completions", {**COMPLETION, "model": "a:"}),
+    ("completions", {**COMPLETION, "model": ":x"}),
+    ("completions", {**COMPLETION, "model": "a@b:c"}),
+    ("completions", {**COMPLETION, "model": "a:b@c:d"}),
+    ("chat/completions", _message(role="tool")),
+    ("chat/completions", _message(role="function")),
+    ("chat/completions", _message(role="developer")),
+    ("chat/completions", {**CHAT, "messages": []}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant"}]}),
+    ("chat/completions", _message(content=[{"type": "image_url"}])),
+    ("chat/completions", _message(content=[{"type": "text"}])),
+    ("chat/completions", _message(content=[{"type": "text", "text": "a", "image_url": {}}])),
+    ("chat/completions", _message(content=[{"type": "text", "text": "a", "refusal": None}])),
+    ("chat/completions", _message(content=[])),
+    ("chat/completions", _message(tool_calls=[])),
+    ("chat/completions", _message(tool_calls=[{}])),
+    ("chat/completions", _message(refusal="")),
+    ("chat/completions", _message(tool_call_id="x")),
+    ("chat/completions", _message(function_call="none")),
+    ("chat/completions", _message(audio=[])),
+    ("chat/completions", {**CHAT, "max_tokens": 3, "max_completion_tokens": 4}),
+    ("chat/completions", {**CHAT, "max_tokens": 3, "max_completion_tokens": None}),
+    ("chat/completions", {**CHAT, "tool_choice": "none"}),
+    ("chat/completions", {**CHAT, "tool_choice": "auto"}),
+    ("chat/completions", {**CHAT, "tools": []}),
+    ("chat/completions", {**CHAT, "tools": [{}]}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "text"}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_object"}}),
+    ("chat/completions", {**CHAT, "modalities": ["text"]}),
+    ("chat/completions", {**CHAT, "modalities": ["audio"]}),
+    ("chat/completions", {**CHAT, "service_tier": "default"}),
+    ("chat/completions", {**CHAT, "service_tier": "flex"}),
+    ("chat/completions", {**CHAT, "logprobs": False}),
+    ("chat/completions", {**CHAT, "logprobs": True}),
+    ("chat/completions", {**CHAT, "top_logprobs": 0}),
+    ("chat/completions", {**CHAT, "top_logprobs": 1}),
+    ("chat/completions", {**CHAT, "reasoning_effort": "low"}),
+    ("chat/completions", {**CHAT, "store": False}),
+    ("chat/completions", {**CHAT, "store": True}),
+    ("chat/completions", {**CHAT, "prompt_cache_retention": "in_memory"}),
+    ("chat/completions", {**CHAT, "prompt_cache_retention": "24h"}),
+]
+
+
+async def _validator(served, path: str) -> jsonschema_rs.Validator:
+    async with served.http.get(served.base_url + "/openapi.json") as resp:
+        doc = await resp.json()
+    ref = doc["paths"][f"/v1/{path}"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    return jsonschema_rs.Draft202012Validator({"components": doc["components"], "$ref": ref})
+
+
+async def _status(served, path: str, body: dict) -> tuple[int, dict]:
+    async with served.http.post(f"{served.base_url}/v1/{path}", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize(("path", "body"), CASES, ids=lambda v: json.dumps(v)[:80] if isinstance(v, dict) else v)
+async def test_the_schema_allows_a_request_exactly_when_validation_accepts_it(served, path, body):
+    allowed = (await _validator(served, path)).is_valid(body)
+    status, answer = await _status(served, path, body)
+    assert status in (400, 404), answer
+    assert (status == 404) == allowed, (allowed, answer)
+
+
+async def test_where_no_schema_can_say_the_rule_the_document_is_the_stricter(served):
+    """An equal max_tokens/max_completion_tokens pair passes validation; the schema says "send one"."""
+    body = {**CHAT, "max_tokens": 3, "max_completion_tokens": 3}
+    assert not (await _validator(served, "chat/completions")).is_valid(body)
+    assert (await _status(served, "chat/completions", body))[0] == 404
+
+
+async def test_an_integer_spelled_as_a_float_is_refused_though_json_schema_calls_it_an_integer(served):
+    """Why schemathesis_hooks.py respells whole floats: `2.0` is the integer 2 to JSON Schema, a float to msgspec."""
+    body = {**COMPLETION, "max_tokens": 2.0}
+    assert (await _validator(served, "completions")).is_valid(body)
+    status, answer = await _status(served, "completions", body)
+    assert status == 400 and answer["error"]["param"] == "max_tokens"
