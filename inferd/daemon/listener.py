@@ -87,6 +87,7 @@ class GuardedServer(web.Server):
                                 if k not in ("request_factory", "handler_cancellation", "loop")}
         self.serving = 0            # connections holding a serving slot
         self.probe_only = 0         # connections holding a probe slot
+        self._open: dict[GuardedHandler, None] = {}    # holding a slot, oldest first (insertion order)
         self.protocol_log = RateLimitedLog(PROTOCOL_LOG_PER_S)
         metrics.watch_connections(lambda: self.serving + self.probe_only)
 
@@ -98,21 +99,33 @@ class GuardedServer(web.Server):
         return GuardedHandler(self, loop=self._loop, limits=s, **{**self._handler_kwargs,
                                                                    "keepalive_timeout": backstop})
 
-    def admit(self) -> str:
+    def admit(self, handler: GuardedHandler) -> str:
         s = self._settings()
         if self.serving < s.max_connections:
             self.serving += 1
-            return _SERVE
-        if self.probe_only < s.probe_connections:
+            slot = _SERVE
+        elif self.probe_only < s.probe_connections:
             self.probe_only += 1
-            return _PROBE_ONLY
-        self.metrics.count_connection_cut("over_cap")
-        return _REFUSE
+            slot = _PROBE_ONLY
+        else:
+            # Full. Slow clients that never completed a request must not lock everyone out (probes
+            # included) until their timers fire: the oldest such connection gives its slot to the
+            # newcomer. A client that was served once (an idle keep-alive) is never evicted for it.
+            victim = next((h for h in self._open if h.served == 0 and h.phase != _BUSY), None)
+            self.metrics.count_connection_cut("over_cap")
+            if victim is None:
+                return _REFUSE
+            slot = victim.evict()
+        self._open[handler] = None
+        return slot
 
-    def release(self, slot: str) -> None:
-        if slot == _SERVE:
+    def release(self, handler: GuardedHandler) -> None:
+        if handler not in self._open:      # evicted: its slot went to a newcomer
+            return
+        del self._open[handler]
+        if handler.slot == _SERVE:
             self.serving -= 1
-        elif slot == _PROBE_ONLY:
+        elif handler.slot == _PROBE_ONLY:
             self.probe_only -= 1
 
     async def _handle_by_slot(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -135,13 +148,14 @@ class GuardedHandler(RequestHandler):
         self._guard = manager
         self._limits = limits
         self.slot = _REFUSE
+        self.served = 0             # requests answered on this connection
         self.phase = _IDLE
         self._timer: asyncio.TimerHandle | None = None
         self._body: Any = None      # the current request's payload (a StreamReader) while in `body`
 
     # -- connection ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.slot = self._guard.admit()
+        self.slot = self._guard.admit(self)
         if self.slot == _REFUSE:
             transport.close()       # before aiohttp starts a task or a parser for it: refusing is cheap
             return
@@ -152,7 +166,7 @@ class GuardedHandler(RequestHandler):
         self._disarm()
         if self.slot == _REFUSE:
             return                  # never handed to aiohttp
-        self._guard.release(self.slot)
+        self._guard.release(self)
         self.slot = _REFUSE
         super().connection_lost(exc)
 
@@ -176,9 +190,19 @@ class GuardedHandler(RequestHandler):
     async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
                               start_time: float | None) -> tuple[web.StreamResponse, bool]:
         result = await super().finish_response(request, resp, start_time)
+        self.served += 1
         if self.phase != _BODY:     # an unread body keeps its deadline while aiohttp lingers over it
             self._arm(_IDLE, self._limits.idle_timeout_s)
         return result
+
+    def evict(self) -> str:
+        """Close this connection to free its slot for a newcomer; returns the slot, no longer this one's."""
+        self._guard._open.pop(self, None)   # its connection_lost must not release the slot again
+        self._disarm()
+        log.debug("connection_cut", reason="over_cap", remote=_remote(self.transport))
+        if self.transport is not None:
+            self.transport.close()
+        return self.slot
 
     def _arm(self, phase: str, timeout_s: float) -> None:
         if self._timer is not None:

@@ -149,6 +149,23 @@ async def test_over_the_cap_a_new_connection_is_refused_while_open_ones_work(tmp
             writer.close()
 
 
+async def test_at_the_cap_a_slow_client_that_never_finished_a_request_gives_its_slot_to_a_newcomer(tmp_path):
+    async with listening(tmp_path, max_connections=2, probe_connections=0, idle_timeout_s=30.0,
+                         header_timeout_s=30.0) as daemon:
+        served_reader, served_writer = await connect(daemon)
+        assert (await get(served_reader, served_writer, "/healthz")).startswith(b"HTTP/1.1 200")
+        slow_reader, slow_writer = await connect(daemon)
+        slow_writer.write(b"GET /heal")                  # a request it never finishes
+        await slow_writer.drain()
+        reader, writer = await connect(daemon)           # the cap is full: the slow one is evicted
+        assert (await get(reader, writer, "/readyz")).startswith(b"HTTP/1.1 200")
+        assert await read_until_closed(slow_reader) == b""
+        assert (await get(served_reader, served_writer, "/healthz")).startswith(b"HTTP/1.1 200")  # kept
+        assert cut(daemon, "over_cap") == 1
+        for w in (served_writer, slow_writer, writer):
+            w.close()
+
+
 async def test_probe_slots_beyond_the_cap_answer_health_probes_only(tmp_path):
     async with listening(tmp_path, max_connections=1, probe_connections=1, idle_timeout_s=30.0) as daemon:
         reader, writer = await connect(daemon)
