@@ -68,7 +68,7 @@ async def test_created_key_works_and_revoked_key_is_refused_without_sighup(tmp_p
         records = await audit_records(daemon, tmp_path / "audit.jsonl")
         assert [(r["action"], r["target"], r["actor"]) for r in records] == [
             ("key.create", key_id, "system"), ("key.revoke", key_id, "system")]
-        assert key.split("_")[2] not in (tmp_path / "audit.jsonl").read_text()
+        assert key.split("_", 2)[2] not in (tmp_path / "audit.jsonl").read_text()
         assert verify_audit(tmp_path / "audit.jsonl").ok
 
 
