@@ -1,14 +1,40 @@
-"""The daemon side of the benchmarks that start one in a subprocess: the real Daemon (config file,
-engines, app, listener, drain on SIGTERM) as `inferd serve` runs it, printing one JSON line with its
-port and the inferd it imported once it is ready."""
+"""Server subprocesses for the benchmarks: the real Daemon (config file, engines, app, listener, drain
+on SIGTERM) as `inferd serve` runs it, printing one JSON line with its port and the inferd it imported
+once it is ready; starting such a process, pinning it to a CPU, reading its CPU time, stopping it."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+
+def pin(cpu: int) -> None:
+    """Run this process on `cpu` only (when the machine has it), so server and clients do not share one."""
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
+        os.sched_setaffinity(0, {cpu})
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spawn(argv: list[str], workdir: Path, log_name: str, cpu: int | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start `python argv...` in `workdir` (stderr to workdir/log_name, pinned to `cpu` if given) and
+    wait for the JSON line it prints once ready; a server that fails to start exits, closing stdout."""
+    log = (workdir / log_name).open("w")
+    proc = subprocess.Popen([sys.executable, *argv], cwd=workdir, stdout=subprocess.PIPE, stderr=log, text=True,
+                            preexec_fn=None if cpu is None else (lambda: pin(cpu)))
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=30)
+        raise RuntimeError(f"{argv[0]} did not start: {(workdir / log_name).read_text()[-2000:]}")
+    return proc, json.loads(line)
 
 
 def run_daemon(config_path: Path) -> None:

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import run_daemon, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU, CLIENT_CPU = 0, 1
@@ -65,18 +65,6 @@ max_concurrent_requests = {concurrency}
 [admission]
 max_engine_waiting = {concurrency}
 """
-
-
-def pin(cpu: int):
-    def apply() -> None:
-        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
-            os.sched_setaffinity(0, {cpu})
-    return apply
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the bare SSE server ---------------------------------------------------------------------------
@@ -245,7 +233,7 @@ def client(port: int, phase: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--role", "client", "--phase", phase, "--port", str(port),
            "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
            "--warmup", str(args.warmup), "--seconds", str(args.seconds if phase == "load" else args.ttft_seconds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin(CLIENT_CPU),
+    out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=lambda: pin(CLIENT_CPU),
                          timeout=args.seconds + args.warmup + 60)
     if out.returncode != 0:
         raise RuntimeError(f"client failed: {out.stderr[-2000:]}")
@@ -267,17 +255,11 @@ def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_tt
 
 def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     """Start the daemon or the bare server pinned to the server CPU; it prints {"port": N} when ready."""
-    log = (workdir / f"{role}.log").open("w")     # the daemon's JSON lines: one per request
     config = workdir / "inferd.toml"
     config.write_text(CONFIG.format(concurrency=args.concurrency))
-    proc = subprocess.Popen([sys.executable, __file__, "--role", role, "--config", str(config),
-                             "--max-tokens", str(args.max_tokens)], cwd=workdir, stdout=subprocess.PIPE,
-                            stderr=log, text=True, preexec_fn=pin(SERVER_CPU))
-    line = proc.stdout.readline()     # bounded: the daemon exits on a startup error, closing stdout
-    if not line:
-        proc.wait(timeout=15)
-        raise RuntimeError(f"{role} did not start: {(workdir / f'{role}.log').read_text()[-2000:]}")
-    return proc, json.loads(line)["port"]
+    proc, started = spawn([__file__, "--role", role, "--config", str(config), "--max-tokens", str(args.max_tokens)],
+                          workdir, f"{role}.log", SERVER_CPU)
+    return proc, started["port"]
 
 
 def main() -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
 import statistics
@@ -34,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import run_daemon, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 
@@ -88,21 +87,11 @@ WORDS = ("the of and to in is that it was for on are as with his they at be this
          "model token server request stream queue tenant engine batch cache block prompt answer question").split()
 
 
-def pin(cpu: int) -> None:
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
-        os.sched_setaffinity(0, {cpu})
-
-
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def text_of(kb: int, seed: int) -> str:
@@ -132,14 +121,8 @@ def start_daemon(workdir: Path, engine: str) -> tuple[subprocess.Popen, dict]:
         if found is None:
             raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
         keys[tenant] = found.group()
-    log = (workdir / "daemon.log").open("w")
-    proc = subprocess.Popen([sys.executable, __file__, "--role", "daemon", "--config", str(config)], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=lambda: pin(SERVER_CPU))
-    line = proc.stdout.readline()     # bounded: the daemon exits on a startup error, closing stdout
-    if not line:
-        proc.wait(timeout=30)
-        raise RuntimeError(f"daemon did not start: {(workdir / 'daemon.log').read_text()[-2000:]}")
-    return proc, {**json.loads(line), "keys": keys}
+    proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], workdir, "daemon.log", SERVER_CPU)
+    return proc, {**started, "keys": keys}
 
 
 # -- the clients -----------------------------------------------------------------------------------

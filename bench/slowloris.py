@@ -21,14 +21,13 @@ import argparse
 import asyncio
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from daemon_process import run_daemon, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 
 CONFIG = """
 [server]
@@ -142,13 +141,9 @@ def main() -> int:
         config = Path(tmp) / "inferd.toml"
         config.write_text(CONFIG.format(header=args.header_timeout, body=args.body_timeout, idle=args.idle_timeout,
                                         max_connections=args.max_connections))
-        proc = subprocess.Popen([sys.executable, __file__, "--role", "daemon", "--config", str(config)], cwd=tmp,
-                                stdout=subprocess.PIPE, text=True)
+        proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], Path(tmp), "daemon.log")
         try:
-            line = proc.stdout.readline()
-            if not line:
-                raise SystemExit("daemon did not start")
-            port = json.loads(line)["port"]
+            port = started["port"]
             result = asyncio.run(run(args, port))
             result["inferd_http_connections_cut_total"] = metrics(port)
         finally:
