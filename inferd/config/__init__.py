@@ -4,7 +4,10 @@ from __future__ import annotations
 from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
 from inferd.config.rollouts import PriceConfig, RolloutConfig, RolloutThresholds, price_for, rollout_errors
 from inferd.config.root import (
+    AUDIT_FILE,
     DEFAULT_REFERENCE_KV_BLOCKS,
+    DEFAULT_STATE_DIR,
+    KEYS_FILE,
     Config,
     ConfigError,
     ModelConfig,
@@ -30,8 +33,9 @@ from inferd.config.tenants import (
 from inferd.config.tls import TlsConfig, check_tls_binding
 
 __all__ = [
-    "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError", "DEFAULT_REFERENCE_KV_BLOCKS",
-    "InsecureBindError", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
+    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError",
+    "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "KEYS_FILE", "InsecureBindError", "ModelConfig",
+    "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
     "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
     "check_tls_binding", "load_config", "parse_target", "price_for", "rollout_errors", "split_from_config",

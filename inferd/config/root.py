@@ -221,6 +221,12 @@ def _resolve(base: Path, value: str) -> str:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
+# Runtime state: beside the config file in DEFAULT_STATE_DIR unless server.state_dir or systemd says.
+DEFAULT_STATE_DIR = "state"
+KEYS_FILE = "keys.jsonl"
+AUDIT_FILE = "audit.jsonl"
+
+
 def _systemd_state_dir() -> str:
     """systemd's StateDirectory= (the unit sets StateDirectory=inferd: /var/lib/inferd), or ""."""
     return os.environ.get("STATE_DIRECTORY", "").split(":")[0]
@@ -230,14 +236,14 @@ def _with_state_files(cfg: Config, state: Path) -> Config:
     """Keys and audit files default to the state directory; paths given in the file are kept."""
     return msgspec.structs.replace(
         cfg, server=msgspec.structs.replace(cfg.server, state_dir=str(state)),
-        audit=msgspec.structs.replace(cfg.audit, path=cfg.audit.path or str(state / "audit.jsonl")),
-        auth=msgspec.structs.replace(cfg.auth, keys_file=cfg.auth.keys_file or str(state / "keys.jsonl")))
+        audit=msgspec.structs.replace(cfg.audit, path=cfg.audit.path or str(state / AUDIT_FILE)),
+        auth=msgspec.structs.replace(cfg.auth, keys_file=cfg.auth.keys_file or str(state / KEYS_FILE)))
 
 
 def _resolve_paths(cfg: Config, base: Path) -> Config:
     tls = cfg.server.tls
     tls = resolve_tls_paths(tls, lambda p: _resolve(base, p)) if tls is not None else None
-    state = Path(_resolve(base, cfg.server.state_dir or _systemd_state_dir() or "state"))
+    state = Path(_resolve(base, cfg.server.state_dir or _systemd_state_dir() or DEFAULT_STATE_DIR))
     server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root), tls=tls)
     models = {}
     for name, m in cfg.models.items():

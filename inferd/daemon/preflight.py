@@ -7,7 +7,7 @@ from pathlib import Path
 
 from inferd.config import Config, artifact_name
 from inferd.engine import ArtifactError, resolve_artifact
-from inferd.models import SYNTHETIC_KINDS, missing_synthetic, version_specs
+from inferd.models import SYNTHETIC_KINDS, missing_synthetic, uses_artifact, version_specs
 from inferd.tenancy import KeyFileError, load_authenticator
 
 
@@ -17,9 +17,7 @@ def preflight_errors(cfg: Config) -> list[str]:
     root = Path(cfg.server.engines_root)
     for spec in version_specs(cfg):
         model = spec.config
-        uses_artifact = model.backend == "reference" or (
-            model.backend == "trtllm" and not (model.trtllm and model.trtllm.engine_dir))
-        if not uses_artifact or missing_synthetic(spec.model, model, cfg.server) is not None:
+        if not uses_artifact(model) or missing_synthetic(spec.model, model, cfg.server) is not None:
             continue                     # sim needs none; a missing tiny/small is built on the first serve
         name = artifact_name(spec.model, model)
         try:

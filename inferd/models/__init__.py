@@ -13,11 +13,12 @@ from inferd.models.versions import (
     VersionManager,
     registry_from_engines,
     routes_from_config,
+    uses_artifact,
     version_specs,
 )
 
 __all__ = [
-    "SYNTHETIC_KINDS", "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route",
-    "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic",
-    "audit_path", "registry_from_engines", "routes_from_config", "version_specs",
+    "SYNTHETIC_KINDS", "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError",
+    "RolloutNotFound", "Route", "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic",
+    "audit_path", "registry_from_engines", "routes_from_config", "uses_artifact", "version_specs",
 ]

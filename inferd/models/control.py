@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inferd.config import Config, Split
+from inferd.config import AUDIT_FILE, DEFAULT_STATE_DIR, Config, Split
 from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutManager
 from inferd.models.routing import RoutingTable
@@ -29,7 +29,8 @@ TICK_INTERVAL_S = 1.0
 
 def audit_path(cfg: Config) -> Path:
     """[audit] path: parse_config fills in <server.state_dir>/audit.jsonl when the file names none."""
-    return Path(cfg.audit.path or Path(cfg.server.state_dir or "state") / "audit.jsonl")   # or a Config built in code
+    # A Config built in code (not parsed from a file) may name no path: the default state directory.
+    return Path(cfg.audit.path or Path(cfg.server.state_dir or DEFAULT_STATE_DIR) / AUDIT_FILE)
 
 
 class LazyAudit:

@@ -53,7 +53,8 @@ def version_specs(cfg: Config) -> list[VersionSpec]:
     return out
 
 
-def _uses_artifact(model: ModelConfig) -> bool:
+def uses_artifact(model: ModelConfig) -> bool:
+    """The model's engine loads an artifact from engines_root (a trtllm engine_dir is its own)."""
     return model.backend == "reference" or (model.backend == "trtllm" and not (model.trtllm and model.trtllm.engine_dir))
 
 
@@ -82,7 +83,7 @@ class VersionManager:
         try:
             model = spec.config
             version: str | None = None
-            if _uses_artifact(model):
+            if uses_artifact(model):
                 path = await asyncio.to_thread(self._verified_artifact, spec)
                 version = path.name
                 model = msgspec.structs.replace(model, version=version, verify=False)  # verified just now

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from inferd.config import TENANT_NAME_RE, AuthConfig
+from inferd.config import DEFAULT_STATE_DIR, KEYS_FILE, TENANT_NAME_RE, AuthConfig
 from inferd.tenancy.keys_file import (
     FileLock,
     KeyFileError,
@@ -258,7 +258,7 @@ def load_authenticator(auth: AuthConfig, base_dir: Path) -> Authenticator:
     """Build the Authenticator for a config; file paths are relative to the config's directory."""
     if auth.mode == "none":
         return Authenticator(auth)
-    keys_file = auth.keys_file or "state/keys.jsonl"    # parse_config fills it in; a Config built in code may not
+    keys_file = auth.keys_file or Path(DEFAULT_STATE_DIR) / KEYS_FILE   # parse_config fills it in; code may not
     return Authenticator(auth, KeyStore(base_dir / keys_file, hasher_for(auth, base_dir)))
 
 

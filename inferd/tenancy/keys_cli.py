@@ -1,8 +1,8 @@
 """`inferd keys create|list|revoke`: manage the keys file a config's [auth] table names.
 
 The config is read and checked as the daemon reads it (a missing or invalid file is an error, never
-an empty key table), so paths in [auth] are relative to the config file's directory, as for the daemon. The key itself is
-printed once, on create; only its hash is stored (inferd.tenancy.keys). Writes replace the file
+an empty key table), so paths in [auth] are relative to the config file's directory, as for the
+daemon. The key itself is printed once, on create; only its hash is stored (inferd.tenancy.keys). Writes replace the file
 atomically, and a running daemon polls it (inferd.tenancy.key_reload): no SIGHUP needed.
 """
 from __future__ import annotations
