@@ -5,6 +5,7 @@ Everything here is data. Policy lives in the modules that consume it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import msgspec
 
@@ -54,6 +55,15 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def summed(cls, usages: Sequence[Usage]) -> Usage | None:
+        """The usage of several requests answered as one (None for none)."""
+        if not usages:
+            return None
+        return cls(prompt_tokens=sum(u.prompt_tokens for u in usages),
+                   completion_tokens=sum(u.completion_tokens for u in usages),
+                   cached_tokens=sum(u.cached_tokens for u in usages))
 
 
 class EngineTiming(msgspec.Struct, frozen=True, kw_only=True):

@@ -125,10 +125,7 @@ class SharedLease:
             self._usages.append(usage)
         self._pending -= 1
         if self._pending == 0:
-            u = self._usages
-            self._lease.release(Usage(prompt_tokens=sum(x.prompt_tokens for x in u),
-                                      completion_tokens=sum(x.completion_tokens for x in u),
-                                      cached_tokens=sum(x.cached_tokens for x in u)) if u else None)
+            self._lease.release(Usage.summed(self._usages))
 
 
 class _LeaseShare:

@@ -43,10 +43,7 @@ def merged_final(finals: list[Delta]) -> Delta:
     """The request-level end of n choices, for status, metrics, rollouts and the log line: the first
     abnormal end if any (else the first choice's), usage summed, the first choice's timing."""
     end = next((d for d in finals if d.finish_reason not in OPENAI_FINISH), finals[0])
-    usages = [d.usage for d in finals if d.usage is not None]
-    usage = Usage(prompt_tokens=sum(u.prompt_tokens for u in usages),
-                  completion_tokens=sum(u.completion_tokens for u in usages),
-                  cached_tokens=sum(u.cached_tokens for u in usages)) if usages else None
+    usage = Usage.summed([d.usage for d in finals if d.usage is not None])
     return Delta(token_ids=[], finish_reason=end.finish_reason, usage=usage, timing=finals[0].timing,
                  error=end.error)
 

@@ -12,16 +12,8 @@ import msgspec
 
 from inferd.config.aliases import AliasConfig, alias_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
-from inferd.config.tenants import (
-    AdmissionConfig,
-    AuthConfig,
-    InsecureBindError,
-    TenantConfig,
-    admission_errors,
-    auth_errors,
-    check_auth_binding,
-    tenant_errors,
-)
+from inferd.config.tenants import (AdmissionConfig, AuthConfig, TenantConfig, admission_errors, auth_errors, bind_errors,
+                                   check_auth_binding, tenant_errors)
 from inferd.config.walk import check_table, decode_entries
 
 
@@ -75,8 +67,4 @@ def tenancy_errors(raw: dict[str, Any], errors: list[str], host: str | None) -> 
 
 
 def auth_binding_errors(auth: AuthConfig, host: str) -> list[str]:
-    try:
-        check_auth_binding(auth, host)
-    except InsecureBindError as exc:
-        return [f"auth.mode: {exc}"]
-    return []
+    return bind_errors("auth.mode", lambda: check_auth_binding(auth, host))

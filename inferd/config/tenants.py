@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from inferd.config.walk import ConfigTable
@@ -192,6 +192,15 @@ def admission_errors(a: AdmissionConfig, path: str = "admission") -> list[str]:
 
 class InsecureBindError(Exception):
     """Auth is off on an address other machines can reach, and the config did not say so on purpose."""
+
+
+def bind_errors(path: str, check: Callable[[], None]) -> list[str]:
+    """`check`'s InsecureBindError as one `path: message` line for the config loader (empty if none)."""
+    try:
+        check()
+    except InsecureBindError as exc:
+        return [f"{path}: {exc}"]
+    return []
 
 
 def is_loopback(host: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from inferd.config.tenants import TENANT_NAME_RE, InsecureBindError, is_loopback
+from inferd.config.tenants import TENANT_NAME_RE, InsecureBindError, bind_errors, is_loopback
 from inferd.config.walk import ConfigTable
 
 ClientCertMode = Literal["required", "optional"]
@@ -65,8 +65,4 @@ def check_tls_binding(tls: TlsConfig | None, host: str, allow_plaintext: bool) -
 
 
 def tls_binding_errors(tls: TlsConfig | None, host: str, allow_plaintext: bool) -> list[str]:
-    try:
-        check_tls_binding(tls, host, allow_plaintext)
-    except InsecureBindError as exc:
-        return [f"server.tls: {exc}"]
-    return []
+    return bind_errors("server.tls", lambda: check_tls_binding(tls, host, allow_plaintext))
