@@ -51,8 +51,10 @@ def authenticate(request: web.BaseRequest, scope: str = "inference") -> Principa
         raise ApiError(503, "Authentication is not configured on this server.", type="service_unavailable_error",
                        code="auth_unavailable", headers={"Retry-After": "1"})
     header = request.headers.get("Authorization")
-    subject = client_subject(request) if header is None else None
-    tenant_by_subject = state.config.server.tls.tenant_by_subject if state.config.server.tls is not None else {}
+    tls = state.config.server.tls
+    # Only a listener that asks for client certificates can have one: skip the lookup otherwise.
+    subject = client_subject(request) if header is None and tls is not None and tls.client_ca_file else None
+    tenant_by_subject = tls.tenant_by_subject if tls is not None else {}
     if subject is not None and subject in tenant_by_subject:
         if scope not in CERTIFICATE_SCOPES:
             raise _forbidden(f"A client certificate grants only the 'inference' scope; {scope!r} needs an API key.")
