@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -38,6 +39,7 @@ from inferd.types import ModelVersion
 log = get_logger("inferd.reload")
 
 RESTART_ONLY = ("host", "port", "engines_root")
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 class ReloadResult(msgspec.Struct, frozen=True):
@@ -49,31 +51,28 @@ class ReloadResult(msgspec.Struct, frozen=True):
 
 
 async def read_config(path: str | Path, current: Config) -> Config:
-    """The new file, validated; the listen address and engines_root stay as running."""
+    """The new file, validated; what needs a restart (the listen address, engines_root, TLS on or off,
+    the client-certificate settings) stays as running, and is logged."""
     new = await asyncio.to_thread(load_config, path)
-    changed = [k for k in RESTART_ONLY if getattr(new.server, k) != getattr(current.server, k)]
-    if changed:
-        log.warning("reload_needs_restart", settings=[f"server.{k}" for k in changed],
-                    message="these settings apply at the next restart; kept as running")
-        keep = {k: getattr(current.server, k) for k in changed}
-        new = msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, **keep))
-    return _keep_running_tls(new, current)
-
-
-def _keep_running_tls(new: Config, current: Config) -> Config:
-    """TLS on/off and the client-certificate settings stay as running; the certificate and key may change."""
-    old_tls, new_tls = current.server.tls, new.server.tls
+    server, kept = _as_running(new.server, current.server, RESTART_ONLY, "server")
+    old_tls, new_tls = current.server.tls, server.tls
     if (old_tls is None) != (new_tls is None):
-        changed, tls = ["server.tls"], old_tls
+        server, kept = msgspec.structs.replace(server, tls=old_tls), [*kept, "server.tls"]
     elif old_tls is not None and new_tls is not None:
-        changed = [f"server.tls.{k}" for k in RESTART_ONLY_TLS if getattr(new_tls, k) != getattr(old_tls, k)]
-        tls = msgspec.structs.replace(new_tls, **{k: getattr(old_tls, k) for k in RESTART_ONLY_TLS})
-    else:
-        return new
-    if changed:
-        log.warning("reload_needs_restart", settings=changed,
+        tls, kept_tls = _as_running(new_tls, old_tls, RESTART_ONLY_TLS, "server.tls")
+        server, kept = msgspec.structs.replace(server, tls=tls), kept + kept_tls
+    if kept:
+        log.warning("reload_needs_restart", settings=kept,
                     message="these settings apply at the next restart; kept as running")
-    return msgspec.structs.replace(new, server=msgspec.structs.replace(new.server, tls=tls))
+    return msgspec.structs.replace(new, server=server)
+
+
+def _as_running(new: T, old: T, keys: tuple[str, ...], path: str) -> tuple[T, list[str]]:
+    """`new` with `keys` put back to their running values, and the paths of those that differed."""
+    changed = [k for k in keys if getattr(new, k) != getattr(old, k)]
+    if changed:
+        new = msgspec.structs.replace(new, **{k: getattr(old, k) for k in changed})
+    return new, [f"{path}.{k}" for k in changed]
 
 
 def _pool_changes(old: Config, new: Config, versions: VersionManager) -> list[str]:
