@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
+from inferd.config.cluster import RESTART_ONLY as CLUSTER_RESTART_ONLY
+from inferd.config.cluster import ClusterConfig, parse_address
 from inferd.config.rollouts import PriceConfig, RolloutConfig, RolloutThresholds, price_for, rollout_errors
 from inferd.config.root import (
     AUDIT_FILE,
@@ -33,11 +35,11 @@ from inferd.config.tenants import (
 from inferd.config.tls import TlsConfig, check_tls_binding
 
 __all__ = [
-    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "Config", "ConfigError",
+    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLUSTER_RESTART_ONLY", "ClusterConfig", "CLASSES_BY_RANK", "Config", "ConfigError",
     "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "KEYS_FILE", "InsecureBindError", "ModelConfig",
     "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
     "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
-    "check_tls_binding", "load_config", "parse_target", "price_for", "rollout_errors", "split_from_config",
+    "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors", "split_from_config",
     "with_overrides",
 ]

@@ -22,6 +22,7 @@ import msgspec
 
 from inferd import tomllib
 from inferd.config.aliases import AliasConfig
+from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
@@ -118,6 +119,8 @@ class Config(ConfigTable):
     auth: AuthConfig = AuthConfig()
     tenants: dict[str, TenantConfig] = {}
     admission: AdmissionConfig = AdmissionConfig()
+    # Issue 11: peers (inferd.cluster); absent = a single node.
+    cluster: ClusterConfig | None = None
 
 
 class ConfigError(Exception):
@@ -260,8 +263,9 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     auth = msgspec.structs.replace(
         cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file) if cfg.auth.keys_file else None,
         secret_file=_resolve(base, cfg.auth.secret_file) if cfg.auth.secret_file else None)
-    return _with_state_files(msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth),
-                             state)
+    cluster = resolve_cluster_paths(cfg.cluster, lambda p: _resolve(base, p)) if cfg.cluster is not None else None
+    return _with_state_files(msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth,
+                                                     cluster=cluster), state)
 
 
 def _besides(semantic: list[str], structural: list[str]) -> list[str]:
@@ -296,6 +300,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
                     errors.extend(_besides(_model_errors(name, decoded), model_errors))
         elif models is not None:
             errors.append(f"models: expected a table of models, got {type_name(models)}")
+        cluster = well_formed(raw.get("cluster"), ClusterConfig) if raw.get("cluster") is not None else None
+        if cluster is not None:
+            errors.extend(_besides(cluster_errors(cluster), errors))
         routing_errors(raw, errors)
         tenancy_errors(raw, errors, server.host if server is not None else None)
     if errors:
