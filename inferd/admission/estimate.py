@@ -19,6 +19,7 @@ from inferd.engine import Engine
 from inferd.types import GenerationRequest
 
 MIN_RETRY_S = 0.05
+TYPICAL_OUTPUT = 16         # tokens: a request's output before any has been measured
 _WINDOW_S = 0.25
 
 
@@ -38,6 +39,10 @@ class Estimator:
     def cost(self, r: GenerationRequest, policy: AdmissionConfig) -> float:
         out = r.sampling.max_tokens if self.mean_output is None else min(r.sampling.max_tokens, self.mean_output)
         return len(r.prompt_token_ids) * policy.prompt_cost_weight + out * policy.output_cost_weight
+
+    def typical_cost(self, policy: AdmissionConfig) -> float:
+        """One request's cost as recent ones went (output only: prompts are unknown here)."""
+        return (self.mean_output if self.mean_output is not None else TYPICAL_OUTPUT) * policy.output_cost_weight
 
     def observe_output(self, completion_tokens: int) -> None:
         """A request finished normally with this many tokens (a cancelled one would bias this down)."""

@@ -19,6 +19,8 @@ import math
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from inferd.admission.backlog import Backlog
 from inferd.admission.estimate import MIN_RETRY_S, Estimator
 from inferd.admission.gate import CapacityGate
@@ -26,13 +28,23 @@ from inferd.admission.stats import AdmissionStats
 from inferd.admission.stream import AdmittedStream
 from inferd.admission.ticket import DISPATCHED, DONE, QUEUED, AdmissionRejected, Lease, Ticket
 from inferd.admission.vtc import FairOrder
-from inferd.config import AdmissionConfig, PriorityClass, TenantRegistry
+from inferd.config import CLASSES_BY_RANK, AdmissionConfig, PriorityClass, TenantRegistry
 from inferd.engine import Engine, InvalidRequest
 from inferd.types import GenerationRequest, Usage
 
 Clock = Callable[[], float]
 
-__all__ = ["AdmissionQueue", "AdmissionRejected", "AdmittedStream"]
+__all__ = ["AdmissionQueue", "AdmissionRejected", "AdmittedStream", "QueueLoad"]
+
+
+UNKNOWN_WAIT_S = 3600.0     # QueueLoad.wait_s when work would wait and no service rate is known yet
+
+
+class QueueLoad(msgspec.Struct, frozen=True):
+    queued: tuple[int, ...]      # requests waiting, per priority class (interactive, standard, batch)
+    wait_s: float                # a newcomer's estimated wait (0: it would start now)
+    cost_per_s: float            # measured service rate (0: not measured yet)
+    full: bool                   # at the node's queue bounds: a newcomer of the lowest class is refused
 
 
 class AdmissionQueue:
@@ -318,6 +330,23 @@ class AdmissionQueue:
         self._wake.set()
 
     # -- observability --------------------------------------------------------------------
+    def load(self) -> QueueLoad:
+        """This queue's load as peers see it (inferd.cluster's load hints) and spillover judges it."""
+        queued = [0] * len(CLASSES_BY_RANK)
+        for q in self._backlog.fifos.values():
+            for t in q:
+                queued[t.cls.rank] += 1
+        backlog, policy = self._backlog, self.policy
+        if not backlog.requests and self.engine.capacity().free_slots > 0:
+            wait = 0.0                              # it would start at once
+        else:   # behind the queue, plus about one request's worth for a running one to end
+            rate = self._estimate.rate()
+            ahead = backlog.total_cost() + self._estimate.typical_cost(policy)
+            wait = min(ahead / rate, UNKNOWN_WAIT_S) if rate else UNKNOWN_WAIT_S
+        full = backlog.requests >= policy.max_queued_requests or backlog.total_tokens >= policy.max_queued_tokens
+        return QueueLoad(queued=tuple(queued), wait_s=wait * self._time_scale, cost_per_s=self._estimate.rate() or 0.0,
+                         full=full)
+
     def snapshot(self) -> dict:
         """Values for the Prometheus series (see docs/tenants.md), keyed by bounded tenant label."""
         return self._stats.snapshot(self._backlog, self.counters, self.tenants.label, self._gate.running,

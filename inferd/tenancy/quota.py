@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 
 from inferd.config import TenantConfig, TenantRegistry
+from inferd.tenancy.demand import DecayingRate
 from inferd.types import Usage
 
 Clock = Callable[[], float]
+Share = Callable[[str], float]      # tenant -> the fraction of its limits this node enforces (cluster)
 
 
 class LimitExceeded(Exception):
@@ -59,10 +61,10 @@ class TokenBucket:
         return self._level
 
     def wait_s(self, n: float, now: float) -> float:
-        """Seconds until `n` units fit (0 = now, inf = never: more than the capacity)."""
-        if n > self.capacity:
-            return math.inf
-        return max(0.0, (n - self.level(now)) / self.rate)
+        """Seconds until `n` units fit (0 = now). More than the capacity fits once the bucket is full, and
+        leaves it in debt: a cluster node's share of a limit can be smaller than one request that the
+        whole limit allows (single-node requests over the limit are refused before, in check_limits)."""
+        return max(0.0, (min(n, self.capacity) - self.level(now)) / self.rate)
 
     def take(self, n: float, now: float) -> None:
         self._level = self.level(now) - n
@@ -85,7 +87,7 @@ def format_duration(seconds: float) -> str:
 
 
 class _TenantState:
-    __slots__ = ("config", "rpm", "tpm", "in_flight", "hold_ema_s", "rejections", "admitted")
+    __slots__ = ("config", "rpm", "tpm", "in_flight", "hold_ema_s", "rejections", "admitted", "demand", "share")
 
     def __init__(self, config: TenantConfig, now: float) -> None:
         self.config = config
@@ -97,15 +99,29 @@ class _TenantState:
         self.hold_ema_s = 1.0               # how long a lease is held; guides Retry-After for `concurrency`
         self.rejections: dict[str, int] = {}
         self.admitted = 0
+        self.demand = DecayingRate(now)     # requests attempted here (refused ones too), for cluster shares
+        self.share = 1.0                    # the fraction of the limits this node enforces
+
+    def apply_share(self, share: float, now: float) -> None:
+        """Scale the buckets to `share` of the configured limits (a cluster node's part of them)."""
+        if share == self.share:
+            return
+        self.share = share
+        for bucket, limit in ((self.rpm, self.config.requests_per_minute), (self.tpm, self.config.tokens_per_minute)):
+            if bucket is not None and limit:
+                level = bucket.level(now)
+                bucket.capacity, bucket.rate = limit * share, limit * share / 60
+                bucket._level = min(level, bucket.capacity)
 
     def headers(self, now: float) -> dict[str, str]:
+        # Limit: the configured (cluster-wide) limit; Remaining and Reset: this node's bucket.
         h: dict[str, str] = {}
         if self.rpm is not None:
-            h["X-RateLimit-Limit-Requests"] = str(int(self.rpm.capacity))
+            h["X-RateLimit-Limit-Requests"] = str(self.config.requests_per_minute)
             h["X-RateLimit-Remaining-Requests"] = str(max(0, int(self.rpm.level(now))))
             h["X-RateLimit-Reset-Requests"] = format_duration(self.rpm.reset_s(now))
         if self.tpm is not None:
-            h["X-RateLimit-Limit-Tokens"] = str(int(self.tpm.capacity))
+            h["X-RateLimit-Limit-Tokens"] = str(self.config.tokens_per_minute)
             h["X-RateLimit-Remaining-Tokens"] = str(max(0, int(self.tpm.level(now))))
             h["X-RateLimit-Reset-Tokens"] = format_duration(self.tpm.reset_s(now))
         return h
@@ -142,6 +158,27 @@ class Quota:
         self._tenants = tenants
         self._clock = clock
         self._state: dict[str, _TenantState] = {}
+        self._share: Share | None = None
+        self._share_concurrency = False
+
+    def set_share(self, share: Share | None, *, concurrency: bool = False) -> None:
+        """Cluster-wide quotas (inferd.cluster): enforce `share(tenant)` of each tenant's RPM and TPM (and,
+        with `concurrency`, of its concurrency cap) here. None: the whole limits, a single node."""
+        self._share, self._share_concurrency = share, concurrency
+        if share is None:
+            now = self._clock()
+            for st in self._state.values():
+                st.apply_share(1.0, now)
+
+    @property
+    def share(self) -> Share | None:
+        return self._share
+
+    def demand(self) -> list[tuple[str, float, int]]:
+        """(tenant, requests attempted per second lately, in flight) for every tenant seen lately."""
+        now = self._clock()
+        return [(name, st.demand.rate(now), st.in_flight) for name, st in self._state.items()
+                if st.in_flight or st.demand.rate(now) > 1e-3]
 
     def set_tenants(self, tenants: TenantRegistry) -> None:
         """Config reload: tenants whose settings changed get fresh buckets; in-flight counts carry over."""
@@ -152,7 +189,7 @@ class Quota:
             if cfg != st.config:
                 fresh = _TenantState(cfg, now)
                 fresh.in_flight, fresh.hold_ema_s = st.in_flight, st.hold_ema_s
-                fresh.rejections, fresh.admitted = st.rejections, st.admitted
+                fresh.rejections, fresh.admitted, fresh.demand = st.rejections, st.admitted, st.demand
                 self._state[name] = fresh
 
     def _get(self, tenant: str) -> _TenantState:
@@ -192,6 +229,7 @@ class Quota:
         so only `acquire` checks them."""
         now = self._clock()
         st = self._get(tenant)
+        st.demand.add(1, now)
         refusal = self._refusal(tenant, st, now, cost=None)
         if refusal is not None:
             raise refusal
@@ -216,7 +254,13 @@ class Quota:
         """The QuotaExceeded for one more request costing `cost` tokens (None: leave TPM out), counted;
         None when it fits."""
         waits: dict[str, float] = {}
-        if st.in_flight >= st.config.max_concurrent_requests:
+        cap = st.config.max_concurrent_requests
+        if self._share is not None:
+            share = self._share(tenant)
+            st.apply_share(share, now)
+            if self._share_concurrency:
+                cap = max(1, math.ceil(cap * share))
+        if st.in_flight >= cap:
             # Leases end one by one; with n held for ~hold_ema_s each, one frees about every hold/n.
             waits["concurrency"] = max(0.05, st.hold_ema_s / max(1, st.in_flight))
         if st.rpm is not None:

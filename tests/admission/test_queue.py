@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from inferd.admission.queue import AdmissionRejected
+from inferd.admission.queue import UNKNOWN_WAIT_S, AdmissionRejected, QueueLoad
 from inferd.config.tenants import PriorityClass, TenantConfig, TenantRegistry
 from inferd.tenancy.quota import Quota
 from inferd.types import FinishReason
@@ -205,3 +205,28 @@ async def test_class_ttl_drops_queued_work_with_503(make_queue):
     with pytest.raises(AdmissionRejected) as exc:
         await q.admit(req("a"), deadline=far())
     assert exc.value.status == 503 and exc.value.reason == "ttl" and exc.value.retry_after_header is not None
+
+
+async def test_load_counts_queued_requests_by_class_and_says_when_the_node_queue_is_full(make_queue):
+    tenants = {"bat": TenantConfig(priority=PriorityClass.BATCH),
+               "int": TenantConfig(priority=PriorityClass.INTERACTIVE)}
+    q, engine = make_queue(tenants=tenants, max_queued_requests=2)
+    assert q.load() == QueueLoad(queued=(0, 0, 0), wait_s=0.0, cost_per_s=0.0, full=False)   # room now
+    await occupy(q, engine)
+    assert q.load().wait_s == UNKNOWN_WAIT_S             # it would wait, and no rate says how long
+    held = [spawn(q.admit(req("bat"), deadline=far())), spawn(q.admit(req("int"), deadline=far()))]
+    await settle()
+    load = q.load()
+    assert load.queued == (1, 0, 1) and load.full
+    for t in held:
+        t.cancel()
+
+
+async def test_load_estimates_a_newcomers_wait_from_the_queued_cost_and_the_service_rate(make_queue):
+    q, engine = make_queue(engine=FakeEngine(slots=1, tokens_per_s=100.0))
+    await occupy(q, engine)
+    held = spawn(q.admit(req("a"), deadline=far()))      # prompt 16 + expected output 8 * 2
+    await settle()
+    # queued 16 + 16 = 32, plus a typical request's output (16 * 2) for the running one to end
+    assert q.load().wait_s == pytest.approx((32 + 32) / 100.0)
+    held.cancel()

@@ -1,4 +1,3 @@
-import math
 
 import pytest
 
@@ -31,7 +30,16 @@ def test_bucket_refills_continuously_and_caps_at_capacity():
     assert b.wait_s(10, 0.0) == pytest.approx(10.0)
     assert b.level(30.0) == pytest.approx(30.0)
     assert b.level(1000.0) == 60
-    assert b.wait_s(61, 1000.0) == math.inf
+
+
+def test_more_than_the_capacity_fits_a_full_bucket_and_leaves_it_in_debt():
+    b = TokenBucket(60, 1.0, now=0.0)
+    b.take(30, 0.0)
+    assert b.wait_s(90, 0.0) == pytest.approx(30.0)      # until full
+    assert b.wait_s(90, 30.0) == 0
+    b.take(90, 30.0)
+    assert b.level(30.0) == -30
+    assert b.wait_s(1, 30.0) == pytest.approx(31.0)
 
 
 def test_bucket_refund_never_exceeds_capacity():
@@ -147,3 +155,44 @@ def test_precheck_leaves_tokens_per_minute_to_acquire(clock):
     with pytest.raises(QuotaExceeded) as exc:
         q.acquire("acme", prompt_tokens=1, max_tokens=1)
     assert exc.value.reason == "quota_tpm"
+
+
+def test_a_cluster_share_scales_the_buckets_and_headers_keep_the_cluster_wide_limit(clock):
+    q = make_quota(clock, requests_per_minute=60, max_concurrent_requests=1000)
+    q.set_share(lambda tenant: 0.25)
+    for _ in range(15):                           # a quarter of 60
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    with pytest.raises(QuotaExceeded) as exc:
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    assert exc.value.retry_after_s == pytest.approx(4.0)       # refills at 60 * 0.25 per minute
+    assert exc.value.headers["X-RateLimit-Limit-Requests"] == "60"
+    q.set_share(None)
+    clock.t += 60
+    for _ in range(60):                           # the whole limit again, a single node
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+
+
+def test_a_shared_concurrency_cap_is_split_only_when_asked(clock):
+    q = make_quota(clock, max_concurrent_requests=4)
+    q.set_share(lambda tenant: 0.5)
+    leases = [q.acquire("acme", prompt_tokens=1, max_tokens=1) for _ in range(4)]
+    q.set_share(lambda tenant: 0.5, concurrency=True)
+    with pytest.raises(QuotaExceeded) as exc:
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    assert exc.value.reason == "concurrency"
+    for lease in leases:
+        lease.release(None)
+
+
+def test_demand_counts_every_attempt_including_refused_ones(clock):
+    q = make_quota(clock, requests_per_minute=1)
+    q.precheck("acme")
+    q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    for _ in range(9):
+        with pytest.raises(QuotaExceeded):
+            q.precheck("acme")
+    [(tenant, rate, in_flight)] = q.demand()
+    assert tenant == "acme" and in_flight == 1
+    assert rate == pytest.approx(10 / 5.0)        # ten attempts over the 5 s time constant
+    clock.t += 60
+    assert q.demand() == [("acme", pytest.approx(0.0, abs=1e-4), 1)]
