@@ -1,2 +1,9 @@
 """Peers: SWIM membership over authenticated UDP, load hints, spillover to peers with room, cluster-wide quotas."""
 from __future__ import annotations
+
+from inferd.cluster.identity import HEADER as FORWARDED_HEADER
+from inferd.cluster.identity import TOKEN_TTL_S, ForwardedIdentity
+from inferd.cluster.node import Cluster
+from inferd.cluster.wire import ClusterKeyError, Rejected
+
+__all__ = ["FORWARDED_HEADER", "TOKEN_TTL_S", "Cluster", "ClusterKeyError", "ForwardedIdentity", "Rejected"]

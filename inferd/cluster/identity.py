@@ -47,6 +47,14 @@ def open_identity(keyring: Keyring, token: str, body: bytes, *,
                   wall_clock: Callable[[], float] = time.time) -> ForwardedIdentity:
     """The identity in `token`, if its MAC verifies, it has not expired and `body` is the one it was
     signed for; else raises inferd.cluster.wire.Rejected ("malformed", "bad_mac", "stale", or "body")."""
+    ident = verify_token(keyring, token, wall_clock=wall_clock)
+    check_body(ident, body)
+    return ident
+
+
+def verify_token(keyring: Keyring, token: str, *, wall_clock: Callable[[], float] = time.time) -> ForwardedIdentity:
+    """`open_identity` without the body check: a receiving node refuses a bad token before it reads
+    the body, then calls `check_body`."""
     if not isinstance(token, str):
         raise Rejected("malformed", f"token is {type(token).__name__}, not str")
     if len(token) > MAX_TOKEN_CHARS:
@@ -65,13 +73,17 @@ def open_identity(keyring: Keyring, token: str, body: bytes, *,
         raise Rejected("malformed", str(e)[:200]) from None
     if not wall_clock() <= ident.expires:               # a NaN expiry never verifies either
         raise Rejected("stale", f"expired at {ident.expires}")
+    return ident
+
+
+def check_body(ident: ForwardedIdentity, body: bytes) -> None:
+    """Rejected("body") unless `body` is the one `ident` was signed for."""
     try:
         digest = hashlib.sha256(body).digest()
     except TypeError:
         raise Rejected("body", f"body is {type(body).__name__}, not bytes") from None
     if not hmac.compare_digest(digest, ident.body_sha256):
         raise Rejected("body", "body is not the one the identity was signed for")
-    return ident
 
 
 _encoder = msgspec.msgpack.Encoder()

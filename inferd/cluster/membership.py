@@ -24,6 +24,8 @@ from collections.abc import Callable
 from inferd.cluster.messages import MemberUpdate, State
 from inferd.config import ClusterConfig
 
+REAP_AFTER_PROBES = 100     # probe intervals a dead or left member stays in the table (100 s at the default 1 s)
+
 
 class Member:
     """What this node believes of one member (itself included)."""
@@ -154,6 +156,12 @@ class Membership:
         for node in expired:
             member = self._members[node]
             self._set(member, State.DEAD, member.incarnation, self.node_id)
+        # Forget members dead or gone for long (their claims have stopped circulating by then), so a
+        # table of nodes that restart under new ids (host:port with port 0) does not grow forever.
+        reap = REAP_AFTER_PROBES * self.config.probe_interval_s
+        for node in [m.node for m in self.members() if m.state >= State.DEAD and now - m.since > reap]:
+            del self._members[node]
+            self._queue.pop(node, None)
         return expired
 
     def suspicion_timeout(self, confirmations: int) -> float:

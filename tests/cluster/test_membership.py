@@ -302,3 +302,18 @@ def test_snapshot_lists_self_first_claimed_by_self(make) -> None:
 def test_member_update_carries_its_claim() -> None:
     member = Member("b", "b:1", "http://b", State.SUSPECT, 2, 0.0)
     assert member.update("c") == MemberUpdate("b", "b:1", "http://b", State.SUSPECT, 2, "c")
+
+
+def test_a_member_dead_for_long_is_forgotten_and_may_join_again(make, clock: FakeClock) -> None:
+    from inferd.cluster.membership import REAP_AFTER_PROBES
+
+    m = make(peers=2)
+    m.apply(claim("n1", State.DEAD))
+    clock.now += REAP_AFTER_PROBES * m.config.probe_interval_s - 0.01
+    m.tick()
+    assert m.get("n1").state is State.DEAD
+    clock.now += 0.02
+    m.tick()
+    assert m.get("n1") is None and "n1" not in [u.node for u in m.pending()]
+    assert m.get("n0").state is State.ALIVE
+    assert m.apply(alive("n1", 0))                  # back under the same id: a new member

@@ -1,0 +1,328 @@
+"""The gossip node: one UDP socket, the SWIM probe loop, dissemination, push-pull sync and load reports.
+
+Every `probe_interval_s` the next member (inferd.cluster.membership.Membership.next_probe) gets a Ping;
+no Ack within `probe_timeout_s` sends a PingReq to `indirect_probes` helpers, who ping it for us and
+relay its Ack (or a Nack); no Ack by the end of the interval: `probe_failed` (suspect). Pending
+membership updates piggyback on every datagram sent, and every `gossip_interval_s` go to
+`gossip_nodes` random peers in a Broadcast. Joining sends a Sync (reply wanted) to each seed, retried
+until one answers; every `sync_interval_s` one random peer gets a full push-pull. Every
+`load_interval_s` this node's own load report goes to every live peer, split into parts that fit a
+datagram. Datagrams are sealed and opened by inferd.cluster.wire: a bad one is counted by reason and
+dropped; nothing a peer sends can raise out of the receive path.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from inferd.cluster.membership import Membership
+from inferd.cluster.messages import (
+    Ack,
+    Body,
+    Broadcast,
+    Leave,
+    Load,
+    Nack,
+    Packet,
+    Ping,
+    PingReq,
+    State,
+    Sync,
+    TenantDemand,
+    VersionLoad,
+)
+from inferd.cluster.probe import RTT_BUCKETS, Endpoint, Prober, address, host_port, load_parts, log, pack
+from inferd.cluster.wire import Keyring, Opener, Rejected, Sealer
+from inferd.config import ClusterConfig, parse_address
+
+LoadReport = Callable[[], tuple[tuple[VersionLoad, ...], tuple[TenantDemand, ...]]]
+LoadSink = Callable[[str, Load], None]        # (sender node id, one part of its report)
+
+JOIN_RETRY_S = 1.0             # a seed that has not answered gets the Sync again this often (at most)
+GOSSIP_TO_DEAD_PROBES = 30     # broadcasts still reach a dead member this many probe intervals (so it can refute)
+
+
+class GossipStats:
+    """Plain counters (the metrics collector reads them at scrape time)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.rejected: dict[str, int] = {}          # reason (inferd.cluster.wire.REJECT_REASONS) -> n
+        self.probes = 0
+        self.indirect_probes = 0
+        self.probe_failures = 0
+        self.probe_rtt_count = 0                    # acked direct probes, and the sum of their round trips
+        self.probe_rtt_sum_s = 0.0
+        self.probe_rtt_buckets: dict[float, int] = dict.fromkeys(RTT_BUCKETS, 0)  # upper bound (s) -> acked at or under
+
+
+class Gossip:
+    """One node of the cluster's gossip. Loop thread only; `start()` inside the running loop."""
+
+    def __init__(self, config: ClusterConfig, keyring: Keyring, *, http_url: str,
+                 load_report: LoadReport | None = None, on_load: LoadSink | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None) -> None:
+        self._config = config
+        self._keyring = keyring
+        self._http_url = http_url
+        self._load_report = load_report
+        self._on_load = on_load
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._rng = rng or random.Random()
+        self.stats = GossipStats()
+        self.drop_rate = 0.0
+        self._node_id, self._host = config.node_id, config.advertise_host or config.bind_host   # restart-only
+        self._address: tuple[str, int] = (config.bind_host, config.bind_port)
+        self._opener = Opener(keyring, window_s=config.timestamp_window_s, wall_clock=wall_clock)
+        self._sealer: Sealer | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+        self._protocol: Endpoint | None = None
+        self._prober: Prober | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._join: asyncio.Task[None] | None = None
+        self._join_seeds: set[tuple[str, int]] = set()
+        self._answered: set[tuple[str, int]] = set()     # addresses a Sync reply came from
+        self._sync_reply = asyncio.Event()
+        self._leaving = False
+        self._closed = False
+
+    membership: Membership          # set by start() (the node id needs the bound port when bind_port = 0)
+    stats: GossipStats
+    drop_rate: float                # benchmarks only: this fraction of outgoing datagrams is dropped on purpose
+
+    @property
+    def node_id(self) -> str:
+        """config.node_id, else "advertise_host:port" with the bound port."""
+        return self._node_id or host_port(self._host, self._address[1])
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound gossip socket (host, port)."""
+        return self._address
+
+    async def start(self) -> None:
+        """Bind the socket (OSError if taken), create the membership, start the loops and join the seeds
+        in the background (joining never blocks the start)."""
+        if self._transport is not None or self._closed:
+            raise RuntimeError("gossip: start() once, before close()")
+        c, loop = self._config, asyncio.get_running_loop()
+        transport, protocol = await loop.create_datagram_endpoint(
+            lambda: Endpoint(self._receive), local_addr=(c.bind_host, c.bind_port))
+        self._transport, self._protocol = transport, protocol
+        self._address = tuple(transport.get_extra_info("sockname")[:2])
+        try:
+            self._sealer = Sealer(self.node_id, self._keyring, wall_clock=self._wall_clock)
+            self.membership = Membership(self.node_id, host_port(self._host, self._address[1]), self._http_url, c,
+                                         clock=self._clock, rng=self._rng)
+        except BaseException:
+            transport.close()
+            raise
+        self._prober = Prober(self.membership, self._send, self.stats, config=lambda: self._config,
+                              leaving=lambda: self._leaving, clock=self._clock, rng=self._rng)
+        self._tasks = [
+            loop.create_task(self._prober.loop(), name="gossip-probe"),
+            loop.create_task(self._every(lambda: self._config.probe_interval_s / 2, self._tick), name="gossip-tick"),
+            loop.create_task(self._every(lambda: self._config.gossip_interval_s, self._broadcast), name="gossip-bcast"),
+            loop.create_task(self._every(lambda: self._config.sync_interval_s, self._push_pull), name="gossip-sync"),
+            loop.create_task(self._every(lambda: self._config.load_interval_s, self._send_load), name="gossip-load"),
+        ]
+        self._start_join(c.seeds)
+        log.info("gossip_started", node=self.node_id, address=host_port(*self._address), seeds=list(c.seeds))
+
+    def reconfigure(self, config: ClusterConfig) -> None:
+        """A reload: timings and multipliers apply from the next interval; new seeds are joined."""
+        old, self._config = self._config, config
+        self._opener.window_s = config.timestamp_window_s
+        if self._transport is None or self._closed:
+            return
+        self.membership.config = config
+        self._start_join([s for s in config.seeds if s not in old.seeds])
+
+    async def leave(self, timeout_s: float = 1.0) -> None:
+        """Announce a graceful departure: the `left` claim to every live peer (a Leave datagram each) and
+        in the broadcast queue; returns after at most `timeout_s` of gossiping it.
+
+        It returns early once every live peer got its Leave datagram and the claim has piggybacked its
+        full retransmit count (left the dissemination queue). A leaving node probes and reports load no more."""
+        if self._transport is None or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if not self._leaving:
+            self._leaving = True
+            claim = self.membership.leave()
+            for peer in self.membership.live():
+                self._send(Leave(claim.incarnation), peer.addr)
+
+        def unsent() -> bool:                       # nobody left to tell, or the claim told its full count
+            return bool(self.membership.live()) and any(u.node == self.node_id for u in self.membership.pending())
+
+        while (left := deadline - loop.time()) > 0 and unsent():
+            await asyncio.sleep(min(self._config.gossip_interval_s, left))
+
+    async def close(self) -> None:
+        """Stop the loops and close the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [*self._tasks, *([self._join] if self._join is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._prober is not None:
+            await self._prober.close()
+        if self._transport is not None and self._protocol is not None:
+            self._transport.close()
+            await asyncio.wait([self._protocol.closed], timeout=1.0)
+
+    # -- sending ------------------------------------------------------------------------------
+    def _send(self, body: Body, to: str | tuple[str, int]) -> None:
+        """Seal `body` with as many pending updates as fit and send it (fire and forget)."""
+        addr = address(to) if isinstance(to, str) else to
+        transport = self._transport
+        if addr is None or transport is None or transport.is_closing() or self._sealer is None:
+            return
+        pending = self.membership.pending()
+        try:
+            data, n = self._sealer.seal(body, pending)
+        except ValueError:
+            log.debug("gossip_unsendable", body=type(body).__name__)
+            return
+        if n:
+            self.membership.sent(pending[:n])
+        if self.drop_rate and self._rng.random() < self.drop_rate:
+            return
+        transport.sendto(data, addr)
+        self.stats.sent += 1
+
+    def _fits(self, body: Body) -> bool:
+        return self._sealer is not None and self._sealer.fits(body)
+
+    def _send_sync(self, to: tuple[str, int] | str, *, reply: bool) -> None:
+        members = self.membership.snapshot()
+        for i, run in enumerate(pack(members, lambda run: Sync(tuple(run), reply), self._fits)):
+            self._send(Sync(tuple(run), reply and i == 0), to)        # one reply is enough
+
+    # -- receiving ----------------------------------------------------------------------------
+    def _receive(self, data: bytes, source: Any) -> None:
+        self.stats.received += 1                    # every datagram; those dropped are also in `rejected`
+        try:
+            packet = self._opener.open(data)
+        except Rejected as e:
+            self._reject(e.reason)
+            return
+        except Exception:                          # Opener promises only Rejected; never let it out anyway
+            log.debug("gossip_open_failed", exc_info=True)
+            self._reject("malformed")
+            return
+        if packet.sender == self.node_id or self._closed:
+            return
+        try:
+            for update in packet.updates:
+                self.membership.apply(update)
+            self._handle(packet, (source[0], source[1]))
+        except Exception as e:
+            log.debug("gossip_packet_failed", sender=packet.sender, body=type(packet.body).__name__, error=repr(e))
+            self._reject("malformed")
+
+    def _reject(self, reason: str) -> None:
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+
+    def _handle(self, packet: Packet, source: tuple[str, int]) -> None:
+        body, prober = packet.body, self._prober
+        if prober is None:                         # not started: _receive runs only once the socket is bound
+            return
+        if isinstance(body, Ping):
+            if body.target == self.node_id:         # a stale address may reach someone else: no ack then
+                self._send(Ack(body.probe, self.node_id), source)
+        elif isinstance(body, Ack):
+            prober.acked(body, packet.sender)
+        elif isinstance(body, PingReq):
+            prober.relay(body, source)
+        elif isinstance(body, Nack):
+            prober.nacked(body)
+        elif isinstance(body, Sync):
+            for member in body.members:
+                self.membership.apply(member)
+            if body.reply:
+                self._send_sync(source, reply=False)
+            elif source in self._join_seeds:
+                self._answered.add(source)
+                self._sync_reply.set()
+        elif isinstance(body, Load):
+            if self._on_load is not None:
+                self._on_load(packet.sender, body)
+        elif isinstance(body, Leave):
+            self.membership.apply_leave(packet.sender, body.incarnation)
+        # Broadcast: nothing but its updates, applied above
+
+    # -- the periodic work --------------------------------------------------------------------
+    async def _every(self, period: Callable[[], float], action: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(period())
+            try:
+                action()
+            except Exception:
+                log.exception("gossip_loop_failed", action=action.__name__)
+
+    def _tick(self) -> None:
+        for node in self.membership.tick():
+            log.info("gossip_member_dead", node=node)
+
+    def _broadcast(self) -> None:
+        if not self.membership.pending():
+            return
+        now, recently = self._clock(), GOSSIP_TO_DEAD_PROBES * self._config.probe_interval_s
+        peers = [m for m in self.membership.members()
+                 if m.state in (State.ALIVE, State.SUSPECT) or (m.state == State.DEAD and now - m.since < recently)]
+        for peer in self._rng.sample(peers, min(self._config.gossip_nodes, len(peers))):
+            self._send(Broadcast(), peer.addr)
+
+    def _push_pull(self) -> None:
+        peers = self.membership.live()
+        if peers:
+            self._send_sync(self._rng.choice(peers).addr, reply=True)
+
+    def _send_load(self) -> None:
+        if self._load_report is None or self._leaving or not (peers := self.membership.live()):
+            return
+        bodies = load_parts(*self._load_report(), self._fits)
+        for peer in peers:
+            for body in bodies:
+                self._send(body, peer.addr)
+
+    # -- joining ------------------------------------------------------------------------------
+    def _start_join(self, seeds: Sequence[str]) -> None:
+        own = {self._address, (self._host, self._address[1])}
+        new = {a for s in seeds if (a := parse_address(s)) is not None and a not in own}
+        if not new:
+            return
+        if self._join is not None and not self._join.done():
+            self._join.cancel()                    # unfinished: its seeds are joined with the new ones
+            new |= self._join_seeds
+        self._join_seeds = new
+        self._join = asyncio.get_running_loop().create_task(self._join_loop(new), name="gossip-join")
+
+    def _joined(self, seeds: set[tuple[str, int]]) -> bool:
+        return bool(self._answered & seeds) or any(address(m.addr) in seeds for m in self.membership.live())
+
+    async def _join_loop(self, seeds: set[tuple[str, int]]) -> None:
+        loop = asyncio.get_running_loop()
+        self._answered -= seeds
+        while not self._joined(seeds):
+            for seed in sorted(seeds):
+                self._send_sync(seed, reply=True)
+            deadline = loop.time() + min(JOIN_RETRY_S, self._config.probe_interval_s)
+            while not self._joined(seeds) and (left := deadline - loop.time()) > 0:
+                self._sync_reply.clear()
+                try:
+                    await asyncio.wait_for(self._sync_reply.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+        log.info("gossip_joined", node=self.node_id, seeds=[host_port(*s) for s in sorted(seeds)])

@@ -1,0 +1,182 @@
+"""The node's cluster: gossip, peers' load hints, quota shares, and whom to spill a request to.
+
+The daemon builds one Cluster when the config has a [cluster] table, starts it once its HTTP listener
+is bound (peers forward to that address), reconfigures it on SIGHUP, and on SIGTERM announces its
+departure before draining. The API asks it `peer_with_room` (spillover), signs and opens forwarded
+requests' identity, and shows `peers_view` at /admin/peers; metrics read `stats` and `counts`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from inferd.cluster.gossip import Gossip, GossipStats
+from inferd.cluster.identity import ForwardedIdentity, check_body, sign_identity, verify_token
+from inferd.cluster.loads import PeerLoads, local_report
+from inferd.cluster.membership import Member
+from inferd.cluster.messages import Load, State
+from inferd.cluster.shares import QuotaShares
+from inferd.cluster.wire import Keyring, load_key
+from inferd.config import ClusterConfig
+from inferd.engine import Engine
+from inferd.observability import get_logger
+from inferd.tenancy import Tenancy
+
+log = get_logger("inferd.cluster")
+SPILL_CONNECTIONS = 256        # open connections to all peers together (a bound, as every pool has)
+
+
+class Cluster:
+    """One node's view of the cluster. Loop thread only."""
+
+    def __init__(self, config: ClusterConfig, tenancy: Tenancy, *, http_url: str,
+                 ready: Callable[[Engine], bool] = lambda engine: engine.healthy,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.http_url = config.http_url or http_url
+        self._tenancy = tenancy
+        self._ready = ready
+        self._clock = clock
+        self.loads = PeerLoads(config.load_max_age_s, clock)
+        self.keyring: Keyring | None = None
+        self.gossip: Gossip | None = None
+        self.http: aiohttp.ClientSession | None = None      # spillover's connections to peers
+        self.spillovers: dict[str, int] = {}       # outcome -> n (inferd.api.spill counts them)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Read the key (ClusterKeyError names the file), bind the gossip socket (OSError), join the seeds
+        in the background, and take a share of each tenant's limits if quotas are shared."""
+        self.keyring = Keyring(await asyncio.to_thread(load_key, self.config.key_file), clock=self._clock)
+        self.gossip = Gossip(self.config, self.keyring, http_url=self.http_url,
+                             load_report=lambda: local_report(self._tenancy, self._ready), on_load=self._heard,
+                             clock=self._clock)
+        await self.gossip.start()
+        self.gossip.membership.on_change = self._changed
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SPILL_CONNECTIONS),
+                                          auto_decompress=False)
+        self._share_quotas()
+        log.info("cluster_started", node=self.node_id, gossip=f"{self.gossip.address[0]}:{self.gossip.address[1]}",
+                 seeds=list(self.config.seeds))
+
+    async def read_key(self, config: ClusterConfig) -> bytes:
+        """A reload's first step, off the loop: the key file it names (ClusterKeyError refuses the reload)."""
+        return await asyncio.to_thread(load_key, config.key_file)
+
+    def reconfigure(self, config: ClusterConfig, key: bytes) -> None:
+        """SIGHUP: timings, seeds, spillover and quota settings; a new key becomes current and the old one
+        is still accepted for key_grace_s (peers get the new file at slightly different times)."""
+        self.config = config
+        self.loads.max_age_s = config.load_max_age_s
+        if self.keyring is not None and self.keyring.rotate(key, config.key_grace_s):
+            log.info("cluster_key_rotated", grace_s=config.key_grace_s)
+        if self.gossip is not None:
+            self.gossip.reconfigure(config)
+        self._share_quotas()
+
+    async def leave(self) -> None:
+        """SIGTERM: tell the peers this node is going (they stop spilling to it at once)."""
+        if self.gossip is not None:
+            await self.gossip.leave()
+
+    async def close(self) -> None:
+        self._tenancy.quota.set_share(None)
+        if self.http is not None:
+            await self.http.close()
+        if self.gossip is not None:
+            await self.gossip.close()
+
+    def _share_quotas(self) -> None:
+        quota = self._tenancy.quota
+        if not self.config.shared_quotas:
+            quota.set_share(None)
+            return
+        shares = QuotaShares(self.loads, lambda: [m.node for m in self._alive()],
+                             lambda: {t: rate for t, rate, _ in quota.demand()}, self._clock)
+        quota.set_share(shares, concurrency=self.config.shared_concurrency)
+
+    # -- peers --------------------------------------------------------------------------------
+    @property
+    def node_id(self) -> str:
+        return self.gossip.node_id if self.gossip is not None else "?"
+
+    def _alive(self) -> list[Member]:
+        if self.gossip is None:
+            return []
+        return [m for m in self.gossip.membership.live() if m.state is State.ALIVE]
+
+    def _heard(self, node: str, load: Load) -> None:
+        self.loads.heard(node, load)
+
+    def _changed(self, member: Member, previous: State | None) -> None:
+        if member.state in (State.DEAD, State.LEFT):
+            self.loads.forget(member.node)
+        log.info("cluster_member", node=member.node, state=member.state.name.lower(),
+                 previous=previous.name.lower() if previous is not None else None, incarnation=member.incarnation)
+
+    def peer_with_room(self, model: str, version: str, exclude: frozenset[str] = frozenset()) -> Member | None:
+        """The alive peer best placed to start a request for `model` at `version` now: its fresh hint says
+        the version is ready with a free sequence slot and a queue shorter than spill_wait_s (shortest
+        estimated wait first, then most free slots). None when no peer has room."""
+        best, best_key = None, None
+        for m in self._alive():
+            if m.node in exclude:
+                continue
+            hint = self.loads.fresh_version(m.node, model, version)
+            if hint is None or not hint.ready or hint.free_slots <= 0 or hint.est_wait_s >= self.config.spill_wait_s:
+                continue
+            key = (hint.est_wait_s, -hint.free_slots)
+            if best_key is None or key < best_key:
+                best, best_key = m, key
+        return best
+
+    # -- forwarded requests' identity ----------------------------------------------------------
+    def sign(self, ident: ForwardedIdentity) -> str:
+        return sign_identity(self._key(), ident)
+
+    def verify(self, token: str) -> ForwardedIdentity:
+        """The identity in a forwarded request's token (MAC and expiry checked; its body not yet: call
+        `check_body` once read). Raises inferd.cluster.wire.Rejected."""
+        return verify_token(self._key(), token)
+
+    check_body = staticmethod(check_body)
+
+    def _key(self) -> Keyring:
+        if self.keyring is None:
+            raise RuntimeError("the cluster is not started")
+        return self.keyring
+
+    # -- operator surface ---------------------------------------------------------------------
+    @property
+    def stats(self) -> GossipStats | None:
+        return self.gossip.stats if self.gossip is not None else None
+
+    def counts(self) -> dict[str, int]:
+        """Members by state (this node included)."""
+        out = {s.name.lower(): 0 for s in State}
+        if self.gossip is not None:
+            for state, n in self.gossip.membership.counts().items():
+                out[state.name.lower()] = n
+        return out
+
+    def peers_view(self) -> dict:
+        """GET /admin/peers."""
+        now = self._clock()
+        peers = []
+        members = self.gossip.membership.members() if self.gossip is not None else []
+        for m in sorted(members, key=lambda m: m.node):
+            models: dict[str, dict] = {}
+            for hint, age in self.loads.versions(m.node):
+                models.setdefault(hint.model, {})[hint.version] = {
+                    "ready": hint.ready, "free_slots": hint.free_slots, "free_kv_blocks": hint.free_kv_blocks,
+                    "queued": dict(zip(("interactive", "standard", "batch"), hint.queued)),
+                    "est_wait_s": round(hint.est_wait_s, 3), "tokens_per_s": round(hint.tokens_per_s, 1),
+                    "age_s": round(age, 3), "stale": age > self.loads.max_age_s}
+            peers.append({"node_id": m.node, "address": m.addr, "http": m.http, "state": m.state.name.lower(),
+                          "incarnation": m.incarnation, "age_s": round(now - m.since, 3), "models": models})
+        share = self._tenancy.quota.share
+        shares = {t: round(share(t), 4) for t, _, _ in self._tenancy.quota.demand()} if share is not None else {}
+        return {"self": self.node_id, "quota_shares": shares, "peers": peers}
