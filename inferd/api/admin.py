@@ -45,6 +45,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/rollouts/{name}", get_rollout)
     app.router.add_post("/admin/rollouts/{name}/{action}", control_rollout)
     app.router.add_get("/admin/shadow", shadow_stats)
+    app.router.add_get("/admin/peers", list_peers)
 
 
 def _actor(request: web.Request) -> str:
@@ -152,3 +153,13 @@ def _define(control: ControlPlane, name: str, body: _StartBody) -> Rollout:
                                   audit=control.audit)
     control.rollouts.add(rollout)
     return rollout
+
+
+async def list_peers(request: web.Request) -> web.Response:
+    """GET /admin/peers: this node and every member it knows, with their state and load hints."""
+    _actor(request)
+    cluster = request.app[keys.STATE].cluster
+    if cluster is None:
+        raise ApiError(404, "This node is not in a cluster (no [cluster] table in its config).",
+                       type="not_found_error", code="not_clustered")
+    return _json(cluster.peers_view())

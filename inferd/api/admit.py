@@ -3,8 +3,8 @@
 The order on the request path (completions.py), cheapest refusals first:  authenticate ->
 `precheck_quota` (RPM and concurrency, nothing charged) -> read and decode the body -> route ->
 `check_model_allowed` -> `request_deadline` -> the prompt's length bound -> tokenize (api/tokenize.py)
--> context checks -> `apply_limits` -> `admit` (quota buckets and concurrency, charged, then the
-engine's admission queue) -> stream. Everything here runs once per request; nothing per token.
+-> context checks -> `apply_limits` -> `charge` (quota buckets and concurrency) -> spillover to a peer
+(api/spill.py, in a cluster) or `admit` (the engine's admission queue) -> stream. Everything here runs once per request; nothing per token.
 
 Errors leave as ApiError in the OpenAI envelope: 400/403 for tenant limits (retrying cannot help),
 429 for quota and the tenant's own queue, 503 for the node's queue, 504 for a deadline that passed
@@ -141,36 +141,43 @@ class _LeaseShare:
             self._shared._release(usage)
 
 
-async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens: list[GenerationRequest],
-                deadline: float) -> Admitted:
-    """Charge the tenant's quota once for all of `gens` (one per prompt), then wait in the engine's
-    admission queue until each is released to it; all are admitted or none is.
+def charge(tenancy: Tenancy, tenant: str, gens: list[GenerationRequest]) -> Lease:
+    """Charge the tenant's quota once for all of `gens` (one per prompt): 429 when it has no room."""
+    try:
+        return tenancy.quota.acquire(tenant, prompt_tokens=sum(len(g.prompt_token_ids) for g in gens),
+                                     max_tokens=sum(g.sampling.max_tokens for g in gens))
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
 
-    The quota lease travels with the requests: admission releases it when a request is refused,
-    leaves the queue, or ends (refunding the tokens it did not use). Raises ApiError (429/503/504), or
-    the engine's InvalidRequest / EngineUnavailable from its submit."""
+
+async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens: list[GenerationRequest],
+                deadline: float, lease: Lease | None) -> Admitted:
+    """Wait in the engine's admission queue until each of `gens` is released to it; all are admitted
+    or none is. `lease` is the quota `charge` took (None: charged elsewhere, by the peer that
+    forwarded the request).
+
+    The lease travels with the requests: admission releases it when a request is refused, leaves the
+    queue, or ends (refunding the tokens it did not use). Raises ApiError (429/503/504), or the
+    engine's InvalidRequest / EngineUnavailable from its submit."""
     try:
         queue = tenancy.queue_for(model, engine)
     except AdmissionRejected as exc:      # closed: the daemon is draining
+        if lease is not None:
+            lease.release(None)
         raise rejection_error(exc, {}) from None
-    quota = tenancy.quota
-    try:
-        lease = quota.acquire(tenant, prompt_tokens=sum(len(g.prompt_token_ids) for g in gens),
-                              max_tokens=sum(g.sampling.max_tokens for g in gens))
-    except QuotaExceeded as exc:
-        raise quota_error(exc) from None
     try:
         if len(gens) == 1:
             streams = [await queue.admit(gens[0], deadline=deadline, lease=lease)]
         else:
-            streams = await _admit_all(queue, gens, deadline, SharedLease(lease, len(gens)).shares)
+            shares = SharedLease(lease, len(gens)).shares if lease is not None else [None] * len(gens)
+            streams = await _admit_all(queue, gens, deadline, shares)
     except AdmissionRejected as exc:
-        raise rejection_error(exc, quota.headers(tenant)) from None
-    return Admitted(streams=streams, headers=lease.headers)
+        raise rejection_error(exc, tenancy.quota.headers(tenant) if lease is not None else {}) from None
+    return Admitted(streams=streams, headers=lease.headers if lease is not None else {})
 
 
 async def _admit_all(queue: AdmissionQueue, gens: list[GenerationRequest], deadline: float,
-                     shares: list[_LeaseShare]) -> list[AdmittedStream]:
+                     shares: list[_LeaseShare] | list[None]) -> list[AdmittedStream]:
     """Each request waits in the queue on its own (fairness sees n requests); the first refusal or a
     cancelled caller withdraws the rest and cancels those already admitted."""
     tasks = [asyncio.ensure_future(queue.admit(g, deadline=deadline, lease=s)) for g, s in zip(gens, shares)]

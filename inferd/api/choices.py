@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from inferd.api.responses import DONE_FRAME, OPENAI_FINISH, ChunkEncoder
+from inferd.api.responses import OPENAI_FINISH, ChunkEncoder
 from inferd.api.sse import Sender, Tracked, final_frames
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation
@@ -93,7 +93,7 @@ class ChoicesSender(Sender):
             last = merged_final(self._finals)
             if self._include_usage and last.usage is not None:
                 frames.append(self._encoders[0].usage(last.usage))
-            self._end_with(frames, [DONE_FRAME], tokens)
+            self._end_with(frames, [self._encoders[0].done(last.usage)], tokens)
             return
         if frames:
             self.entry.last_write = now = time.monotonic()

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from inferd import __version__
 from inferd.api import appkeys as keys
-from inferd.api.admit import admit, apply_limits, check_model_allowed, precheck_quota, request_deadline
+from inferd.api.admit import admit, apply_limits, charge, check_model_allowed, precheck_quota, request_deadline
 from inferd.api.auth import authenticate
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
@@ -23,11 +23,13 @@ from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing)
+from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
-from inferd.api.waiting import QueuedStream
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
+from inferd.api.waiting import QueuedStream
+from inferd.cluster import FORWARDED_HEADER
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
@@ -106,15 +108,24 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
-        tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
         tenancy = state.tenancy
-        precheck_quota(tenancy, tenant)     # 429 over RPM/concurrency before reading, let alone tokenizing
+        forwarded = FORWARDED_HEADER in request.headers    # a peer spilled it to us (inferd.api.spill)
+        if forwarded:       # the peer authenticated and charged the caller; it signed who they are
+            ident = forwarded_identity(request, state.cluster)
+            tenant = ident.tenant
+        else:
+            tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
+            precheck_quota(tenancy, tenant)     # 429 over RPM/concurrency before reading, let alone tokenizing
         _check_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
+        if forwarded:       # ... for this body only
+            check_forwarded_body(state.cluster, ident, body)
         req = decode(kind, body)
         prepared = prepare(kind, req)
-        route = route_request(state, req.model, tenant, req.user, request[keys.REQUEST_ID])
+        # A forwarded request is served by the version its origin routed it to.
+        pinned = request.headers.get(VERSION_HEADER) if forwarded else None
+        route = route_request(state, pinned or req.model, tenant, req.user, request[keys.REQUEST_ID])
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
@@ -135,7 +146,8 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         state.metrics.count_rejected(model, err.status, engine)
         raise
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
-                            model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline)
+                            model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
+                            body=body, forwarded=forwarded)
     with state.track():
         return await _run(ctx)
 
@@ -152,15 +164,27 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     headers = {"X-Request-Id": ctx.request_id, "X-Inferd-Model-Version": label}
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
+    if state.cluster is not None:
+        headers[NODE_HEADER] = state.cluster.node_id
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
     gens = []
     for i, (ids, sampling) in enumerate(zip(ctx.prompt_ids, ctx.sampling)):
         make_room_for_live(state, engine, len(ids), sampling)
         gens.append(GenerationRequest(request_id=cid if i == 0 else f"{cid}-{i}", prompt_token_ids=tuple(ids),
                                       sampling=sampling, tenant=tenant, lora=route.lora))
+    try:    # counted against the tenant once, on the node that authenticated it
+        lease = None if ctx.forwarded else charge(state.tenancy, tenant, gens)
+    except ApiError as err:
+        obs.finish(err.status)
+        raise
+    if lease is not None and wants_spill(ctx):     # a peer with room serves it instead (inferd.api.spill)
+        spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
+        if spilled is not None:
+            obs.finish(spilled.status)
+            return spilled
     # A stream kept waiting in admission gets its headers and pings meanwhile (inferd.api.waiting).
     queued = QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream else None
-    admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline)
+    admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline, lease)
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
         admitted = await (queued.wait(admitting) if queued is not None else admitting)
@@ -196,7 +220,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             log_fields["lora"] = route.lora
         if p.stream:
             running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
-            encoder = ChunkEncoder(ident, p.include_usage, running=running)
+            encoder = ChunkEncoder(ident, p.include_usage, running=running, usage_comment=ctx.forwarded)
             resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight,
                                          ChoicesSender if isinstance(stream, Choices) else Sender,
                                          prepared=queued.prepared if queued is not None else None)

@@ -32,6 +32,8 @@ class GenerationContext:
     prompt_ids: list[list[int]]     # one per choice: a completions request may send a list of prompts
     sampling: list[SamplingParams]  # one per choice, after the model's context and the tenant's limits
     deadline: float                 # absolute, time.monotonic()
+    body: bytes = b""               # as received: spillover forwards it unchanged (inferd.api.spill)
+    forwarded: bool = False         # a peer forwarded it (charged there; never forwarded again)
 
     @property
     def kind(self) -> str:

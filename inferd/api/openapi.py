@@ -230,6 +230,8 @@ def document() -> dict:
                 "responses": {"200": {"description": "The rollout's new state", "content": _json_content({})},
                               **_errors("400", *_ADMIN_ERRORS, "404", "409")}}},
             "/admin/shadow": _get("Admin: shadow traffic per version", *_ADMIN_ERRORS),
+            "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
+                                 *_ADMIN_ERRORS, "404"),
         },
         "components": {"schemas": components},
     }

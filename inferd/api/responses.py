@@ -100,12 +100,13 @@ class ChunkEncoder:
     """Builds the SSE frames of one streamed response (of its choice `index`)."""
 
     __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage",
-                 "_index", "running")
+                 "_index", "running", "_usage_comment")
 
     def __init__(self, ident: Identity, include_usage: bool, *, index: int = 0,
-                 running: RunningUsage | None = None) -> None:
+                 running: RunningUsage | None = None, usage_comment: bool = False) -> None:
         self._ident = ident
         self._include_usage = include_usage
+        self._usage_comment = usage_comment     # a forwarded stream: tell the origin node its usage
         self._index = index
         self.running = running          # set: every chunk carries the usage so far
         chat = ident.kind == "chat"
@@ -126,7 +127,8 @@ class ChunkEncoder:
 
     def for_choice(self, index: int) -> ChunkEncoder:
         """The encoder of choice `index` of the same response (a list of prompts in /v1/completions)."""
-        return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running)
+        return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running,
+                            usage_comment=self._usage_comment)
 
     def content(self, text: str) -> bytes:
         prefix = self._next_prefix
@@ -152,6 +154,13 @@ class ChunkEncoder:
         body["usage"] = usage_dict(usage)
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
+    def done(self, usage: Usage | None) -> bytes:
+        """`[DONE]`; before it, for a stream a peer forwarded to us, the usage as an SSE comment, which
+        clients ignore and the forwarding node takes out (inferd.api.spill)."""
+        if self._usage_comment and usage is not None:
+            return usage_comment(usage) + DONE_FRAME
+        return DONE_FRAME
+
     def error(self, err: ApiError, usage: Usage | None) -> bytes:
         body = self._ident.header(self._object)
         body["choices"] = []
@@ -159,6 +168,13 @@ class ChunkEncoder:
         if usage is not None and self._include_usage:
             body["usage"] = usage_dict(usage)
         return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+USAGE_COMMENT = b": inferd-usage "
+
+
+def usage_comment(usage: Usage) -> bytes:
+    return USAGE_COMMENT + b"%d %d\n\n" % (usage.prompt_tokens, usage.completion_tokens)
 
 
 def server_timing(arrival: float, timing: EngineTiming | None, now: float) -> str:

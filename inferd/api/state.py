@@ -10,6 +10,7 @@ import asyncio
 import time
 from types import TracebackType
 
+from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.engine import Engine
 from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
@@ -68,6 +69,9 @@ class ServerState:
         # it (reading the keys file at startup); an embedder gets one built from `config` on first use.
         self._tenancy: Tenancy | None = None
         self.metrics.watch_tenancy(lambda: self._tenancy)
+        # Issue 11 (inferd.cluster): set by the daemon when the config has a [cluster] table.
+        self.cluster: Cluster | None = None
+        self.metrics.watch_cluster(lambda: self.cluster)
 
     @property
     def tenancy(self) -> Tenancy:

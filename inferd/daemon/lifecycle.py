@@ -28,6 +28,7 @@ from pathlib import Path
 from aiohttp import web
 
 from inferd.api import ServerState
+from inferd.cluster import Cluster, ClusterKeyError
 from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
 from inferd.daemon.bind import bind_listener
 from inferd.daemon.listener import GuardedRunner
@@ -66,6 +67,10 @@ def _default_app_factory(state: ServerState) -> web.Application:
     from inferd.api import make_app
 
     return make_app(state)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class Daemon:
@@ -161,7 +166,8 @@ class Daemon:
             stopper.cancel()
             try:
                 runner: web.AppRunner = startup.result()
-            except (EngineConfigError, OSError, InsecureBindError, KeyFileError, TlsError) as exc:  # expected
+            except (EngineConfigError, OSError, InsecureBindError, KeyFileError, TlsError,
+                    ClusterKeyError) as exc:  # expected
                 log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
                 return 1
             except Exception as exc:  # noqa: BLE001 - a bug or an engine failure: keep the traceback
@@ -207,6 +213,8 @@ class Daemon:
         site = web.SockSite(runner, sock, ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         self.host, self.port = runner.addresses[0][:2]
+        if cfg.cluster is not None:     # after the listener: peers forward requests to its address
+            state.cluster = await self._join_cluster(stack, state)
         state.started = True
         log.info("listening", host=self.host, port=self.port, tls=self.tls is not None)
         log.info("ready", models=list(state.engines),
@@ -214,6 +222,14 @@ class Daemon:
         self._notifier.ready(self._status())
         self.ready.set()
         return runner
+
+    async def _join_cluster(self, stack: contextlib.AsyncExitStack, state: ServerState) -> Cluster:
+        scheme = "https" if self.tls is not None else "http"
+        host = self.config.cluster.advertise_host or self.host
+        cluster = Cluster(self.config.cluster, state.tenancy, http_url=f"{scheme}://{_url_host(host)}:{self.port}")
+        stack.push_async_callback(cluster.close)
+        await cluster.start()
+        return cluster
 
     async def _load_versions(self, stack: contextlib.AsyncExitStack) -> ServerState:
         """Every configured version, verified and warmed; the routing control plane over them."""
@@ -256,6 +272,8 @@ class Daemon:
             return
         state.draining = True
         self._notifier.stopping()
+        if state.cluster is not None:   # peers stop spilling to us now, not after a suspicion timeout
+            await state.cluster.leave()
         log.info("draining", in_flight=state.in_flight, grace_s=self.config.server.drain_grace_s)
         # The listener stays open while in-flight work finishes, so load balancers' probes see /readyz
         # answer 503 (a refused connect looks like a crash) and new inference requests get 503

@@ -17,8 +17,12 @@ does not load refuses the whole reload like an invalid file. Just before phase 1
 listener's live context (inferd.daemon.tls): new handshakes get the new certificate, open connections
 keep theirs.
 
+With `[cluster]`, step 1 also re-reads the cluster key file (one that cannot be read refuses the
+reload); the new key and settings apply with phase 1, the old key still accepted for key_grace_s.
+
 Settings that need a restart (listen address, engines_root, TLS on or off, the client CA, a loaded
-version's pool sizes) are logged as such and otherwise left as they were.
+version's pool sizes, joining or leaving a cluster, the gossip address and node id) are logged as
+such and otherwise left as they were.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from typing import TypeVar
 
 import msgspec
 
-from inferd.config import Config, ConfigError, RoutingConfigError, load_config
+from inferd.cluster import ClusterKeyError
+from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConfigError, load_config
 from inferd.daemon.tls import RESTART_ONLY_TLS, ListenerTls, TlsError
 from inferd.models import ControlPlane, VersionManager, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
@@ -61,10 +66,16 @@ async def read_config(path: str | Path, current: Config) -> Config:
     elif old_tls is not None and new_tls is not None:
         tls, kept_tls = _as_running(new_tls, old_tls, RESTART_ONLY_TLS, "server.tls")
         server, kept = msgspec.structs.replace(server, tls=tls), kept + kept_tls
+    cluster = new.cluster
+    if (current.cluster is None) != (cluster is None):      # joining or leaving a cluster: a restart
+        cluster, kept = current.cluster, [*kept, "cluster"]
+    elif cluster is not None and current.cluster is not None:
+        cluster, kept_cluster = _as_running(cluster, current.cluster, CLUSTER_RESTART_ONLY, "cluster")
+        kept += kept_cluster
     if kept:
         log.warning("reload_needs_restart", settings=kept,
                     message="these settings apply at the next restart; kept as running")
-    return msgspec.structs.replace(new, server=server)
+    return msgspec.structs.replace(new, server=server, cluster=cluster)
 
 
 def _as_running(new: T, old: T, keys: tuple[str, ...], path: str) -> tuple[T, list[str]]:
@@ -110,6 +121,8 @@ class Reloader:
                 self._check_routes(new)
                 tenancy = getattr(state, "tenancy", None)
                 authenticator = await tenancy.check_keys(new) if tenancy is not None else None
+                cluster = getattr(state, "cluster", None)
+                cluster_key = await cluster.read_key(new.cluster) if cluster is not None else None
                 if self.tls is not None and new.server.tls is not None:
                     await self.tls.check(new.server.tls)
                     self.tls.apply(new.server.tls)   # last: everything else passed
@@ -119,8 +132,10 @@ class Reloader:
                 return self._refused([str(exc)], str(path))
             except KeyFileError as exc:
                 return self._refused([f"auth keys: {exc}"], str(path))
-            except TlsError as exc:
+            except (TlsError, ClusterKeyError) as exc:
                 return self._refused([str(exc)], str(path))
+            if cluster is not None:
+                cluster.reconfigure(new.cluster, cluster_key)
             return await self.apply(new, t0, authenticator=authenticator)
 
     def _check_routes(self, new: Config) -> None:

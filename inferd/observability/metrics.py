@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
+from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
 from inferd.observability.tenant_metrics import TenancyCollector
 
@@ -143,6 +144,8 @@ class Metrics:
             ("tenant", "status"), registry=r)
         self.tenancy: Callable[[], Any] = lambda: None
         r.register(TenancyCollector(lambda: self.tenancy()))   # late-bound: watch_tenancy swaps it
+        self.cluster: Callable[[], Any] = lambda: None
+        r.register(ClusterCollector(lambda: self.cluster()))   # issue 11: set by watch_cluster
         # The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused.
         self.connections_cut_total = Counter(
             "inferd_http_connections_cut", "Connections the listener closed or refused, by reason",
@@ -195,6 +198,10 @@ class Metrics:
 
     def config_reloaded(self, ok: bool) -> None:
         self.config_reload_total.labels("success" if ok else "error").inc()
+
+    def watch_cluster(self, source: Callable[[], Any]) -> None:
+        """`source()` returns the live inferd.cluster.Cluster (or None); read at every scrape."""
+        self.cluster = source
 
     def watch_tenancy(self, source: Callable[[], Any]) -> None:
         """`source()` returns the live inferd.tenancy.node.Tenancy (or None); read at every scrape."""

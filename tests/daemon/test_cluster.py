@@ -1,0 +1,163 @@
+"""Three real daemons on loopback form a cluster: membership, /admin/peers, spillover, forged identity.
+
+Each daemon serves the tiny sim profile in real time (about 2.5 ms a token) with one sequence slot, so
+one long request keeps a node busy; gossip runs at 50 ms probe intervals."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from pathlib import Path
+
+import aiohttp
+from openai import AsyncOpenAI
+
+from inferd.cluster.identity import ForwardedIdentity, sign_identity
+from inferd.cluster.wire import Keyring
+from inferd.config.root import load_config
+from tests.daemon.harness import running_daemon, sim_model, write_config
+
+KEY = "ab" * 32
+CLUSTER = """
+[cluster]
+bind_port = 0
+key_file = "cluster.key"
+seeds = [{seeds}]
+probe_interval_s = 0.05
+probe_timeout_s = 0.02
+gossip_interval_s = 0.02
+load_interval_s = 0.05
+load_max_age_s = 1.0
+spill_wait_s = 0.01
+"""
+SHORT = {"model": "sim", "prompt": "hello there", "max_tokens": 4, "temperature": 0}
+LONG = {"model": "sim", "prompt": "hello there", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+
+
+async def until(condition, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def cluster_of(tmp_path: Path, n: int, *, shared_quotas_tenant: str = ""):
+    """n daemons; the first is every other's seed. Yields [(daemon, base_url)]."""
+    (tmp_path / "cluster.key").write_text(KEY)
+    nodes = []
+    async with contextlib.AsyncExitStack() as stack:
+        seeds = ""
+        for i in range(n):
+            d = tmp_path / f"node{i}"
+            d.mkdir()
+            (d / "cluster.key").write_text(KEY)
+            path = write_config(d / "inferd.toml", {"sim": sim_model(time_scale=1.0, max_batch_size=1)},
+                                CLUSTER.format(seeds=seeds) + shared_quotas_tenant)
+            daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
+            nodes.append((daemon, url))
+            if i == 0:
+                host, port = daemon.state.cluster.gossip.address
+                seeds = f'"{host}:{port}"'
+        yield nodes
+
+
+async def peers(http: aiohttp.ClientSession, url: str) -> dict:
+    async with http.get(url + "/admin/peers") as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+async def test_three_daemons_see_each_other_alive_with_load_hints_at_admin_peers(tmp_path):
+    async with cluster_of(tmp_path, 3) as nodes, aiohttp.ClientSession() as http:
+        async def converged() -> bool:
+            for _, url in nodes:
+                view = await peers(http, url)
+                if [p["state"] for p in view["peers"]] != ["alive", "alive"]:
+                    return False
+                if not all("sim" in p["models"] for p in view["peers"]):
+                    return False
+            return True
+        await until(converged, "every node to see two alive peers with their models")
+        view = await peers(http, nodes[0][1])
+        assert view["self"] == nodes[0][0].state.cluster.node_id
+        hint = next(iter(view["peers"][0]["models"]["sim"].values()))
+        assert hint["ready"] is True and hint["free_slots"] == 1 and not hint["stale"]
+        async with http.get(nodes[0][1] + "/metrics") as resp:
+            text = await resp.text()
+        assert 'inferd_cluster_members{state="alive"} 3.0' in text
+
+
+async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that_served_it(tmp_path):
+    async with cluster_of(tmp_path, 2) as nodes, aiohttp.ClientSession() as http:
+        (a, a_url), (b, _) = nodes
+        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
+        busy = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG))
+        await until(lambda: _busy(a), "node 0's only slot to be taken")
+        async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
+            assert (await resp.json())["usage"]["completion_tokens"] == 4
+        async with AsyncOpenAI(base_url=a_url + "/v1", api_key="unused", max_retries=0) as sdk:
+            stream = await sdk.completions.create(**SHORT, stream=True, stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+        assert chunks[-1].usage.completion_tokens == 4
+        assert a.state.cluster.spillovers["forwarded"] == 2
+        busy.cancel()
+
+
+async def _has_room(a, b) -> bool:
+    return a.state.cluster.peer_with_room("sim", b.state.engines["sim"].info.version) is not None
+
+
+async def _busy(a) -> bool:
+    return a.state.engines["sim"].capacity().free_slots == 0
+
+
+async def test_a_forwarded_request_signed_with_another_key_or_for_another_body_is_refused(tmp_path):
+    async with cluster_of(tmp_path, 1) as nodes, aiohttp.ClientSession() as http:
+        (_, url), = nodes
+        body = b'{"model": "sim", "prompt": "hi", "max_tokens": 2}'
+
+        def token(key: bytes, signed_body: bytes) -> str:
+            return sign_identity(Keyring(key), ForwardedIdentity(
+                tenant="local", key_id=None, origin="x", request_id="r1",
+                body_sha256=hashlib.sha256(signed_body).digest(), expires=time.time() + 30))
+
+        for bad in (token(b"k" * 32, body), token(bytes.fromhex(KEY), b"{}")):
+            async with http.post(url + "/v1/completions", data=body, headers={
+                    "Content-Type": "application/json", "X-Inferd-Forwarded": bad}) as resp:
+                assert resp.status == 401
+                assert (await resp.json())["error"]["code"] == "invalid_forwarded_identity"
+        async with http.post(url + "/v1/completions", data=body, headers={
+                "Content-Type": "application/json", "X-Inferd-Forwarded": token(bytes.fromhex(KEY), body)}) as resp:
+            assert resp.status == 200          # the right key, for this body: served, not charged here
+
+
+async def test_a_draining_daemon_announces_it_is_leaving_and_peers_stop_counting_it(tmp_path):
+    async with cluster_of(tmp_path, 2) as nodes, aiohttp.ClientSession() as http:
+        (a, a_url), (b, _) = nodes
+        await until(lambda: _has_room(a, b), "node 0 to hear node 1")
+        b.request_stop()                       # SIGTERM: leave the cluster, then drain
+
+        async def b_left() -> bool:
+            view = await peers(http, a_url)
+            return [p["state"] for p in view["peers"]] == ["left"]
+        await until(b_left, "node 0 to see node 1 as left (not dead: it said so)", timeout_s=3.0)
+        assert a.state.cluster.peer_with_room("sim", a.state.engines["sim"].info.version) is None
+
+
+async def test_reload_applies_cluster_settings_and_refuses_an_unreadable_key_file(tmp_path):
+    async with cluster_of(tmp_path, 1) as nodes:
+        (daemon, _), = nodes
+        path = tmp_path / "node0" / "inferd.toml"
+        text = path.read_text()
+        path.write_text(text.replace("spill_wait_s = 0.01", "spill_wait_s = 2.5"))
+        result = await daemon.reload(path)
+        assert result.ok and daemon.state.cluster.config.spill_wait_s == 2.5
+        path.write_text(text.replace('key_file = "cluster.key"', 'key_file = "missing.key"'))
+        result = await daemon.reload(path)
+        assert not result.ok and "missing.key" in result.errors[0]
+        assert daemon.state.cluster.config.spill_wait_s == 2.5        # nothing of the refused file applied
