@@ -54,7 +54,11 @@ def run_daemon(config_path: Path) -> None:
         ready = asyncio.ensure_future(daemon.ready.wait())
         await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)
         if daemon.ready.is_set():
-            print(json.dumps({"port": daemon.port, "inferd": inferd.__file__}), flush=True)
+            started = {"port": daemon.port, "inferd": inferd.__file__}
+            if daemon.state.cluster is not None:      # bench/cluster.py: peers join through this address
+                host, port = daemon.state.cluster.gossip.address
+                started.update(gossip=f"{host}:{port}", node_id=daemon.state.cluster.node_id)
+            print(json.dumps(started), flush=True)
         return await run
 
     sys.exit(uvloop.run(main()))

@@ -1,0 +1,240 @@
+"""The two cluster measurements that need whole daemons: spillover goodput and the cluster-wide TPM.
+
+Used by bench/cluster.py (`--only spillover`, `--only tpm`); each function starts three real daemons
+(inferd.daemon.Daemon in subprocesses, sim engines, [cluster] on loopback UDP), drives them with a
+bounded load from this process, stops them and returns its figures.
+
+spillover_goodput: every request goes to node 0, at twice the capacity measured on node 0 alone
+(closed loop, `--capacity-seconds`); goodput = requests answered 200 within the SLO per second,
+with spillover on (nodes 1 and 2 idle until node 0 spills to them) vs the same run with it off.
+cluster_tpm_ratio: one tenant with tokens_per_minute = LIMIT sends round-robin over the three nodes
+at three times that limit; admitted tokens per minute (usage of the 200s) / limit, measured after
+the first `--tpm-warmup` seconds (every bucket starts full: that first burst is not the steady state).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from daemon_process import spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+
+KEY = "5e" * 32
+MODEL = """
+[models.m]
+backend = "sim"
+max_batch_size = {batch}
+max_num_tokens = 512
+[models.m.sim]
+profile = "{profile}"
+time_scale = {time_scale}
+max_model_len = 4096
+"""
+CLUSTER = """
+[cluster]
+bind_port = 0
+key_file = "{key}"
+seeds = [{seeds}]
+probe_interval_s = 0.2
+probe_timeout_s = 0.1
+spillover = {spillover}
+spill_wait_s = {spill_wait}
+"""
+
+
+def _config(workdir: Path, i: int, seeds: str, *, spillover: bool = True, spill_wait: float = 1.0,
+            profile: str = "llama3-8b-h100", time_scale: float = 1.0, batch: int = 8, auth: str = "") -> Path:
+    d = workdir / f"node{i}"
+    d.mkdir(exist_ok=True)
+    text = (f'[server]\nport = 0\nlog_level = "warning"\nstate_dir = "state"\n{auth}'
+            + MODEL.format(batch=batch, profile=profile, time_scale=time_scale)
+            + CLUSTER.format(key=workdir / "cluster.key", seeds=seeds, spillover=str(spillover).lower(),
+                             spill_wait=spill_wait))
+    (d / "inferd.toml").write_text(text)
+    return d / "inferd.toml"
+
+
+def start_cluster(workdir: Path, n: int, **config) -> list[tuple[subprocess.Popen, dict]]:
+    """n daemons; node 0 is every other's seed. Each entry: (process, {"port", "gossip", "node_id"})."""
+    (workdir / "cluster.key").write_text(KEY)
+    nodes, seeds = [], ""
+    bench = str(Path(__file__).with_name("cluster.py"))
+    try:
+        for i in range(n):
+            path = _config(workdir, i, seeds, **config)
+            nodes.append(spawn([bench, "--role", "daemon", "--config", str(path)], path.parent, "daemon.log"))
+            if i == 0:
+                seeds = f'"{nodes[0][1]["gossip"]}"'
+    except BaseException:
+        stop_cluster(nodes)
+        raise
+    return nodes
+
+
+def stop_cluster(nodes: list[tuple[subprocess.Popen, dict]]) -> None:
+    for proc, _ in nodes:
+        stop(proc, timeout=10)
+
+
+async def wait_converged(http: aiohttp.ClientSession, urls: list[str], headers: dict, timeout_s: float = 20) -> None:
+    """Until every node sees every other alive with a fresh load hint."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ok = True
+        for url in urls:
+            async with http.get(url + "/admin/peers", headers=headers) as resp:
+                view = await resp.json()
+            ok &= sum(p["state"] == "alive" and "m" in p["models"] for p in view["peers"]) == len(urls) - 1
+        if ok:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the cluster did not converge")
+
+
+# -- spillover goodput --------------------------------------------------------------------------
+REQUEST = {"model": "m", "prompt": "Summarise the plot of a long novel in a few sentences.", "max_tokens": 128,
+           "temperature": 0, "ignore_eos": True}
+
+
+async def _closed_loop(http: aiohttp.ClientSession, url: str, clients: int, seconds: float) -> float:
+    """Completions per second with `clients` sending back to back for `seconds`."""
+    done = 0
+    end = time.monotonic() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while time.monotonic() < end:
+            async with http.post(url, json=REQUEST) as resp:
+                await resp.read()
+                done += resp.status == 200
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done / (time.monotonic() - t0)
+
+
+async def _open_loop(http: aiohttp.ClientSession, url: str, rate: float, seconds: float, slo_s: float,
+                     seed: int) -> dict:
+    """Poisson arrivals at `rate`/s for `seconds`; each request may take at most `slo_s` (X-Request-Timeout)."""
+    rng = random.Random(seed)
+    results: list[tuple[int, float, str]] = []
+    headers = {"X-Request-Timeout": str(slo_s)}
+
+    async def one() -> None:
+        t0 = time.monotonic()
+        try:
+            async with http.post(url, json=REQUEST, headers=headers) as resp:
+                await resp.read()
+                results.append((resp.status, time.monotonic() - t0, resp.headers.get("X-Inferd-Node", "?")))
+        except aiohttp.ClientError:
+            results.append((0, time.monotonic() - t0, "?"))
+
+    tasks, t, start = [], 0.0, time.monotonic()
+    while t < seconds:
+        t += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, start + t - time.monotonic()))
+        tasks.append(asyncio.ensure_future(one()))
+    await asyncio.wait_for(asyncio.gather(*tasks), slo_s + 30)
+    good = sum(1 for status, took, _ in results if status == 200 and took <= slo_s)
+    by_node: dict[str, int] = {}
+    for status, _, node in results:
+        if status == 200:
+            by_node[node] = by_node.get(node, 0) + 1
+    statuses: dict[int, int] = {}
+    for status, _, _ in results:
+        statuses[status] = statuses.get(status, 0) + 1
+    return {"sent": len(results), "goodput_per_s": good / seconds, "statuses": statuses, "served_by": by_node}
+
+
+async def spillover_goodput(seconds: float = 30.0, capacity_seconds: float = 8.0, slo_s: float = 5.0) -> dict:
+    out: dict = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        for spillover in (False, True):
+            with tempfile.TemporaryDirectory(prefix="inferd-spill-") as tmp:
+                nodes = start_cluster(Path(tmp), 3, spillover=spillover, spill_wait=1.0)
+                try:
+                    urls = [f"http://127.0.0.1:{n[1]['port']}" for n in nodes]
+                    await wait_converged(http, urls, {})
+                    url = urls[0] + "/v1/completions"
+                    if "capacity_per_s" not in out:
+                        out["capacity_per_s"] = await _closed_loop(http, url, 16, capacity_seconds)
+                    rate = 2 * out["capacity_per_s"]
+                    out["on" if spillover else "off"] = await _open_loop(http, url, rate, seconds, slo_s, seed=7)
+                finally:
+                    stop_cluster(nodes)
+    out["offered_per_s"] = 2 * out["capacity_per_s"]
+    out["slo_s"] = slo_s
+    out["ratio"] = out["on"]["goodput_per_s"] / max(1e-9, out["off"]["goodput_per_s"])
+    return out
+
+
+# -- cluster-wide TPM ---------------------------------------------------------------------------
+TPM_LIMIT = 12_000
+TPM_REQUEST = {"model": "m", "prompt": "count", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+
+def _keys(workdir: Path) -> str:
+    """Create tenant acme's key in a keys file all three nodes read; returns the key."""
+    keys_file = workdir / "keys.jsonl"
+    cfg = workdir / "keys.toml"
+    cfg.write_text(f'[auth]\nmode = "api_key"\nkeys_file = "{keys_file}"\n[tenants.acme]\n')
+    out = subprocess.run([sys.executable, "-m", "inferd", "keys", "create", "--tenant", "acme", "--scope",
+                          "inference", "--scope", "admin", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    found = re.search(r"\binf_\S+", out.stdout)
+    if found is None:
+        raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
+    return found.group()
+
+
+async def cluster_tpm_ratio(seconds: float = 65.0, warmup: float = 35.0) -> dict:
+    with tempfile.TemporaryDirectory(prefix="inferd-tpm-") as tmp:
+        workdir = Path(tmp)
+        key = _keys(workdir)
+        auth = (f'[auth]\nmode = "api_key"\nkeys_file = "{workdir / "keys.jsonl"}"\n'
+                f"[tenants.acme]\ntokens_per_minute = {TPM_LIMIT}\n")
+        nodes = start_cluster(workdir, 3, time_scale=0.01, profile="tiny", batch=64, auth=auth)
+        headers = {"Authorization": f"Bearer {key}"}
+        try:
+            urls = [f"http://127.0.0.1:{n[1]['port']}" for n in nodes]
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+                await wait_converged(http, urls, headers)
+                return await _round_robin(http, urls, headers, seconds, warmup)
+        finally:
+            stop_cluster(nodes)
+
+
+async def _round_robin(http: aiohttp.ClientSession, urls: list[str], headers: dict, seconds: float,
+                       warmup: float) -> dict:
+    cost = 1 + TPM_REQUEST["max_tokens"]          # a prompt of about one token, charged with max_tokens
+    rate = 3 * TPM_LIMIT / 60 / cost               # requests per second: three times the limit
+    admitted: list[tuple[float, int, int]] = []    # (time, tokens, node index)
+    statuses: dict[int, int] = {}
+    start = time.monotonic()
+
+    async def one(i: int) -> None:
+        async with http.post(urls[i % len(urls)] + "/v1/completions", json=TPM_REQUEST, headers=headers) as resp:
+            body = await resp.json()
+            statuses[resp.status] = statuses.get(resp.status, 0) + 1
+            if resp.status == 200:
+                admitted.append((time.monotonic() - start, body["usage"]["total_tokens"], i % len(urls)))
+
+    tasks, i = [], 0
+    while time.monotonic() - start < seconds:
+        tasks.append(asyncio.ensure_future(one(i)))
+        i += 1
+        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+    await asyncio.gather(*tasks)
+    window = seconds - warmup
+    steady = [(tokens, node) for t, tokens, node in admitted if t >= warmup]
+    per_minute = sum(tokens for tokens, _ in steady) / window * 60
+    per_node = [sum(tokens for tokens, node in steady if node == k) / window * 60 for k in range(len(urls))]
+    return {"limit_tpm": TPM_LIMIT, "offered_tpm": 3 * TPM_LIMIT, "admitted_tpm": per_minute,
+            "admitted_tpm_per_node": per_node, "statuses": statuses, "ratio": per_minute / TPM_LIMIT,
+            "window_s": window}
