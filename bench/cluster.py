@@ -345,10 +345,14 @@ async def spillover(args: argparse.Namespace, workdir: Path) -> list[str]:
 
 
 async def tpm(args: argparse.Namespace, workdir: Path) -> list[str]:
-    out = await cluster_daemons.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup)
-    detail("tpm", **out)
-    return [f"cluster TPM ratio: {out['ratio']:.2f} (admitted {out['admitted_tpm']:.0f} tokens/min, limit "
-            f"{out['limit_tpm']}, offered {out['offered_tpm']} round-robin over 3 nodes)"]
+    lines = []
+    for shared in (True, False) if args.tpm_baseline else (True,):
+        out = await cluster_daemons.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup, shared=shared)
+        detail("tpm", shared_quotas=shared, **out)
+        label = "cluster TPM ratio" if shared else "cluster TPM ratio without shared quotas (baseline)"
+        lines.append(f"{label}: {out['ratio']:.2f} (admitted {out['admitted_tpm']:.0f} tokens/min, limit "
+                     f"{out['limit_tpm']}, offered {out['offered_tpm']} round-robin over 3 nodes)")
+    return lines
 
 
 Measurement = Callable[[argparse.Namespace, Path], Awaitable[list[str]]]
@@ -391,6 +395,7 @@ def main() -> int:
     p.add_argument("--tpm-seconds", type=float, default=65.0)
     p.add_argument("--tpm-warmup", type=float, default=35.0,
                    help="tpm: not measured (the buckets start full: a limit's worth of burst, drained at 2x the limit)")
+    p.add_argument("--tpm-baseline", action="store_true", help="tpm: also run with shared_quotas = false")
     p.add_argument("--role", choices=("driver", "node", "daemon"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)

@@ -35,7 +35,6 @@ from inferd.types import Usage
 NODE_HEADER = "X-Inferd-Node"
 VERSION_HEADER = "X-Inferd-Version"
 MAX_PEERS_TRIED = 2
-MAX_JSON_BYTES = 16 << 20
 _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Inferd-Model-Version",
                    "X-Inferd-Simulated", "Server-Timing")
 _NO_ROOM = {429, 503}      # the peer's own queue refused it: try elsewhere (its quota is never charged)
@@ -132,13 +131,15 @@ async def _relay(ctx: GenerationContext, upstream: aiohttp.ClientResponse, node:
                  headers: dict[str, str]) -> web.StreamResponse:
     """Pass the peer's response through; release the lease with the usage it reports."""
     usage = None
+    done = False
     try:
         out = {k: upstream.headers[k] for k in _PASSED_HEADERS if k in upstream.headers}
         out.update(headers)                  # X-RateLimit-* charged here, X-Request-Id
         out[NODE_HEADER] = node
         ctx.request[keys.LOG_FIELDS]["outcome_status"] = upstream.status
         if upstream.content_type != "text/event-stream":
-            data = await upstream.content.read(MAX_JSON_BYTES)
+            data = await upstream.read()        # one JSON body, from a peer that holds the cluster key
+            done = True
             usage = _json_usage(data)
             return web.Response(status=upstream.status, body=data, headers=out)
         resp = web.StreamResponse(status=upstream.status, headers=out)
@@ -149,11 +150,15 @@ async def _relay(ctx: GenerationContext, upstream: aiohttp.ClientResponse, node:
             if data:
                 await resp.write(data)
         await resp.write(lines.rest())
+        done = True
         usage = lines.usage
         await resp.write_eof()
         return resp
     finally:
-        upstream.release()
+        if done:
+            upstream.release()
+        else:           # the client left or the peer failed mid-way: drop the connection, the peer aborts
+            upstream.close()
         lease.release(usage if usage is not None else _all_charged(lease))
 
 

@@ -50,6 +50,11 @@ class PeerLoads:
         entry = self._peers.get(node)
         return [] if entry is None else [(v, now - at) for v, at in entry.versions.values()]
 
+    def report_age(self, node: str) -> float | None:
+        """Seconds since `node`'s newest report was measured (None: never heard)."""
+        entry = self._peers.get(node)
+        return None if entry is None else self._clock() - entry.at
+
     def fresh_version(self, node: str, model: str, version: str) -> VersionLoad | None:
         entry = self._peers.get(node)
         found = entry.versions.get((model, version)) if entry is not None else None

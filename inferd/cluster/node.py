@@ -163,7 +163,8 @@ class Cluster:
         return out
 
     def peers_view(self) -> dict:
-        """GET /admin/peers."""
+        """GET /admin/peers. Per peer: `age_s` since its newest load report was measured (null: none
+        heard), `state_for_s` since its state last changed, and its models' hints."""
         now = self._clock()
         peers = []
         members = self.gossip.membership.members() if self.gossip is not None else []
@@ -175,8 +176,10 @@ class Cluster:
                     "queued": dict(zip(("interactive", "standard", "batch"), hint.queued)),
                     "est_wait_s": round(hint.est_wait_s, 3), "tokens_per_s": round(hint.tokens_per_s, 1),
                     "age_s": round(age, 3), "stale": age > self.loads.max_age_s}
+            age = self.loads.report_age(m.node)
             peers.append({"node_id": m.node, "address": m.addr, "http": m.http, "state": m.state.name.lower(),
-                          "incarnation": m.incarnation, "age_s": round(now - m.since, 3), "models": models})
+                          "incarnation": m.incarnation, "state_for_s": round(now - m.since, 3),
+                          "age_s": round(age, 3) if age is not None else None, "models": models})
         share = self._tenancy.quota.share
         shares = {t: round(share(t), 4) for t, _, _ in self._tenancy.quota.demand()} if share is not None else {}
         return {"self": self.node_id, "quota_shares": shares, "peers": peers}

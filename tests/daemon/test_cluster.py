@@ -44,8 +44,9 @@ async def until(condition, what: str, timeout_s: float = 5.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def cluster_of(tmp_path: Path, n: int, *, shared_quotas_tenant: str = ""):
-    """n daemons; the first is every other's seed. Yields [(daemon, base_url)]."""
+async def cluster_of(tmp_path: Path, n: int, *, extra: dict[int, str] | None = None):
+    """n daemons; the first is every other's seed; `extra[i]`: more [cluster] lines for node i.
+    Yields [(daemon, base_url)]."""
     (tmp_path / "cluster.key").write_text(KEY)
     nodes = []
     async with contextlib.AsyncExitStack() as stack:
@@ -55,13 +56,28 @@ async def cluster_of(tmp_path: Path, n: int, *, shared_quotas_tenant: str = ""):
             d.mkdir()
             (d / "cluster.key").write_text(KEY)
             path = write_config(d / "inferd.toml", {"sim": sim_model(time_scale=1.0, max_batch_size=1)},
-                                CLUSTER.format(seeds=seeds) + shared_quotas_tenant)
+                                CLUSTER.format(seeds=seeds) + (extra or {}).get(i, ""))
             daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
             nodes.append((daemon, url))
             if i == 0:
                 host, port = daemon.state.cluster.gossip.address
                 seeds = f'"{host}:{port}"'
         yield nodes
+
+
+@contextlib.asynccontextmanager
+async def busy_first_node(tmp_path: Path, extra: dict[int, str] | None = None):
+    """Two daemons; once node 0 has heard node 1 has room, a long request takes node 0's only slot.
+    Yields (node 0, its URL, node 1, a client session, the long request's task)."""
+    async with cluster_of(tmp_path, 2, extra=extra) as nodes, aiohttp.ClientSession() as http:
+        (a, a_url), (b, _) = nodes
+        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
+        busy = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG))
+        await until(lambda: _busy(a), "node 0's only slot to be taken")
+        try:
+            yield a, a_url, b, http, busy
+        finally:
+            busy.cancel()
 
 
 async def peers(http: aiohttp.ClientSession, url: str) -> dict:
@@ -91,11 +107,7 @@ async def test_three_daemons_see_each_other_alive_with_load_hints_at_admin_peers
 
 
 async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that_served_it(tmp_path):
-    async with cluster_of(tmp_path, 2) as nodes, aiohttp.ClientSession() as http:
-        (a, a_url), (b, _) = nodes
-        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
-        busy = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG))
-        await until(lambda: _busy(a), "node 0's only slot to be taken")
+    async with busy_first_node(tmp_path) as (a, a_url, b, http, _):
         async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
             assert resp.status == 200
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
@@ -105,7 +117,6 @@ async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that
             chunks = [c async for c in stream]
         assert chunks[-1].usage.completion_tokens == 4
         assert a.state.cluster.spillovers["forwarded"] == 2
-        busy.cancel()
 
 
 async def _has_room(a, b) -> bool:
@@ -161,3 +172,31 @@ async def test_reload_applies_cluster_settings_and_refuses_an_unreadable_key_fil
         result = await daemon.reload(path)
         assert not result.ok and "missing.key" in result.errors[0]
         assert daemon.state.cluster.config.spill_wait_s == 2.5        # nothing of the refused file applied
+
+
+async def test_a_peer_that_cannot_be_reached_before_its_first_byte_leaves_the_request_to_run_here(tmp_path):
+    unreachable = 'http_url = "http://127.0.0.1:9"\n'        # discard port: nothing listens
+    async with busy_first_node(tmp_path, extra={1: unreachable}) as (a, a_url, _, http, busy):
+        started = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=SHORT))
+        await until(lambda: _spilled(a, "ran_locally"), "node 0 to give up on node 1")
+        busy.cancel()                          # frees node 0's slot for the request left to run here
+        async with await started as resp:
+            assert resp.status == 200 and resp.headers["X-Inferd-Node"] == a.state.cluster.node_id
+        assert a.state.cluster.spillovers == {"peer_failed": 1, "ran_locally": 1}
+
+
+async def _spilled(a, outcome: str) -> bool:
+    return a.state.cluster.spillovers.get(outcome, 0) > 0
+
+
+async def test_a_client_leaving_a_spilled_stream_aborts_it_on_the_peer(tmp_path):
+    async with busy_first_node(tmp_path) as (a, a_url, b, http, _):
+        async with http.post(a_url + "/v1/completions", json={**LONG, "stream": True}) as resp:
+            assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
+            await resp.content.readline()      # the stream is flowing on node 1
+            assert b.state.engines["sim"].capacity().free_slots == 0
+        await until(lambda: _idle(b), "node 1 to abort the stream its client left")
+
+
+async def _idle(b) -> bool:
+    return b.state.engines["sim"].capacity().free_slots == 1
