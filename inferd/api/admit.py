@@ -4,7 +4,8 @@ The order on the request path (completions.py), cheapest refusals first:  authen
 `precheck_quota` (RPM and concurrency, nothing charged) -> read and decode the body -> route ->
 `check_model_allowed` -> `request_deadline` -> the prompt's length bound -> tokenize (api/tokenize.py)
 -> context checks -> `apply_limits` -> `charge` (quota buckets and concurrency) -> spillover to a peer
-(api/spill.py, in a cluster) or `admit` (the engine's admission queue) -> stream. Everything here runs once per request; nothing per token.
+(api/spill.py, in a cluster) or `admit` (the engine's admission queue) -> stream. Everything here runs
+once per request; nothing per token.
 
 Errors leave as ApiError in the OpenAI envelope: 400/403 for tenant limits (retrying cannot help),
 429 for quota and the tenant's own queue, 503 for the node's queue, 504 for a deadline that passed

@@ -7,11 +7,12 @@ load hint says the same model version is ready with a free slot and a short queu
 charge it again) and the exact body is sent to that peer with the caller's identity signed by this
 node (X-Inferd-Forwarded; never the client's key) and the version routing chose (X-Inferd-Version).
 A forwarded request is never forwarded again. If the peer fails before answering with a status (no
-connection, timeout, or it refuses for lack of room), another peer is tried, then the request runs
-here after all; once the peer has answered, its response is passed through as it comes and fails as
-any stream would. Every response of a clustered node names the node that served it (X-Inferd-Node).
-Usage comes back in the JSON body, or, for a stream, in an SSE comment the peer adds for us
-(`: inferd-usage <prompt> <completion>`), which is taken out before the client sees it.
+connection, timeout, it refuses for lack of room or no longer serves that version), another peer is
+tried, then the request runs here after all; once the peer has answered, its response is passed
+through as it comes and fails as any stream would. Every response of a clustered node names the node
+that served it (X-Inferd-Node). Usage comes back in the JSON body, or, for a stream, in an SSE comment
+the peer adds for us (`: inferd-usage <prompt> <completion>`), which is taken out before the client
+sees it.
 """
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ VERSION_HEADER = "X-Inferd-Version"
 MAX_PEERS_TRIED = 2
 _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Inferd-Model-Version",
                    "X-Inferd-Simulated", "Server-Timing")
-_NO_ROOM = {429, 503}      # the peer's own queue refused it: try elsewhere (its quota is never charged)
+# The peer's own queue refused it (its quota is never charged), or it no longer serves that version
+# (retired since its last load hint): try elsewhere.
+_TRY_ELSEWHERE = {404, 429, 503}
 
 
 class _PeerFailed(Exception):
@@ -121,7 +124,7 @@ async def _send(ctx: GenerationContext, cluster: Cluster, base_url: str, body: b
             min(remaining, cluster.config.forward_timeout_s))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _PeerFailed(type(exc).__name__) from None
-    if upstream.status in _NO_ROOM:
+    if upstream.status in _TRY_ELSEWHERE:
         upstream.release()
         raise _PeerFailed(f"answered {upstream.status}")
     return upstream
