@@ -21,6 +21,7 @@ from inferd.config.root import (
     load_config,
     with_overrides,
 )
+from inferd.config.store import DB_FILE, StoreConfig
 from inferd.config.tenants import (
     CLASSES_BY_RANK,
     TENANT_NAME_RE,
@@ -35,7 +36,7 @@ from inferd.config.tenants import (
 from inferd.config.tls import TlsConfig, check_tls_binding
 
 __all__ = [
-    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLUSTER_RESTART_ONLY", "ClusterConfig", "CLASSES_BY_RANK", "Config", "ConfigError",
+    "AUDIT_FILE", "AdmissionConfig", "DB_FILE", "StoreConfig", "Arm", "AuthConfig", "CLUSTER_RESTART_ONLY", "ClusterConfig", "CLASSES_BY_RANK", "Config", "ConfigError",
     "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "KEYS_FILE", "InsecureBindError", "ModelConfig",
     "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
     "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig",

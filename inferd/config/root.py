@@ -25,6 +25,7 @@ from inferd.config.aliases import AliasConfig
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig
+from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
 from inferd.config.walk import ConfigTable, check_table, type_name, well_formed
@@ -121,6 +122,8 @@ class Config(ConfigTable):
     admission: AdmissionConfig = AdmissionConfig()
     # Issue 11: peers (inferd.cluster); absent = a single node.
     cluster: ClusterConfig | None = None
+    # Issue 12: durable state (inferd.store): usage ledger, idempotency keys, files and batches.
+    store: StoreConfig = StoreConfig()
 
 
 class ConfigError(Exception):
@@ -240,7 +243,8 @@ def _with_state_files(cfg: Config, state: Path) -> Config:
     return msgspec.structs.replace(
         cfg, server=msgspec.structs.replace(cfg.server, state_dir=str(state)),
         audit=msgspec.structs.replace(cfg.audit, path=cfg.audit.path or str(state / AUDIT_FILE)),
-        auth=msgspec.structs.replace(cfg.auth, keys_file=cfg.auth.keys_file or str(state / KEYS_FILE)))
+        auth=msgspec.structs.replace(cfg.auth, keys_file=cfg.auth.keys_file or str(state / KEYS_FILE)),
+        store=resolve_store_paths(cfg.store, lambda p: p, str(state)))
 
 
 def _resolve_paths(cfg: Config, base: Path) -> Config:
@@ -264,8 +268,9 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file) if cfg.auth.keys_file else None,
         secret_file=_resolve(base, cfg.auth.secret_file) if cfg.auth.secret_file else None)
     cluster = resolve_cluster_paths(cfg.cluster, lambda p: _resolve(base, p)) if cfg.cluster is not None else None
+    store = msgspec.structs.replace(cfg.store, path=_resolve(base, cfg.store.path) if cfg.store.path else None)
     return _with_state_files(msgspec.structs.replace(cfg, server=server, models=models, audit=audit, auth=auth,
-                                                     cluster=cluster), state)
+                                                     cluster=cluster, store=store), state)
 
 
 def _besides(semantic: list[str], structural: list[str]) -> list[str]:
@@ -303,6 +308,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         cluster = well_formed(raw.get("cluster"), ClusterConfig) if raw.get("cluster") is not None else None
         if cluster is not None:
             errors.extend(_besides(cluster_errors(cluster), errors))
+        store = well_formed(raw.get("store", {}), StoreConfig)
+        if store is not None:
+            errors.extend(_besides(store_errors(store), errors))
         routing_errors(raw, errors)
         tenancy_errors(raw, errors, server.host if server is not None else None)
     if errors:

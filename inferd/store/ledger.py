@@ -1,0 +1,177 @@
+"""The usage ledger: one row per finished request (success or not), what billing reads.
+
+A row is recorded when its request ends, and the response's last bytes go out only once it is
+committed (inferd.api), so a response the client received completely is in the ledger after a crash.
+Streams the client abandoned are recorded with the tokens actually generated (billed partially).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import msgspec
+
+from inferd.store.db import Database, StoreError, StoreUnavailable
+
+
+class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    tenant: str
+    key_id: str | None
+    model: str
+    version: str
+    node: str                    # the node that served it (cluster node id, or the host name alone)
+    endpoint: str                # "completions" | "chat.completions" | "batch"
+    stream: bool
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    status: int                  # the HTTP status the client got (499: it left)
+    finish_reason: str | None
+    queue_s: float | None        # arrival -> first engine step
+    prefill_s: float | None      # first step -> first token
+    decode_s: float | None       # first token -> last
+    total_s: float               # arrival -> end of the response
+    cost: float                  # from [prices] at the time (0 when the model has no price)
+    finished_at: float           # unix seconds
+
+
+class UsageFilter(msgspec.Struct, frozen=True, kw_only=True):
+    tenant: str | None = None
+    model: str | None = None
+    since: float | None = None   # unix seconds, inclusive
+    until: float | None = None   # unix seconds, exclusive
+
+
+class UsageTotal(msgspec.Struct, frozen=True, kw_only=True):
+    tenant: str
+    model: str
+    day: str                     # UTC, YYYY-MM-DD
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost: float
+
+
+
+_COLUMNS = tuple(LedgerRow.__struct_fields__)
+_INSERT = (f"INSERT INTO ledger ({', '.join(_COLUMNS)}, day) "
+           f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))})")
+_SELECT_ROWS = f"SELECT seq, {', '.join(_COLUMNS)} FROM ledger"
+_STREAM = _COLUMNS.index("stream")     # stored as BIGINT 0/1
+_MAX_BATCH = 1000        # rows per execute_many
+
+
+def utc_day(ts: float) -> str:
+    """Unix seconds -> 'YYYY-MM-DD' in UTC (stored with the row, so totals group without SQL date functions)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(ts))
+
+
+def _values(row: LedgerRow) -> tuple:
+    values = [getattr(row, name) for name in _COLUMNS]
+    values[_STREAM] = int(row.stream)
+    return (*values, utc_day(row.finished_at))
+
+
+def _where(f: UsageFilter, clauses: list[str] | None = None, params: list[Any] | None = None) -> tuple[str, list]:
+    clauses, params = list(clauses or ()), list(params or ())
+    for clause, value in (("tenant = ?", f.tenant), ("model = ?", f.model), ("finished_at >= ?", f.since),
+                          ("finished_at < ?", f.until)):
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
+    return (f" WHERE {' AND '.join(clauses)}" if clauses else ""), params
+
+
+class Ledger:
+    """Loop thread only.
+
+    Concurrent `record` calls are gathered on the loop into one `execute_many` (at most one in flight; the
+    rows recorded meanwhile form the next), so many requests ending together cost one statement and share
+    one commit. If a batch fails for a reason of its own rows, each row is retried alone so that only a
+    bad row fails its caller; a StoreUnavailable (disk full, server gone) fails the batch's callers.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._queued: list[tuple[tuple, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+
+    async def record(self, row: LedgerRow) -> None:
+        """Committed when this returns (group commit: many concurrent calls share one commit)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._queued.append((_values(row), fut))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(), name="inferd-ledger-flush")
+        await fut       # cancelling the caller does not withdraw the row: it is written all the same
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                batch, self._queued = self._queued[:_MAX_BATCH], self._queued[_MAX_BATCH:]
+                try:
+                    await self._db.execute_many(_INSERT, [values for values, _ in batch])
+                except StoreUnavailable as exc:
+                    _settle(batch, [exc] * len(batch))
+                except StoreError:
+                    singles = [self._db.execute(_INSERT, values) for values, _ in batch]
+                    _settle(batch, await asyncio.gather(*singles, return_exceptions=True))
+                except BaseException as exc:        # cancelled (loop shutdown) or a bug: nobody waits forever
+                    batch, self._queued = batch + self._queued, []
+                    error = StoreUnavailable(f"{self._db.where}: ledger write interrupted ({exc!r})")
+                    _settle(batch, [error] * len(batch))
+                    raise
+                else:
+                    _settle(batch, [None] * len(batch))
+        finally:
+            self._flusher = None
+
+    async def totals(self, f: UsageFilter) -> list[UsageTotal]:
+        """Per tenant, model and UTC day, ordered by day, tenant, model."""
+        where, params = _where(f)
+        found = await self._db.query(
+            "SELECT day, tenant, model, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), "
+            f"SUM(cost) FROM ledger{where} GROUP BY day, tenant, model", params)
+        totals = [UsageTotal(day=day, tenant=tenant, model=model, requests=int(n), prompt_tokens=int(p),
+                             cached_tokens=int(c), completion_tokens=int(g), cost=float(cost))
+                  for day, tenant, model, n, p, c, g, cost in found]
+        # sorted here, not by ORDER BY: PostgreSQL's collation may order text differently from SQLite's
+        return sorted(totals, key=lambda t: (t.day, t.tenant, t.model))
+
+    async def rows(self, f: UsageFilter, *, limit: int = 1000, after: int = 0) -> list[tuple[int, LedgerRow]]:
+        """(sequence number, row) in recording order, after sequence `after` (paging for export)."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        where, params = _where(f, ["seq > ?"], [after])
+        found = await self._db.query(f"{_SELECT_ROWS}{where} ORDER BY seq LIMIT ?", [*params, limit])
+        return [(int(seq), _row(values)) for seq, *values in found]
+
+    async def spent(self, tenant: str, since: float, node: str | None = None) -> tuple[float, int]:
+        """(cost, prompt + completion tokens) of the tenant's rows finished at or after `since` (those
+        `node` served, when given: in a cluster each node adds its peers' reported spend to its own)."""
+        where, params = "WHERE tenant = ? AND finished_at >= ?", [tenant, since]
+        if node is not None:
+            where, params = where + " AND node = ?", [*params, node]
+        found = await self._db.query(
+            "SELECT COALESCE(SUM(cost), 0), COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM ledger "
+            + where, params)
+        cost, tokens = found[0]
+        return float(cost), int(tokens)
+
+
+def _row(values: list) -> LedgerRow:
+    fields = dict(zip(_COLUMNS, values))
+    fields["stream"] = bool(fields["stream"])
+    return LedgerRow(**fields)
+
+
+def _settle(batch: list[tuple[tuple, asyncio.Future]], outcomes: list[BaseException | None | int]) -> None:
+    for (_, fut), outcome in zip(batch, outcomes):
+        if fut.done():
+            continue
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(None)

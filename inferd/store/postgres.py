@@ -1,0 +1,307 @@
+"""The PostgreSQL store (psycopg 3, async): the shared store of a cluster, many nodes writing at once.
+
+Each `execute`, `execute_many` and `transaction` is its own transaction on a pooled connection,
+committed before it returns (the server's fsync and synchronous_commit decide how durable that is;
+a connection lost during COMMIT raises StoreUnavailable, and the write may or may not have landed).
+No writer role: every node writes. Schema creation and upgrades (inferd.store.schema.upgrade) run in
+one transaction under a transaction-scoped advisory lock, so nodes starting together take turns.
+Repositories' `?` placeholders become psycopg's `%s` (and a literal `%` becomes `%%`); NUMERIC
+results (SUM of a BIGINT, say) come back as int or float, and BYTEA as bytes, like SQLite's.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg.adapt import Loader
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from inferd.store.db import COMMIT_BUCKETS, Database, DbStats, StoreError, StoreUnavailable
+from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
+
+T = TypeVar("T")
+SCHEMA_LOCK = 0x696E66657264          # pg_advisory_xact_lock key while creating the schema ("inferd")
+CONNECT_TIMEOUT_S = 10
+RETRIES = 3                           # a deadlock or serialization failure rolls back: run it again
+RETRY_SQLSTATES = ("40001", "40P01")
+
+
+@lru_cache(maxsize=512)
+def to_pyformat(sql: str) -> str:
+    """`?` -> `%s` outside quotes and comments, every `%` -> `%%` (psycopg reads `%` everywhere)."""
+    out: list[str] = []
+    quote = ""
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c == "%":
+            out.append("%%")
+        elif quote:
+            out.append(c)
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+            out.append(c)
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+            continue
+        elif c == "?":
+            out.append("%s")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_KV_PASSWORD = re.compile(r"\s*\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password (URL userinfo, `password=` query parameter or key/value pair)."""
+    if dsn.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hosts = netloc.rpartition("@")
+            netloc = f"{userinfo.split(':', 1)[0]}@{hosts}"
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _KV_PASSWORD.sub("", dsn).strip()
+
+
+class _NumericLoader(Loader):
+    """NUMERIC as int when integral, else float: what SQLite gives for the same SUM/AVG."""
+
+    def load(self, data: Any) -> int | float:
+        text = bytes(data).decode()
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    conn.adapters.register_loader("numeric", _NumericLoader)
+
+
+class PostgresDatabase(Database):
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, *, max_pending_writes: int = 20_000, pool_size: int = 4) -> None:
+        if max_pending_writes < 1 or pool_size < 1:
+            raise ValueError(f"max_pending_writes and pool_size must be >= 1, got {max_pending_writes}, {pool_size}")
+        self._dsn = dsn
+        self.where = redact(dsn)
+        self._secret = self._password(dsn)
+        self._pool_size = pool_size
+        self._pool: AsyncConnectionPool | None = None
+        self._room = asyncio.Semaphore(max_pending_writes)
+        self._busy = asyncio.Semaphore(pool_size)   # one operation per pooled connection; the rest wait here
+        self._active = 0                            # calls under way (reads too): close waits for them
+        self._tasks: set[asyncio.Task] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._closing = False
+        self._lifecycle = asyncio.Lock()            # open and close, one at a time
+        self._stats = DbStats(commit_buckets=dict.fromkeys(COMMIT_BUCKETS, 0))
+
+    @staticmethod
+    def _password(dsn: str) -> str | None:
+        try:
+            return psycopg.conninfo.conninfo_to_dict(dsn).get("password") or None
+        except psycopg.Error:
+            return None
+
+    def _message(self, e: BaseException) -> str:
+        text = (getattr(getattr(e, "diag", None), "message_primary", None) or str(e)).strip()
+        return text.replace(self._secret, "***") if self._secret else text
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+    async def open(self) -> None:
+        async with self._lifecycle:
+            if self._pool is None:
+                await self._open()
+
+    async def _open(self) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error as e:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL at {self.where}: {self._message(e)}") from None
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+                await conn.execute(VERSION_TABLE)
+                current = (await (await conn.execute(VERSION_QUERY)).fetchone() or (None,))[0]
+                for sql, params in upgrade("postgres", current, now=time.time(), where=self.where):
+                    await conn.execute(to_pyformat(sql), tuple(params))
+        except psycopg.OperationalError as e:
+            raise StoreUnavailable(f"PostgreSQL at {self.where}: creating the schema: {self._message(e)}") from None
+        except psycopg.Error as e:
+            raise StoreError(f"PostgreSQL at {self.where}: creating the schema: {self._message(e)}") from None
+        finally:
+            await conn.close()
+        pool = AsyncConnectionPool(self._dsn, min_size=self._pool_size, max_size=self._pool_size, open=False,
+                                   kwargs={"autocommit": False, "connect_timeout": CONNECT_TIMEOUT_S},
+                                   configure=_configure, check=AsyncConnectionPool.check_connection,
+                                   timeout=CONNECT_TIMEOUT_S, name=f"inferd-store {self.where}")
+        try:
+            await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except BaseException as e:
+            await pool.close()      # cancelled too: an unclosed pool's workers would keep reconnecting
+            if isinstance(e, PoolTimeout):
+                raise StoreUnavailable(f"cannot connect to PostgreSQL at {self.where}: no connection "
+                                       f"within {CONNECT_TIMEOUT_S} s") from None
+            raise
+        self._pool = pool
+        self._closing = False
+
+    async def close(self) -> None:
+        async with self._lifecycle:
+            if self._pool is None:
+                return
+            self._closing = True            # new calls are refused; those under way finish
+            await self._drained.wait()
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    # ---- the interface ------------------------------------------------------------------------------------
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        (count,) = await self._write([(sql, params)], rows=1)
+        return count
+
+    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            await self._write([(sql, rows)], rows=len(rows), many=True)
+
+    async def transaction(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        if not statements:
+            return []
+        return await self._write(statements, rows=len(statements))
+
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        async def read(conn: psycopg.AsyncConnection) -> list[tuple]:
+            async with conn.cursor() as cur:
+                await cur.execute(to_pyformat(sql), tuple(params))
+                result = await cur.fetchall() if cur.description is not None else []
+            await conn.rollback()
+            return result
+
+        self._enter()
+        try:
+            return await self._run(read)
+        finally:
+            self._leave()
+
+    def stats(self) -> DbStats:
+        s = self._stats
+        return DbStats(pending_writes=s.pending_writes, rows_written=s.rows_written, commits=s.commits,
+                       commit_seconds_sum=s.commit_seconds_sum, commit_buckets=dict(s.commit_buckets),
+                       errors=s.errors)
+
+    # ---- the work -----------------------------------------------------------------------------------------
+    def _enter(self) -> None:
+        if self._pool is None or self._closing:
+            raise StoreError(f"PostgreSQL store {self.where} is not open")
+        self._active += 1
+        self._drained.clear()
+
+    def _leave(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._drained.set()
+
+    async def _write(self, statements: Sequence[tuple[str, Any]], *, rows: int, many: bool = False) -> list[int]:
+        """Wait for room (backpressure), then run the write in a task of its own: a caller cancelled
+        while it runs (a client that left) does not cancel its commit, as with SQLite's writer queue."""
+        self._enter()
+        try:
+            await self._room.acquire()
+        except BaseException:
+            self._leave()
+            raise
+        self._stats.pending_writes += 1
+        task = asyncio.ensure_future(self._write_now(statements, rows, many))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return await asyncio.shield(task)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()        # retrieved: a cancelled caller's failed write is counted in errors
+
+    async def _write_now(self, statements: Sequence[tuple[str, Any]], rows: int, many: bool) -> list[int]:
+        async def attempt(conn: psycopg.AsyncConnection) -> list[int]:
+            counts: list[int] = []
+            async with conn.cursor() as cur:
+                for sql, params in statements:
+                    if many:
+                        await cur.executemany(to_pyformat(sql), [tuple(r) for r in params])
+                    else:
+                        await cur.execute(to_pyformat(sql), tuple(params))
+                    counts.append(cur.rowcount)
+            started = time.perf_counter()
+            await conn.commit()
+            self._committed(rows, time.perf_counter() - started)
+            return counts
+
+        try:
+            return await self._run(attempt)
+        finally:
+            self._stats.pending_writes -= 1
+            self._room.release()
+            self._leave()
+
+    def _committed(self, rows: int, seconds: float) -> None:
+        s = self._stats
+        s.rows_written += rows
+        s.commits += 1
+        s.commit_seconds_sum += seconds
+        for bound in COMMIT_BUCKETS:
+            if seconds <= bound:
+                s.commit_buckets[bound] += 1
+
+    async def _run(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        """`work` on a pooled connection, run again after a deadlock or serialization failure; psycopg's
+        errors become the store's: the server gone or out of resources -> StoreUnavailable, the rest
+        (a constraint, bad SQL) -> StoreError, each raised in its own caller only."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"PostgreSQL store {self.where} is not open")
+        async with self._busy:
+            for attempt in range(RETRIES):
+                try:
+                    async with pool.connection() as conn:
+                        try:
+                            return await work(conn)
+                        except psycopg.Error:
+                            if not conn.closed:
+                                try:
+                                    await conn.rollback()
+                                except psycopg.Error:
+                                    pass        # the connection is broken: the pool discards it
+                            raise
+                except psycopg.Error as e:
+                    if e.sqlstate in RETRY_SQLSTATES and attempt < RETRIES - 1:
+                        continue
+                    self._stats.errors += 1
+                    raise self._error(e) from None
+        raise StoreError(f"PostgreSQL at {self.where}: gave up after {RETRIES} attempts")  # not reached
+
+    def _error(self, e: psycopg.Error) -> StoreError:
+        if isinstance(e, PoolTimeout):
+            return StoreUnavailable(f"PostgreSQL at {self.where}: no connection within {CONNECT_TIMEOUT_S} s "
+                                    "(server unreachable?)")
+        if isinstance(e, psycopg.OperationalError) and e.sqlstate not in RETRY_SQLSTATES:
+            return StoreUnavailable(f"PostgreSQL at {self.where}: {self._message(e)}")
+        return StoreError(f"PostgreSQL at {self.where}: {self._message(e)}")
