@@ -1,4 +1,4 @@
-"""CLI: `inferd serve | check-config | engines verify | keys ... | audit verify`.
+"""CLI: `inferd serve | check-config | engines verify | keys ... | usage | batches ... | audit verify`.
 
 Each subcommand's work lives in the module that owns that concern; this file only parses
 arguments and imports lazily, so `inferd engines verify` does not pay for aiohttp or numpy.
@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     revoke.add_argument("--config", default="config.toml")
 
+    from inferd.store import add_batches_parser, add_usage_parser      # argparse only: no store is opened here
+    add_usage_parser(sub)
+    add_batches_parser(sub)
+
     audit = sub.add_parser("audit", help="the audit log")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     audit_verify = audit_sub.add_parser("verify", help="check the audit log's hash chain; exit 1 naming the first "
@@ -77,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         from inferd.tenancy import keys_main
         return keys_main(args)
+    if args.command == "batches":
+        from inferd.store import batches_main
+        return batches_main(args)
+    if args.command == "usage":
+        from inferd.store import usage_main
+        return usage_main(args)
     if args.command == "audit":
         from inferd.config import ConfigError
         from inferd.observability import audit_verify_main

@@ -105,6 +105,11 @@ class AdmittedStream:
     def finished(self) -> bool:
         return self._stream.finished
 
+    @property
+    def delivered_tokens(self) -> int:
+        """Output tokens handed to the consumer so far (what an abandoned stream is billed for)."""
+        return self._output
+
     def cancel(self) -> None:
         """The consumer is going away: abort in the engine and give back everything held."""
         self._stream.cancel()

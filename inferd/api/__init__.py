@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from inferd.api.app import make_app
+from inferd.api.batch_runner import BatchRunner, listener_url
 from inferd.api.errors import (
     SERVER_HEADER,
     internal_error_response,
@@ -14,3 +15,4 @@ __all__ = [
     "SERVER_HEADER", "ServerState", "internal_error_response", "make_app", "protocol_error_response",
     "too_many_connections_response",
 ]
+__all__ += ["BatchRunner", "listener_url"]

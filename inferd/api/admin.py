@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from inferd.api import appkeys as keys
+from inferd.api.admin_usage import get_usage
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
 from inferd.config import RolloutConfig, rollout_errors
 from inferd.models import ControlPlane, Rollout, RolloutError, RolloutNotFound
@@ -46,6 +47,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/admin/rollouts/{name}/{action}", control_rollout)
     app.router.add_get("/admin/shadow", shadow_stats)
     app.router.add_get("/admin/peers", list_peers)
+    app.router.add_get("/admin/usage", get_usage)
 
 
 def _actor(request: web.Request) -> str:

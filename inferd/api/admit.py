@@ -1,8 +1,9 @@
 """Tenant limits, quota, deadline and the fair admission queue for one generation request.
 
 The order on the request path (completions.py), cheapest refusals first:  authenticate ->
-`precheck_quota` (RPM and concurrency, nothing charged) -> read and decode the body -> route ->
-`check_model_allowed` -> `request_deadline` -> the prompt's length bound -> tokenize (api/tokenize.py)
+`precheck_quota` (RPM and concurrency, nothing charged) -> read and decode the body -> `request_deadline`
+-> Idempotency-Key (api/idempotency.py: a replay or a 409/422 ends here) -> route ->
+`check_model_allowed` -> the prompt's length bound -> tokenize (api/tokenize.py)
 -> context checks -> `apply_limits` -> `charge` (quota buckets and concurrency) -> spillover to a peer
 (api/spill.py, in a cluster) or `admit` (the engine's admission queue) -> stream. Everything here runs
 once per request; nothing per token.
@@ -23,9 +24,9 @@ from inferd.admission import AdmissionQueue, AdmissionRejected, AdmittedStream, 
 from inferd.api.auth import PERMISSION, model_forbidden
 from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
 from inferd.api.openai import Prepared
-from inferd.config import ServerConfig
+from inferd.config import PriorityClass, ServerConfig
 from inferd.engine import Engine
-from inferd.tenancy import LimitExceeded, QuotaExceeded, Tenancy
+from inferd.tenancy import BudgetExceeded, LimitExceeded, QuotaExceeded, Tenancy
 from inferd.types import GenerationRequest, SamplingParams, Usage
 
 RATE_LIMIT = "rate_limit_error"
@@ -33,8 +34,14 @@ TIMEOUT_HEADER = "X-Request-Timeout"
 
 
 def precheck_quota(tenancy: Tenancy, tenant: str) -> None:
-    """429 now if `admit` would refuse this tenant whatever the request (requests per minute or
-    concurrency): before its body is read or tokenized. Charges nothing; `admit` charges."""
+    """429 now if `admit` would refuse this tenant whatever the request (requests per minute,
+    concurrency, a spent budget): before its body is read or tokenized. Charges nothing; `admit` charges."""
+    try:
+        tenancy.budgets.check(tenant)
+    except BudgetExceeded as exc:
+        tenancy.count_rejection(tenant, "budget_exceeded")
+        raise ApiError(429, f"{str(exc)[:1].upper()}{str(exc)[1:]}.", type=RATE_LIMIT, code="budget_exceeded",
+                       headers={"Retry-After": retry_after_header(exc.retry_after_s)}) from None
     try:
         tenancy.quota.precheck(tenant)
     except QuotaExceeded as exc:
@@ -152,10 +159,10 @@ def charge(tenancy: Tenancy, tenant: str, gens: list[GenerationRequest]) -> Leas
 
 
 async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens: list[GenerationRequest],
-                deadline: float, lease: Lease | None) -> Admitted:
+                deadline: float, lease: Lease | None, *, priority: PriorityClass | None = None) -> Admitted:
     """Wait in the engine's admission queue until each of `gens` is released to it; all are admitted
     or none is. `lease` is the quota `charge` took (None: charged elsewhere, by the peer that
-    forwarded the request).
+    forwarded the request). `priority`: a class other than the tenant's (batch lines: `batch`).
 
     The lease travels with the requests: admission releases it when a request is refused, leaves the
     queue, or ends (refunding the tokens it did not use). Raises ApiError (429/503/504), or the
@@ -168,20 +175,21 @@ async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens:
         raise rejection_error(exc, {}) from None
     try:
         if len(gens) == 1:
-            streams = [await queue.admit(gens[0], deadline=deadline, lease=lease)]
+            streams = [await queue.admit(gens[0], deadline=deadline, lease=lease, priority=priority)]
         else:
             shares = SharedLease(lease, len(gens)).shares if lease is not None else [None] * len(gens)
-            streams = await _admit_all(queue, gens, deadline, shares)
+            streams = await _admit_all(queue, gens, deadline, shares, priority)
     except AdmissionRejected as exc:
         raise rejection_error(exc, tenancy.quota.headers(tenant) if lease is not None else {}) from None
     return Admitted(streams=streams, headers=lease.headers if lease is not None else {})
 
 
 async def _admit_all(queue: AdmissionQueue, gens: list[GenerationRequest], deadline: float,
-                     shares: list[_LeaseShare] | list[None]) -> list[AdmittedStream]:
+                     shares: list[_LeaseShare] | list[None], priority: PriorityClass | None) -> list[AdmittedStream]:
     """Each request waits in the queue on its own (fairness sees n requests); the first refusal or a
     cancelled caller withdraws the rest and cancels those already admitted."""
-    tasks = [asyncio.ensure_future(queue.admit(g, deadline=deadline, lease=s)) for g, s in zip(gens, shares)]
+    tasks = [asyncio.ensure_future(queue.admit(g, deadline=deadline, lease=s, priority=priority))
+             for g, s in zip(gens, shares)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:

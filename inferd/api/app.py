@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from inferd.api import admin, ops
+from inferd.api import admin, batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
@@ -53,6 +53,8 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", ops.openapi)
     admin.add_routes(app)
+    files.add_routes(app)      # the Batch API: its input and output files
+    batches.add_routes(app)
     return app
 
 

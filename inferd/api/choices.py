@@ -34,6 +34,10 @@ class Choices:
         for stream in self.streams:
             stream.cancel()
 
+    @property
+    def delivered_tokens(self) -> int:
+        return sum(stream.delivered_tokens for stream in self.streams)
+
     async def collect(self) -> list[Delta]:
         """Every choice's whole output, in index order."""
         return list(await asyncio.gather(*(stream.collect() for stream in self.streams)))

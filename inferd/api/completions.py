@@ -15,11 +15,13 @@ from aiohttp import web
 
 from inferd import __version__
 from inferd.api import appkeys as keys
+from inferd.api import idempotency
 from inferd.api.admit import admit, apply_limits, charge, check_model_allowed, precheck_quota, request_deadline
 from inferd.api.auth import authenticate
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
 from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
+from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing)
@@ -27,9 +29,11 @@ from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, 
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
+from inferd.api.usage import record_usage
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.api.waiting import QueuedStream
 from inferd.cluster import FORWARDED_HEADER
+from inferd.config import PriorityClass
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
@@ -96,10 +100,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[keys.STATE]
     lease = VersionLease(state.versions)    # keeps the routed version loaded until this request ends
+    response = None
     try:
-        return await _generate_routed(request, kind, state, lease)
+        response = await _generate_routed(request, kind, state, lease)
+        return response
     finally:
         lease.release()
+        await idempotency.settle(request, state, response)     # keep a 200 for replays, else release the key
 
 
 async def _generate_routed(request: web.Request, kind: str, state: ServerState,
@@ -110,9 +117,13 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             raise unavailable("The server is draining; retry on another node.", code="draining")
         tenancy = state.tenancy
         forwarded = FORWARDED_HEADER in request.headers    # a peer spilled it to us (inferd.api.spill)
+        batch = batch_caller(request, state.batch_secret)   # a batch line from our own runner
         if forwarded:       # the peer authenticated and charged the caller; it signed who they are
             ident = forwarded_identity(request, state.cluster)
             tenant = ident.tenant
+        elif batch is not None:
+            tenant = batch[0]
+            precheck_quota(tenancy, tenant)
         else:
             tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
             precheck_quota(tenancy, tenant)     # 429 over RPM/concurrency before reading, let alone tokenizing
@@ -123,6 +134,10 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             check_forwarded_body(state.cluster, ident, body)
         req = decode(kind, body)
         prepared = prepare(kind, req)
+        deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
+        replayed = await idempotency.claim(request, state, tenant, body, deadline)     # Idempotency-Key
+        if replayed is not None:
+            return replayed
         # A forwarded request is served by the version its origin routed it to.
         pinned = request.headers.get(VERSION_HEADER) if forwarded else None
         route = route_request(state, pinned or req.model, tenant, req.user, request[keys.REQUEST_ID])
@@ -131,7 +146,6 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if not engine.healthy:
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
-        deadline = request_deadline(request, prepared, tenancy, tenant, server, request[keys.ARRIVAL])
         max_model_len = engine.info.max_model_len
         parts = prepared.prompts()              # one per prompt of a completions batch; usually just one
         for part in parts:                      # every part judged from its length before any is tokenized
@@ -147,7 +161,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         raise
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
-                            body=body, forwarded=forwarded)
+                            body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None)
     with state.track():
         return await _run(ctx)
 
@@ -176,6 +190,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         lease = None if ctx.forwarded else charge(state.tenancy, tenant, gens)
     except ApiError as err:
         obs.finish(err.status)
+        await record_usage(ctx, err.status, None, 0)
         raise
     if lease is not None and wants_spill(ctx):     # a peer with room serves it instead (inferd.api.spill)
         spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
@@ -184,16 +199,19 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             return spilled
     # A stream kept waiting in admission gets its headers and pings meanwhile (inferd.api.waiting).
     queued = QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream else None
-    admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline, lease)
+    admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline, lease,
+                      priority=PriorityClass.BATCH if ctx.batch_id is not None else None)
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
         admitted = await (queued.wait(admitting) if queued is not None else admitting)
     except (asyncio.CancelledError, ConnectionError):
         obs.finish(CLIENT_GONE)         # the client left while queued; admission dropped the request
+        await record_usage(ctx, CLIENT_GONE, None, 0)
         raise
     except (ApiError, InvalidRequest, EngineUnavailable) as exc:
         err = _admission_error(exc, model)
         obs.finish(err.status)
+        await record_usage(ctx, err.status, None, 0)
         if isinstance(exc, EngineUnavailable):
             record_outcome(state, route.target, None, 503, None)
         if queued is not None and queued.prepared is not None:      # headers are out: end the stream
@@ -209,6 +227,15 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     status: int = CLIENT_GONE
     last = None
     entry = None
+    recorded = False
+
+    async def record(final: Delta | None, outcome: int) -> None:
+        """The ledger row, once, committed before the response's last bytes (inferd.api.usage)."""
+        nonlocal recorded
+        if not recorded:
+            recorded = True
+            await record_usage(ctx, outcome, final, stream.delivered_tokens)
+
     try:
         headers.update(admitted.headers)    # X-RateLimit-*
         mirror_to_shadow(state, route, engine, ctx.prompt_ids[0], ctx.sampling[0], tenant)
@@ -220,29 +247,38 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             log_fields["lora"] = route.lora
         if p.stream:
             running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
-            encoder = ChunkEncoder(ident, p.include_usage, running=running, usage_comment=ctx.forwarded)
+            encoder = ChunkEncoder(ident, p.include_usage, running=running, usage_comment=ctx.forwarded,
+                                   hold_done=state.ledger is not None)
+            tracked = entry
+
+            async def before_done() -> None:
+                nonlocal status     # the stream's outcome, even if its client hangs up during the commit
+                status = _final_status(tracked.final, tracked)
+                await record(tracked.final, status)
+
             resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight,
                                          ChoicesSender if isinstance(stream, Choices) else Sender,
-                                         prepared=queued.prepared if queued is not None else None)
+                                         prepared=queued.prepared if queued is not None else None,
+                                         before_done=before_done if encoder.hold_done else None,
+                                         tee=capture.add if (capture := request.get(idempotency.CAPTURE)) else None)
             last = entry.final
         else:
             finals = await stream.collect() if isinstance(stream, Choices) else [await stream.collect()]
             last = finals[0] if len(finals) == 1 else merged_final(finals)
             resp = _json_response(ident, finals, headers, entry.timed_out, arrival)
         if last is not None:
-            finish = OPENAI_FINISH.get(last.finish_reason)
-            status = 200 if finish else abnormal_end(last.finish_reason, last.error).status
-            if entry.timed_out:
-                status = 504
+            status = _final_status(last, entry)
             if not p.stream or not entry.client_gone:
                 log_fields["finish_reason"] = last.finish_reason.value
         if entry.failed:
             status = 500                # a bug ended the stream with an internal_error frame
+        await record(last, status)
         return resp
     except ApiError as err:             # an abnormal end: the client gets err.status, so do metrics and rollouts
         status = err.status
         if last is not None:
             log_fields["finish_reason"] = last.finish_reason.value
+        await record(last, status)
         raise
     except ConnectionError:
         raise                           # the client left: CLIENT_GONE
@@ -257,6 +293,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
                 status = CLIENT_GONE
         usage = last.usage if last is not None else None
         timing = last.timing if last is not None else None
+        if not recorded:                # the client left, or a bug: what was delivered is billed
+            await record(last, status)
         obs.finish(status, usage=usage, timing=timing)
         record_outcome(state, route.target, last, status, obs.ttft)
         if usage is not None:
@@ -265,6 +303,13 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if obs.ttft is not None:
             log_fields["ttft_ms"] = round(obs.ttft * 1000, 3)
         log_fields["outcome_status"] = status
+
+
+def _final_status(last: Delta, entry) -> int:
+    """The status a finished generation answers with: 200, or its abnormal end's (504 past the deadline)."""
+    if entry.timed_out:
+        return 504
+    return 200 if OPENAI_FINISH.get(last.finish_reason) else abnormal_end(last.finish_reason, last.error).status
 
 
 def _admission_error(exc: Exception, model: str) -> ApiError:

@@ -34,6 +34,7 @@ class GenerationContext:
     deadline: float                 # absolute, time.monotonic()
     body: bytes = b""               # as received: spillover forwards it unchanged (inferd.api.spill)
     forwarded: bool = False         # a peer forwarded it (charged there; never forwarded again)
+    batch_id: str | None = None     # a line of this batch, sent by the Batch API's runner (inferd.api.internal)
 
     @property
     def kind(self) -> str:

@@ -32,6 +32,7 @@ from inferd.api.openai import (
     ChatMessage,
     CompletionRequest,
 )
+from inferd.api.openapi_batches import batch_paths
 
 _REF = "#/components/schemas/{name}"
 
@@ -193,6 +194,24 @@ def _get(summary: str, *errors: str, content_type: str = "application/json", par
     return {"get": op}
 
 
+def _usage_op() -> dict:
+    """GET /admin/usage: totals or rows, as JSON, CSV or JSON lines (the `format` parameter)."""
+    op = _get("Admin: usage ledger totals per tenant/model/day, or rows (rows=true); filters tenant, model, "
+              "since, until", *_ADMIN_ERRORS, "400", "404", parameters=[
+                  *(_query_param(n) for n in ("tenant", "model", "since", "until")),
+                  _query_param("format", {"type": "string", "enum": ["json", "csv", "jsonl"]}),
+                  _query_param("rows", {"type": "string", "enum": ["true", "false"]}),
+                  _query_param("after", {"type": "integer", "minimum": 0}),
+                  _query_param("limit", {"type": "integer", "minimum": 1, "maximum": 10000})])
+    op["get"]["responses"]["200"]["content"] = {t: {"schema": {}} for t in (
+        "application/json", "text/csv", "application/x-ndjson")}
+    return op
+
+
+def _query_param(name: str, schema: dict | None = None) -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": schema or {"type": "string"}}
+
+
 def _path_param(name: str, schema: dict) -> dict:
     return {"name": name, "in": "path", "required": True, "schema": schema}
 
@@ -230,8 +249,10 @@ def document() -> dict:
                 "responses": {"200": {"description": "The rollout's new state", "content": _json_content({})},
                               **_errors("400", *_ADMIN_ERRORS, "404", "409")}}},
             "/admin/shadow": _get("Admin: shadow traffic per version", *_ADMIN_ERRORS),
+            "/admin/usage": _usage_op(),
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
+            **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.openapi_batches)
         },
         "components": {"schemas": components},
     }

@@ -100,13 +100,15 @@ class ChunkEncoder:
     """Builds the SSE frames of one streamed response (of its choice `index`)."""
 
     __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage",
-                 "_index", "running", "_usage_comment")
+                 "_index", "running", "_usage_comment", "hold_done")
 
     def __init__(self, ident: Identity, include_usage: bool, *, index: int = 0,
-                 running: RunningUsage | None = None, usage_comment: bool = False) -> None:
+                 running: RunningUsage | None = None, usage_comment: bool = False, hold_done: bool = False) -> None:
         self._ident = ident
         self._include_usage = include_usage
         self._usage_comment = usage_comment     # a forwarded stream: tell the origin node its usage
+        # The ledger records the request before `[DONE]`: the writer sends it once the row is committed.
+        self.hold_done = hold_done
         self._index = index
         self.running = running          # set: every chunk carries the usage so far
         chat = ident.kind == "chat"
@@ -128,7 +130,7 @@ class ChunkEncoder:
     def for_choice(self, index: int) -> ChunkEncoder:
         """The encoder of choice `index` of the same response (a list of prompts in /v1/completions)."""
         return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running,
-                            usage_comment=self._usage_comment)
+                            usage_comment=self._usage_comment, hold_done=self.hold_done)
 
     def content(self, text: str) -> bytes:
         prefix = self._next_prefix
@@ -155,11 +157,13 @@ class ChunkEncoder:
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def done(self, usage: Usage | None) -> bytes:
-        """`[DONE]`; before it, for a stream a peer forwarded to us, the usage as an SSE comment, which
-        clients ignore and the forwarding node takes out (inferd.api.spill)."""
+        """`[DONE]` (nothing when `hold_done`: the writer sends it later); before it, for a stream a peer
+        forwarded to us, the usage as an SSE comment, which clients ignore and the forwarding node takes
+        out (inferd.api.spill)."""
+        done = b"" if self.hold_done else DONE_FRAME
         if self._usage_comment and usage is not None:
-            return usage_comment(usage) + DONE_FRAME
-        return DONE_FRAME
+            return usage_comment(usage) + done
+        return done
 
     def error(self, err: ApiError, usage: Usage | None) -> bytes:
         body = self._ident.header(self._object)

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -92,7 +92,7 @@ class Sender:
     """The writing side of one event stream: frames go straight to the transport."""
 
     __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
-                 "_include_usage", "_on_tokens", "waiter", "blocked", "done")
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation) -> None:
@@ -111,8 +111,14 @@ class Sender:
         self.waiter: asyncio.Future[None] | None = None
         self.blocked = False        # the transport is over its high-water mark: the handler awaits drain
         self.done = False
+        self.tee: Callable[[bytes], None] | None = None   # also gets every frame (idempotency's replay copy)
 
     def send(self, frame: bytes) -> None:
+        if self.tee is not None:
+            self.tee(frame)
+        self._write(frame)
+
+    def _write(self, frame: bytes) -> None:
         transport = self._transport
         if transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
@@ -157,7 +163,7 @@ class Sender:
     def ping(self) -> None:
         if not (self.blocked or self.done):
             with contextlib.suppress(ConnectionError):   # the watchdog's next scan sees a closed transport
-                self.send(PING_FRAME)
+                self._write(PING_FRAME)                  # a keep-alive, not content: never replayed
 
     def end(self, *, client_gone: bool = False) -> None:
         self.done = True
@@ -252,14 +258,18 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
                           encoder: ChunkEncoder, headers: dict[str, str], include_usage: bool,
                           obs: RequestObservation, inflight: Inflight, sender_class: type[Sender] = Sender,
                           prepared: tuple[web.StreamResponse, AbstractStreamWriter] | None = None,
-                          ) -> web.StreamResponse:
+                          before_done: Callable[[], Awaitable[None]] | None = None,
+                          tee: Callable[[bytes], None] | None = None) -> web.StreamResponse:
     """Write `stream` as server-sent events; `sender_class` (default Sender) writes the frames.
-    `prepared`: a response whose headers already went out (it waited in admission, inferd.api.waiting)."""
+    `prepared`: a response whose headers already went out (it waited in admission, inferd.api.waiting).
+    `before_done`: awaited once the stream has ended normally, before `[DONE]` goes out (the encoder
+    holds it back: `ChunkEncoder.hold_done`): the usage ledger's commit. `tee` gets every frame sent."""
     resp = sse_response(headers) if prepared is None else prepared[0]
     sender = None
     try:
         writer = await resp.prepare(request) if prepared is None else prepared[1]
         sender = sender_class(entry, writer, encoder, include_usage, obs)
+        sender.tee = tee
         entry.last_write = _monotonic()
         entry.sender = sender
         stream.listen(functools.partial(inflight.flusher.mark, sender))   # new output -> this turn's flush
@@ -273,6 +283,12 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
                 continue
             sender.waiter = loop.create_future()
             await sender.waiter
+        if before_done is not None and not (entry.client_gone or entry.failed):
+            await before_done()
+            # Every content frame is out: a client that hangs up on the final chunk (the SDK does on
+            # an error frame) has had the whole response; the stream's status stays its own.
+            with contextlib.suppress(ConnectionError):
+                sender.send(DONE_FRAME)
     except ConnectionError:
         entry.client_gone = True            # the caller's `finally` aborts the engine request
     except Exception:

@@ -7,15 +7,21 @@ can wait for the in-flight count to reach zero on an event rather than polling i
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from types import TracebackType
 
+from inferd.api.internal import new_secret
 from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.engine import Engine
 from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
 from inferd.observability import Metrics
+from inferd.store import Database, IdempotencyStore, Ledger
 from inferd.tenancy import Tenancy
+
+
+HOST = socket.gethostname()
 
 
 class _Tracked:
@@ -72,6 +78,19 @@ class ServerState:
         # Issue 11 (inferd.cluster): set by the daemon when the config has a [cluster] table.
         self.cluster: Cluster | None = None
         self.metrics.watch_cluster(lambda: self.cluster)
+        # Issue 12 (inferd.store): the daemon opens the store; without one (an embedder's app, tests of
+        # other layers) nothing is recorded and Idempotency-Key is refused.
+        self.store: Database | None = None
+        self.ledger: Ledger | None = None
+        self.idempotency: IdempotencyStore | None = None
+        self.metrics.watch_store(lambda: self.store)
+        # The Batch API's runner authenticates its own requests with this (inferd.api.internal).
+        self.batch_secret = new_secret()
+
+    @property
+    def node_name(self) -> str:
+        """This node in ledger rows: its cluster node id, else the host name."""
+        return self.cluster.node_id if self.cluster is not None else HOST
 
     @property
     def tenancy(self) -> Tenancy:

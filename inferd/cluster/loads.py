@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from inferd.cluster.messages import Load, TenantDemand, VersionLoad
 from inferd.engine import Engine
-from inferd.tenancy import Tenancy
+from inferd.tenancy import Tenancy, budgeted
 
 
 class _Heard:
@@ -81,6 +81,24 @@ def local_report(tenancy: Tenancy, ready: Callable[[Engine], bool]) -> tuple[tup
         versions.append(VersionLoad(model=model, version=engine.info.version, ready=ready(engine),
                                     free_slots=max(0, cap.free_slots), free_kv_blocks=max(0, cap.free_kv_blocks),
                                     queued=load.queued, est_wait_s=load.wait_s, tokens_per_s=load.cost_per_s))
-    demand = tuple(TenantDemand(tenant=t, requests_per_s=rate, in_flight=n)
-                   for t, rate, n in tenancy.quota.demand())
-    return tuple(versions), demand
+    budgets = tenancy.budgets
+    active = {t: (rate, n) for t, rate, n in tenancy.quota.demand()}
+    spending = [t for t in budgets.tenants.names if budgeted(budgets.tenants.get(t))]
+    demand = []
+    for t in dict.fromkeys([*active, *spending]):
+        rate, n = active.get(t, (0.0, 0))
+        spend, tokens = budgets.own(t) if t in spending else (0.0, 0)
+        demand.append(TenantDemand(tenant=t, requests_per_s=rate, in_flight=n, spend=spend, tokens_today=tokens))
+    return tuple(versions), tuple(demand)
+
+
+def peers_spend(loads: PeerLoads, live_nodes: Callable[[], list[str]]) -> Callable[[str], tuple[float, int]]:
+    """tenant -> (cost, tokens today) the live peers reported lately (for Budgets.set_peers)."""
+    def spend(tenant: str) -> tuple[float, int]:
+        cost, tokens = 0.0, 0
+        for node in live_nodes():
+            reported = (loads.fresh_demand(node) or {}).get(tenant)
+            if reported is not None:
+                cost, tokens = cost + reported.spend, tokens + reported.tokens_today
+        return cost, tokens
+    return spend

@@ -92,6 +92,8 @@ class TenantDemand(msgspec.Struct, array_like=True, frozen=True):
     tenant: str
     requests_per_s: float      # quota shares split a tenant's limits in proportion to this
     in_flight: int
+    spend: float = 0.0         # this node's recorded cost in the tenant's current budget period
+    tokens_today: int = 0      # ... and tokens today (budgets are enforced on the cluster's sum)
 
 
 class Load(msgspec.Struct, array_like=True, tag="load", frozen=True):

@@ -15,7 +15,7 @@ import aiohttp
 
 from inferd.cluster.gossip import Gossip, GossipStats
 from inferd.cluster.identity import ForwardedIdentity, check_body, sign_identity, verify_token
-from inferd.cluster.loads import PeerLoads, local_report
+from inferd.cluster.loads import PeerLoads, local_report, peers_spend
 from inferd.cluster.membership import Member
 from inferd.cluster.messages import Load, State
 from inferd.cluster.shares import QuotaShares
@@ -56,6 +56,8 @@ class Cluster:
                              clock=self._clock)
         await self.gossip.start()
         self.gossip.membership.on_change = self._changed
+        # Budgets count what every live peer reports it spent, beside this node's own ledger rows.
+        self._tenancy.budgets.set_peers(peers_spend(self.loads, lambda: [m.node for m in self._alive()]))
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SPILL_CONNECTIONS),
                                           auto_decompress=False)
         self._share_quotas()
@@ -84,6 +86,7 @@ class Cluster:
 
     async def close(self) -> None:
         self._tenancy.quota.set_share(None)
+        self._tenancy.budgets.set_peers(None)
         if self.http is not None:
             await self.http.close()
         if self.gossip is not None:

@@ -17,6 +17,7 @@ from inferd.config.walk import ConfigTable
 
 AuthMode = Literal["none", "api_key"]
 Scheduling = Literal["vtc", "fcfs"]
+SpendPeriod = Literal["day", "month"]
 
 # Tenant names become metric labels and key-file fields: keep them plain and short.
 TENANT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -66,6 +67,11 @@ class TenantConfig(ConfigTable):
     max_queued_requests: int = 256
     max_queued_tokens: int = 1_048_576          # prompt + max_tokens of queued requests
     max_request_timeout_s: float = 600.0
+    # Issue 12: cost controls (inferd.tenancy.budget), counted from the usage ledger, UTC periods.
+    max_spend: float | None = None              # in the currency of [prices], per spend_period
+    spend_period: SpendPeriod = "month"
+    max_tokens_per_day: int | None = None       # prompt + completion tokens recorded per UTC day
+    budget_warn_fraction: float = 0.8           # crossing it: a metric and an audit record
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models
@@ -158,13 +164,15 @@ def tenant_errors(name: str, t: TenantConfig, path: str = "tenants") -> list[str
     if not t.weight > 0:
         errors.append(f"{p}.weight: must be > 0, got {t.weight}")
     for key in ("requests_per_minute", "tokens_per_minute", "max_prompt_tokens", "max_output_tokens",
-                "max_kv_tokens_in_flight"):
+                "max_kv_tokens_in_flight", "max_spend", "max_tokens_per_day"):
         value = getattr(t, key)
         if value is not None and value <= 0:
             errors.append(f"{p}.{key}: must be > 0 (omit it for no limit), got {value}")
     for key in ("max_concurrent_requests", "max_queued_requests", "max_queued_tokens", "max_request_timeout_s"):
         if getattr(t, key) <= 0:
             errors.append(f"{p}.{key}: must be > 0, got {getattr(t, key)}")
+    if not 0 < t.budget_warn_fraction <= 1:
+        errors.append(f"{p}.budget_warn_fraction: must be in (0, 1], got {t.budget_warn_fraction}")
     if not t.allowed_models:
         errors.append(f'{p}.allowed_models: must name at least one model (or "*")')
     return errors

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from inferd.api import ServerState
+from inferd.api import BatchRunner, ServerState, listener_url
 from inferd.cluster import Cluster, ClusterKeyError
 from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
 from inferd.daemon.bind import bind_listener
@@ -49,7 +49,8 @@ from inferd.models import (
     version_specs,
 )
 from inferd.observability import get_logger
-from inferd.tenancy import KeyFileError, Tenancy
+from inferd.store import Database, IdempotencyStore, Ledger, StoreError, open_database
+from inferd.tenancy import KeyFileError, Tenancy, load_spend
 
 log = get_logger("inferd.daemon")
 
@@ -76,7 +77,7 @@ def _url_host(host: str) -> str:
 class Daemon:
     def __init__(self, config: Config, *, app_factory: AppFactory | None = None,
                  engine_factory: EngineFactory = build_engine, notifier: Notifier | None = None,
-                 config_path: str | Path | None = None) -> None:
+                 config_path: str | Path | None = None, run_batches: bool = True) -> None:
         self.config = config
         self.config_path = config_path        # what SIGHUP re-reads (None: reload has nothing to read)
         self.control: ControlPlane | None = None
@@ -84,6 +85,7 @@ class Daemon:
         self._app_factory = app_factory or _default_app_factory
         self._engine_factory = engine_factory
         self._notifier = notifier or Notifier()
+        self._run_batches = run_batches       # the Batch API's runner (tests drive their own)
         self.state: ServerState | None = None
         self.tls: ListenerTls | None = None   # the listener's TLS context, when [server.tls] is set
         self.host: str | None = None
@@ -167,7 +169,7 @@ class Daemon:
             try:
                 runner: web.AppRunner = startup.result()
             except (EngineConfigError, OSError, InsecureBindError, KeyFileError, TlsError,
-                    ClusterKeyError) as exc:  # expected
+                    ClusterKeyError, StoreError) as exc:  # expected
                 log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
                 return 1
             except Exception as exc:  # noqa: BLE001 - a bug or an engine failure: keep the traceback
@@ -192,6 +194,7 @@ class Daemon:
         sock = bind_listener(cfg.server.host, cfg.server.port)
         stack.callback(sock.close)
         self.host, self.port = sock.getsockname()[:2]
+        store = await self._open_store(stack)       # a corrupt or locked database fails the start, naming it
         tenancy = await asyncio.to_thread(Tenancy, cfg)
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
@@ -199,6 +202,8 @@ class Daemon:
                 await build_synthetic_artifact(Path(cfg.server.engines_root), name, kind, self._notifier)
         state = await self._load_versions(stack)
         state.tenancy = tenancy
+        if store is not None:
+            state.store, state.ledger, state.idempotency = store, Ledger(store), IdempotencyStore(store)
         tenancy.start(state.engines, audit=state.control.audit)  # queue per engine; keys-file poll, audited
         stack.push_async_callback(tenancy.close)  # unwinds before the engines close
         app = self._app_factory(state)
@@ -213,8 +218,15 @@ class Daemon:
         site = web.SockSite(runner, sock, ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         self.host, self.port = runner.addresses[0][:2]
+        if state.store is not None and self._run_batches:   # the Batch API's runner posts lines to this listener
+            batches = BatchRunner(state, listener_url(self.host, self.port, tls=self.tls is not None),
+                                  ssl_context=False if self.tls is not None else None)
+            await batches.start()
+            stack.push_async_callback(batches.close)    # closes after the drain, before the listener and store
         if cfg.cluster is not None:     # after the listener: peers forward requests to its address
             state.cluster = await self._join_cluster(stack, state)
+        if state.ledger is not None:
+            await load_spend(tenancy.budgets, state.ledger, state.node_name)    # budgets survive restarts
         state.started = True
         log.info("listening", host=self.host, port=self.port, tls=self.tls is not None)
         log.info("ready", models=list(state.engines),
@@ -222,6 +234,18 @@ class Daemon:
         self._notifier.ready(self._status())
         self.ready.set()
         return runner
+
+    async def _open_store(self, stack: contextlib.AsyncExitStack) -> Database | None:
+        if self.config.store.backend == "sqlite" and not self.config.store.path:
+            # A Config built in code, without a file (embedders, tests): no state directory to put it in.
+            log.warning("store_disabled", message="no state directory: no usage ledger, budgets from zero, "
+                        "no Idempotency-Key or Batch API")
+            return None
+        store = open_database(self.config.store)
+        await store.open()
+        stack.push_async_callback(store.close)      # last out: requests still finishing record their rows
+        log.info("store_opened", backend=store.dialect, where=store.where)
+        return store
 
     async def _join_cluster(self, stack: contextlib.AsyncExitStack, state: ServerState) -> Cluster:
         scheme = "https" if self.tls is not None else "http"

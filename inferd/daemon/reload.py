@@ -21,7 +21,7 @@ With `[cluster]`, step 1 also re-reads the cluster key file (one that cannot be 
 reload); the new key and settings apply with phase 1, the old key still accepted for key_grace_s.
 
 Settings that need a restart (listen address, engines_root, TLS on or off, the client CA, a loaded
-version's pool sizes, joining or leaving a cluster, the gossip address and node id) are logged as
+version's pool sizes, joining or leaving a cluster, the gossip address and node id, [store]) are logged as
 such and otherwise left as they were.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConf
 from inferd.daemon.tls import RESTART_ONLY_TLS, ListenerTls, TlsError
 from inferd.models import ControlPlane, VersionManager, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
-from inferd.tenancy import KeyFileError
+from inferd.tenancy import KeyFileError, load_spend
 from inferd.types import ModelVersion
 
 log = get_logger("inferd.reload")
@@ -72,10 +72,13 @@ async def read_config(path: str | Path, current: Config) -> Config:
     elif cluster is not None and current.cluster is not None:
         cluster, kept_cluster = _as_running(cluster, current.cluster, CLUSTER_RESTART_ONLY, "cluster")
         kept += kept_cluster
+    store = new.store
+    if store != current.store:          # the database stays the one opened at start
+        store, kept = current.store, [*kept, "store"]
     if kept:
         log.warning("reload_needs_restart", settings=kept,
                     message="these settings apply at the next restart; kept as running")
-    return msgspec.structs.replace(new, server=server, cluster=cluster)
+    return msgspec.structs.replace(new, server=server, cluster=cluster, store=store)
 
 
 def _as_running(new: T, old: T, keys: tuple[str, ...], path: str) -> tuple[T, list[str]]:
@@ -169,6 +172,8 @@ class Reloader:
         tenancy = getattr(state, "tenancy", None)
         if tenancy is not None:
             tenancy.reconfigure(new, authenticator)
+            if getattr(state, "ledger", None) is not None:      # budgets added or changed: their spend so far
+                await load_spend(tenancy.budgets, state.ledger, state.node_name)
         control.configure_rollouts(new)
         versions.server = msgspec.structs.replace(versions.server, **{
             k: getattr(new.server, k) for k in ("drain_grace_s", "request_timeout_s")})

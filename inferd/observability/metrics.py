@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from inferd import __version__
 from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
+from inferd.observability.store_metrics import StoreCollector
 from inferd.observability.tenant_metrics import TenancyCollector
 
 if TYPE_CHECKING:
@@ -146,6 +147,16 @@ class Metrics:
         r.register(TenancyCollector(lambda: self.tenancy()))   # late-bound: watch_tenancy swaps it
         self.cluster: Callable[[], Any] = lambda: None
         r.register(ClusterCollector(lambda: self.cluster()))   # issue 11: set by watch_cluster
+        # Issue 12: the durable store (queue depth, commits, rows) at scrape time; spend as rows commit.
+        self.store: Callable[[], Any] = lambda: None
+        r.register(StoreCollector(lambda: self.store()))
+        self.ledger_errors_total = Counter(
+            "inferd_ledger_errors", "Usage rows that could not be recorded (the store failed)", registry=r)
+        self.tenant_spend_total = Counter(
+            "inferd_tenant_spend", "Cost of recorded requests, per tenant (the currency of [prices])",
+            ("tenant",), registry=r)
+        self.spend_total = Counter(
+            "inferd_spend", "Cost of recorded requests, per model version", ("model", "version"), registry=r)
         # The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused.
         self.connections_cut_total = Counter(
             "inferd_http_connections_cut", "Connections the listener closed or refused, by reason",
@@ -198,6 +209,18 @@ class Metrics:
 
     def config_reloaded(self, ok: bool) -> None:
         self.config_reload_total.labels("success" if ok else "error").inc()
+
+    def watch_store(self, source: Callable[[], Any]) -> None:
+        """`source()` returns the open inferd.store.Database (or None); read at every scrape."""
+        self.store = source
+
+    def count_ledger_error(self) -> None:
+        self.ledger_errors_total.inc()
+
+    def count_spend(self, tenant_label: str, model: str, version: str, cost: float) -> None:
+        """`model` and `version` come from a loaded engine, `tenant_label` from the bounded tenant labels."""
+        self.tenant_spend_total.labels(tenant_label).inc(cost)
+        self.spend_total.labels(model, version).inc(cost)
 
     def watch_cluster(self, source: Callable[[], Any]) -> None:
         """`source()` returns the live inferd.cluster.Cluster (or None); read at every scrape."""

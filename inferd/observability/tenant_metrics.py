@@ -31,7 +31,7 @@ class TenancyCollector:
         T, Q = ("tenant",), ("model", "version")
         rejections = CounterMetricFamily("inferd_tenant_rejections", "Requests refused, by tenant and reason "
                                          "(quota_rpm, quota_tpm, concurrency, queue_full, node_full, deadline, "
-                                         "ttl, draining, limit, model_not_allowed)", labels=(*T, "reason"))
+                                         "ttl, draining, limit, model_not_allowed, budget_exceeded)", labels=(*T, "reason"))
         admitted = CounterMetricFamily("inferd_tenant_admitted", "Requests released to an engine", labels=T)
         prompt = CounterMetricFamily("inferd_tenant_prompt_tokens", "Prompt tokens of admitted requests", labels=T)
         output = CounterMetricFamily("inferd_tenant_generation_tokens", "Tokens generated", labels=T)
@@ -110,3 +110,8 @@ class TenancyCollector:
         for result, n in snap.get("keys_reloads", {}).items():
             keys.add_metric((result,), n)
         yield keys
+        budget = GaugeMetricFamily("inferd_tenant_budget_used_ratio", "Share of the tenant's budget spent "
+                                   "(the larger of max_spend and max_tokens_per_day; 1 = refused)", labels=T)
+        for label, used in snap.get("budgets", {}).items():
+            budget.add_metric((label,), used)
+        yield budget

@@ -22,6 +22,7 @@ from inferd.admission import AdmissionQueue, AdmissionRejected
 from inferd.config import TenantRegistry
 from inferd.engine import Engine
 from inferd.observability import get_logger
+from inferd.tenancy.budget import Budgets
 from inferd.tenancy.key_reload import AuditSink, KeyReloader
 from inferd.tenancy.keys import Authenticator, KeyStore, load_authenticator
 from inferd.tenancy.keys_file import KeyFileError
@@ -55,6 +56,7 @@ class Tenancy:
         # a Config built in code with relative paths.
         self.authenticator = authenticator or load_authenticator(config.auth, Path("."))
         self.quota = Quota(self.tenants, clock=quota_clock)
+        self.budgets = Budgets(self.tenants)         # spend loaded from the ledger by the daemon at start
         self._queues: dict[int, _Queue] = {}          # id(engine) -> its queue
         self._rejections: dict[str, dict[str, int]] = {}   # per label: refusals made before quota/admission
         self._closed = False
@@ -114,6 +116,7 @@ class Tenancy:
         self.config = config
         self.tenants = TenantRegistry(config.tenants)
         self.quota.set_tenants(self.tenants)
+        self.budgets.tenants = self.tenants
         for entry in self._queues.values():
             entry.queue.set_tenants(self.tenants)
             entry.queue.policy = config.admission
@@ -178,5 +181,6 @@ class Tenancy:
         one (model, version, AdmissionQueue.snapshot()) per engine; `keys_reloads`: result -> n, the keys
         file re-reads that changed keys ("success") or found the file malformed ("error")."""
         queues = [(e.model, e.engine.info.version, e.queue.snapshot()) for e in self._queues.values()]
+        budgets = {self.tenants.label(t): used for t, used in self.budgets.snapshot().items()}
         return {"quota": self.quota.snapshot(), "rejections": {k: dict(v) for k, v in self._rejections.items()},
-                "queues": queues, "keys_reloads": dict(self.keys.counts)}
+                "queues": queues, "keys_reloads": dict(self.keys.counts), "budgets": budgets}
