@@ -27,13 +27,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from inferd.api import BatchRunner, ServerState, listener_url
-from inferd.cluster import Cluster, ClusterKeyError
+from inferd.api import ServerState
+from inferd.cluster import ClusterKeyError
 from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
 from inferd.daemon.bind import bind_listener
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.reload import Reloader
 from inferd.daemon.sdnotify import Notifier
+from inferd.daemon.services import open_store, start_services
 from inferd.daemon.synthetic_build import build_synthetic_artifact
 from inferd.daemon.tls import ListenerTls, TlsError
 from inferd.engine import Engine
@@ -49,8 +50,8 @@ from inferd.models import (
     version_specs,
 )
 from inferd.observability import get_logger
-from inferd.store import Database, IdempotencyStore, Ledger, StoreError, open_database
-from inferd.tenancy import KeyFileError, Tenancy, load_spend
+from inferd.store import IdempotencyStore, Ledger, StoreError
+from inferd.tenancy import KeyFileError, Tenancy
 
 log = get_logger("inferd.daemon")
 
@@ -68,10 +69,6 @@ def _default_app_factory(state: ServerState) -> web.Application:
     from inferd.api import make_app
 
     return make_app(state)
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 class Daemon:
@@ -194,7 +191,7 @@ class Daemon:
         sock = bind_listener(cfg.server.host, cfg.server.port)
         stack.callback(sock.close)
         self.host, self.port = sock.getsockname()[:2]
-        store = await self._open_store(stack)       # a corrupt or locked database fails the start, naming it
+        store = await open_store(stack, cfg)     # a corrupt or locked database fails the start, naming it
         tenancy = await asyncio.to_thread(Tenancy, cfg)
         for name, model in cfg.models.items():
             kind = missing_synthetic(name, model, cfg.server)
@@ -218,15 +215,8 @@ class Daemon:
         site = web.SockSite(runner, sock, ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         self.host, self.port = runner.addresses[0][:2]
-        if state.store is not None and self._run_batches:   # the Batch API's runner posts lines to this listener
-            batches = BatchRunner(state, listener_url(self.host, self.port, tls=self.tls is not None),
-                                  ssl_context=False if self.tls is not None else None)
-            await batches.start()
-            stack.push_async_callback(batches.close)    # closes after the drain, before the listener and store
-        if cfg.cluster is not None:     # after the listener: peers forward requests to its address
-            state.cluster = await self._join_cluster(stack, state)
-        if state.ledger is not None:
-            await load_spend(tenancy.budgets, state.ledger, state.node_name)    # budgets survive restarts
+        # After the listener: the batch runner posts to it, peers forward requests to its address.
+        await start_services(stack, state, self.host, self.port, self.tls is not None, run_batches=self._run_batches)
         state.started = True
         log.info("listening", host=self.host, port=self.port, tls=self.tls is not None)
         log.info("ready", models=list(state.engines),
@@ -234,26 +224,6 @@ class Daemon:
         self._notifier.ready(self._status())
         self.ready.set()
         return runner
-
-    async def _open_store(self, stack: contextlib.AsyncExitStack) -> Database | None:
-        if self.config.store.backend == "sqlite" and not self.config.store.path:
-            # A Config built in code, without a file (embedders, tests): no state directory to put it in.
-            log.warning("store_disabled", message="no state directory: no usage ledger, budgets from zero, "
-                        "no Idempotency-Key or Batch API")
-            return None
-        store = open_database(self.config.store)
-        await store.open()
-        stack.push_async_callback(store.close)      # last out: requests still finishing record their rows
-        log.info("store_opened", backend=store.dialect, where=store.where)
-        return store
-
-    async def _join_cluster(self, stack: contextlib.AsyncExitStack, state: ServerState) -> Cluster:
-        scheme = "https" if self.tls is not None else "http"
-        host = self.config.cluster.advertise_host or self.host
-        cluster = Cluster(self.config.cluster, state.tenancy, http_url=f"{scheme}://{_url_host(host)}:{self.port}")
-        stack.push_async_callback(cluster.close)
-        await cluster.start()
-        return cluster
 
     async def _load_versions(self, stack: contextlib.AsyncExitStack) -> ServerState:
         """Every configured version, verified and warmed; the routing control plane over them."""

@@ -1,0 +1,259 @@
+"""Durability under kill -9: acknowledged ledger rows and batch lines, and the ledger's throughput.
+
+    .venv/bin/python bench/durability.py [--kills 20] [--clients 8] [--batch-lines 300] [--pump-seconds 8]
+
+1. One daemon (a subprocess, sim engine, SQLite store in a temp state directory, auth off) on a fixed
+   loopback port. A batch of --batch-lines lines is uploaded and created through the Batch API.
+2. --clients clients send completions back to back, half of them streamed, each with its own
+   X-Request-Id; a response counts as acknowledged once it has fully arrived (the JSON body, or the
+   stream's `data: [DONE]`).
+3. --kills times, after a random 0.3-1.5 s, the daemon gets SIGKILL and is started again on the same
+   port (the clients' requests in flight fail; they carry on).
+4. Then: the batch is left to finish; its output file must hold every custom_id exactly once.
+   The daemon is stopped and the database read directly: every acknowledged request id must have
+   its ledger row; `PRAGMA integrity_check` must say ok.
+5. Throughput, in this process: a daemon (sim engine, --tp-profile timing: a GPU node) serving an interactive client
+   that measures TTFT, first alone, then while a pump records --pump-rate synthetic rows a second into
+   its ledger (--pump-seconds each). Prints the rows/s the ledger sustained and the p99 TTFT ratio
+   (goal: >= 20,000 rows/s, p99 TTFT x <= 1.1).
+Loopback only; every loop is bounded; every daemon is stopped on the way out.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+from daemon_process import run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+
+CONFIG = """
+[server]
+host = "127.0.0.1"
+port = {port}
+log_level = "warning"
+state_dir = "state"
+
+[models.sim]
+backend = "sim"
+max_batch_size = 16
+num_kv_blocks = 1024
+[models.sim.sim]
+profile = "{profile}"
+time_scale = {time_scale}
+max_model_len = 2048
+"""
+BODY = {"model": "sim", "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(workdir: Path) -> subprocess.Popen:
+    proc, _ = spawn([__file__, "--role", "daemon", "--config", str(workdir / "inferd.toml")], workdir, "daemon.log")
+    return proc
+
+
+# -- the clients ----------------------------------------------------------------------------------------
+async def client(http: aiohttp.ClientSession, url: str, stream: bool, acked: set[str], stop_at: asyncio.Event,
+                 attempts: list[int]) -> None:
+    while not stop_at.is_set():
+        rid = "dur-" + uuid.uuid4().hex
+        attempts[0] += 1
+        try:
+            async with http.post(url + "/v1/completions", json={**BODY, "stream": stream},
+                                 headers={"X-Request-Id": rid}) as resp:
+                data = await resp.read()
+            if resp.status == 200 and (data.endswith(b"data: [DONE]\n\n") if stream else b'"usage"' in data):
+                acked.add(rid)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            await asyncio.sleep(0.05)           # the daemon is down: it is being restarted
+
+
+async def create_batch(http: aiohttp.ClientSession, url: str, lines: int) -> str:
+    jsonl = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
+                                "body": {**BODY, "max_tokens": 8}}) + "\n" for i in range(lines))
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", jsonl.encode(), filename="batch.jsonl", content_type="application/jsonl")
+    async with http.post(url + "/v1/files", data=form) as resp:
+        file_id = (await resp.json())["id"]
+    async with http.post(url + "/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                                    "completion_window": "24h"}) as resp:
+        return (await resp.json())["id"]
+
+
+async def batch_output(http: aiohttp.ClientSession, url: str, batch_id: str, timeout_s: float) -> list[str]:
+    """custom_ids in the finished batch's output and error files (in order)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        async with http.get(f"{url}/v1/batches/{batch_id}") as resp:
+            batch = await resp.json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise RuntimeError(f"batch {batch_id} did not finish in {timeout_s} s: {batch}")
+    ids: list[str] = []
+    for key in ("output_file_id", "error_file_id"):
+        if batch.get(key):
+            async with http.get(f"{url}/v1/files/{batch[key]}/content") as resp:
+                ids += [json.loads(line)["custom_id"] for line in (await resp.text()).splitlines() if line]
+    return ids
+
+
+async def kills(args: argparse.Namespace, workdir: Path) -> dict:
+    port = free_port()
+    (workdir / "inferd.toml").write_text(CONFIG.format(port=port, profile="tiny", time_scale=0.05))
+    url = f"http://127.0.0.1:{port}"
+    acked: set[str] = set()
+    attempts = [0]
+    proc = start(workdir)
+    rng = random.Random(args.seed)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            batch_id = await create_batch(http, url, args.batch_lines)
+            stop_at = asyncio.Event()
+            clients = [asyncio.ensure_future(client(http, url, i % 2 == 0, acked, stop_at, attempts))
+                       for i in range(args.clients)]
+            for _ in range(args.kills):
+                await asyncio.sleep(rng.uniform(0.3, 1.5))
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+                proc = start(workdir)
+            await asyncio.sleep(1.0)
+            stop_at.set()
+            await asyncio.wait_for(asyncio.gather(*clients), 60)
+            ids = await batch_output(http, url, batch_id, args.batch_timeout)
+    finally:
+        stop(proc)
+    expected = {f"line-{i}" for i in range(args.batch_lines)}
+    lost_or_dup = len(expected - set(ids)) + (len(ids) - len(set(ids))) + len(set(ids) - expected)
+    db = sqlite3.connect(f"file:{workdir / 'state' / 'inferd.db'}?mode=ro", uri=True)
+    try:
+        recorded = {r[0] for r in db.execute("SELECT request_id FROM ledger")}
+        integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+    return {"kills": args.kills, "requests_sent": attempts[0], "acknowledged": len(acked),
+            "ledger_rows": len(recorded), "acknowledged_rows_lost": len(acked - recorded),
+            "batch_lines": args.batch_lines, "batch_lines_lost_or_duplicated": lost_or_dup,
+            "integrity_check": integrity}
+
+
+# -- throughput -----------------------------------------------------------------------------------------
+async def throughput(args: argparse.Namespace, workdir: Path) -> dict:
+    from inferd.config import load_config
+    from inferd.daemon import Daemon
+    from inferd.store import LedgerRow
+
+    (workdir / "tp").mkdir()
+    path = workdir / "tp" / "inferd.toml"
+    path.write_text(CONFIG.format(port=0, profile=args.tp_profile, time_scale=1.0))
+    daemon = Daemon(load_config(path))
+    run = asyncio.ensure_future(daemon.run())
+    await asyncio.wait({run, asyncio.ensure_future(daemon.ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    url = f"http://127.0.0.1:{daemon.port}"
+    ledger = daemon.state.ledger
+    template = LedgerRow(request_id="", tenant="pump", key_id=None, model="sim", version="v", node="bench",
+                         endpoint="completions", stream=False, prompt_tokens=10, cached_tokens=0,
+                         completion_tokens=20, status=200, finish_reason="length", queue_s=0.0, prefill_s=0.0,
+                         decode_s=0.0, total_s=0.0, cost=0.0, finished_at=time.time())
+    pumped = [0]
+
+    async def pump(end: float) -> None:
+        """--pump-rate rows/s, in ticks of 10 ms, each tick's rows recorded concurrently (as many
+        requests ending at once would)."""
+        import msgspec
+        per_tick, tick, i = max(1, round(args.pump_rate / 100)), 0, 0
+        start = time.monotonic()
+        while time.monotonic() < end:
+            rows = [msgspec.structs.replace(template, request_id=f"pump-{i + k}") for k in range(per_tick)]
+            await asyncio.gather(*(ledger.record(r) for r in rows))
+            i += per_tick
+            pumped[0] += per_tick
+            tick += 1
+            await asyncio.sleep(max(0.0, start + tick * 0.01 - time.monotonic()))
+
+    async def ttfts(seconds: float) -> list[float]:
+        out: list[float] = []
+        end = time.monotonic() + seconds
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                async with http.post(url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+                    await resp.content.readline()
+                    out.append(time.perf_counter() - t0)
+                    await resp.read()
+        return out
+
+    try:
+        alone = await ttfts(args.pump_seconds)
+        end = time.monotonic() + args.pump_seconds
+        t0 = time.monotonic()
+        pumping = asyncio.ensure_future(pump(end))
+        loaded = await ttfts(args.pump_seconds)
+        await pumping
+        rate = pumped[0] / (time.monotonic() - t0)
+    finally:
+        daemon.request_stop()
+        await run
+
+    def p99(v: list[float]) -> float:
+        return statistics.quantiles(v, n=100)[98] if len(v) >= 100 else max(v)
+
+    return {"ledger_rows_per_s": rate, "ttft_p99_alone_ms": 1000 * p99(alone), "ttft_p99_pumped_ms": 1000 * p99(loaded),
+            "ttft_p99_ratio": p99(loaded) / p99(alone), "ttft_samples": [len(alone), len(loaded)]}
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="inferd-durability-") as tmp:
+        workdir = Path(tmp)
+        if args.only in (None, "kills"):
+            k = await kills(args, workdir)
+            print(json.dumps(k), file=sys.stderr)
+            print(f"acknowledged rows lost: {k['acknowledged_rows_lost']} (of {k['acknowledged']} acknowledged, "
+                  f"{k['kills']} kills)")
+            print(f"batch lines lost or duplicated: {k['batch_lines_lost_or_duplicated']} (of {k['batch_lines']})")
+            print(f"integrity_check: {k['integrity_check']}")
+        if args.only == "kills":
+            return
+        t = await throughput(args, workdir)
+        print(json.dumps(t), file=sys.stderr)
+        print(f"ledger: {t['ledger_rows_per_s']:,.0f} rows/s sustained; interactive p99 TTFT "
+              f"x{t['ttft_p99_ratio']:.2f} ({t['ttft_p99_alone_ms']:.1f} -> {t['ttft_p99_pumped_ms']:.1f} ms)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--batch-lines", type=int, default=300)
+    parser.add_argument("--batch-timeout", type=float, default=180.0)
+    parser.add_argument("--pump-seconds", type=float, default=8.0)
+    parser.add_argument("--pump-rate", type=float, default=20_000, help="ledger rows/s the pump offers")
+    parser.add_argument("--tp-profile", default="llama3-8b-h100", help="the throughput phase's sim profile "
+                        "(tiny at time_scale 1 has ~2 ms TTFT: then the figure is the front end's own overhead)")
+    parser.add_argument("--only", choices=("kills", "throughput"), help="run one phase")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--role", default="bench", choices=("bench", "daemon"))
+    parser.add_argument("--config", type=Path)
+    args = parser.parse_args()
+    if args.role == "daemon":
+        run_daemon(args.config)
+    else:
+        asyncio.run(main(args))

@@ -1,0 +1,59 @@
+"""The daemon's services beside the request path: the durable store, the Batch API's runner, the cluster.
+
+Lifecycle (inferd.daemon.lifecycle) opens the store before anything that records into it and starts
+the rest once the listener is bound (the runner posts to it; peers forward to it). Each is released
+on the lifecycle's exit stack, in reverse: the cluster is left, the runner stops, and the store
+closes last, after every request that records a row has ended.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from inferd.api import BatchRunner, ServerState, listener_url
+from inferd.cluster import Cluster
+from inferd.config import Config
+from inferd.observability import get_logger
+from inferd.store import Database, open_database
+from inferd.tenancy import load_spend
+
+log = get_logger("inferd.daemon")
+
+
+async def open_store(stack: contextlib.AsyncExitStack, config: Config) -> Database | None:
+    """The [store] database, open (StoreCorrupt / StoreLocked / StoreError name it), closed last."""
+    if config.store.backend == "sqlite" and not config.store.path:
+        # A Config built in code, without a file (embedders, tests): no state directory to put it in.
+        log.warning("store_disabled", message="no state directory: no usage ledger, budgets from zero, "
+                    "no Idempotency-Key or Batch API")
+        return None
+    store = open_database(config.store)
+    await store.open()
+    stack.push_async_callback(store.close)      # last out: requests still finishing record their rows
+    log.info("store_opened", backend=store.dialect, where=store.where)
+    return store
+
+
+async def start_services(stack: contextlib.AsyncExitStack, state: ServerState, host: str, port: int, tls: bool,
+                         *, run_batches: bool = True) -> None:
+    """The batch runner, the cluster (with [cluster]) and the budgets' spend so far, once the listener serves."""
+    cfg = state.config
+    server_tls = cfg.server.tls
+    mtls_required = (server_tls is not None and server_tls.client_ca_file is not None
+                     and server_tls.client_cert == "required")
+    # The runner posts each line to this listener; it has no client certificate of its own.
+    if state.store is not None and run_batches and not mtls_required:
+        batches = BatchRunner(state, listener_url(host, port, tls=tls), ssl_context=False if tls else None)
+        await batches.start()
+        stack.push_async_callback(batches.close)    # closes after the drain, before the listener and store
+    elif state.store is not None and mtls_required:
+        log.warning("batch_runner_off", message="the listener requires client certificates, which the "
+                    "Batch API's runner has none of: batches are accepted but not run on this node")
+    if cfg.cluster is not None:
+        url_host = cfg.cluster.advertise_host or host
+        url_host = f"[{url_host}]" if ":" in url_host else url_host
+        cluster = Cluster(cfg.cluster, state.tenancy, http_url=f"{'https' if tls else 'http'}://{url_host}:{port}")
+        stack.push_async_callback(cluster.close)
+        await cluster.start()
+        state.cluster = cluster
+    if state.ledger is not None:
+        await load_spend(state.tenancy.budgets, state.ledger, state.node_name)    # budgets survive restarts
