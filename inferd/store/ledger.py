@@ -116,8 +116,15 @@ class Ledger:
                 except StoreUnavailable as exc:
                     _settle(batch, [exc] * len(batch))
                 except StoreError:
-                    singles = [self._db.execute(_INSERT, values) for values, _ in batch]
-                    _settle(batch, await asyncio.gather(*singles, return_exceptions=True))
+                    # One at a time, in order: the rows keep their recording order (seq) on PostgreSQL too,
+                    # where concurrent inserts on a connection pool would commit in any order.
+                    outcomes: list[BaseException | None | int] = []
+                    for values, _ in batch:
+                        try:
+                            outcomes.append(await self._db.execute(_INSERT, values))
+                        except StoreError as exc:
+                            outcomes.append(exc)
+                    _settle(batch, outcomes)
                 except BaseException as exc:        # cancelled (loop shutdown) or a bug: nobody waits forever
                     batch, self._queued = batch + self._queued, []
                     error = StoreUnavailable(f"{self._db.where}: ledger write interrupted ({exc!r})")
