@@ -235,6 +235,57 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> dict:
             "ttft_p99_ratio": p99(loaded) / p99(alone), "ttft_samples": [len(alone), len(loaded)]}
 
 
+async def priority(args: argparse.Namespace, workdir: Path) -> dict:
+    """Interactive TTFT alone, then while a --priority-lines batch runs through the daemon's own runner
+    (batch priority class) on the same engine: what the batch class leaves interactive traffic."""
+    from inferd.config import load_config
+    from inferd.daemon import Daemon
+
+    (workdir / "prio").mkdir()
+    path = workdir / "prio" / "inferd.toml"
+    path.write_text(CONFIG.format(port=0, profile=args.tp_profile, time_scale=1.0).replace(
+        "max_batch_size = 16", "max_batch_size = 8"))
+    daemon = Daemon(load_config(path))
+    run = asyncio.ensure_future(daemon.run())
+    await asyncio.wait({run, asyncio.ensure_future(daemon.ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    url = f"http://127.0.0.1:{daemon.port}"
+
+    async def ttfts(seconds: float) -> list[float]:
+        out: list[float] = []
+        end = time.monotonic() + seconds
+
+        async def one_client(http: aiohttp.ClientSession) -> None:
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                async with http.post(url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+                    await resp.content.readline()
+                    out.append(time.perf_counter() - t0)
+                    await resp.read()
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(one_client(http) for _ in range(2)))
+        return out
+
+    try:
+        alone = await ttfts(args.pump_seconds)
+        async with aiohttp.ClientSession() as http:
+            batch_id = await create_batch(http, url, args.priority_lines)
+            await asyncio.sleep(1.0)                  # the runner has the engine busy by now
+            with_batch = await ttfts(args.pump_seconds)
+            async with http.get(f"{url}/v1/batches/{batch_id}") as resp:
+                progress = (await resp.json())["request_counts"]
+    finally:
+        daemon.request_stop()
+        daemon.request_stop()
+        await run
+
+    def pct(v: list[float], q: int) -> float:
+        return statistics.quantiles(v, n=100)[q - 1]
+
+    return {"ttft_p50_alone_ms": 1000 * pct(alone, 50), "ttft_p50_batch_ms": 1000 * pct(with_batch, 50),
+            "ttft_p99_alone_ms": 1000 * pct(alone, 99), "ttft_p99_batch_ms": 1000 * pct(with_batch, 99),
+            "batch_lines_done_meanwhile": progress["completed"], "samples": [len(alone), len(with_batch)]}
+
+
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="inferd-durability-") as tmp:
         workdir = Path(tmp)
@@ -246,6 +297,13 @@ async def main(args: argparse.Namespace) -> None:
             print(f"batch lines lost or duplicated: {k['batch_lines_lost_or_duplicated']} (of {k['batch_lines']})")
             print(f"integrity_check: {k['integrity_check']}")
         if args.only == "kills":
+            return
+        if args.only == "priority":
+            p = await priority(args, workdir)
+            print(json.dumps(p), file=sys.stderr)
+            print(f"interactive TTFT beside a running batch: p50 {p['ttft_p50_alone_ms']:.1f} -> "
+                  f"{p['ttft_p50_batch_ms']:.1f} ms, p99 {p['ttft_p99_alone_ms']:.1f} -> "
+                  f"{p['ttft_p99_batch_ms']:.1f} ms ({p['batch_lines_done_meanwhile']} batch lines done meanwhile)")
             return
         t = await throughput(args, workdir)
         print(json.dumps(t), file=sys.stderr)
@@ -267,7 +325,9 @@ if __name__ == "__main__":
                         help="ledger: Ledger.record per row, each awaited by a task; raw: the store's writes alone")
     parser.add_argument("--tp-profile", default="llama3-8b-h100", help="the throughput phase's sim profile "
                         "(tiny at time_scale 1 has ~2 ms TTFT: then the figure is the front end's own overhead)")
-    parser.add_argument("--only", choices=("kills", "throughput"), help="run one phase")
+    parser.add_argument("--only", choices=("kills", "throughput", "priority"), help="run one phase (priority: "
+                        "only with --only; interactive TTFT beside a running batch)")
+    parser.add_argument("--priority-lines", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--role", default="bench", choices=("bench", "daemon"))
     parser.add_argument("--config", type=Path)

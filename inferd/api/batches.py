@@ -20,7 +20,7 @@ import msgspec
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api import batch_runner
+from inferd.api import batch_runner, idempotency
 from inferd.api.batch_input import URLS, InputError, parse_lines
 from inferd.api.errors import ApiError, invalid
 from inferd.api.stored import caller_store, json_response, list_page, not_found, query_int
@@ -47,8 +47,22 @@ def add_routes(app: web.Application) -> None:
 
 
 async def create_batch(request: web.Request) -> web.Response:
+    """POST /v1/batches; with an Idempotency-Key, a retry gets the batch the first created (inferd.api.idempotency)."""
     tenant, db = caller_store(request)
     body = await _read_json(request)
+    state = request.app[keys.STATE]
+    replayed = await idempotency.claim(request, state, tenant, body, time.monotonic() + CREATE_DEADLINE_S)
+    if replayed is not None:
+        return replayed
+    response = None
+    try:
+        response = await _create(request, tenant, db, body)
+        return response
+    finally:
+        await idempotency.settle(request, state, response)
+
+
+async def _create(request: web.Request, tenant: str, db, body: bytes) -> web.Response:
     req = _decode(body)
     if req.endpoint not in URLS:
         raise invalid(f"endpoint: this server runs batches for {', '.join(URLS)}, got {req.endpoint[:80]!r}.",
@@ -88,10 +102,16 @@ async def _read_json(request: web.Request) -> bytes:
         raise ApiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise ApiError(413, f"Request body is larger than {MAX_BODY} bytes.", code="request_too_large")
-    body = await request.content.read(MAX_BODY + 1)
-    if len(body) > MAX_BODY:
-        raise ApiError(413, f"Request body is larger than {MAX_BODY} bytes.", code="request_too_large")
-    return body
+    chunks, size = [], 0
+    async for chunk in request.content.iter_any():    # read(n) would stop at the first chunk that arrived
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ApiError(413, f"Request body is larger than {MAX_BODY} bytes.", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+CREATE_DEADLINE_S = 30.0       # how long a crashed first attempt holds its Idempotency-Key (plus a margin)
 
 
 def _decode(body: bytes) -> CreateBatch:

@@ -28,7 +28,7 @@ def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:
     if config.backend == "postgres":
         from inferd.store.postgres import PostgresDatabase
 
-        return PostgresDatabase(config.dsn)
+        return PostgresDatabase(config.dsn, max_pending_writes=config.max_pending_writes)
     if not config.path:
         raise StoreError("store.path: no SQLite file named (the config resolves it under server.state_dir)")
     return SqliteDatabase(config.path, synchronous=config.synchronous, commit_interval_ms=config.commit_interval_ms,

@@ -81,3 +81,19 @@ async def test_keys_survive_a_restart(tmp_path):
     async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession() as http:
         again = await post(http, url, BODY, "durable")
     assert again[1]["Idempotent-Replayed"] == "true" and again[2] == first[2]
+
+
+async def test_creating_a_batch_twice_with_one_key_gives_the_same_batch(tmp_path):
+    import json
+
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": BODY}) + "\n"
+    async with running_daemon(config(tmp_path), run_batches=False) as (_, _, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            made = await sdk.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+            create = dict(input_file_id=made.id, endpoint="/v1/completions", completion_window="24h",
+                          extra_headers={"Idempotency-Key": "nightly-2026-11-24"})
+            first = await sdk.batches.with_raw_response.create(**create)
+            again = await sdk.batches.with_raw_response.create(**create)
+            assert again.headers["Idempotent-Replayed"] == "true"
+            assert again.parse().id == first.parse().id
+            assert len((await sdk.batches.list()).data) == 1
