@@ -156,6 +156,24 @@ async def kills(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 # -- throughput -----------------------------------------------------------------------------------------
+async def interactive_ttfts(url: str, seconds: float, clients: int) -> list[float]:
+    """TTFTs of `clients` interactive clients streaming back to back for `seconds`."""
+    out: list[float] = []
+    end = time.monotonic() + seconds
+
+    async def one_client(http: aiohttp.ClientSession) -> None:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            async with http.post(url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+                await resp.content.readline()
+                out.append(time.perf_counter() - t0)
+                await resp.read()
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(one_client(http) for _ in range(clients)))
+    return out
+
+
 async def throughput(args: argparse.Namespace, workdir: Path) -> dict:
     from inferd.config import load_config
     from inferd.daemon import Daemon
@@ -198,30 +216,13 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> dict:
             tick += 1
             await asyncio.sleep(max(0.0, start + tick * 0.01 - time.monotonic()))
 
-    async def ttfts(seconds: float) -> list[float]:
-        """TTFTs of --interactive clients streaming back to back (enough samples for a p99)."""
-        out: list[float] = []
-        end = time.monotonic() + seconds
-
-        async def one_client(http: aiohttp.ClientSession) -> None:
-            while time.monotonic() < end:
-                t0 = time.perf_counter()
-                async with http.post(url + "/v1/completions", json={**BODY, "stream": True}) as resp:
-                    await resp.content.readline()
-                    out.append(time.perf_counter() - t0)
-                    await resp.read()
-
-        async with aiohttp.ClientSession() as http:
-            await asyncio.gather(*(one_client(http) for _ in range(args.interactive)))
-        return out
-
     try:
-        alone = await ttfts(args.pump_seconds)
+        alone = await interactive_ttfts(url, args.pump_seconds, args.interactive)
         end = time.monotonic() + args.pump_seconds
         t0 = time.monotonic()
         pumping = ([asyncio.ensure_future(pump_raw(end))] if args.pump_mode == "raw" else
                    [asyncio.ensure_future(pump(end, w, args.pump_workers)) for w in range(args.pump_workers)])
-        loaded = await ttfts(args.pump_seconds)
+        loaded = await interactive_ttfts(url, args.pump_seconds, args.interactive)
         await asyncio.gather(*pumping)
         rate = pumped[0] / (time.monotonic() - t0)
     finally:
@@ -250,27 +251,12 @@ async def priority(args: argparse.Namespace, workdir: Path) -> dict:
     await asyncio.wait({run, asyncio.ensure_future(daemon.ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
     url = f"http://127.0.0.1:{daemon.port}"
 
-    async def ttfts(seconds: float) -> list[float]:
-        out: list[float] = []
-        end = time.monotonic() + seconds
-
-        async def one_client(http: aiohttp.ClientSession) -> None:
-            while time.monotonic() < end:
-                t0 = time.perf_counter()
-                async with http.post(url + "/v1/completions", json={**BODY, "stream": True}) as resp:
-                    await resp.content.readline()
-                    out.append(time.perf_counter() - t0)
-                    await resp.read()
-        async with aiohttp.ClientSession() as http:
-            await asyncio.gather(*(one_client(http) for _ in range(2)))
-        return out
-
     try:
-        alone = await ttfts(args.pump_seconds)
+        alone = await interactive_ttfts(url, args.pump_seconds, 2)
         async with aiohttp.ClientSession() as http:
             batch_id = await create_batch(http, url, args.priority_lines)
             await asyncio.sleep(1.0)                  # the runner has the engine busy by now
-            with_batch = await ttfts(args.pump_seconds)
+            with_batch = await interactive_ttfts(url, args.pump_seconds, 2)
             async with http.get(f"{url}/v1/batches/{batch_id}") as resp:
                 progress = (await resp.json())["request_counts"]
     finally:
