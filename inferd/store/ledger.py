@@ -61,7 +61,7 @@ _INSERT = (f"INSERT INTO ledger ({', '.join(_COLUMNS)}, day) "
            f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))})")
 _SELECT_ROWS = f"SELECT seq, {', '.join(_COLUMNS)} FROM ledger"
 _STREAM = _COLUMNS.index("stream")     # stored as BIGINT 0/1
-_MAX_BATCH = 1000        # rows per execute_many
+_MAX_BATCH = 200         # rows per execute_many: the callers one commit wakes at once (a burst on the loop)
 
 
 def utc_day(ts: float) -> str:
