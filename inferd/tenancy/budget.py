@@ -131,8 +131,8 @@ class Budgets:
         cost, tokens = self.totals(tenant)
         if cfg.max_spend is not None and cost >= cfg.max_spend:
             end = period_end(now, cfg.spend_period)
-            raise BudgetExceeded(f"tenant {tenant!r} has spent its {_ADJ[cfg.spend_period]} budget of {cfg.max_spend:g} "
-                                 f"(spent {cost:.4g}); it resets at {_iso(end)}", end - now)
+            raise BudgetExceeded(f"tenant {tenant!r} has spent its {_ADJ[cfg.spend_period]} budget of "
+                                 f"{cfg.max_spend:g} (spent {cost:.4g}); it resets at {_iso(end)}", end - now)
         if cfg.max_tokens_per_day is not None and tokens >= cfg.max_tokens_per_day:
             end = period_end(now, "day")
             raise BudgetExceeded(f"tenant {tenant!r} has used its {cfg.max_tokens_per_day} tokens for today; "
