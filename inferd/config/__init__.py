@@ -36,11 +36,11 @@ from inferd.config.tenants import (
 from inferd.config.tls import TlsConfig, check_tls_binding
 
 __all__ = [
-    "AUDIT_FILE", "AdmissionConfig", "DB_FILE", "StoreConfig", "Arm", "AuthConfig", "CLUSTER_RESTART_ONLY", "ClusterConfig", "CLASSES_BY_RANK", "Config", "ConfigError",
-    "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "KEYS_FILE", "InsecureBindError", "ModelConfig",
-    "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig",
-    "RolloutThresholds", "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "TENANT_NAME_RE", "TenantConfig",
+    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
+    "Config", "ConfigError", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InsecureBindError",
+    "KEYS_FILE", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
+    "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
-    "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors", "split_from_config",
-    "with_overrides",
+    "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
+    "split_from_config", "with_overrides",
 ]

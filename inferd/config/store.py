@@ -35,7 +35,8 @@ class StoreConfig(ConfigTable):
 def store_errors(s: StoreConfig, path: str = "store") -> list[str]:
     errors: list[str] = []
     if s.backend == "postgres" and not s.dsn:
-        errors.append(f"{path}.dsn: required with backend = \"postgres\" (e.g. \"postgresql://inferd@10.0.0.5/inferd\")")
+        errors.append(f"{path}.dsn: required with backend = \"postgres\" "
+                      f"(e.g. \"postgresql://inferd@10.0.0.5/inferd\")")
     if s.backend == "sqlite" and s.dsn:
         errors.append(f"{path}.dsn: only with backend = \"postgres\"")
     if s.backend == "postgres" and s.path:

@@ -31,7 +31,8 @@ class TenancyCollector:
         T, Q = ("tenant",), ("model", "version")
         rejections = CounterMetricFamily("inferd_tenant_rejections", "Requests refused, by tenant and reason "
                                          "(quota_rpm, quota_tpm, concurrency, queue_full, node_full, deadline, "
-                                         "ttl, draining, limit, model_not_allowed, budget_exceeded)", labels=(*T, "reason"))
+                                         "ttl, draining, limit, model_not_allowed, budget_exceeded)",
+                                         labels=(*T, "reason"))
         admitted = CounterMetricFamily("inferd_tenant_admitted", "Requests released to an engine", labels=T)
         prompt = CounterMetricFamily("inferd_tenant_prompt_tokens", "Prompt tokens of admitted requests", labels=T)
         output = CounterMetricFamily("inferd_tenant_generation_tokens", "Tokens generated", labels=T)

@@ -8,6 +8,7 @@ from inferd.tenancy.node import Tenancy
 from inferd.tenancy.quota import Lease, LimitExceeded, QuotaExceeded
 
 __all__ = [
-    "AuthError", "BudgetExceeded", "Budgets", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded", "Principal", "QuotaExceeded", "Tenancy",
-    "budgeted", "keys_main", "load_authenticator", "load_spend", "period_start",
+    "AuthError", "BudgetExceeded", "Budgets", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded",
+    "Principal", "QuotaExceeded", "Tenancy", "budgeted", "keys_main", "load_authenticator", "load_spend",
+    "period_start",
 ]
