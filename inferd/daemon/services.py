@@ -42,7 +42,10 @@ async def start_services(stack: contextlib.AsyncExitStack, state: ServerState, h
                      and server_tls.client_cert == "required")
     # The runner posts each line to this listener; it has no client certificate of its own.
     if state.store is not None and run_batches and not mtls_required:
-        batches = BatchRunner(state, listener_url(host, port, tls=tls), ssl_context=False if tls else None)
+        metrics = state.metrics
+        batches = BatchRunner(state, listener_url(host, port, tls=tls), ssl_context=False if tls else None,
+                              on_result=lambda batch_id, result: metrics.count_batch_line(result.ok),
+                              on_end=lambda batch_id, status: metrics.count_batch_end(status))
         await batches.start()
         stack.push_async_callback(batches.close)    # closes after the drain, before the listener and store
     elif state.store is not None and mtls_required:

@@ -157,6 +157,13 @@ class Metrics:
             ("tenant",), registry=r)
         self.spend_total = Counter(
             "inferd_spend", "Cost of recorded requests, per model version", ("model", "version"), registry=r)
+        self.batch_lines_total = Counter(
+            "inferd_batch_lines", "Batch API lines this node ran, by result (ok: in the output file, error: in "
+            "the error file)", ("result",), registry=r)
+        self.batches_ended_total = Counter(
+            "inferd_batches_ended", "Batches this node finished, by final status", ("status",), registry=r)
+        for result in ("ok", "error"):
+            self.batch_lines_total.labels(result)
         # The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused.
         self.connections_cut_total = Counter(
             "inferd_http_connections_cut", "Connections the listener closed or refused, by reason",
@@ -213,6 +220,13 @@ class Metrics:
     def watch_store(self, source: Callable[[], Any]) -> None:
         """`source()` returns the open inferd.store.Database (or None); read at every scrape."""
         self.store = source
+
+    def count_batch_line(self, ok: bool) -> None:
+        self.batch_lines_total.labels("ok" if ok else "error").inc()
+
+    def count_batch_end(self, status: str) -> None:
+        """`status`: a batch's final state (completed, failed, expired, cancelled): a bounded set."""
+        self.batches_ended_total.labels(status).inc()
 
     def count_ledger_error(self) -> None:
         self.ledger_errors_total.inc()

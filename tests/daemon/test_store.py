@@ -65,4 +65,9 @@ async def test_the_daemon_runs_a_batch_on_its_own_and_the_sdk_reads_its_output(t
                 await asyncio.sleep(0.02)
             assert batch.status == "completed" and batch.request_counts.completed == 5
             out = (await sdk.files.content(batch.output_file_id)).text
+        import aiohttp
+        async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+            metrics = await resp.text()
+        assert 'inferd_batch_lines_total{result="ok"} 5.0' in metrics
+        assert 'inferd_batches_ended_total{status="completed"} 1.0' in metrics
     assert sorted(json.loads(line)["custom_id"] for line in out.splitlines()) == [f"c{i}" for i in range(5)]
