@@ -22,6 +22,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api import batch_runner, idempotency
 from inferd.api.batch_input import URLS, InputError, parse_lines
+from inferd.api.body import check_json_content_type, read_body
 from inferd.api.errors import ApiError, invalid
 from inferd.api.stored import caller_store, json_response, list_page, not_found, query_int
 from inferd.store import BatchStore, FileStore
@@ -98,17 +99,8 @@ async def _create(request: web.Request, tenant: str, db, body: bytes) -> web.Res
 
 
 async def _read_json(request: web.Request) -> bytes:
-    if request.content_type != "application/json":
-        raise ApiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise ApiError(413, f"Request body is larger than {MAX_BODY} bytes.", code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.content.iter_any():    # read(n) would stop at the first chunk that arrived
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise ApiError(413, f"Request body is larger than {MAX_BODY} bytes.", code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    check_json_content_type(request)
+    return await read_body(request, MAX_BODY)
 
 
 CREATE_DEADLINE_S = 30.0       # how long a crashed first attempt holds its Idempotency-Key (plus a margin)

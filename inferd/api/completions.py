@@ -18,9 +18,10 @@ from inferd.api import appkeys as keys
 from inferd.api import idempotency
 from inferd.api.admit import admit, apply_limits, charge, check_model_allowed, precheck_quota, request_deadline
 from inferd.api.auth import authenticate
+from inferd.api.body import check_json_content_type, read_body
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
-from inferd.api.errors import ApiError, body_too_large, invalid, unavailable
+from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
@@ -46,27 +47,6 @@ def version_label(engine: Engine) -> str:
     """The version clients see: sim engines say so in the version itself (`sim-...+simulated`)."""
     info = engine.info
     return f"{info.version}+simulated" if info.simulated else info.version
-
-
-def _check_content_type(request: web.BaseRequest) -> None:
-    if request.content_type != "application/json":
-        raise ApiError(415, f"Content-Type must be application/json, got {request.content_type!r}.",
-                       code="unsupported_media_type")
-
-
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The body, refusing more than `limit` bytes: by Content-Length up front, and while reading."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise body_too_large(limit)
-    chunks = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _sampling(p: Prepared, prompt_len: int, max_model_len: int) -> SamplingParams:
@@ -127,7 +107,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         else:
             tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
             precheck_quota(tenancy, tenant)     # 429 over RPM/concurrency before reading, let alone tokenizing
-        _check_content_type(request)
+        check_json_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
         if forwarded:       # ... for this body only
