@@ -30,8 +30,7 @@ def ledger_row(ctx: GenerationContext, status: int, last: Delta | None, delivere
         usage = Usage(prompt_tokens=sum(map(len, ctx.prompt_ids)) if delivered else 0, completion_tokens=delivered)
     version = ctx.engine.info.version
     price = price_for(state.config.prices, ctx.route.target)
-    cost = 0.0 if price is None else (usage.prompt_tokens * price.prompt_per_1k
-                                      + usage.completion_tokens * price.completion_per_1k) / 1000
+    cost = 0.0 if price is None else price.cost(usage.prompt_tokens, usage.completion_tokens)
     principal = ctx.request.get(PRINCIPAL)
     queue_s, prefill_s, decode_s = _phases(ctx.arrival, last.timing if last is not None else None)
     return LedgerRow(

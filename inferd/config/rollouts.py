@@ -42,6 +42,10 @@ class PriceConfig(ConfigTable):
     prompt_per_1k: float = 0.0
     completion_per_1k: float = 0.0
 
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What that many tokens cost at this price (the ledger's cost; a rollout's cost per 1k)."""
+        return (prompt_tokens * self.prompt_per_1k + completion_tokens * self.completion_per_1k) / 1000
+
 
 def price_for(prices: Mapping[str, PriceConfig], key: ModelVersion) -> PriceConfig | None:
     return prices.get(str(key)) or prices.get(key.model)

@@ -95,8 +95,7 @@ class VersionStats:
         tokens = self.prompt_tokens + self.completion_tokens
         if self.price is None or not tokens:
             return None
-        return (self.prompt_tokens * self.price.prompt_per_1k
-                + self.completion_tokens * self.price.completion_per_1k) / tokens
+        return self.price.cost(self.prompt_tokens, self.completion_tokens) * 1000 / tokens
 
     def summary(self) -> WindowSummary:
         return WindowSummary(self.requests, self.errors, self.error_rate, self.ttft.p95(), self.itl.p95(),
