@@ -40,7 +40,7 @@ def precheck_quota(tenancy: Tenancy, tenant: str) -> None:
         tenancy.budgets.check(tenant)
     except BudgetExceeded as exc:
         tenancy.count_rejection(tenant, "budget_exceeded")
-        raise ApiError(429, f"{str(exc)[:1].upper()}{str(exc)[1:]}.", type=RATE_LIMIT, code="budget_exceeded",
+        raise ApiError(429, _message(exc), type=RATE_LIMIT, code="budget_exceeded",
                        headers={"Retry-After": retry_after_header(exc.retry_after_s)}) from None
     try:
         tenancy.quota.precheck(tenant)
@@ -210,7 +210,8 @@ def rejection_error(exc: AdmissionRejected, ratelimit_headers: dict[str, str]) -
     return ApiError(exc.status, _message(exc), type=kind, code=exc.reason, headers=headers)
 
 
-def _message(exc: AdmissionRejected) -> str:
+def _message(exc: Exception) -> str:
+    """The refusal's text as a sentence: capitalised, with its full stop."""
     text = str(exc)
     text = text[:1].upper() + text[1:]
     return text if text.endswith(".") else text + "."
