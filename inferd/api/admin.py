@@ -15,12 +15,12 @@ the caller's key id as the actor (inferd.models.rollout writes the record).
 from __future__ import annotations
 
 import msgspec
-import orjson
 from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.admin_usage import get_usage
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
+from inferd.api.stored import json_response
 from inferd.config import RolloutConfig, rollout_errors
 from inferd.models import ControlPlane, Rollout, RolloutError, RolloutNotFound
 
@@ -65,9 +65,6 @@ def _control(request: web.Request) -> ControlPlane:
     return control
 
 
-def _json(body: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
 
 def _status_body(rollout: Rollout) -> dict:
     return msgspec.to_builtins(rollout.state())
@@ -96,21 +93,21 @@ def _rollout_error(exc: RolloutError) -> ApiError:
 async def list_rollouts(request: web.Request) -> web.Response:
     _actor(request)
     control = _control(request)
-    return _json({"object": "list", "data": [msgspec.to_builtins(s) for s in control.rollouts.states()]})
+    return json_response({"object": "list", "data": [msgspec.to_builtins(s) for s in control.rollouts.states()]})
 
 
 async def get_rollout(request: web.Request) -> web.Response:
     _actor(request)
     control = _control(request)
     try:
-        return _json(_status_body(control.rollouts.get(request.match_info["name"])))
+        return json_response(_status_body(control.rollouts.get(request.match_info["name"])))
     except RolloutError as exc:
         raise _rollout_error(exc) from None
 
 
 async def shadow_stats(request: web.Request) -> web.Response:
     _actor(request)
-    return _json(_control(request).shadows.summary())
+    return json_response(_control(request).shadows.summary())
 
 
 async def control_rollout(request: web.Request) -> web.Response:
@@ -134,7 +131,7 @@ async def control_rollout(request: web.Request) -> web.Response:
                            type=NOT_FOUND, code="unknown_action")
     except RolloutError as exc:
         raise _rollout_error(exc) from None
-    return _json(_status_body(rollout))
+    return json_response(_status_body(rollout))
 
 
 def _define(control: ControlPlane, name: str, body: _StartBody) -> Rollout:
@@ -164,4 +161,4 @@ async def list_peers(request: web.Request) -> web.Response:
     if cluster is None:
         raise ApiError(404, "This node is not in a cluster (no [cluster] table in its config).",
                        type="not_found_error", code="not_clustered")
-    return _json(cluster.peers_view())
+    return json_response(cluster.peers_view())

@@ -11,9 +11,11 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.auth import require_scope
 from inferd.api.errors import ApiError, invalid
+from inferd.api.stored import query_int
 from inferd.store import Ledger, UsageArgumentError, rows_text, totals_text, usage_filter
 
 MAX_ROWS = 10_000
+MAX_SEQ = 10**12 - 1           # query_int's bound: far past any ledger's row count
 CONTENT_TYPES = {"json": "application/json", "csv": "text/csv", "jsonl": "application/x-ndjson"}
 
 
@@ -34,7 +36,7 @@ async def get_usage(request: web.Request) -> web.Response:
     rows = q.get("rows") or "false"
     if rows not in ("true", "false"):
         raise invalid(f"rows: expected true or false, got {rows[:20]!r}.", param="rows")
-    after, limit = _int(q, "after", 0, 0, None), _int(q, "limit", 1000, 1, MAX_ROWS)     # checked either way
+    after, limit = _int(request, "after", 0, 0, MAX_SEQ), _int(request, "limit", 1000, 1, MAX_ROWS)     # checked either way
     if rows == "true":
         text = rows_text(await ledger.rows(f, limit=limit, after=after), fmt)
     else:
@@ -42,11 +44,6 @@ async def get_usage(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type=CONTENT_TYPES[fmt])
 
 
-def _int(q, name: str, default: int, low: int, high: int | None) -> int:
-    raw = q.get(name)
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < low or (high is not None and int(raw) > high):
-        bound = f"{low}..{high}" if high is not None else f">= {low}"
-        raise invalid(f"{name}: expected an integer {bound}, got {raw[:20]!r}.", param=name)
-    return int(raw)
+def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter (an empty one is absent), as the Files and Batches routes read theirs."""
+    return query_int(request, name, default, low, high) if request.query.get(name) else default

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.auth import authenticate
-from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError, invalid
+from inferd.api.errors import NOT_FOUND, ApiError, invalid, unavailable
 from inferd.store import Database
 
 _INT = re.compile(r"-?[0-9]{1,12}")
@@ -20,8 +20,8 @@ def caller_store(request: web.Request) -> tuple[str, Database]:
     tenant = authenticate(request, "inference").tenant
     db = request.app[keys.STATE].store
     if db is None:
-        raise ApiError(503, "Files and batches need the durable store, which this server has not opened.",
-                       type=UNAVAILABLE, code="store_unavailable", headers={"Retry-After": "5"})
+        raise unavailable("Files and batches need the durable store, which this server has not opened.",
+                          retry_after_s=5, code="store_unavailable")
     return tenant, db
 
 
