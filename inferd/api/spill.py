@@ -38,9 +38,10 @@ VERSION_HEADER = "X-Inferd-Version"
 MAX_PEERS_TRIED = 2
 _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Inferd-Model-Version",
                    "X-Inferd-Simulated", "Server-Timing")
-# The peer's own queue refused it (its quota is never charged), or it no longer serves that version
-# (retired since its last load hint): try elsewhere.
-_TRY_ELSEWHERE = {404, 429, 503}
+# The peer's own queue refused it (its quota is never charged), it no longer serves that version
+# (retired since its last load hint), or it does not hold our key yet (a rotation reaching it later:
+# its 401 is about our signature, never the client's key, which is not sent): try elsewhere.
+_TRY_ELSEWHERE = {401, 404, 429, 503}
 
 
 class _PeerFailed(Exception):

@@ -19,7 +19,7 @@ import sys
 import time
 
 from inferd.store.batches import BatchRecord, BatchStore
-from inferd.store.db import StoreError, StoreLocked
+from inferd.store.db import StoreError, StoreLocked, StoreUnavailable
 
 FORMATS = ("table", "json")
 _TABLE = ("id", "tenant", "status", "endpoint", "total", "completed", "failed", "created")
@@ -101,6 +101,10 @@ async def _read(db, args: argparse.Namespace) -> int:
 async def _cancel(config, args: argparse.Namespace) -> dict:
     from inferd.store import open_database
 
+    if config.store.backend == "sqlite" and not os.path.isfile(config.store.path):
+        # Opening it read-write would create an empty database where a wrong --config points.
+        raise StoreUnavailable(f"{config.store.path}: no database here (has the daemon run with this state "
+                               "directory?)")
     db = open_database(config.store)
     try:
         await db.open()

@@ -236,7 +236,12 @@ class PostgresDatabase(Database):
         return await asyncio.shield(task)
 
     def _done(self, task: asyncio.Task) -> None:
+        # Here, not in _write_now's `finally`: a task cancelled before its first step never runs that,
+        # and close() would wait on _drained forever.
         self._tasks.discard(task)
+        self._stats.pending_writes -= 1
+        self._room.release()
+        self._leave()
         if not task.cancelled():
             task.exception()        # retrieved: a cancelled caller's failed write is counted in errors
 
@@ -255,12 +260,7 @@ class PostgresDatabase(Database):
             self._committed(rows, time.perf_counter() - started)
             return counts
 
-        try:
-            return await self._run(attempt)
-        finally:
-            self._stats.pending_writes -= 1
-            self._room.release()
-            self._leave()
+        return await self._run(attempt)
 
     def _committed(self, rows: int, seconds: float) -> None:
         s = self._stats
