@@ -18,6 +18,7 @@ class Backlog:
         self.tokens: dict[str, int] = {}          # prompt + max_tokens queued, per tenant
         self.requests = 0
         self.total_tokens = 0
+        self.by_class = [0] * len(CLASSES_BY_RANK)    # requests queued per priority class (by rank)
 
     def append(self, t: Ticket) -> None:
         q = self.fifos.get(t.tenant)
@@ -30,6 +31,7 @@ class Backlog:
         self.tokens[t.tenant] += t.tokens
         self.requests += 1
         self.total_tokens += t.tokens
+        self.by_class[t.cls.rank] += 1
 
     def remove(self, t: Ticket) -> None:
         self.fifos[t.tenant].remove(t)
@@ -37,6 +39,7 @@ class Backlog:
         self.tokens[t.tenant] -= t.tokens
         self.requests -= 1
         self.total_tokens -= t.tokens
+        self.by_class[t.cls.rank] -= 1
 
     def backlogged(self, besides: str) -> list[str]:
         """Tenants with requests queued, other than `besides`."""

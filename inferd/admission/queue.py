@@ -28,7 +28,7 @@ from inferd.admission.stats import AdmissionStats
 from inferd.admission.stream import AdmittedStream
 from inferd.admission.ticket import DISPATCHED, DONE, QUEUED, AdmissionRejected, Lease, Ticket
 from inferd.admission.vtc import FairOrder
-from inferd.config import CLASSES_BY_RANK, AdmissionConfig, PriorityClass, TenantRegistry
+from inferd.config import AdmissionConfig, PriorityClass, TenantRegistry
 from inferd.engine import Engine, InvalidRequest
 from inferd.types import GenerationRequest, Usage
 
@@ -332,10 +332,6 @@ class AdmissionQueue:
     # -- observability --------------------------------------------------------------------
     def load(self) -> QueueLoad:
         """This queue's load as peers see it (inferd.cluster's load hints) and spillover judges it."""
-        queued = [0] * len(CLASSES_BY_RANK)
-        for q in self._backlog.fifos.values():
-            for t in q:
-                queued[t.cls.rank] += 1
         backlog, policy = self._backlog, self.policy
         if not backlog.requests and self.engine.capacity().free_slots > 0:
             wait = 0.0                              # it would start at once
@@ -344,7 +340,7 @@ class AdmissionQueue:
             ahead = backlog.total_cost() + self._estimate.typical_cost(policy)
             wait = min(ahead / rate, UNKNOWN_WAIT_S) if rate else UNKNOWN_WAIT_S
         full = backlog.requests >= policy.max_queued_requests or backlog.total_tokens >= policy.max_queued_tokens
-        return QueueLoad(queued=tuple(queued), wait_s=wait * self._time_scale, cost_per_s=self._estimate.rate() or 0.0,
+        return QueueLoad(queued=tuple(backlog.by_class), wait_s=wait * self._time_scale, cost_per_s=self._estimate.rate() or 0.0,
                          full=full)
 
     def snapshot(self) -> dict:

@@ -273,10 +273,10 @@ class BatchRunner:
     async def _finish(self, job: _Job, store: BatchStore, status: str, lines: list[BatchLine]) -> None:
         batch = job.batch
         results = await store.results(batch.id)
-        if status == "expired":
-            results += expired_results(lines, {r.idx for r in results})
         now = self._clock()
-        statements, output, errors = output_files(batch.id, batch.tenant, results, now=now)
+        # Off the loop: tens of thousands of lines encoded, sorted and joined into files of megabytes.
+        results, (statements, output, errors) = await asyncio.to_thread(
+            _final_files, batch.id, batch.tenant, status, lines, results, now)
         if not await store.renew(batch.id, self.owner, now, self.lease_s):
             job.stop("lost")
             return
@@ -296,3 +296,11 @@ def _retry_after(value: str | None) -> float:
     except ValueError:
         seconds = RETRY_S
     return min(max(seconds, 0.05), MAX_RETRY_AFTER_S)
+
+
+def _final_files(batch_id: str, tenant: str, status: str, lines: list[BatchLine], results: list[BatchResult],
+                 now: float) -> tuple[list[BatchResult], tuple]:
+    """The batch's results (an expired one's unrun lines as errors) and its output and error files."""
+    if status == "expired":
+        results = results + expired_results(lines, {r.idx for r in results})
+    return results, output_files(batch_id, tenant, results, now=now)

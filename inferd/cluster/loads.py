@@ -83,7 +83,7 @@ def local_report(tenancy: Tenancy, ready: Callable[[Engine], bool]) -> tuple[tup
                                     queued=load.queued, est_wait_s=load.wait_s, tokens_per_s=load.cost_per_s))
     budgets = tenancy.budgets
     active = {t: (rate, n) for t, rate, n in tenancy.quota.demand()}
-    spending = [t for t in budgets.tenants.names if budgeted(budgets.tenants.get(t))]
+    spending = {t for t in budgets.tenants.names if budgeted(budgets.tenants.get(t))}
     demand = []
     for t in dict.fromkeys([*active, *spending]):
         rate, n = active.get(t, (0.0, 0))

@@ -65,6 +65,9 @@ class Budgets:
         self._spend: dict[str, _Spend] = {}
         self._peers: PeerSpend | None = None
 
+    def now(self) -> float:
+        return self._clock()
+
     def set_peers(self, peers: PeerSpend | None) -> None:
         self._peers = peers
 
@@ -150,11 +153,13 @@ def _iso(ts: float) -> str:
 async def load_spend(budgets: Budgets, ledger, node: str) -> None:
     """Each budgeted tenant's spend in its current periods, from the rows this node recorded (peers
     report theirs: a shared PostgreSQL ledger holds every node's rows, counted once that way)."""
-    now = budgets._clock()
+    now = budgets.now()
     for tenant in budgets.tenants.names:
         cfg = budgets.tenants.get(tenant)
         if not budgeted(cfg):
             continue
-        cost, _ = await ledger.spent(tenant, period_start(now, cfg.spend_period), node)
-        _, tokens = await ledger.spent(tenant, period_start(now, "day"), node)
+        period, day = period_start(now, cfg.spend_period), period_start(now, "day")
+        cost, tokens = await ledger.spent(tenant, period, node)
+        if period != day:                   # a monthly budget: today's tokens are a query of their own
+            _, tokens = await ledger.spent(tenant, day, node)
         budgets.load(tenant, cost, tokens)

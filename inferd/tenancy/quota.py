@@ -177,8 +177,8 @@ class Quota:
     def demand(self) -> list[tuple[str, float, int]]:
         """(tenant, requests attempted per second lately, in flight) for every tenant seen lately."""
         now = self._clock()
-        return [(name, st.demand.rate(now), st.in_flight) for name, st in self._state.items()
-                if st.in_flight or st.demand.rate(now) > 1e-3]
+        return [(name, rate, st.in_flight) for name, st in self._state.items()
+                if (rate := st.demand.rate(now)) > 1e-3 or st.in_flight]
 
     def set_tenants(self, tenants: TenantRegistry) -> None:
         """Config reload: tenants whose settings changed get fresh buckets; in-flight counts carry over."""
