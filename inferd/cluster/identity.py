@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import msgspec
@@ -102,3 +103,23 @@ def _b64decode(text: str) -> bytes:
         return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError):
         raise Rejected("malformed", "not base64url") from None
+
+
+class UsedTokens:
+    """The (origin, request id) of every token accepted and not expired yet: a token is good for one
+    request, so one seen on the wire cannot be replayed (uncharged) within its TTL. Bounded by what
+    TOKEN_TTL_S of forwarded requests holds; expired entries leave first (they expire in arrival order)."""
+
+    def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
+        self._clock = wall_clock
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+
+    def use(self, ident: ForwardedIdentity) -> None:
+        """Rejected("replay") if this identity's request was already accepted."""
+        now = self._clock()
+        while self._seen and next(iter(self._seen.values())) < now:
+            self._seen.popitem(last=False)
+        key = (ident.origin, ident.request_id)
+        if key in self._seen:
+            raise Rejected("replay", f"request {ident.request_id} from {ident.origin} was already forwarded")
+        self._seen[key] = ident.expires

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import aiohttp
 
 from inferd.cluster.gossip import Gossip, GossipStats
-from inferd.cluster.identity import ForwardedIdentity, check_body, sign_identity, verify_token
+from inferd.cluster.identity import ForwardedIdentity, UsedTokens, check_body, sign_identity, verify_token
 from inferd.cluster.loads import PeerLoads, local_report, peers_spend
 from inferd.cluster.membership import Member
 from inferd.cluster.messages import Load, State
@@ -44,6 +44,7 @@ class Cluster:
         self.keyring: Keyring | None = None
         self.gossip: Gossip | None = None
         self.http: aiohttp.ClientSession | None = None      # spillover's connections to peers
+        self._used = UsedTokens()
         self.spillovers: dict[str, int] = {}       # outcome -> n (inferd.api.spill counts them)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -145,7 +146,11 @@ class Cluster:
         `check_body` once read). Raises inferd.cluster.wire.Rejected."""
         return verify_token(self._key(), token)
 
-    check_body = staticmethod(check_body)
+    def check_body(self, ident: ForwardedIdentity, body: bytes) -> None:
+        """Rejected unless `body` is the one `ident` was signed for, or (replay) its request was already
+        accepted: a token is good for one request, so a copy seen on the wire is refused."""
+        check_body(ident, body)
+        self._used.use(ident)
 
     def _key(self) -> Keyring:
         if self.keyring is None:

@@ -135,3 +135,19 @@ def test_random_tokens_never_raise_anything_but_rejected(keyring: Keyring) -> No
             open_identity(keyring, token, BODY, wall_clock=lambda: NOW)
         except Rejected as e:
             assert e.reason in ("malformed", "bad_mac", "stale", "body")
+
+
+def test_a_token_is_good_for_one_request_until_it_expires():
+    from inferd.cluster.identity import UsedTokens
+
+    now = [1000.0]
+    used = UsedTokens(wall_clock=lambda: now[0])
+    first = ForwardedIdentity(tenant="t", key_id=None, origin="a", request_id="r1", body_sha256=b"x" * 32,
+                              expires=1030.0)
+    used.use(first)
+    with pytest.raises(Rejected) as exc:
+        used.use(first)
+    assert exc.value.reason == "replay"
+    used.use(msgspec.structs.replace(first, request_id="r2"))     # another request: fine
+    now[0] = 1031.0                                               # expired entries are forgotten
+    used.use(first)

@@ -142,9 +142,13 @@ async def test_a_forwarded_request_signed_with_another_key_or_for_another_body_i
                     "Content-Type": "application/json", "X-Inferd-Forwarded": bad}) as resp:
                 assert resp.status == 401
                 assert (await resp.json())["error"]["code"] == "invalid_forwarded_identity"
+        good = token(bytes.fromhex(KEY), body)
         async with http.post(url + "/v1/completions", data=body, headers={
-                "Content-Type": "application/json", "X-Inferd-Forwarded": token(bytes.fromhex(KEY), body)}) as resp:
+                "Content-Type": "application/json", "X-Inferd-Forwarded": good}) as resp:
             assert resp.status == 200          # the right key, for this body: served, not charged here
+        async with http.post(url + "/v1/completions", data=body, headers={
+                "Content-Type": "application/json", "X-Inferd-Forwarded": good}) as resp:
+            assert resp.status == 401          # a copy of a used token: one request per token
 
 
 async def test_a_draining_daemon_announces_it_is_leaving_and_peers_stop_counting_it(tmp_path):
