@@ -73,8 +73,13 @@ class Database(abc.ABC):
         """One write, committed when this returns; its rowcount."""
 
     @abc.abstractmethod
-    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """One statement over many rows (the ledger's inserts), committed when this returns."""
+    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]], *, ordered: bool = False) -> None:
+        """One statement over many rows (the ledger's inserts), committed when this returns.
+
+        `ordered`: rows that take sequence numbers become visible in that order relative to every other
+        ordered write, on every node, so a reader paging by sequence (a billing export) never passes a
+        row that commits later. SQLite has one writer, so it is always so there; PostgreSQL serializes
+        ordered writes under a transaction-scoped advisory lock."""
 
     @abc.abstractmethod
     async def transaction(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:

@@ -112,16 +112,16 @@ class Ledger:
             while self._queued:
                 batch, self._queued = self._queued[:_MAX_BATCH], self._queued[_MAX_BATCH:]
                 try:
-                    await self._db.execute_many(_INSERT, [values for values, _ in batch])
+                    await self._db.execute_many(_INSERT, [values for values, _ in batch], ordered=True)
                 except StoreUnavailable as exc:
                     _settle(batch, [exc] * len(batch))
                 except StoreError:
-                    # One at a time, in order: the rows keep their recording order (seq) on PostgreSQL too,
-                    # where concurrent inserts on a connection pool would commit in any order.
-                    outcomes: list[BaseException | None | int] = []
+                    # One at a time, in order, to find the row at fault: the others commit, in recording order.
+                    outcomes: list[BaseException | None] = []
                     for values, _ in batch:
                         try:
-                            outcomes.append(await self._db.execute(_INSERT, values))
+                            await self._db.execute_many(_INSERT, [values], ordered=True)
+                            outcomes.append(None)
                         except StoreError as exc:
                             outcomes.append(exc)
                     _settle(batch, outcomes)
@@ -174,7 +174,7 @@ def _row(values: list) -> LedgerRow:
     return LedgerRow(**fields)
 
 
-def _settle(batch: list[tuple[tuple, asyncio.Future]], outcomes: list[BaseException | None | int]) -> None:
+def _settle(batch: list[tuple[tuple, asyncio.Future]], outcomes: list[BaseException | None]) -> None:
     for (_, fut), outcome in zip(batch, outcomes):
         if fut.done():
             continue

@@ -27,6 +27,7 @@ from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
 T = TypeVar("T")
 SCHEMA_LOCK = 0x696E66657264          # pg_advisory_xact_lock key while creating the schema ("inferd")
+ORDERED_WRITE_LOCK = 0x696E66657265   # ... for ordered writes (Database.execute_many): one at a time, cluster-wide
 CONNECT_TIMEOUT_S = 10
 RETRIES = 3                           # a deadlock or serialization failure rolls back: run it again
 RETRY_SQLSTATES = ("40001", "40P01")
@@ -179,9 +180,9 @@ class PostgresDatabase(Database):
         (count,) = await self._write([(sql, params)], rows=1)
         return count
 
-    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]], *, ordered: bool = False) -> None:
         if rows:
-            await self._write([(sql, rows)], rows=len(rows), many=True)
+            await self._write([(sql, rows)], rows=len(rows), many=True, ordered=ordered)
 
     async def transaction(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
         if not statements:
@@ -220,7 +221,8 @@ class PostgresDatabase(Database):
         if self._active == 0:
             self._drained.set()
 
-    async def _write(self, statements: Sequence[tuple[str, Any]], *, rows: int, many: bool = False) -> list[int]:
+    async def _write(self, statements: Sequence[tuple[str, Any]], *, rows: int, many: bool = False,
+                     ordered: bool = False) -> list[int]:
         """Wait for room (backpressure), then run the write in a task of its own: a caller cancelled
         while it runs (a client that left) does not cancel its commit, as with SQLite's writer queue."""
         self._enter()
@@ -230,7 +232,7 @@ class PostgresDatabase(Database):
             self._leave()
             raise
         self._stats.pending_writes += 1
-        task = asyncio.ensure_future(self._write_now(statements, rows, many))
+        task = asyncio.ensure_future(self._write_now(statements, rows, many, ordered))
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return await asyncio.shield(task)
@@ -245,10 +247,15 @@ class PostgresDatabase(Database):
         if not task.cancelled():
             task.exception()        # retrieved: a cancelled caller's failed write is counted in errors
 
-    async def _write_now(self, statements: Sequence[tuple[str, Any]], rows: int, many: bool) -> list[int]:
+    async def _write_now(self, statements: Sequence[tuple[str, Any]], rows: int, many: bool,
+                         ordered: bool) -> list[int]:
         async def attempt(conn: psycopg.AsyncConnection) -> list[int]:
             counts: list[int] = []
             async with conn.cursor() as cur:
+                if ordered:
+                    # Taken before the first nextval and held until COMMIT has made the rows visible: a
+                    # sequence number handed out later therefore becomes visible later, on every node.
+                    await cur.execute("SELECT pg_advisory_xact_lock(%s)", (ORDERED_WRITE_LOCK,))
                 for sql, params in statements:
                     if many:
                         await cur.executemany(to_pyformat(sql), [tuple(r) for r in params])

@@ -128,7 +128,8 @@ class SqliteDatabase(Database):
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return await self._submit(EXEC, sql, params, 1)
 
-    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]], *, ordered: bool = False) -> None:
+        # `ordered` needs nothing here: one writer thread commits in sequence order
         rows = list(rows)
         if rows:
             await self._submit(MANY, sql, rows, len(rows))

@@ -11,10 +11,14 @@ import pytest
 
 pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
 
+import psycopg  # noqa: E402
+
 from inferd.store.db import COMMIT_BUCKETS, StoreError, StoreUnavailable  # noqa: E402
-from inferd.store.postgres import PostgresDatabase, redact, to_pyformat  # noqa: E402
+from inferd.store.ledger import _INSERT, Ledger, UsageFilter, _values  # noqa: E402
+from inferd.store.postgres import ORDERED_WRITE_LOCK, PostgresDatabase, redact, to_pyformat  # noqa: E402
 from inferd.store.schema import SCHEMA_VERSION  # noqa: E402
 from tests.pg_server import free_port  # noqa: E402
+from tests.store.test_ledger import row  # noqa: E402
 
 TABLE = "CREATE TABLE IF NOT EXISTS kv (k TEXT PRIMARY KEY, v BYTEA, n BIGINT)"
 
@@ -184,3 +188,24 @@ async def test_a_database_of_a_newer_inferd_is_refused(node: PostgresDatabase, p
     newer = PostgresDatabase(pg_dsn)
     with pytest.raises(StoreError, match="newer inferd"):
         await newer.open()
+
+
+async def test_an_ordered_write_waits_for_another_nodes_open_one_so_paging_by_seq_passes_no_row(
+        node: PostgresDatabase, pg_dsn: str):
+    """Node A's ledger row takes seq 1 and has not committed; node B's row must not become visible with
+    seq 2 before it, or an export paged by `after` would read seq 2 and never see seq 1."""
+    ledger = Ledger(node)
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as node_a:
+        async with node_a.cursor() as cur:      # what node A's ordered write does, held open mid-way
+            await cur.execute("SELECT pg_advisory_xact_lock(%s)", (ORDERED_WRITE_LOCK,))
+            await cur.execute(to_pyformat(_INSERT), tuple(_values(row(request_id="from-a"))))
+        from_b = asyncio.ensure_future(ledger.record(row(request_id="from-b")))
+        done, _ = await asyncio.wait({from_b}, timeout=0.5)
+        assert not done, "node B's row committed while node A's earlier one was still open"
+        assert await ledger.rows(UsageFilter()) == []
+        await node_a.commit()
+        await from_b
+    page = await ledger.rows(UsageFilter())
+    assert [row.request_id for _, row in page] == ["from-a", "from-b"]
+    assert page[0][0] < page[1][0]
+
