@@ -90,15 +90,3 @@ def local_report(tenancy: Tenancy, ready: Callable[[Engine], bool]) -> tuple[tup
         spend, tokens = budgets.own(t) if t in spending else (0.0, 0)
         demand.append(TenantDemand(tenant=t, requests_per_s=rate, in_flight=n, spend=spend, tokens_today=tokens))
     return tuple(versions), tuple(demand)
-
-
-def peers_spend(loads: PeerLoads, live_nodes: Callable[[], list[str]]) -> Callable[[str], tuple[float, int]]:
-    """tenant -> (cost, tokens today) the live peers reported lately (for Budgets.set_peers)."""
-    def spend(tenant: str) -> tuple[float, int]:
-        cost, tokens = 0.0, 0
-        for node in live_nodes():
-            reported = (loads.fresh_demand(node) or {}).get(tenant)
-            if reported is not None:
-                cost, tokens = cost + reported.spend, tokens + reported.tokens_today
-        return cost, tokens
-    return spend

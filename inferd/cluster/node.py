@@ -15,10 +15,11 @@ import aiohttp
 
 from inferd.cluster.gossip import Gossip, GossipStats
 from inferd.cluster.identity import ForwardedIdentity, UsedTokens, check_body, sign_identity, verify_token
-from inferd.cluster.loads import PeerLoads, local_report, peers_spend
+from inferd.cluster.loads import PeerLoads, local_report
 from inferd.cluster.membership import Member
 from inferd.cluster.messages import Load, State
 from inferd.cluster.shares import QuotaShares
+from inferd.cluster.spends import PeerSpends
 from inferd.cluster.wire import Keyring, load_key
 from inferd.config import ClusterConfig
 from inferd.engine import Engine
@@ -41,6 +42,7 @@ class Cluster:
         self._ready = ready
         self._clock = clock
         self.loads = PeerLoads(config.load_max_age_s, clock)
+        self.spends = PeerSpends()
         self.keyring: Keyring | None = None
         self.gossip: Gossip | None = None
         self.http: aiohttp.ClientSession | None = None      # spillover's connections to peers
@@ -57,8 +59,8 @@ class Cluster:
                              clock=self._clock)
         await self.gossip.start()
         self.gossip.membership.on_change = self._changed
-        # Budgets count what every live peer reports it spent, beside this node's own ledger rows.
-        self._tenancy.budgets.set_peers(peers_spend(self.loads, lambda: [m.node for m in self._alive()]))
+        # Budgets count what every peer reported it spent (dead or alive), beside this node's own rows.
+        self._tenancy.budgets.set_peers(self.spends.spend)
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SPILL_CONNECTIONS),
                                           auto_decompress=False)
         self._share_quotas()
@@ -114,6 +116,7 @@ class Cluster:
 
     def _heard(self, node: str, load: Load) -> None:
         self.loads.heard(node, load)
+        self.spends.heard(node, load)
 
     def _changed(self, member: Member, previous: State | None) -> None:
         if member.state in (State.DEAD, State.LEFT):

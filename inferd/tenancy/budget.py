@@ -18,7 +18,8 @@ from inferd.config import TenantConfig, TenantRegistry
 
 Clock = Callable[[], float]
 _ADJ = {"day": "daily", "month": "monthly"}
-PeerSpend = Callable[[str], tuple[float, int]]      # tenant -> (cost this period, tokens today) on the peers
+# (tenant, spend period start, day start) -> (the peers' cost in that period, their tokens that day)
+PeerSpend = Callable[[str, float, float], tuple[float, int]]
 
 
 class BudgetExceeded(Exception):
@@ -104,7 +105,7 @@ class Budgets:
     def totals(self, tenant: str) -> tuple[float, int]:
         """(cost this period, tokens today), this node's and its peers'."""
         st = self._get(tenant, self._clock())
-        peer_cost, peer_tokens = self._peers(tenant) if self._peers is not None else (0.0, 0)
+        peer_cost, peer_tokens = self._peers(tenant, st.period, st.day) if self._peers is not None else (0.0, 0)
         return st.cost + peer_cost, st.tokens + peer_tokens
 
     def own(self, tenant: str) -> tuple[float, int]:

@@ -204,3 +204,51 @@ async def test_a_client_leaving_a_spilled_stream_aborts_it_on_the_peer(tmp_path)
 
 async def _idle(b) -> bool:
     return b.state.engines["sim"].capacity().free_slots == 1
+
+
+async def test_a_daily_token_budget_holds_on_the_clusters_sum_even_after_a_node_is_gone(tmp_path):
+    """Each node keeps its own ledger (SQLite in its own state directory); the budget is 40 tokens a
+    day for the whole cluster, so node 1 refuses before its own rows reach 40, and goes on refusing
+    once node 0, which spent the rest, has stopped."""
+    budget = '[tenants.local]\nmax_tokens_per_day = 40\n'
+    async with cluster_of(tmp_path, 2, extra={0: budget, 1: budget}) as nodes, aiohttp.ClientSession() as http:
+        (a, a_url), (b, b_url) = nodes
+
+        async def send(url: str) -> tuple[int, dict]:
+            async with http.post(url + "/v1/completions", json=SHORT) as resp:
+                return resp.status, await resp.json()
+
+        spent_on_a = 0
+        for _ in range(3):
+            status, body = await send(a_url)
+            assert status == 200
+            spent_on_a += body["usage"]["total_tokens"]
+        assert 0 < spent_on_a < 40
+
+        async def b_has_heard() -> bool:
+            return b.state.tenancy.budgets.totals("local")[1] >= spent_on_a
+        await until(b_has_heard, "node 1 to hear node 0's spend")
+        statuses = []
+        while not statuses or statuses[-1] == 200:
+            assert len(statuses) < 10, statuses
+            status, body = await send(b_url)
+            statuses.append(status)
+        own_on_b = b.state.tenancy.budgets.own("local")[1]
+        assert statuses[-1] == 429 and body["error"]["code"] == "budget_exceeded"
+        assert "40 tokens for today" in body["error"]["message"]
+        assert own_on_b < 40 <= spent_on_a + own_on_b       # refused on the cluster's sum, not its own rows
+
+        async def a_has_heard() -> bool:
+            return a.state.tenancy.budgets.totals("local")[1] >= 40
+        await until(a_has_heard, "node 0 to hear node 1's spend")
+        status, body = await send(a_url)
+        assert status == 429 and body["error"]["code"] == "budget_exceeded"
+
+        a.request_stop()
+        a.request_stop()
+
+        async def a_is_gone() -> bool:
+            return [p["state"] for p in (await peers(http, b_url))["peers"]] != ["alive"]
+        await until(a_is_gone, "node 1 to see node 0 leave")
+        status, body = await send(b_url)
+        assert status == 429, "node 0's spend was forgotten when it left"

@@ -68,7 +68,7 @@ def test_peers_spend_counts_towards_the_budget_and_unbudgeted_tenants_are_never_
     clock = Clock("2026-11-24T12:00:00")
     b = budgets(clock, max_spend=10.0)
     b.add("acme", 4.0, 0)
-    b.set_peers(lambda tenant: (6.0, 0))
+    b.set_peers(lambda tenant, period_start, day_start: (6.0, 0))
     with pytest.raises(BudgetExceeded):
         b.check("acme")
     assert b.own("acme") == (4.0, 0)
