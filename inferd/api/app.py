@@ -19,10 +19,18 @@ from inferd.api import admin, batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
-from inferd.api.errors import SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception
+from inferd.api.errors import (
+    SERVER_ERROR,
+    SERVER_HEADER,
+    ApiError,
+    error_response,
+    from_http_exception,
+    store_unavailable,
+)
 from inferd.api.sse import Inflight
 from inferd.api.state import ServerState
 from inferd.observability import get_logger, request_id_var
+from inferd.store import StoreUnavailable
 
 log = get_logger("inferd.api")
 
@@ -77,6 +85,15 @@ def request_id_for(request: web.BaseRequest) -> str:
     return "req-" + secrets.token_hex(12)
 
 
+def _unless_started(request: web.Request, err: ApiError) -> web.StreamResponse:
+    """`err`'s response, for a handler that raised. If its own response is partly out already, no other
+    can follow: the connection is ended instead, or the client would wait for the rest of a chunked
+    body that never comes."""
+    if request.writer.output_size and request.transport is not None:
+        request.transport.close()
+    return error_response(err, request[keys.REQUEST_ID])
+
+
 @web.middleware
 async def front_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     arrival = time.monotonic()
@@ -100,14 +117,17 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
         except asyncio.CancelledError:
             status = 499                                    # the client left (handler cancellation)
             raise
+        except StoreUnavailable as exc:     # the store failed under a request (an idempotency key, say)
+            log.error("store_unavailable", method=request.method, path=request.path, error=str(exc))
+            resp = _unless_started(request, store_unavailable())
         except ConnectionError:
             # The client left mid-request; aiohttp drops whatever we return for a closed transport
             # (re-raising would have it log a traceback and answer 500).
             resp = web.Response(status=499)
         except Exception:
             log.exception("unhandled_error", method=request.method, path=request.path)
-            resp = error_response(ApiError(500, f"Internal server error (request id {rid}).",
-                                           type=SERVER_ERROR, code="internal_error"), rid)
+            resp = _unless_started(request, ApiError(500, f"Internal server error (request id {rid}).",
+                                                     type=SERVER_ERROR, code="internal_error"))
         if not resp.prepared:
             resp.headers["X-Request-Id"] = rid
         status = resp.status

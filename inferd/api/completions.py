@@ -24,13 +24,20 @@ from inferd.api.context import GenerationContext
 from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
-from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
-                                  server_timing)
+from inferd.api.responses import (
+    OPENAI_FINISH,
+    ChunkEncoder,
+    Identity,
+    RunningUsage,
+    abnormal_end,
+    completion_body,
+    server_timing,
+)
 from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
-from inferd.api.usage import record_usage
+from inferd.api.usage import check_ledger, record_usage
 from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
 from inferd.api.waiting import QueuedStream
 from inferd.cluster import FORWARDED_HEADER
@@ -95,6 +102,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
+        check_ledger(state)         # 503 while the store is failing: nothing runs that cannot be billed
         tenancy = state.tenancy
         forwarded = FORWARDED_HEADER in request.headers    # a peer spilled it to us (inferd.api.spill)
         batch = batch_caller(request, state.batch_secret)   # a batch line from our own runner
@@ -208,13 +216,15 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     last = None
     entry = None
     recorded = False
+    withheld: ApiError | None = None        # a stream's end refused for want of its ledger row
 
-    async def record(final: Delta | None, outcome: int) -> None:
-        """The ledger row, once, committed before the response's last bytes (inferd.api.usage)."""
+    async def record(final: Delta | None, outcome: int, *, withhold: bool = False) -> None:
+        """The ledger row, once, committed before the response's last bytes (inferd.api.usage); a
+        response that would complete (`withhold`) becomes 503 store_unavailable if its row cannot be."""
         nonlocal recorded
         if not recorded:
             recorded = True
-            await record_usage(ctx, outcome, final, stream.delivered_tokens)
+            await record_usage(ctx, outcome, final, stream.delivered_tokens, withhold=withhold)
 
     try:
         headers.update(admitted.headers)    # X-RateLimit-*
@@ -232,9 +242,13 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             tracked = entry
 
             async def before_done() -> None:
-                nonlocal status     # the stream's outcome, even if its client hangs up during the commit
+                nonlocal status, withheld   # the stream's outcome, even if its client hangs up during the commit
                 status = _final_status(tracked.final, tracked)
-                await record(tracked.final, status)
+                try:
+                    await record(tracked.final, status, withhold=True)
+                except ApiError as err:     # the stream ends with this error frame instead of [DONE]
+                    withheld = err
+                    raise
 
             resp = await stream_response(request, stream, entry, encoder, headers, p.include_usage, obs, inflight,
                                          ChoicesSender if isinstance(stream, Choices) else Sender,
@@ -250,9 +264,11 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             status = _final_status(last, entry)
             if not p.stream or not entry.client_gone:
                 log_fields["finish_reason"] = last.finish_reason.value
-        if entry.failed:
+        if withheld is not None:
+            status = withheld.status
+        elif entry.failed:
             status = 500                # a bug ended the stream with an internal_error frame
-        await record(last, status)
+        await record(last, status, withhold=not p.stream)
         return resp
     except ApiError as err:             # an abnormal end: the client gets err.status, so do metrics and rollouts
         status = err.status

@@ -5,6 +5,8 @@ aiohttp's own HTTP errors and anything unexpected into `{"error": {message, type
 """
 from __future__ import annotations
 
+import math
+
 import orjson
 from aiohttp import http_exceptions, web
 
@@ -45,6 +47,13 @@ def model_not_found(model: str) -> ApiError:
 
 def unavailable(message: str, retry_after_s: int = 1, code: str = "unavailable") -> ApiError:
     return ApiError(503, message, type=UNAVAILABLE, code=code, headers={"Retry-After": str(retry_after_s)})
+
+
+def store_unavailable(retry_after_s: float = 1.0) -> ApiError:
+    """The durable store failed (disk full, database unreachable): nothing that must be recorded runs."""
+    return unavailable("The server cannot record requests right now (its store failed: disk full or database "
+                       "unreachable), so none is served; retry later.",
+                       retry_after_s=max(1, math.ceil(retry_after_s)), code="store_unavailable")
 
 
 def body_too_large(limit: int) -> ApiError:

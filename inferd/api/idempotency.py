@@ -21,8 +21,11 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.errors import INVALID_REQUEST, ApiError, invalid
-from inferd.store import StoredResponse
+from inferd.api.responses import DONE_FRAME
+from inferd.observability import get_logger
+from inferd.store import StoredResponse, StoreError
 
+log = get_logger("inferd.idempotency")
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 MAX_STORED_BYTES = 8 << 20          # a response larger than this is served but not kept for replay
@@ -101,11 +104,18 @@ async def settle(request: web.BaseRequest, state, response: web.StreamResponse |
     body = None
     if response is not None and response.status == 200 and not capture.overflow:
         body = response.body if isinstance(response, web.Response) else b"".join(capture.chunks)
-    if not isinstance(body, bytes):
-        await store.release(capture.tenant, capture.key, capture.owner)
-        return
-    headers = {k: response.headers[k] for k in _KEPT_HEADERS if k in response.headers}
-    stored = StoredResponse(status=200, headers=headers, body=body,
-                            stream=not isinstance(response, web.Response))
-    await store.finish(capture.tenant, capture.key, capture.owner, stored, now=time.time(),
-                       ttl_s=state.config.store.idempotency_ttl_s)
+        if not isinstance(response, web.Response) and not body.endswith(DONE_FRAME):
+            body = None         # a stream that ended in an error frame (a bug, its ledger row not recorded)
+    try:
+        if not isinstance(body, bytes):
+            await store.release(capture.tenant, capture.key, capture.owner)
+            return
+        headers = {k: response.headers[k] for k in _KEPT_HEADERS if k in response.headers}
+        stored = StoredResponse(status=200, headers=headers, body=body,
+                                stream=not isinstance(response, web.Response))
+        await store.finish(capture.tenant, capture.key, capture.owner, stored, now=time.time(),
+                           ttl_s=state.config.store.idempotency_ttl_s)
+    except StoreError as exc:
+        # The response stands (it was served and billed); the key cannot keep it. Its claim lapses at
+        # its hold time (409 until then), after which a retry runs again.
+        log.error("idempotency_store_failed", key=capture.key, tenant=capture.tenant, error=str(exc))

@@ -186,6 +186,13 @@ class Sender:
             self.send(self._encoder.error(err, None) + DONE_FRAME)
         self.end()
 
+    def withhold_done(self, err: ApiError) -> None:
+        """Every content frame is out but the stream may not be acknowledged (its ledger row could not
+        be committed): `err`'s frame goes where `[DONE]` would, so the client can tell."""
+        self.entry.failed = self.entry.closing = True
+        with contextlib.suppress(ConnectionError):
+            self.send(self._encoder.error(err, None))
+
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -291,6 +298,10 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
                 sender.send(DONE_FRAME)
     except ConnectionError:
         entry.client_gone = True            # the caller's `finally` aborts the engine request
+    except ApiError as err:                 # before_done refused the stream's end (no ledger row)
+        if sender is None:
+            raise
+        sender.withhold_done(err)
     except Exception:
         if sender is None:
             raise                           # nothing sent yet: the middleware answers 500

@@ -20,7 +20,6 @@ from inferd.observability import Metrics
 from inferd.store import Database, IdempotencyStore, Ledger
 from inferd.tenancy import Tenancy
 
-
 HOST = socket.gethostname()
 
 
@@ -116,10 +115,15 @@ class ServerState:
 
     # -- readiness -------------------------------------------------------------------------
     def ready(self) -> bool:
-        """Serving: every engine started, warmed and healthy, and not draining (readyz)."""
-        if not self.started or self.draining or not self.engines:
+        """Serving: every engine started, warmed and healthy, not draining, and the usage ledger not
+        failing (readyz)."""
+        if not self.started or self.draining or not self.engines or self.ledger_failing():
             return False
         return all(engine.healthy for engine in self.engines.values())
+
+    def ledger_failing(self) -> bool:
+        """The ledger's last commit failed for the store's sake, and requests are refused for now."""
+        return self.ledger is not None and self.ledger.unavailable_for() > 0
 
     def engine_for(self, model: str) -> Engine | None:
         return self.engines.get(model)

@@ -13,6 +13,8 @@ import time
 
 from inferd.api.auth import PRINCIPAL
 from inferd.api.context import GenerationContext
+from inferd.api.errors import store_unavailable
+from inferd.api.state import ServerState
 from inferd.config import price_for
 from inferd.observability import SYSTEM_ACTOR, get_logger
 from inferd.store import LedgerRow, StoreError
@@ -55,9 +57,20 @@ def _phases(arrival: float, timing: EngineTiming | None) -> tuple[float | None, 
     return queue, prefill, decode
 
 
-async def record_usage(ctx: GenerationContext, status: int, last: Delta | None, delivered: int) -> None:
+def check_ledger(state: ServerState) -> None:
+    """503 store_unavailable before anything is read while the ledger is failing (Ledger.unavailable_for):
+    a request that could not be billed is not run."""
+    ledger = state.ledger
+    if ledger is not None and (wait := ledger.unavailable_for()) > 0:
+        raise store_unavailable(wait)
+
+
+async def record_usage(ctx: GenerationContext, status: int, last: Delta | None, delivered: int, *,
+                       withhold: bool = False) -> None:
     """Record `ctx`'s row and wait until it is committed. A store that fails (disk full) is logged and
-    counted; the response still completes (what was committed before stays)."""
+    counted, and what was committed before stays. `withhold`: the row is of a response about to be
+    acknowledged (a JSON body, a stream's `[DONE]`); then the failure raises 503 store_unavailable
+    instead, so no response completes unrecorded (the promise in docs/store.md)."""
     state = ctx.state
     ledger = state.ledger
     if ledger is None:
@@ -69,7 +82,9 @@ async def record_usage(ctx: GenerationContext, status: int, last: Delta | None, 
     except StoreError as exc:
         state.metrics.count_ledger_error()
         log.error("ledger_write_failed", error=str(exc), tenant=ctx.tenant, model=ctx.model,
-                  message="this request's usage row is not recorded")
+                  message="this request's usage row is not recorded" + ("; its response is withheld" * withhold))
+        if withhold:
+            raise store_unavailable(ledger.unavailable_retry_s) from None
         return
     if row.cost:
         state.metrics.count_spend(state.tenancy.tenants.label(ctx.tenant), ctx.model, row.version, row.cost)

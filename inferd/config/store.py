@@ -30,6 +30,9 @@ class StoreConfig(ConfigTable):
     max_pending_writes: int = 20_000        # the writer's queue bound: beyond it writers wait (backpressure)
     idempotency_ttl_s: float = 86_400.0     # Idempotency-Key records expire after this long
     max_file_bytes: int = 104_857_600       # POST /v1/files upload limit (100 MiB)
+    # After a ledger commit fails for the store's sake (disk full, server gone), new requests get 503
+    # store_unavailable for this long before one is let through to try again: none runs unbilled.
+    unavailable_retry_s: float = 5.0
 
 
 def store_errors(s: StoreConfig, path: str = "store") -> list[str]:
@@ -41,7 +44,8 @@ def store_errors(s: StoreConfig, path: str = "store") -> list[str]:
         errors.append(f"{path}.dsn: only with backend = \"postgres\"")
     if s.backend == "postgres" and s.path:
         errors.append(f"{path}.path: only with backend = \"sqlite\"")
-    for key in ("commit_interval_ms", "commit_rows", "max_pending_writes", "idempotency_ttl_s", "max_file_bytes"):
+    for key in ("commit_interval_ms", "commit_rows", "max_pending_writes", "idempotency_ttl_s", "max_file_bytes",
+                "unavailable_retry_s"):
         if not getattr(s, key) > 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(s, key)}")
     return errors

@@ -200,7 +200,8 @@ class Daemon:
         state = await self._load_versions(stack)
         state.tenancy = tenancy
         if store is not None:
-            state.store, state.ledger, state.idempotency = store, Ledger(store), IdempotencyStore(store)
+            ledger = Ledger(store, unavailable_retry_s=cfg.store.unavailable_retry_s)
+            state.store, state.ledger, state.idempotency = store, ledger, IdempotencyStore(store)
         tenancy.start(state.engines, audit=state.control.audit)  # queue per engine; keys-file poll, audited
         stack.push_async_callback(tenancy.close)  # unwinds before the engines close
         app = self._app_factory(state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -91,13 +92,26 @@ class Ledger:
     Concurrent `record` calls are gathered on the loop into one `execute_many` (at most one in flight; the
     rows recorded meanwhile form the next), so many requests ending together cost one statement and share
     one commit. If a batch fails for a reason of its own rows, each row is retried alone so that only a
-    bad row fails its caller; a StoreUnavailable (disk full, server gone) fails the batch's callers.
+    bad row fails its caller; a StoreUnavailable (disk full, server gone) fails the batch's callers and
+    starts an outage (`unavailable_for`) that the next successful commit ends.
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, unavailable_retry_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._db = db
         self._queued: list[tuple[tuple, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
+        self.unavailable_retry_s = unavailable_retry_s
+        self._clock = clock
+        self.failure: StoreUnavailable | None = None    # the last commit's, until one succeeds
+        self._failed_at = 0.0
+
+    def unavailable_for(self) -> float:
+        """Seconds to keep refusing new requests after the last failed commit (0: let them through; one
+        that fails again starts a new wait). A store that recovered is found by the request let through."""
+        if self.failure is None:
+            return 0.0
+        return max(0.0, self._failed_at + self.unavailable_retry_s - self._clock())
 
     async def record(self, row: LedgerRow) -> None:
         """Committed when this returns (group commit: many concurrent calls share one commit)."""
@@ -114,6 +128,7 @@ class Ledger:
                 try:
                     await self._db.execute_many(_INSERT, [values for values, _ in batch], ordered=True)
                 except StoreUnavailable as exc:
+                    self.failure, self._failed_at = exc, self._clock()
                     _settle(batch, [exc] * len(batch))
                 except StoreError:
                     # One at a time, in order, to find the row at fault: the others commit, in recording order.
@@ -131,6 +146,7 @@ class Ledger:
                     _settle(batch, [error] * len(batch))
                     raise
                 else:
+                    self.failure = None
                     _settle(batch, [None] * len(batch))
         finally:
             self._flusher = None

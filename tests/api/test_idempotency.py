@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import aiohttp
+from aiohttp import web
 from openai import AsyncOpenAI
 
+from inferd.api.idempotency import CAPTURE, Capture, settle
 from inferd.config.root import load_config
 from tests.daemon.harness import running_daemon, sim_model, write_config
 
@@ -97,3 +100,28 @@ async def test_creating_a_batch_twice_with_one_key_gives_the_same_batch(tmp_path
             assert again.headers["Idempotent-Replayed"] == "true"
             assert again.parse().id == first.parse().id
             assert len((await sdk.batches.list()).data) == 1
+
+
+class _RecordingStore:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def release(self, tenant, key, owner) -> None:
+        self.calls.append("release")
+
+    async def finish(self, tenant, key, owner, stored, *, now, ttl_s) -> None:
+        self.calls.append("finish")
+
+
+async def test_a_stream_that_ended_in_an_error_frame_is_not_kept_for_replay():
+    """Only a stream that got its `[DONE]` is stored; one cut short (a bug, a ledger row that could not
+    be committed) releases its key, so the retry runs."""
+    for tail, kept in ((b'data: {"error": {"code": "store_unavailable"}}\n\n', "release"),
+                       (b"data: [DONE]\n\n", "finish")):
+        capture = Capture("k", "local", "owner")
+        capture.add(b'data: {"choices": []}\n\n')
+        capture.add(tail)
+        state = SimpleNamespace(idempotency=_RecordingStore(),
+                                config=SimpleNamespace(store=SimpleNamespace(idempotency_ttl_s=60.0)))
+        await settle({CAPTURE: capture}, state, web.StreamResponse(status=200))
+        assert state.idempotency.calls == [kept]

@@ -8,7 +8,7 @@ import sys
 import aiohttp
 
 from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, write_config
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
 
 PRICES = '[prices.sim]\nprompt_per_1k = 1.0\ncompletion_per_1k = 2.0\n'
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": 5, "temperature": 0}
@@ -101,3 +101,47 @@ async def test_a_spent_budget_is_429_before_the_body_is_read_and_survives_a_rest
             assert resp.status == 429                # the spend came back from the ledger
         async with http.get(url + "/metrics") as resp:
             assert 'inferd_tenant_budget_used_ratio{tenant="local"}' in await resp.text()
+
+
+async def test_a_full_disk_withholds_what_it_cannot_record_refuses_new_work_and_recovers(tmp_path):
+    path = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.0)},
+                        PRICES + "[store]\nunavailable_retry_s = 0.3\n")
+    async with running_daemon(load_config(path)) as (daemon, _, url), aiohttp.ClientSession() as http:
+        async def ready() -> bool:
+            async with http.get(url + "/readyz") as resp:
+                return resp.status == 200
+
+        store = daemon.state.store
+        [(pages,)] = await store.query("PRAGMA page_count")
+        await store.execute(f"PRAGMA max_page_count = {pages}")     # the file cannot grow: SQLITE_FULL
+        acknowledged = []
+        for _ in range(500):                    # streams until the ledger's pages are full
+            async with http.post(url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+                text = await resp.text()
+            if not text.endswith("data: [DONE]\n\n"):
+                break
+            acknowledged.append(resp.headers["X-Request-Id"])
+        assert acknowledged, "the first stream already failed"
+        assert '"code":"store_unavailable"' in text.replace(" ", "") and "[DONE]" not in text
+
+        async with http.post(url + "/v1/completions", data=b"not even json") as resp:
+            assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1     # refused before the body
+            assert (await resp.json())["error"]["code"] == "store_unavailable"
+        async with http.get(url + "/readyz") as resp:
+            assert resp.status == 503 and any("usage ledger" in r for r in (await resp.json())["reasons"])
+
+        await until(ready, "the refusal period to end")         # the disk is still full: one runs, is withheld
+        async with http.post(url + "/v1/completions", json=BODY) as resp:
+            assert resp.status == 503 and (await resp.json())["error"]["code"] == "store_unavailable"
+        await until(ready, "the refusal period to end")         # an Idempotency-Key cannot be claimed either
+        async with http.post(url + "/v1/completions", json=BODY, headers={"Idempotency-Key": "k1"}) as resp:
+            assert resp.status == 503 and (await resp.json())["error"]["code"] == "store_unavailable"
+
+        await store.execute("PRAGMA max_page_count = 1073741823")   # room again
+        await until(ready, "the refusal period to end")
+        async with http.post(url + "/v1/completions", json=BODY) as resp:
+            assert resp.status == 200
+            acknowledged.append(resp.headers["X-Request-Id"])
+        recorded = {row["request_id"] for row in await rows(http, url)}
+        assert set(acknowledged) <= recorded, "an acknowledged response is missing from the ledger"
+        assert len(recorded) == len(acknowledged)                   # nothing withheld was recorded

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -62,6 +63,15 @@ async def running_daemon(config: Config, *, drain: bool = False,
 async def running(config_path: Path, **daemon_kw) -> AsyncIterator[tuple[Daemon, str]]:
     async with running_daemon(load_config(config_path), config_path=config_path, **daemon_kw) as (daemon, _, url):
         yield daemon, url
+
+
+async def until(condition, what: str, timeout_s: float = 5.0) -> None:
+    """Poll the async `condition` every 20 ms until it holds; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def complete(http: aiohttp.ClientSession, url: str, model: str, *, max_tokens: int = 4,

@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 from inferd.cluster.identity import ForwardedIdentity, sign_identity
 from inferd.cluster.wire import Keyring
 from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, write_config
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
 
 KEY = "ab" * 32
 CLUSTER = """
@@ -33,14 +33,6 @@ spill_wait_s = 0.01
 """
 SHORT = {"model": "sim", "prompt": "hello there", "max_tokens": 4, "temperature": 0}
 LONG = {"model": "sim", "prompt": "hello there", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
-
-
-async def until(condition, what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
