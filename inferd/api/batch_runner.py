@@ -23,7 +23,6 @@ import os
 import socket
 import ssl
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -40,7 +39,6 @@ log = get_logger("inferd.batch")
 RETRY_S = 1.0                   # after a connection error (our own listener restarting)
 MAX_RETRY_AFTER_S = 60.0
 OnResult = Callable[[str, BatchResult], "Awaitable[None] | None"]
-_RUNNERS: weakref.WeakKeyDictionary[ServerState, set[BatchRunner]] = weakref.WeakKeyDictionary()
 
 
 def listener_url(host: str, port: int, *, tls: bool = False) -> str:
@@ -54,7 +52,7 @@ def listener_url(host: str, port: int, *, tls: bool = False) -> str:
 
 def notify(state: ServerState, *, cancelled: str | None = None) -> None:
     """A batch was created (look now, not at the next poll) or `cancelled` (stop starting its lines)."""
-    for runner in list(_RUNNERS.get(state, ())):
+    for runner in list(state.batch_runners):
         runner.wake(cancelled)
 
 
@@ -110,13 +108,13 @@ class BatchRunner:
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=10))
         self._task = asyncio.create_task(self._main(), name="inferd-batch-runner")
-        _RUNNERS.setdefault(self._state, set()).add(self)
+        self._state.batch_runners.add(self)
 
     async def close(self) -> None:
         """Stop: lines in flight are abandoned (they run again after a restart), the lease released.
         Idempotent."""
         self._closing = True
-        _RUNNERS.get(self._state, set()).discard(self)
+        self._state.batch_runners.discard(self)
         if self._job is not None:
             self._job.stop("closing")
         if self._task is not None:

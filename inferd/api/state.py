@@ -85,6 +85,8 @@ class ServerState:
         self.metrics.watch_store(lambda: self.store)
         # The Batch API's runner authenticates its own requests with this (inferd.api.internal).
         self.batch_secret = new_secret()
+        # Running BatchRunners (inferd.api.batch_runner), woken when a batch is created or cancelled.
+        self.batch_runners: set = set()
 
     @property
     def node_name(self) -> str:
