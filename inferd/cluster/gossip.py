@@ -35,7 +35,7 @@ from inferd.cluster.messages import (
     VersionLoad,
 )
 from inferd.cluster.probe import RTT_BUCKETS, Endpoint, Prober, address, host_port, load_parts, log, pack
-from inferd.cluster.wire import Keyring, Opener, Rejected, Sealer
+from inferd.cluster.wire import REJECT_REASONS, Keyring, Opener, Rejected, Sealer
 from inferd.config import ClusterConfig, parse_address
 
 LoadReport = Callable[[], tuple[tuple[VersionLoad, ...], tuple[TenantDemand, ...]]]
@@ -51,7 +51,7 @@ class GossipStats:
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
-        self.rejected: dict[str, int] = {}          # reason (inferd.cluster.wire.REJECT_REASONS) -> n
+        self.rejected = dict.fromkeys(REJECT_REASONS, 0)   # reason -> n (every reason, so metrics show zeros)
         self.probes = 0
         self.indirect_probes = 0
         self.probe_failures = 0

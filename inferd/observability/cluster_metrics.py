@@ -11,7 +11,6 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-REJECT_REASONS = ("oversize", "malformed", "bad_mac", "stale", "replay")
 SPILL_OUTCOMES = ("forwarded", "peer_failed", "no_peer", "ran_locally")
 
 
@@ -38,8 +37,8 @@ class ClusterCollector:
         rejected = CounterMetricFamily("inferd_cluster_packets_rejected", "Gossip datagrams dropped, by reason "
                                        "(forged or altered: bad_mac; replayed: replay; outside the timestamp "
                                        "window: stale)", labels=("reason",))
-        for reason in REJECT_REASONS:
-            rejected.add_metric((reason,), stats.rejected.get(reason, 0))
+        for reason, n in stats.rejected.items():        # every reason inferd.cluster.wire has, from zero
+            rejected.add_metric((reason,), n)
         yield rejected
         probes = CounterMetricFamily("inferd_cluster_probes", "SWIM probes sent, by kind", labels=("kind",))
         probes.add_metric(("direct",), stats.probes)

@@ -104,7 +104,7 @@ async def test_three_nodes_converge_through_one_seed(make_node):
     assert b.membership.get(c.node_id).http == "http://127.0.0.1:8002"
     await until(lambda: all(n.stats.probe_rtt_count > 0 for n in (seed, b, c)), "acked probes")
     for node in (seed, b, c):
-        assert node.stats.rejected == {} and node.stats.sent > 0 and node.stats.received > 0
+        assert not any(node.stats.rejected.values()) and node.stats.sent > 0 and node.stats.received > 0
         assert sum(node.stats.probe_rtt_buckets.values()) > 0 and node.stats.probe_rtt_sum_s > 0
 
 
@@ -164,7 +164,7 @@ async def test_forged_and_replayed_datagrams_are_rejected_and_change_nothing(mak
     await until(lambda: node.stats.rejected.get("replay") == 1, "the replay counted")
     await asyncio.sleep(5 * FAST["probe_interval_s"])
     assert len(inbox.datagrams) == 1 and node.stats.sent == sent
-    assert node.stats.rejected == {"bad_mac": 1, "replay": 1}
+    assert {k: n for k, n in node.stats.rejected.items() if n} == {"bad_mac": 1, "replay": 1}
 
 
 async def test_a_sync_reply_too_big_for_one_datagram_comes_in_several(make_node, raw_socket):
@@ -231,7 +231,8 @@ async def test_bad_bytes_and_odd_but_authentic_packets_never_break_the_node(make
         if i % 20 == 19:                                      # paced: a burst could overflow the socket buffer
             await until(lambda: sum(node.stats.rejected.values()) == i + 1, "the junk so far rejected")
     await until(lambda: sum(node.stats.rejected.values()) == len(junk), "every junk datagram rejected")
-    assert set(node.stats.rejected) <= {"oversize", "malformed", "bad_mac"} and node.stats.rejected["oversize"] > 0
+    assert {k for k, n in node.stats.rejected.items() if n} <= {"oversize", "malformed", "bad_mac"}
+    assert node.stats.rejected["oversize"] > 0
     # Genuine MAC, nonsense content: unknown probes, a bad address, a leave from a stranger, a load nobody asked for.
     sealer = Sealer("stranger", Keyring(KEY))
     odd = [Ack(123, "nobody"), Nack(5, "nobody"), PingReq(9, "ghost", "not an address"),
