@@ -44,6 +44,7 @@ host = "127.0.0.1"
 port = 0
 log_level = "info"
 heartbeat_interval_s = 15.0
+max_connections = {max_connections}
 
 [models.sim]
 backend = "sim"
@@ -256,7 +257,7 @@ def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_tt
 def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     """Start the daemon or the bare server pinned to the server CPU; it prints {"port": N} when ready."""
     config = workdir / "inferd.toml"
-    config.write_text(CONFIG.format(concurrency=args.concurrency))
+    config.write_text(CONFIG.format(concurrency=args.concurrency, max_connections=args.concurrency + 64))
     proc, started = spawn([__file__, "--role", role, "--config", str(config), "--max-tokens", str(args.max_tokens)],
                           workdir, f"{role}.log", SERVER_CPU)
     return proc, started["port"]

@@ -72,6 +72,7 @@ class Flusher:
         self._dirty: list[Sender] = []
 
     def mark(self, sender: Sender) -> None:
+        sender.pushed_at = _monotonic()         # the stream's oldest unsent output, from now
         dirty = self._dirty
         dirty.append(sender)
         if len(dirty) == 1:
@@ -92,7 +93,7 @@ class Sender:
     """The writing side of one event stream: frames go straight to the transport."""
 
     __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
-                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee")
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee", "pushed_at")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation) -> None:
@@ -112,6 +113,7 @@ class Sender:
         self.blocked = False        # the transport is over its high-water mark: the handler awaits drain
         self.done = False
         self.tee: Callable[[bytes], None] | None = None   # also gets every frame (idempotency's replay copy)
+        self.pushed_at: float | None = None     # when the pending output began (Flusher.mark)
 
     def send(self, frame: bytes) -> None:
         if self.tee is not None:
@@ -150,7 +152,7 @@ class Sender:
                 running = self._encoder.running
                 self.send(self._content(delta.text) if running is None
                           else self._encoder.content_with_usage(delta.text, len(delta.token_ids)))
-                self._on_tokens(len(delta.token_ids), now)
+                self._on_tokens(len(delta.token_ids), now, self.pushed_at)
             elif self._encoder.running is not None:
                 self._encoder.running.count(len(delta.token_ids))
             return

@@ -49,6 +49,8 @@ QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                  80.0, 160.0, 320.0, 640.0)
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
+WRITE_DELAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05,
+                       0.1, 0.25, 0.5, 1.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
                 1.0, 2.5, 5.0, 10.0)
 
@@ -71,6 +73,11 @@ class _EngineCollector:
                                    labels=(*MODEL_LABELS, "state"))
         info = GaugeMetricFamily("inferd_model_info", "Loaded models (value 1); simulated=true for sim engines",
                                  labels=(*MODEL_LABELS, "simulated", "max_model_len"))
+        # The engine's own counts, as its steps make them (inferd_generation_tokens_total counts finished
+        # requests): what the engine produced, to compare with what clients received (bench/node.py).
+        steps = CounterMetricFamily("inferd_engine_steps", "Engine steps run", labels=MODEL_LABELS)
+        generated = CounterMetricFamily("inferd_engine_generated_tokens", "Tokens the engine generated, as its "
+                                        "steps produced them", labels=MODEL_LABELS)
         for name, engine in self._metrics.engines().items():
             labels = self._metrics.labels_for(name)
             try:
@@ -82,7 +89,9 @@ class _EngineCollector:
             blocks.add_metric((*labels, "used"), stats.kv_blocks_used)
             blocks.add_metric((*labels, "free"), stats.kv_blocks_total - stats.kv_blocks_used)
             info.add_metric((*labels, str(engine.info.simulated).lower(), str(engine.info.max_model_len)), 1)
-        yield from (running, waiting, blocks, info)
+            steps.add_metric(labels, stats.steps_total)
+            generated.add_metric(labels, stats.generation_tokens_total)
+        yield from (running, waiting, blocks, info, steps, generated)
 
 
 class _LogCollector:
@@ -113,6 +122,10 @@ class Metrics:
         self.inter_token_latency = Histogram(
             "inferd_inter_token_latency_seconds", "Time between tokens sent (one observation per delta)",
             MODEL_LABELS, buckets=ITL_BUCKETS, registry=r)
+        self.stream_write_delay = Histogram(
+            "inferd_stream_write_delay_seconds", "From the engine pushing a stream's oldest unsent token to "
+            "the frame carrying it being written (the latency the front adds; one observation per frame)",
+            MODEL_LABELS, buckets=WRITE_DELAY_BUCKETS, registry=r)
         self.queue_wait = Histogram(
             "inferd_queue_wait_seconds", "Arrival to first engine step (admission + engine queue)",
             MODEL_LABELS, buckets=QUEUE_BUCKETS, registry=r)

@@ -29,6 +29,7 @@ class SeriesFamilies(Protocol):
     requests_total: Counter
     time_to_first_token: Histogram
     inter_token_latency: Histogram
+    stream_write_delay: Histogram
     queue_wait: Histogram
     e2e_request_latency: Histogram
     prompt_tokens: Counter
@@ -83,8 +84,8 @@ class LoopHistogram:
 class ModelSeries:
     """Label children of one loaded model, bound once so the hot path skips `.labels()` lookups."""
 
-    __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "queue_wait", "e2e", "prompt_tokens",
-                 "generation_tokens", "prefix_hits", "step", "_metrics")
+    __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "e2e",
+                 "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_metrics")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
         self.engine = engine
@@ -93,6 +94,7 @@ class ModelSeries:
         self.ttft = metrics.time_to_first_token.labels(*labels)
         self.itl = metrics.inter_token_latency.labels(*labels)
         self.itl_observe = metrics.loop_observer(self.itl)   # per frame: loop thread only
+        self.write_delay_observe = metrics.loop_observer(metrics.stream_write_delay.labels(*labels))   # ditto
         self.queue_wait = metrics.queue_wait.labels(*labels)
         self.e2e = metrics.e2e_request_latency.labels(*labels)
         self.prompt_tokens = metrics.prompt_tokens.labels(*labels)
@@ -120,11 +122,14 @@ class RequestObservation:
         self.ttft: float | None = None
         self._finished = False
 
-    def on_tokens(self, n_tokens: int, now: float | None = None) -> None:
-        """The client was just sent a delta carrying `n_tokens` new tokens."""
+    def on_tokens(self, n_tokens: int, now: float | None = None, pushed_at: float | None = None) -> None:
+        """The client was just sent a delta carrying `n_tokens` new tokens, the oldest of which the
+        engine pushed at `pushed_at` (the SSE writer knows; inferd_stream_write_delay_seconds)."""
         if n_tokens <= 0:
             return
         now = time.monotonic() if now is None else now
+        if pushed_at is not None:
+            self.series.write_delay_observe(now - pushed_at)
         if self._last_token is None:
             self.ttft = now - self.arrival
             self.series.ttft.observe(self.ttft)

@@ -1,0 +1,320 @@
+"""A whole GPU node in one inferd: --engines sim engines at real step times, --streams each, and what the
+front end costs them.
+
+    .venv/bin/python bench/node.py [--engines 8] [--streams 256] [--seconds 10] [--warmup 5]
+
+1. One daemon (a subprocess pinned to CPU 0, as `inferd serve` runs it) with --engines models sim0.. each a
+   `llama3-8b-h100` sim engine at time_scale 1 (steps take what the profile's roofline says an H100
+   takes), max_batch_size --streams.
+2. One load generator (a subprocess pinned to CPU 1) keeps --streams streaming completions open per
+   engine, each started when one ends. Each prompt has 64..1024 words and each output 64..512 tokens
+   (log-uniform, seeded, `ignore_eos`). Every chunk carries the usage so far
+   (`stream_options.continuous_usage_stats`), so the client knows how many tokens each arrival brought.
+3. In the measuring window (after --warmup) the daemon's /metrics is read at both ends. It gives each
+   engine's steps, the simulated seconds they took (inferd_engine_step_seconds) and the tokens they
+   generated (inferd_engine_generated_tokens).
+
+It prints:
+- `delivered/simulated tokens/s`: tokens the clients received in the window, over what the engines would
+  produce in it at their simulated step times with nothing in the way (window x each engine's tokens per
+  simulated second). Below 1 when the front delays the steps or the clients' tokens.
+- `added ITL p99`: the latency the front adds to a token: from the engine pushing it to the frame that
+  carries it being written (the daemon's inferd_stream_write_delay_seconds, one observation per frame,
+  of its oldest token; quantiles as Prometheus' histogram_quantile). On loopback the client reads it
+  microseconds later. What the front costs the engines themselves (steps run late on a busy loop) shows
+  in the first figure instead. The client's own ITL (each arrival's gap over its tokens) is printed
+  beside it, with the engines' mean simulated step.
+- `server CPU per 1k tokens`, the server's and client's CPU use, and the load average before and after.
+A client process near 100% CPU means the load generator, not the daemon, set the pace: the figure is
+then a floor. Loopback only; the window and every phase are bounded.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from array import array
+from pathlib import Path
+
+from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+
+SERVER_CPU, CLIENT_CPU = 0, 1
+MODEL = """
+[models.sim{i}]
+backend = "sim"
+max_batch_size = {streams}
+max_num_tokens = 8192
+num_kv_blocks = {blocks}
+[models.sim{i}.sim]
+profile = "llama3-8b-h100"
+time_scale = 1.0
+max_model_len = 4096
+"""
+CONFIG = """
+[server]
+host = "127.0.0.1"
+port = 0
+log_level = "warning"
+heartbeat_interval_s = 15.0
+max_connections = {connections}
+
+[tenants.local]
+max_concurrent_requests = {total}
+
+[admission]
+max_engine_waiting = {streams}
+"""
+WORDS = [f"w{i}" for i in range(2000)]
+
+
+# -- the load generator ----------------------------------------------------------------------------
+class _Stream(asyncio.Protocol):
+    """One keep-alive connection, one streamed completion at a time; notes each arrival's gap and the
+    tokens it brought (from the running usage), inside the measuring window."""
+
+    _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+    def __init__(self, log: tuple[array, array, array], counted: list[int], engine: int,
+                 window: tuple[float, float]) -> None:
+        self.log, self.counted, self.engine, self.window = log, counted, engine, window
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future | None = None
+        self.tail = b""
+        self.tokens = 0
+        self.last: float | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def start(self, request: bytes) -> asyncio.Future:
+        self.done = asyncio.get_running_loop().create_future()
+        self.tail, self.tokens, self.last = b"", 0, None
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        found = self._TOKENS.findall(self.tail[-40:] + data)
+        if found:
+            count = int(found[-1])
+            if count > self.tokens:
+                if self.window[0] <= now < self.window[1]:
+                    self.counted[0] += count - self.tokens
+                    if self.last is not None:
+                        gaps, ks, engines = self.log
+                        gaps.append(now - self.last)
+                        ks.append(count - self.tokens)
+                        engines.append(self.engine)
+                self.tokens, self.last = count, now
+        self.tail = (self.tail + data)[-200:]
+        if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
+            self.done.set_result(self.tokens)
+
+    def connection_lost(self, exc) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("server closed the connection"))
+
+
+def _request(port: int, model: str, rng: random.Random) -> bytes:
+    prompt_words = int(64 * 16 ** rng.random())          # 64..1024, log-uniform
+    body = {"model": model, "prompt": " ".join(rng.choices(WORDS, k=prompt_words)),
+            "max_tokens": int(64 * 8 ** rng.random()), "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    payload = json.dumps(body).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+
+async def load(args: argparse.Namespace, out: Path) -> dict:
+    loop = asyncio.get_running_loop()
+    t0 = time.monotonic()
+    window = (t0 + args.warmup, t0 + args.warmup + args.seconds)
+    log = (array("d"), array("I"), array("B"))
+    totals = {"requests": 0, "errors": 0}
+    counted = [0]           # tokens that arrived in the window, every stream's
+
+    async def worker(i: int) -> None:
+        rng = random.Random(args.seed * 100_003 + i)
+        engine = i % args.engines
+        _, proto = await loop.create_connection(lambda: _Stream(log, counted, engine, window), "127.0.0.1", args.port)
+        try:
+            while time.monotonic() < window[1]:
+                try:
+                    await proto.start(_request(args.port, f"sim{engine}", rng))
+                except ConnectionError:
+                    totals["errors"] += 1
+                    return
+                totals["requests"] += 1
+        finally:
+            proto.transport.close()
+
+    workers = [asyncio.ensure_future(worker(i)) for i in range(args.engines * args.streams)]
+    await asyncio.sleep(window[1] - time.monotonic())
+    for w in workers:          # the window is over; requests still running are cut off
+        w.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    gaps, ks, engines = log
+    (out / "gaps.bin").write_bytes(gaps.tobytes())
+    (out / "ks.bin").write_bytes(ks.tobytes())
+    (out / "engines.bin").write_bytes(engines.tobytes())
+    return {"client_tokens_per_s": counted[0] / args.seconds, "requests": totals["requests"],
+            "errors": totals["errors"], "arrivals": len(gaps)}
+
+
+def run_client(args: argparse.Namespace) -> None:
+    import uvloop
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    result = uvloop.run(load(args, Path(args.out)))
+    result["client_cpu_util"] = (time.process_time() - cpu0) / (time.monotonic() - t0)
+    print(json.dumps(result), flush=True)
+
+
+# -- orchestration ---------------------------------------------------------------------------------
+_SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_seconds_count|'
+                     r'inferd_engine_generated_tokens_total)\{[^}]*model="(sim\d+)"[^}]*\} ([0-9.e+]+)$', re.M)
+_DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
+
+
+def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:
+    """Per engine: its step seconds (sum, count) and generated tokens; and the write-delay histogram's
+    cumulative buckets summed over every engine."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    engines: dict[str, dict[str, float]] = {}
+    for name, model, value in _SAMPLE.findall(text):
+        engines.setdefault(model, {})[name] = float(value)
+    delay: dict[float, float] = {}
+    for le, value in _DELAY.findall(text):
+        bound = float("inf") if le == "+Inf" else float(le)
+        delay[bound] = delay.get(bound, 0.0) + float(value)
+    return engines, delay
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus' histogram_quantile: linear within the bucket holding the q-th observation."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        if buckets[bound] >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(buckets[bound] - below, 1e-12)
+        lower, below = bound, buckets[bound]
+    return lower
+
+
+def percentile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+
+def main() -> int:
+    args = parse()
+    if args.role == "daemon":
+        run_daemon(args.config)
+        return 0
+    if args.role == "client":
+        run_client(args)
+        return 0
+    total = args.engines * args.streams
+    blocks = args.streams * (1024 + 512) // 16 + 64          # every stream's longest prompt and output
+    with tempfile.TemporaryDirectory(prefix="inferd-node-") as tmp:
+        work = Path(tmp)
+        config = work / "inferd.toml"
+        config.write_text(CONFIG.format(connections=total + 64, total=total, streams=args.streams)
+                          + "".join(MODEL.format(i=i, streams=args.streams, blocks=blocks)
+                                    for i in range(args.engines)))
+        load_before = os.getloadavg()
+        proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], work, "daemon.log", SERVER_CPU)
+        port = started["port"]
+        try:
+            cmd = [sys.executable, __file__, "--role", "client", "--port", str(port), "--engines", str(args.engines),
+                   "--streams", str(args.streams), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+                   "--seed", str(args.seed), "--out", str(work)]
+            client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(CLIENT_CPU))
+            time.sleep(args.warmup)
+            (m0, d0), cpu0, t0 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(args.seconds)
+            (m1, d1), cpu1, t1 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
+            out, _ = client.communicate(timeout=args.seconds + args.warmup + 120)
+            if client.returncode != 0:
+                raise RuntimeError("load generator failed")
+            result = json.loads(out.strip().splitlines()[-1])
+        finally:
+            stop(proc)
+        load_after = os.getloadavg()
+        window = t1 - t0
+        simulated, step_s = 0.0, {}
+        for model in m1:
+            d = {k: m1[model][k] - m0.get(model, {}).get(k, 0.0) for k in m1[model]}
+            sim_s, steps, gen = (d["inferd_engine_step_seconds_sum"], d["inferd_engine_step_seconds_count"],
+                                 d["inferd_engine_generated_tokens_total"])
+            if sim_s > 0 and steps > 0:
+                simulated += window * gen / sim_s
+                step_s[int(model[3:])] = sim_s / steps
+        gaps = array("d")
+        gaps.frombytes((work / "gaps.bin").read_bytes())
+        ks = array("I")
+        ks.frombytes((work / "ks.bin").read_bytes())
+        engines = array("B")
+        engines.frombytes((work / "engines.bin").read_bytes())
+    itl: list[float] = []                                   # the client's ITL: each arrival's gap over its tokens
+    for gap, k in zip(gaps, ks):
+        itl.extend([gap / k * 1000] * min(k, 64))
+    itl.sort()
+    delay = {b: d1.get(b, 0.0) - d0.get(b, 0.0) for b in d1}
+    delivered = result["client_tokens_per_s"]
+    tokens_in_window = sum(ks)
+    report = {**result, "window_s": window, "delivered_tokens_per_s": delivered,
+              "simulated_tokens_per_s": simulated / window, "ratio": delivered / (simulated / window),
+              "tokens_per_arrival": tokens_in_window / max(1, len(gaps)),
+              "mean_step_ms": {e: round(s * 1000, 3) for e, s in sorted(step_s.items())},
+              "added_itl_ms": {q: histogram_quantile(v, delay) * 1000 for q, v in
+                               (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
+              "client_itl_ms": {"p50": percentile(itl, 0.50), "p99": percentile(itl, 0.99)},
+              "server_cpu_util": (cpu1 - cpu0) / window,
+              "server_cpu_ms_per_1k_tokens": (cpu1 - cpu0) * 1000 / max(1.0, delivered * window) * 1000,
+              "loadavg_before": load_before, "loadavg_after": load_after}
+    print(json.dumps(report), file=sys.stderr)
+    print(f"node: {args.engines} sim engines (llama3-8b-h100, real time) x {args.streams} streams, "
+          f"{window:.1f} s window")
+    print(f"delivered/simulated tokens/s: {report['ratio']:.3f} ({delivered:,.0f} / "
+          f"{report['simulated_tokens_per_s']:,.0f}); {report['tokens_per_arrival']:.2f} tokens per arrival")
+    a = report["added_itl_ms"]
+    c = report["client_itl_ms"]
+    print(f"added ITL p99: {a['p99']:.2f} ms (p50 {a['p50']:.2f}, p90 {a['p90']:.2f}: token pushed -> frame written, "
+          f"inferd_stream_write_delay_seconds); client ITL p50 {c['p50']:.1f} p99 {c['p99']:.1f} ms, mean simulated "
+          f"step {sum(step_s.values()) / max(1, len(step_s)) * 1000:.2f} ms")
+    print(f"server CPU per 1k tokens: {report['server_cpu_ms_per_1k_tokens']:.2f} ms (server CPU "
+          f"{report['server_cpu_util']:.0%}, client CPU {result['client_cpu_util']:.0%}, errors {result['errors']})")
+    print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
+        *load_before, *load_after))
+    return 0
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", choices=["main", "daemon", "client"], default="main")
+    p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--streams", type=int, default=256, help="concurrent streams per engine")
+    p.add_argument("--seconds", type=float, default=10.0, help="measuring window")
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=7)
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
