@@ -7,8 +7,8 @@ front end costs them.
    `llama3-8b-h100` sim engine at time_scale 1 (steps take what the profile's roofline says an H100
    takes), max_batch_size --streams.
 2. One load generator (a subprocess pinned to CPU 1) keeps --streams streaming completions open per
-   engine, each started when one ends. Each prompt has 64..1024 words and each output 64..512 tokens
-   (log-uniform, seeded, `ignore_eos`). Every chunk carries the usage so far
+   engine, each started when one ends. Each prompt has 16..256 words (about 50..770 tokens) and each
+   output 128..1024 tokens (log-uniform, seeded, `ignore_eos`): chat-like, decode-heavy. Every chunk carries the usage so far
    (`stream_options.continuous_usage_stats`), so the client knows how many tokens each arrival brought.
 3. In the measuring window (after --warmup) the daemon's /metrics is read at both ends. It gives each
    engine's steps, the simulated seconds they took (inferd_engine_step_seconds) and the tokens they
@@ -124,9 +124,9 @@ class _Stream(asyncio.Protocol):
 
 
 def _request(port: int, model: str, rng: random.Random) -> bytes:
-    prompt_words = int(64 * 16 ** rng.random())          # 64..1024, log-uniform
+    prompt_words = int(16 * 16 ** rng.random())          # 16..256 words (~50..770 tokens), log-uniform
     body = {"model": model, "prompt": " ".join(rng.choices(WORDS, k=prompt_words)),
-            "max_tokens": int(64 * 8 ** rng.random()), "ignore_eos": True, "temperature": 0, "stream": True,
+            "max_tokens": int(128 * 8 ** rng.random()), "ignore_eos": True, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     payload = json.dumps(body).encode()
     return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
@@ -227,7 +227,7 @@ def main() -> int:
         run_client(args)
         return 0
     total = args.engines * args.streams
-    blocks = args.streams * (1024 + 512) // 16 + 64          # every stream's longest prompt and output
+    blocks = args.streams * (800 + 1024) // 16 + 64          # every stream's longest prompt and output
     with tempfile.TemporaryDirectory(prefix="inferd-node-") as tmp:
         work = Path(tmp)
         config = work / "inferd.toml"
@@ -311,7 +311,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--streams", type=int, default=256, help="concurrent streams per engine")
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window")
-    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=8.0, help="before the window: the first prefills settle")
     p.add_argument("--seed", type=int, default=7)
     return p.parse_args()
 
