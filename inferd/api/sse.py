@@ -24,6 +24,7 @@ raised to the middleware, which would write a second HTTP response into the chun
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import time
@@ -39,6 +40,11 @@ from inferd.observability import RequestObservation, get_logger, request_context
 from inferd.types import Delta, FinishReason
 
 _monotonic = time.monotonic
+_perf = time.perf_counter
+# A flush turn's budget (Flusher): about the engines' own slice of a busy loop (inferd.engine.sim's
+# _SLICE_S), so that frames and steps take turns evenly; the clock is read every _CHECK_EVERY frames.
+FLUSH_BUDGET_S = 0.002
+_CHECK_EVERY = 16
 log = get_logger("inferd.api.sse")
 
 
@@ -64,29 +70,49 @@ class Tracked:
 
 
 class Flusher:
-    """Writes one frame for every stream with new output, once per loop turn, from one callback."""
+    """Writes one frame for every stream with new output, from one callback per loop turn.
 
-    __slots__ = ("_dirty",)
+    A turn writes for at most FLUSH_BUDGET_S; streams left over stay marked, oldest first, for the next
+    turn, and their tokens keep merging meanwhile. With thousands of streams a full pass would take
+    tens of milliseconds, during which the engines (stepping on this loop, or waiting on it for their
+    outputs) and new requests wait, and every stream would get a frame per engine step: the cost of a
+    frame (a send() each) is the front's cost per token. Bounded turns leave the engines their share
+    and make frames fuller exactly when the loop is short of time; when it is not, every stream is
+    written in the turn it got output, as before.
+    """
+
+    __slots__ = ("_dirty", "_scheduled")
 
     def __init__(self) -> None:
-        self._dirty: list[Sender] = []
+        self._dirty: collections.deque[Sender] = collections.deque()
+        self._scheduled = False
 
     def mark(self, sender: Sender) -> None:
         sender.pushed_at = _monotonic()         # the stream's oldest unsent output, from now
-        dirty = self._dirty
-        dirty.append(sender)
-        if len(dirty) == 1:
+        self._dirty.append(sender)
+        if not self._scheduled:
+            self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run)
 
     def _run(self) -> None:
-        dirty, self._dirty = self._dirty, []
-        for sender in dirty:
+        dirty = self._dirty
+        deadline = _perf() + FLUSH_BUDGET_S
+        n = 0
+        while dirty:
+            sender = dirty.popleft()
             try:
                 sender.flush()
             except ConnectionError:
                 sender.end(client_gone=True)
             except Exception:   # a bug: end this stream with an error frame, not the others
                 sender.fail()
+            n += 1
+            if not n % _CHECK_EVERY and _perf() > deadline:
+                break
+        if dirty:
+            asyncio.get_running_loop().call_soon(self._run)    # after what is ready now (engine steps)
+        else:
+            self._scheduled = False
 
 
 class Sender:
