@@ -1,6 +1,7 @@
 """Front-end benchmark: delivered tokens/s and SSE frames/s through the full daemon vs a bare SSE server.
 
     .venv/bin/python bench/frontend.py [--seconds 10] [--concurrency 256] [--max-tokens 256]
+    .venv/bin/python bench/frontend.py --scaling 256 1024 2048 [--rounds 2] [--seconds 6]
 
 Phases (each bounded; the script stops itself):
   1. The daemon (inferd.daemon.lifecycle.Daemon in a subprocess: uvloop, config file, engines, app, AppRunner)
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -263,6 +265,38 @@ def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[su
     return proc, started["port"]
 
 
+def _summary(name: str, r: dict) -> str:
+    return (f"{name}: {r['tokens_per_s']:,.0f} delivered tokens/s, {r['frames_per_s']:,.0f} frames/s "
+            f"({r['tokens_per_frame']:.2f} tokens/frame); server CPU {r['server_cpu_util']:.0%} "
+            f"({r['server_cpu_us_per_frame']:.1f} us/frame), client CPU {r['client_cpu_util']:.0%}, "
+            f"errors {r['errors']}")
+
+
+def scaling(args: argparse.Namespace) -> int:
+    """The daemon's load phase at each of --scaling's concurrencies, --rounds times in turn."""
+    load_before = os.getloadavg()
+    runs: dict[int, list[dict]] = {c: [] for c in args.scaling}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for concurrency in args.scaling:
+                args.concurrency = concurrency
+                proc, port = start_server("daemon", Path(tmp), args)
+                try:
+                    r = measure(proc, port, args, with_ttft=False)
+                finally:
+                    stop(proc, 15)
+                runs[concurrency].append(r)
+                print(_summary(f"daemon ({concurrency} streams)", r), flush=True)
+    base = statistics.median(r["tokens_per_s"] for r in runs[args.scaling[0]])
+    for concurrency, rs in runs.items():
+        median = statistics.median(r["tokens_per_s"] for r in rs)
+        print(f"{concurrency} streams: median {median:,.0f} delivered tokens/s = {median / base:.2f} of "
+              f"{args.scaling[0]} streams' ({args.rounds} rounds in turn)")
+    print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
+        *load_before, *os.getloadavg()))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--role", choices=["main", "daemon", "bare", "client"], default="main")
@@ -274,6 +308,11 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window per load phase")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--ttft-seconds", type=float, default=3.0)
+    p.add_argument("--scaling", type=int, nargs="+", metavar="STREAMS",
+                   help="instead of the phases above: the daemon's load phase at each of these concurrencies, "
+                   "--rounds times in turn (a slow spell of the machine lands in every one), and each one's "
+                   "median tokens/s over the first's, e.g. --scaling 256 1024 2048")
+    p.add_argument("--rounds", type=int, default=2, help="with --scaling")
     args = p.parse_args()
     if args.role == "daemon":
         run_daemon(args.config)
@@ -285,6 +324,8 @@ def main() -> int:
         run_client(args)
         return 0
 
+    if args.scaling:
+        return scaling(args)
     results = {"load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
         for role in ("daemon", "bare"):
@@ -300,10 +341,7 @@ def main() -> int:
     results["ttft_added_p99_ms"] = d["ttft"]["p99_ms"] - b["ttft"]["p99_ms"]
     print(json.dumps(results, indent=2))
     for name, r in (("daemon", d), ("bare  ", b)):
-        print(f"{name}: {r['tokens_per_s']:,.0f} delivered tokens/s, {r['frames_per_s']:,.0f} frames/s "
-              f"({r['tokens_per_frame']:.2f} tokens/frame); server CPU {r['server_cpu_util']:.0%} "
-              f"({r['server_cpu_us_per_frame']:.1f} us/frame), client CPU {r['client_cpu_util']:.0%}, "
-              f"errors {r['errors']}")
+        print(_summary(name, r))
     print(f"ratio:  daemon frames/s = {results['frames_ratio']:.0%} of the bare frames/s (same run, same load)")
     print(f"TTFT at 1 concurrent request: daemon p50 {d['ttft']['p50_ms']:.2f} ms p99 {d['ttft']['p99_ms']:.2f} ms; "
           f"bare p50 {b['ttft']['p50_ms']:.2f} ms p99 {b['ttft']['p99_ms']:.2f} ms; "
