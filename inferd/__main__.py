@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     revoke.add_argument("--config", default="config.toml")
 
-    from inferd.store import add_batches_parser, add_usage_parser  # argparse only: no store is opened here
+    from inferd.store import add_batches_parser, add_usage_parser      # argparse only: no store is opened here
     add_usage_parser(sub)
     add_batches_parser(sub)
 

@@ -19,14 +19,8 @@ from inferd.api import admin, batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
-from inferd.api.errors import (
-    SERVER_ERROR,
-    SERVER_HEADER,
-    ApiError,
-    error_response,
-    from_http_exception,
-    store_unavailable,
-)
+from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
+                               store_unavailable)
 from inferd.api.sse import Inflight
 from inferd.api.state import ServerState
 from inferd.observability import get_logger, request_id_var

@@ -24,15 +24,8 @@ from inferd.api.context import GenerationContext
 from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
-from inferd.api.responses import (
-    OPENAI_FINISH,
-    ChunkEncoder,
-    Identity,
-    RunningUsage,
-    abnormal_end,
-    completion_body,
-    server_timing,
-)
+from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
+                                  server_timing)
 from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState

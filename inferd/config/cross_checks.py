@@ -12,16 +12,8 @@ import msgspec
 
 from inferd.config.aliases import AliasConfig, alias_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
-from inferd.config.tenants import (
-    AdmissionConfig,
-    AuthConfig,
-    TenantConfig,
-    admission_errors,
-    auth_errors,
-    bind_errors,
-    check_auth_binding,
-    tenant_errors,
-)
+from inferd.config.tenants import (AdmissionConfig, AuthConfig, TenantConfig, admission_errors, auth_errors, bind_errors,
+                                   check_auth_binding, tenant_errors)
 from inferd.config.walk import check_table, decode_entries
 
 
