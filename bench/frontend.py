@@ -52,6 +52,7 @@ max_connections = {max_connections}
 backend = "sim"
 max_batch_size = {concurrency}
 max_num_tokens = 8192
+num_kv_blocks = {kv_blocks}   # every stream's whole context: the front is measured, not KV preemption
 
 [models.sim.sim]
 profile = "llama3-8b-h100"
@@ -259,7 +260,8 @@ def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_tt
 def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     """Start the daemon or the bare server pinned to the server CPU; it prints {"port": N} when ready."""
     config = workdir / "inferd.toml"
-    config.write_text(CONFIG.format(concurrency=args.concurrency, max_connections=args.concurrency + 64))
+    config.write_text(CONFIG.format(concurrency=args.concurrency, max_connections=args.concurrency + 64,
+                                    kv_blocks=args.concurrency * (args.max_tokens + 64) // 16 + 64))
     proc, started = spawn([__file__, "--role", role, "--config", str(config), "--max-tokens", str(args.max_tokens)],
                           workdir, f"{role}.log", SERVER_CPU)
     return proc, started["port"]
