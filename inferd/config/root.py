@@ -134,6 +134,10 @@ class ConfigError(Exception):
         self.source = source
         super().__init__(f"{source}: {len(errors)} error(s):\n" + "\n".join(f"  {e}" for e in errors))
 
+    def report(self) -> str:
+        """What the command-line tools print: the file, then one bad key a line."""
+        return f"{self.source}: invalid config, {len(self.errors)} error(s)\n" + "".join(f"  {e}\n" for e in self.errors)
+
 
 # -- semantic pass -------------------------------------------------------------------------
 
@@ -366,9 +370,7 @@ def check_config_main(path: str, more_checks: Callable[[Config], list[str]] | No
         if more_checks is not None and (errors := more_checks(cfg)):
             raise ConfigError(errors, str(path))
     except ConfigError as exc:
-        print(f"{exc.source}: invalid config, {len(exc.errors)} error(s)", file=sys.stderr)
-        for err in exc.errors:
-            print(f"  {err}", file=sys.stderr)
+        sys.stderr.write(exc.report())
         return 1
     models = ", ".join(f"{n} ({m.backend})" for n, m in cfg.models.items())
     tenants = ", ".join(cfg.tenants) or "none configured"

@@ -60,9 +60,7 @@ def batches_main(args: argparse.Namespace) -> int:
             raise CliError(f"--limit must be >= 1, got {args.limit}")
         return asyncio.run(_read(open_database(config.store, readonly=True), args))
     except ConfigError as exc:
-        print(f"{exc.source}: invalid config", file=sys.stderr)
-        for err in exc.errors:
-            print(f"  {err}", file=sys.stderr)
+        sys.stderr.write(exc.report())
     except (CliError, StoreError) as exc:
         print(f"inferd batches: {exc}", file=sys.stderr)
     return 1

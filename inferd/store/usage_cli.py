@@ -36,9 +36,7 @@ def usage_main(args: argparse.Namespace) -> int:
         f = usage_filter(args.tenant, args.model, args.since, args.until)
         return asyncio.run(_print(open_database(config.store, readonly=True), f, args))
     except ConfigError as exc:
-        print(f"{exc.source}: invalid config", file=sys.stderr)
-        for err in exc.errors:
-            print(f"  {err}", file=sys.stderr)
+        sys.stderr.write(exc.report())
     except (UsageArgumentError, StoreError) as exc:
         print(f"inferd usage: {exc}", file=sys.stderr)
     return 1
