@@ -17,6 +17,7 @@ commit. Past `max_pending_writes` queued, writers wait for room (backpressure); 
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +52,35 @@ class DbStats(msgspec.Struct, kw_only=True):
     commit_buckets: dict[float, int] = msgspec.field(default_factory=lambda: dict.fromkeys(COMMIT_BUCKETS, 0))
     # ^ cumulative: commits taking at most each COMMIT_BUCKETS bound
     errors: int = 0
+
+
+class Counters:
+    """A store's write statistics, updated once per commit (under a lock: SQLite's writer thread
+    updates them) and read at scrape time as DbStats."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows = self.commits = self.errors = 0
+        self.seconds = 0.0
+        self.buckets = [0] * len(COMMIT_BUCKETS)
+
+    def record(self, rows: int, errors: int, seconds: float | None) -> None:
+        """`rows` committed by one commit that took `seconds` (None: no commit), `errors` writes failed."""
+        with self.lock:
+            self.rows += rows
+            self.errors += errors
+            if seconds is not None:
+                self.commits += 1
+                self.seconds += seconds
+                for i, bound in enumerate(COMMIT_BUCKETS):
+                    if seconds <= bound:
+                        self.buckets[i] += 1
+
+    def snapshot(self, pending_writes: int) -> DbStats:
+        with self.lock:
+            return DbStats(pending_writes=pending_writes, rows_written=self.rows, commits=self.commits,
+                           commit_seconds_sum=self.seconds, commit_buckets=dict(zip(COMMIT_BUCKETS, self.buckets)),
+                           errors=self.errors)
 
 
 class Database(abc.ABC):

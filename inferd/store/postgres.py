@@ -22,7 +22,7 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from inferd.store.db import COMMIT_BUCKETS, Database, DbStats, StoreError, StoreUnavailable
+from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
 from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
 T = TypeVar("T")
@@ -114,7 +114,8 @@ class PostgresDatabase(Database):
         self._drained.set()
         self._closing = False
         self._lifecycle = asyncio.Lock()            # open and close, one at a time
-        self._stats = DbStats(commit_buckets=dict.fromkeys(COMMIT_BUCKETS, 0))
+        self._counters = Counters()
+        self._pending = 0                           # writes admitted past the backpressure, not finished
 
     @staticmethod
     def _password(dsn: str) -> str | None:
@@ -204,10 +205,7 @@ class PostgresDatabase(Database):
             self._leave()
 
     def stats(self) -> DbStats:
-        s = self._stats
-        return DbStats(pending_writes=s.pending_writes, rows_written=s.rows_written, commits=s.commits,
-                       commit_seconds_sum=s.commit_seconds_sum, commit_buckets=dict(s.commit_buckets),
-                       errors=s.errors)
+        return self._counters.snapshot(self._pending)
 
     # ---- the work -----------------------------------------------------------------------------------------
     def _enter(self) -> None:
@@ -231,7 +229,7 @@ class PostgresDatabase(Database):
         except BaseException:
             self._leave()
             raise
-        self._stats.pending_writes += 1
+        self._pending += 1
         task = asyncio.ensure_future(self._write_now(statements, rows, many, ordered))
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -241,7 +239,7 @@ class PostgresDatabase(Database):
         # Here, not in _write_now's `finally`: a task cancelled before its first step never runs that,
         # and close() would wait on _drained forever.
         self._tasks.discard(task)
-        self._stats.pending_writes -= 1
+        self._pending -= 1
         self._room.release()
         self._leave()
         if not task.cancelled():
@@ -264,19 +262,10 @@ class PostgresDatabase(Database):
                     counts.append(cur.rowcount)
             started = time.perf_counter()
             await conn.commit()
-            self._committed(rows, time.perf_counter() - started)
+            self._counters.record(rows, 0, time.perf_counter() - started)
             return counts
 
         return await self._run(attempt)
-
-    def _committed(self, rows: int, seconds: float) -> None:
-        s = self._stats
-        s.rows_written += rows
-        s.commits += 1
-        s.commit_seconds_sum += seconds
-        for bound in COMMIT_BUCKETS:
-            if seconds <= bound:
-                s.commit_buckets[bound] += 1
 
     async def _run(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
         """`work` on a pooled connection, run again after a deadlock or serialization failure; psycopg's
@@ -301,7 +290,7 @@ class PostgresDatabase(Database):
                 except psycopg.Error as e:
                     if e.sqlstate in RETRY_SQLSTATES and attempt < RETRIES - 1:
                         continue
-                    self._stats.errors += 1
+                    self._counters.record(0, 1, None)
                     raise self._error(e) from None
         raise StoreError(f"PostgreSQL at {self.where}: gave up after {RETRIES} attempts")  # not reached
 

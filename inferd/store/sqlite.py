@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from inferd.store.db import COMMIT_BUCKETS, Database, DbStats, StoreError, StoreUnavailable
+from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
 from inferd.store.schema import SCHEMA_VERSION, VERSION_QUERY, upgrade
-from inferd.store.sqlite_writer import EXEC, MANY, STOP, TX, Counters, Result, Writer, connect, store_error
+from inferd.store.sqlite_writer import EXEC, MANY, STOP, TX, Result, Writer, connect, store_error
 
 SYNCHRONOUS = ("normal", "full")
 
@@ -213,11 +213,7 @@ class SqliteDatabase(Database):
     # -- statistics --------------------------------------------------------------------------------
 
     def stats(self) -> DbStats:
-        c = self._counters
-        with c.lock:
-            return DbStats(pending_writes=self._pending, rows_written=c.rows, commits=c.commits,
-                           commit_seconds_sum=c.seconds, commit_buckets=dict(zip(COMMIT_BUCKETS, c.buckets)),
-                           errors=c.errors)
+        return self._counters.snapshot(self._pending)
 
 
 def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:

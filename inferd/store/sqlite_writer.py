@@ -14,12 +14,11 @@ import fcntl
 import os
 import queue
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from inferd.store.db import COMMIT_BUCKETS, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
+from inferd.store.db import Counters, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
 from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
 EXEC, MANY, TX = 0, 1, 2
@@ -109,27 +108,6 @@ def check_integrity(conn: sqlite3.Connection, path: str) -> None:
     problems = [str(r[0]) for r in rows if r and r[0] != "ok"]
     if problems or not rows:
         raise StoreCorrupt(f"{path}: integrity check failed: {'; '.join(problems) or 'no answer'}{refuse}")
-
-
-class Counters:
-    """The writer's statistics, updated once per group under a lock and read at scrape time."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.rows = self.commits = self.errors = 0
-        self.seconds = 0.0
-        self.buckets = [0] * len(COMMIT_BUCKETS)
-
-    def record(self, rows: int, errors: int, seconds: float | None) -> None:
-        with self.lock:
-            self.rows += rows
-            self.errors += errors
-            if seconds is not None:
-                self.commits += 1
-                self.seconds += seconds
-                for i, bound in enumerate(COMMIT_BUCKETS):
-                    if seconds <= bound:
-                        self.buckets[i] += 1
 
 
 class Writer:
