@@ -112,7 +112,7 @@ def run_bare(max_tokens_cap: int) -> None:
 # A raw asyncio protocol rather than an HTTP client library: the client gets one core, and a
 # library's per-chunk parsing would make it, not the server, the bottleneck. It speaks just enough
 # HTTP/1.1 (keep-alive, chunked responses) and counts SSE frame terminators as bytes arrive.
-class _Stream(asyncio.Protocol):
+class SseClient(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future | None = None
@@ -141,6 +141,10 @@ class _Stream(asyncio.Protocol):
                 self.first_frame = now
             if self.window[0] <= now < self.window[1]:
                 self.frames += n
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """Keep the tail; the response is complete at the chunked body's terminator."""
         self.tail = (self.tail + data)[-600:]
         if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
             self.done.set_result(None)
@@ -150,7 +154,7 @@ class _Stream(asyncio.Protocol):
             self.done.set_exception(ConnectionError("server closed the connection"))
 
 
-def _request(port: int, body: dict) -> bytes:
+def http_post(port: int, body: dict) -> bytes:
     payload = json.dumps(body).encode()
     return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
@@ -168,14 +172,14 @@ def _completion_tokens(tail: bytes) -> int | None:
 
 async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seconds: float) -> dict:
     loop = asyncio.get_running_loop()
-    request = _request(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": max_tokens,
+    request = http_post(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": max_tokens,
                               "stream": True, "stream_options": {"include_usage": True}})
     t_start = time.monotonic()
     w0, w1 = t_start + warmup, t_start + warmup + seconds
     totals = {"frames": 0, "tokens": 0.0, "errors": 0, "requests": 0}
 
     async def worker() -> None:
-        _, proto = await loop.create_connection(_Stream, "127.0.0.1", port)
+        _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
         proto.window = (w0, w1)
         try:
             while time.monotonic() < w1:
@@ -206,8 +210,8 @@ async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seco
 
 async def ttft(port: int, seconds: float) -> dict:
     loop = asyncio.get_running_loop()
-    request = _request(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": 8, "stream": True})
-    _, proto = await loop.create_connection(_Stream, "127.0.0.1", port)
+    request = http_post(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": 8, "stream": True})
+    _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
     samples = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and len(samples) < 5000:

@@ -45,6 +45,7 @@ from array import array
 from pathlib import Path
 
 from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from frontend import SseClient, http_post  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 MODEL = """
@@ -76,29 +77,22 @@ WORDS = [f"w{i}" for i in range(2000)]
 
 
 # -- the load generator ----------------------------------------------------------------------------
-class _Stream(asyncio.Protocol):
-    """One keep-alive connection, one streamed completion at a time; notes each arrival's gap and the
-    tokens it brought (from the running usage), inside the measuring window."""
+class _Stream(SseClient):
+    """bench/frontend.py's client connection, noting each arrival's gap and the tokens it brought (from the
+    running usage), inside the measuring window."""
 
     _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
     def __init__(self, log: tuple[array, array, array], counted: list[int], engine: int,
                  window: tuple[float, float]) -> None:
+        super().__init__()
         self.log, self.counted, self.engine, self.window = log, counted, engine, window
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future | None = None
-        self.tail = b""
         self.tokens = 0
         self.last: float | None = None
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
     def start(self, request: bytes) -> asyncio.Future:
-        self.done = asyncio.get_running_loop().create_future()
-        self.tail, self.tokens, self.last = b"", 0, None
-        self.transport.write(request)
-        return self.done
+        self.tokens, self.last = 0, None
+        return super().start(request)
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
@@ -114,23 +108,15 @@ class _Stream(asyncio.Protocol):
                         ks.append(count - self.tokens)
                         engines.append(self.engine)
                 self.tokens, self.last = count, now
-        self.tail = (self.tail + data)[-200:]
-        if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
-            self.done.set_result(self.tokens)
-
-    def connection_lost(self, exc) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(ConnectionError("server closed the connection"))
+        self._received(data)
 
 
 def _request(port: int, model: str, rng: random.Random) -> bytes:
     prompt_words = int(16 * 16 ** rng.random())          # 16..256 words (~50..770 tokens), log-uniform
-    body = {"model": model, "prompt": " ".join(rng.choices(WORDS, k=prompt_words)),
-            "max_tokens": int(128 * 8 ** rng.random()), "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    payload = json.dumps(body).encode()
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+    return http_post(port, {"model": model, "prompt": " ".join(rng.choices(WORDS, k=prompt_words)),
+                            "max_tokens": int(128 * 8 ** rng.random()), "ignore_eos": True, "temperature": 0,
+                            "stream": True,
+                            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
 
 
 async def load(args: argparse.Namespace, out: Path) -> dict:
