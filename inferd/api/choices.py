@@ -102,7 +102,7 @@ class ChoicesSender(Sender):
         if frames:
             self.entry.last_write = now = time.monotonic()
             self.send(b"".join(frames))
-            self._on_tokens(tokens, now)
+            self._on_tokens(tokens, now, self.pushed_at)
 
     def _end_with(self, frames: list[bytes], closing: list[bytes], tokens: int) -> None:
         entry = self.entry
