@@ -34,7 +34,8 @@ from inferd.cluster.messages import (
     TenantDemand,
     VersionLoad,
 )
-from inferd.cluster.probe import RTT_BUCKETS, Endpoint, Prober, address, host_port, load_parts, log, pack
+from inferd.cluster.probe import (RTT_BUCKETS, Endpoint, Prober, address, cancel_all, host_port, load_parts, log,
+                                 pack)
 from inferd.cluster.wire import REJECT_REASONS, Keyring, Opener, Rejected, Sealer
 from inferd.config import ClusterConfig, parse_address
 
@@ -171,10 +172,7 @@ class Gossip:
         if self._closed:
             return
         self._closed = True
-        tasks = [*self._tasks, *([self._join] if self._join is not None else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all([*self._tasks, *([self._join] if self._join is not None else [])])
         if self._prober is not None:
             await self._prober.close()
         if self._transport is not None and self._protocol is not None:

@@ -55,6 +55,21 @@ class Endpoint(asyncio.DatagramProtocol):
             self.closed.set_result(None)
 
 
+async def cancel_all(tasks: Sequence[asyncio.Task]) -> None:
+    """Cancel `tasks` and wait until every one has ended. asyncio.wait_for (3.10/3.11) can swallow a
+    cancel that races its inner future, leaving a probe or join loop running: whatever is still
+    running after a short wait is cancelled again."""
+    pending = [t for t in tasks if not t.done()]
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, still = await asyncio.wait(pending, timeout=0.1)
+        pending = list(still)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()        # retrieved: a loop that had failed was logged when it did
+
+
 def pack(items: Sequence[T], make: Callable[[Sequence[T]], Body], fits: Callable[[Body], bool]) -> list[Sequence[T]]:
     """`items` cut into consecutive runs, each as long as still fits one datagram as `make(run)` (at least
     one item a run; one empty run for no items)."""
@@ -208,10 +223,7 @@ class Prober:
             self._waiting.pop(probe, None)
 
     async def close(self) -> None:
-        relays = list(self._relays)
-        for task in relays:
-            task.cancel()
-        await asyncio.gather(*relays, return_exceptions=True)
+        await cancel_all(list(self._relays))
         for _, future in self._waiting.values():
             future.cancel()
         self._waiting.clear()
