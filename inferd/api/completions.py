@@ -27,6 +27,7 @@ from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing)
 from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
+from inferd.api.slo_outcomes import record_slo
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
@@ -91,7 +92,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
 
 async def _generate_routed(request: web.Request, kind: str, state: ServerState,
                            lease: VersionLease) -> web.StreamResponse:
-    model, engine = "other", None
+    model, engine, route, tenant = "other", None, None, ""
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
@@ -139,6 +140,8 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             sampling.append(apply_limits(tenancy, tenant, allowed, part, len(ids), params, max_model_len))
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
+        if route is not None:
+            record_slo(state, route, tenant, err.status, batch=batch is not None)
         raise
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
@@ -171,11 +174,12 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         lease = None if ctx.forwarded else charge(state.tenancy, tenant, gens)
     except ApiError as err:
         obs.finish(err.status)
+        record_slo(state, route, tenant, err.status, batch=ctx.batch_id is not None)
         await record_usage(ctx, err.status, None, 0)
         raise
     if lease is not None and wants_spill(ctx):     # a peer with room serves it instead (inferd.api.spill)
         spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
-        if spilled is not None:
+        if spilled is not None:     # the peer that served it judges it against the SLOs
             obs.finish(spilled.status)
             return spilled
     # A stream kept waiting in admission gets its headers and pings meanwhile (inferd.api.waiting).
@@ -187,11 +191,14 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         admitted = await (queued.wait(admitting) if queued is not None else admitting)
     except (asyncio.CancelledError, ConnectionError):
         obs.finish(CLIENT_GONE)         # the client left while queued; admission dropped the request
+        # (no SLO event: nothing is judged of a request its client abandoned)
         await record_usage(ctx, CLIENT_GONE, None, 0)
         raise
     except (ApiError, InvalidRequest, EngineUnavailable) as exc:
         err = _admission_error(exc, model)
         obs.finish(err.status)
+        record_slo(state, route, tenant, err.status, batch=ctx.batch_id is not None,
+                   streamed=queued is not None and queued.prepared is not None)
         await record_usage(ctx, err.status, None, 0)
         if isinstance(exc, EngineUnavailable):
             record_outcome(state, route.target, None, 503, None)
@@ -286,6 +293,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             await record(last, status)
         obs.finish(status, usage=usage, timing=timing)
         record_outcome(state, route.target, last, status, obs.ttft)
+        record_slo(state, route, tenant, status, batch=ctx.batch_id is not None, obs=obs,
+                   streamed=p.stream and (entry is not None or (queued is not None and queued.prepared is not None)))
         if usage is not None:
             log_fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                               cached_tokens=usage.cached_tokens)

@@ -17,6 +17,7 @@ from inferd.config import Config
 from inferd.engine import Engine
 from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
 from inferd.observability import Metrics
+from inferd.slo import SloTracker
 from inferd.store import Database, IdempotencyStore, Ledger
 from inferd.tenancy import Tenancy
 
@@ -87,6 +88,9 @@ class ServerState:
         self.batch_secret = new_secret()
         # Running BatchRunners (inferd.api.batch_runner), woken when a batch is created or cancelled.
         self.batch_runners: set = set()
+        # Issue 14 (inferd.slo): finished requests judged against [slos.*]; a reload reconfigures it.
+        self.slos = SloTracker(config.slos)
+        self.metrics.watch_slos(lambda: self.slos)
 
     @property
     def node_name(self) -> str:

@@ -21,6 +21,7 @@ from inferd.config.root import (
     load_config,
     with_overrides,
 )
+from inferd.config.slos import LATENCY_SLIS, SloConfig
 from inferd.config.store import DB_FILE, StoreConfig
 from inferd.config.tenants import (
     CLASSES_BY_RANK,
@@ -39,7 +40,7 @@ __all__ = [
     "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
     "Config", "ConfigError", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InsecureBindError",
     "KEYS_FILE", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
-    "RoutingConfigError", "ServerConfig", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
+    "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
     "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",

@@ -1,8 +1,8 @@
 """Checks of the tables other modules declare, against the rest of the config file.
 
-`[aliases.*]`, `[rollouts.*]` and `[prices.*]` must name configured models; `[tenants.*]` may only
+`[aliases.*]`, `[rollouts.*]`, `[prices.*]` and `[slos.*]` must name configured models; `[tenants.*]` may only
 allow served models or aliases; auth may be off only on a loopback bind. The tables themselves
-live in inferd.config.aliases, inferd.config.rollouts and inferd.config.tenants; inferd.config.root runs these.
+live in inferd.config.aliases, .rollouts, .slos and .tenants; inferd.config.root runs these.
 """
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import msgspec
 
 from inferd.config.aliases import AliasConfig, alias_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
+from inferd.config.slos import SloConfig, slo_errors
 from inferd.config.tenants import (AdmissionConfig, AuthConfig, TenantConfig, admission_errors, auth_errors, bind_errors,
                                    check_auth_binding, tenant_errors)
 from inferd.config.walk import check_table, decode_entries
 
 
 def routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
-    """[aliases.*], [rollouts.*] and [prices.*], checked against the configured models.
+    """[aliases.*], [rollouts.*], [prices.*] and [slos.*], checked against the configured models.
 
     Targets name a model (its default version) or `model@version`; "latest" defaults are resolved
     only when the daemon loads the versions, so here a target's model must exist."""
@@ -37,6 +38,8 @@ def routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
         for field in ("prompt_per_1k", "completion_per_1k"):
             if getattr(price, field) < 0:
                 errors.append(f"prices.{name}.{field}: must be >= 0, got {getattr(price, field)}")
+    for name, slo in decode_entries(raw, "slos", SloConfig, errors).items():
+        errors.extend(slo_errors(name, slo, set(defaults) | set(aliases)))
 
 
 def tenancy_errors(raw: dict[str, Any], errors: list[str], host: str | None) -> None:

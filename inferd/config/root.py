@@ -25,6 +25,7 @@ from inferd.config.aliases import AliasConfig
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig
+from inferd.config.slos import SloConfig
 from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
@@ -124,6 +125,8 @@ class Config(ConfigTable):
     cluster: ClusterConfig | None = None
     # Issue 12: durable state (inferd.store): usage ledger, idempotency keys, files and batches.
     store: StoreConfig = StoreConfig()
+    # Issue 14: service level objectives (inferd.slo): burn rates, alert rules, dashboards.
+    slos: dict[str, SloConfig] = {}
 
 
 class ConfigError(Exception):
@@ -142,7 +145,7 @@ class ConfigError(Exception):
 # -- semantic pass -------------------------------------------------------------------------
 
 # Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
-_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants")
+_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants", "slos")
 
 
 def _server_errors(s: ServerConfig) -> list[str]:

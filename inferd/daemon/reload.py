@@ -168,6 +168,9 @@ class Reloader:
         before_routes = _routes_summary(control)
         control.registry.swap(lambda t: control.transitional_table(t, new))
         state.config = control.config = new
+        slos = getattr(state, "slos", None)
+        if slos is not None:
+            slos.reconfigure(new.slos)
         control.shadows.set_prices(new.prices)
         tenancy = getattr(state, "tenancy", None)
         if tenancy is not None:
