@@ -346,4 +346,4 @@ class AdmissionQueue:
     def snapshot(self) -> dict:
         """Values for the Prometheus series (see docs/tenants.md), keyed by bounded tenant label."""
         return self._stats.snapshot(self._backlog, self.counters, self.tenants.label, self._gate.running,
-                                    self._estimate.measured_rate)
+                                    self._estimate.measured_rate, self._clock())

@@ -55,20 +55,24 @@ class AdmissionStats:
         self._get(label).output_tokens += tokens
 
     def snapshot(self, backlog: Backlog, counters: Mapping[str, float], label: Callable[[str], str],
-                 running: int, rate: float | None) -> dict:
-        """The queue's values for the Prometheus series (see docs/tenants.md): rows keyed by tenant label."""
+                 running: int, rate: float | None, now: float) -> dict:
+        """The queue's values for the Prometheus series (see docs/tenants.md): rows keyed by tenant label.
+        A class's `oldest_wait_s` is how long its longest-waiting request has been queued (an autoscaling
+        signal: docs/slos.md)."""
         tenants = {lb: self._row(st) for lb, st in self._by_label.items()}
         for name, counter in counters.items():
             row = tenants.setdefault(label(name), self._row(None))
             row["vtc"] = max(row["vtc"], counter)
-        classes = {c.value: {"queued": 0, "queued_tokens": 0} for c in CLASSES_BY_RANK}
+        classes = {c.value: {"queued": 0, "queued_tokens": 0, "oldest_wait_s": 0.0} for c in CLASSES_BY_RANK}
         for name, q in backlog.fifos.items():
             for t in q:
                 row = tenants.setdefault(label(name), self._row(None))
                 row["queued"] += 1
                 row["queued_tokens"] += t.tokens
-                classes[t.cls.value]["queued"] += 1
-                classes[t.cls.value]["queued_tokens"] += t.tokens
+                cls = classes[t.cls.value]
+                cls["queued"] += 1
+                cls["queued_tokens"] += t.tokens
+                cls["oldest_wait_s"] = max(cls["oldest_wait_s"], now - t.arrived)
         return {"tenants": tenants, "classes": classes, "running": running, "queued": backlog.requests,
                 "queued_tokens": backlog.total_tokens, "throughput_cost_per_s": rate}
 

@@ -60,6 +60,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_num_tokens: int          # per-step token budget
     simulated: bool = False      # True only for the sim backend; surfaced in responses and labels
     prefix_caching: bool = False  # a repeated prompt reuses whole KV blocks (Usage.cached_tokens > 0)
+    # What it runs on, as the `hardware` label of the autoscaling gauges: a sim profile's name (GPU and
+    # model), "cpu" for the reference engine, "gpu" for TensorRT-LLM (one engine per GPU group).
+    hardware: str = "unknown"
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):

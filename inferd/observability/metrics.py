@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from inferd import __version__
 from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
+from inferd.observability.slo_metrics import SloCollector
 from inferd.observability.store_metrics import StoreCollector
 from inferd.observability.tenant_metrics import TenancyCollector
 
@@ -78,6 +79,14 @@ class _EngineCollector:
         steps = CounterMetricFamily("inferd_engine_steps", "Engine steps run", labels=MODEL_LABELS)
         generated = CounterMetricFamily("inferd_engine_generated_tokens", "Tokens the engine generated, as its "
                                         "steps produced them", labels=MODEL_LABELS)
+        # Issue 14: what to autoscale on (docs/slos.md), labelled with the hardware to add more of.
+        scale_labels = (*MODEL_LABELS, "hardware")
+        fill = GaugeMetricFamily("inferd_engine_batch_fill_ratio", "Running sequences / max_batch_size",
+                                 labels=scale_labels)
+        kv = GaugeMetricFamily("inferd_engine_kv_usage_ratio", "KV cache blocks in use / all blocks",
+                               labels=scale_labels)
+        rate = GaugeMetricFamily("inferd_engine_tokens_per_second", "Tokens the engine computes per second "
+                                 "(recent steps; sim engines: simulated seconds)", labels=scale_labels)
         for name, engine in self._metrics.engines().items():
             labels = self._metrics.labels_for(name)
             try:
@@ -91,7 +100,12 @@ class _EngineCollector:
             info.add_metric((*labels, str(engine.info.simulated).lower(), str(engine.info.max_model_len)), 1)
             steps.add_metric(labels, stats.steps_total)
             generated.add_metric(labels, stats.generation_tokens_total)
-        yield from (running, waiting, blocks, info, steps, generated)
+            info_ = engine.info
+            scale = (*labels, info_.hardware)
+            fill.add_metric(scale, stats.running / info_.max_batch_size if info_.max_batch_size else 0.0)
+            kv.add_metric(scale, stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
+            rate.add_metric(scale, stats.tokens_per_s)
+        yield from (running, waiting, blocks, info, steps, generated, fill, kv, rate)
 
 
 class _LogCollector:
@@ -129,6 +143,13 @@ class Metrics:
         self.queue_wait = Histogram(
             "inferd_queue_wait_seconds", "Arrival to first engine step (admission + engine queue)",
             MODEL_LABELS, buckets=QUEUE_BUCKETS, registry=r)
+        # Issue 14: the rest of the per-stage breakdown (the same stages as Server-Timing), per request.
+        self.prefill_time = Histogram(
+            "inferd_prefill_seconds", "First engine step to first token (the prompt's prefill)",
+            MODEL_LABELS, buckets=TTFT_BUCKETS, registry=r)
+        self.decode_time = Histogram(
+            "inferd_decode_seconds", "First token to the engine's last (the decode phase)",
+            MODEL_LABELS, buckets=E2E_BUCKETS, registry=r)
         self.e2e_request_latency = Histogram(
             "inferd_e2e_request_latency_seconds", "Arrival to last byte of the response",
             MODEL_LABELS, buckets=E2E_BUCKETS, registry=r)
@@ -163,6 +184,9 @@ class Metrics:
         # Issue 12: the durable store (queue depth, commits, rows) at scrape time; spend as rows commit.
         self.store: Callable[[], Any] = lambda: None
         r.register(StoreCollector(lambda: self.store()))
+        # Issue 14: SLO events, burn rates and budgets, from the node's SloTracker at scrape time.
+        self.slos: Callable[[], Any] = lambda: None
+        r.register(SloCollector(lambda: (tracker.snapshot() if (tracker := self.slos()) is not None else ())))
         self.ledger_errors_total = Counter(
             "inferd_ledger_errors", "Usage rows that could not be recorded (the store failed)", registry=r)
         self.tenant_spend_total = Counter(
@@ -248,6 +272,10 @@ class Metrics:
         """`model` and `version` come from a loaded engine, `tenant_label` from the bounded tenant labels."""
         self.tenant_spend_total.labels(tenant_label).inc(cost)
         self.spend_total.labels(model, version).inc(cost)
+
+    def watch_slos(self, source: Callable[[], Any]) -> None:
+        """`source()` returns the live inferd.slo.SloTracker (or None); read at every scrape."""
+        self.slos = source
 
     def watch_cluster(self, source: Callable[[], Any]) -> None:
         """`source()` returns the live inferd.cluster.Cluster (or None); read at every scrape."""

@@ -31,6 +31,8 @@ class SeriesFamilies(Protocol):
     inter_token_latency: Histogram
     stream_write_delay: Histogram
     queue_wait: Histogram
+    prefill_time: Histogram
+    decode_time: Histogram
     e2e_request_latency: Histogram
     prompt_tokens: Counter
     generation_tokens: Counter
@@ -84,8 +86,8 @@ class LoopHistogram:
 class ModelSeries:
     """Label children of one loaded model, bound once so the hot path skips `.labels()` lookups."""
 
-    __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "e2e",
-                 "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_metrics")
+    __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
+                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_metrics")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
         self.engine = engine
@@ -96,6 +98,8 @@ class ModelSeries:
         self.itl_observe = metrics.loop_observer(self.itl)   # per frame: loop thread only
         self.write_delay_observe = metrics.loop_observer(metrics.stream_write_delay.labels(*labels))   # ditto
         self.queue_wait = metrics.queue_wait.labels(*labels)
+        self.prefill = metrics.prefill_time.labels(*labels)
+        self.decode = metrics.decode_time.labels(*labels)
         self.e2e = metrics.e2e_request_latency.labels(*labels)
         self.prompt_tokens = metrics.prompt_tokens.labels(*labels)
         self.generation_tokens = metrics.generation_tokens.labels(*labels)
@@ -113,13 +117,14 @@ class ModelSeries:
 class RequestObservation:
     """Timing of one request as the client sees it. Create at arrival; feed deltas; finish once."""
 
-    __slots__ = ("series", "arrival", "_last_token", "ttft", "_finished")
+    __slots__ = ("series", "arrival", "_last_token", "ttft", "mean_itl", "_finished")
 
     def __init__(self, series: ModelSeries, arrival: float | None = None) -> None:
         self.series = series
         self.arrival = time.monotonic() if arrival is None else arrival
         self._last_token: float | None = None
         self.ttft: float | None = None
+        self.mean_itl: float | None = None    # set by finish(): decode time / gaps, two or more tokens
         self._finished = False
 
     def on_tokens(self, n_tokens: int, now: float | None = None, pushed_at: float | None = None) -> None:
@@ -150,16 +155,24 @@ class RequestObservation:
         s = self.series
         s.count_request(status)
         s.e2e.observe(now - self.arrival)
-        if self._last_token is None and timing is not None and timing.first_token is not None:
+        tokens = usage.completion_tokens if usage is not None else 0
+        if self._last_token is not None:
+            if tokens > 1 and self.ttft is not None:     # as the client saw them
+                self.mean_itl = max(0.0, self._last_token - self.arrival - self.ttft) / (tokens - 1)
+        elif timing is not None and timing.first_token is not None:
             # Nothing was streamed (a non-streaming response): the engine's stamps stand in for
             # when tokens would have reached a streaming client; one mean ITL observation.
             self.ttft = max(0.0, timing.first_token - self.arrival)
             s.ttft.observe(self.ttft)
-            tokens = usage.completion_tokens if usage is not None else 0
             if tokens > 1 and timing.finished is not None:
-                s.itl.observe(max(0.0, timing.finished - timing.first_token) / (tokens - 1))
+                self.mean_itl = max(0.0, timing.finished - timing.first_token) / (tokens - 1)
+                s.itl.observe(self.mean_itl)
         if timing is not None and timing.first_scheduled is not None:
             s.queue_wait.observe(max(0.0, timing.first_scheduled - self.arrival))
+            if timing.first_token is not None:
+                s.prefill.observe(max(0.0, timing.first_token - timing.first_scheduled))
+                if timing.finished is not None:
+                    s.decode.observe(max(0.0, timing.finished - timing.first_token))
         if usage is not None:
             s.prompt_tokens.inc(usage.prompt_tokens)
             s.generation_tokens.inc(usage.completion_tokens)

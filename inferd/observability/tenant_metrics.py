@@ -51,6 +51,8 @@ class TenancyCollector:
                                 labels=(*Q, *T))
         class_queued = GaugeMetricFamily("inferd_admission_queued_requests", "Requests waiting, by class",
                                          labels=(*Q, "class"))
+        class_age = GaugeMetricFamily("inferd_admission_oldest_wait_seconds", "How long the longest-waiting "
+                                      "request of the class has been queued (0: none queued)", labels=(*Q, "class"))
         class_tokens = GaugeMetricFamily("inferd_admission_queued_tokens", "Tokens waiting, by class",
                                          labels=(*Q, "class"))
         running = GaugeMetricFamily("inferd_admission_running_requests", "Requests admission released that "
@@ -89,6 +91,7 @@ class TenancyCollector:
             for cls, row in q["classes"].items():
                 class_queued.add_metric((model, version, cls), row["queued"])
                 class_tokens.add_metric((model, version, cls), row["queued_tokens"])
+                class_age.add_metric((model, version, cls), row.get("oldest_wait_s", 0.0))
             running.add_metric((model, version), q["running"])
             if q["throughput_cost_per_s"] is not None:
                 throughput.add_metric((model, version), q["throughput_cost_per_s"])
@@ -104,7 +107,7 @@ class TenancyCollector:
             queued_tok.add_metric((label,), row.get("queued_tokens", 0))
             in_flight.add_metric((label,), row.get("in_flight", 0))
         yield from (rejections, admitted, prompt, output, wait, ttft, queued, queued_tok, in_flight, remaining,
-                    vtc, class_queued, class_tokens, running, throughput)
+                    vtc, class_queued, class_tokens, class_age, running, throughput)
         keys = CounterMetricFamily("inferd_keys_reload", "Keys-file re-reads (1 s poll or SIGHUP) that changed "
                                    "keys (success) or found the file malformed, old keys kept (error)",
                                    labels=("result",))

@@ -92,7 +92,7 @@ class ReferenceEngine(Engine):
             backend="reference", model_name=manifest.name, version=manifest.version,
             max_model_len=max_model_len, block_size=self._block_size,
             num_kv_blocks=self._num_kv_blocks, max_batch_size=self._max_batch_size,
-            max_num_tokens=self._max_num_tokens, prefix_caching=True)
+            max_num_tokens=self._max_num_tokens, prefix_caching=True, hardware="cpu")
         self._kv = self.model.new_kv_cache(self._num_kv_blocks, self._block_size)
         self._blocks = BlockManager(self._num_kv_blocks, self._block_size)
         self._scheduler = Scheduler(self._blocks, max_batch_size=self._max_batch_size,

@@ -79,7 +79,8 @@ class SimEngine(Engine):
         max_model_len = min(max_model_len, num_kv_blocks * block_size)
         self.info = EngineInfo(backend="sim", model_name=model_name, version=f"sim-{digest}",
                                max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
-                               max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True)
+                               max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True,
+                               hardware=self.profile.name)
         self.time_scale = float(time_scale)
         self._rng = random.Random(seed)
         self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,

@@ -105,7 +105,7 @@ class TrtllmEngine(Engine):
         self._verify = verify
         self.info = EngineInfo(backend="trtllm", model_name=model_name or self.engine_dir.name,
                                version=version or "unknown", max_model_len=0, block_size=0, num_kv_blocks=0,
-                               max_batch_size=0, max_num_tokens=0)
+                               max_batch_size=0, max_num_tokens=0, hardware="gpu")
         self.tokenizer: HFTokenizer | None = None
         self._api: dict[str, Any] = {}
         self._llm: Any = None
@@ -154,7 +154,7 @@ class TrtllmEngine(Engine):
                                version=self._version or (manifest.version if manifest else "unversioned"),
                                max_model_len=int(build["max_seq_len"]), block_size=block_size,
                                num_kv_blocks=kv_blocks, max_batch_size=max_batch, max_num_tokens=max_tokens,
-                               prefix_caching=self._block_reuse)
+                               prefix_caching=self._block_reuse, hardware="gpu")
         self._started = True
         self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop(), name="trtllm-stats")
 
