@@ -1,4 +1,4 @@
-"""CLI: `inferd serve | check-config | engines verify | keys ... | usage | batches ... | audit verify`.
+"""CLI: `inferd serve | check-config | engines verify | keys ... | usage | batches ... | audit verify | monitoring ... | capacity`.
 
 Each subcommand's work lives in the module that owns that concern; this file only parses
 arguments and imports lazily, so `inferd engines verify` does not pay for aiohttp or numpy.
@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "broken record")
     audit_verify.add_argument("path", nargs="?", default=None, help="the audit file (default: the config's)")
     audit_verify.add_argument("--config", default="config.toml", help="read [audit] path from this config")
+
+    from inferd.slo import add_monitoring_parser          # argparse only
+    add_monitoring_parser(sub)
+    from inferd.capacity import add_capacity_parser       # argparse only
+    add_capacity_parser(sub)
     return parser
 
 
@@ -96,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return audit_verify_main(path)
+    if args.command == "capacity":
+        from inferd.capacity import capacity_main
+        return capacity_main(args)
+    if args.command == "monitoring":
+        from inferd.slo import monitoring_main
+        return monitoring_main(args)
     return 2
 
 
