@@ -97,7 +97,7 @@ class ChoicesSender(Sender):
             last = merged_final(self._finals)
             if self._include_usage and last.usage is not None:
                 frames.append(self._encoders[0].usage(last.usage))
-            self._end_with(frames, [self._encoders[0].done(last.usage)], tokens)
+            self._end_with(frames, [self._encoders[0].done(last.usage, last.timing)], tokens)
             return
         if frames:
             self.entry.last_write = now = time.monotonic()

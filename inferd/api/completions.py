@@ -238,7 +238,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if p.stream:
             running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
             encoder = ChunkEncoder(ident, p.include_usage, running=running, usage_comment=ctx.forwarded,
-                                   hold_done=state.ledger is not None)
+                                   hold_done=state.ledger is not None, arrival=arrival)
             tracked = entry
 
             async def before_done() -> None:

@@ -5,6 +5,8 @@ is encoded once per request and a chunk is `prefix + orjson(text) + suffix`, no 
 """
 from __future__ import annotations
 
+import time
+
 import orjson
 
 from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
@@ -100,11 +102,13 @@ class ChunkEncoder:
     """Builds the SSE frames of one streamed response (of its choice `index`)."""
 
     __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage",
-                 "_index", "running", "_usage_comment", "hold_done")
+                 "_index", "running", "_usage_comment", "hold_done", "arrival")
 
     def __init__(self, ident: Identity, include_usage: bool, *, index: int = 0,
-                 running: RunningUsage | None = None, usage_comment: bool = False, hold_done: bool = False) -> None:
+                 running: RunningUsage | None = None, usage_comment: bool = False, hold_done: bool = False,
+                 arrival: float | None = None) -> None:
         self._ident = ident
+        self.arrival = arrival          # set: the stream ends with a `: server-timing` comment (see done)
         self._include_usage = include_usage
         self._usage_comment = usage_comment     # a forwarded stream: tell the origin node its usage
         # The ledger records the request before `[DONE]`: the writer sends it once the row is committed.
@@ -130,7 +134,7 @@ class ChunkEncoder:
     def for_choice(self, index: int) -> ChunkEncoder:
         """The encoder of choice `index` of the same response (a list of prompts in /v1/completions)."""
         return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running,
-                            usage_comment=self._usage_comment, hold_done=self.hold_done)
+                            usage_comment=self._usage_comment, hold_done=self.hold_done, arrival=self.arrival)
 
     def content(self, text: str) -> bytes:
         prefix = self._next_prefix
@@ -156,11 +160,14 @@ class ChunkEncoder:
         body["usage"] = usage_dict(usage)
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    def done(self, usage: Usage | None) -> bytes:
-        """`[DONE]` (nothing when `hold_done`: the writer sends it later); before it, for a stream a peer
-        forwarded to us, the usage as an SSE comment, which clients ignore and the forwarding node takes
-        out (inferd.api.spill)."""
+    def done(self, usage: Usage | None, timing: EngineTiming | None = None) -> bytes:
+        """`[DONE]` (nothing when `hold_done`: the writer sends it later). Before it, SSE comments, which
+        clients ignore: the per-stage breakdown a JSON response has in its Server-Timing header
+        (`: server-timing api;dur=...`, when `arrival` is set); for a stream a peer forwarded to us,
+        the usage, which the forwarding node takes out (inferd.api.spill)."""
         done = b"" if self.hold_done else DONE_FRAME
+        if self.arrival is not None:
+            done = b": server-timing " + server_timing(self.arrival, timing, time.monotonic()).encode() + b"\n\n" + done
         if self._usage_comment and usage is not None:
             return usage_comment(usage) + done
         return done

@@ -352,5 +352,5 @@ def final_frames(delta: Delta, encoder: ChunkEncoder, include_usage: bool, timed
         err: ApiError = abnormal_end(reason, delta.error)
         frames = [encoder.content(delta.text)] if delta.text else []
         frames.append(encoder.error(err, delta.usage))
-    frames.append(encoder.done(delta.usage))
+    frames.append(encoder.done(delta.usage, delta.timing))
     return frames

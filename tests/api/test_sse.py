@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 
@@ -48,8 +49,11 @@ async def test_raw_sse_frames_are_data_lines_ending_with_done(served):
                            "stream_options": {"include_usage": True}})
     frames = body.split(b"\n\n")
     assert frames[-1] == b"" and frames[-2] == b"data: [DONE]"
-    events = [json.loads(f.removeprefix(b"data: ")) for f in frames[:-2]]
-    assert all(f.startswith(b"data: ") for f in frames[:-1])
+    # the per-stage breakdown of Server-Timing, as a comment (clients skip it) just before [DONE]
+    assert re.fullmatch(rb": server-timing api;dur=[0-9.]+, queue;dur=[0-9.]+, prefill;dur=[0-9.]+, "
+                        rb"decode;dur=[0-9.]+, total;dur=[0-9.]+", frames[-3])
+    events = [json.loads(f.removeprefix(b"data: ")) for f in frames[:-3]]
+    assert all(f.startswith(b"data: ") for f in frames[:-3])
     content, usage = events[:-1], events[-1]
     assert [e["choices"][0]["finish_reason"] for e in content] == [None] * (len(content) - 1) + ["length"]
     assert all(e["object"] == "text_completion" and e["usage"] is None for e in content)
@@ -61,7 +65,7 @@ async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(served
     body = await raw_post(served.base_url, "/v1/completions",
                           {"model": "sim", "prompt": "hi", "max_tokens": 12, "stream": True,
                            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
-    events = [json.loads(f.removeprefix(b"data: ")) for f in body.split(b"\n\n")[:-2]]
+    events = [json.loads(f.removeprefix(b"data: ")) for f in body.split(b"\n\n")[:-2] if f.startswith(b"data: ")]
     content, final = events[:-1], events[-1]
     prompt = final["usage"]["prompt_tokens"]
     counts = [e["usage"]["completion_tokens"] for e in content]
