@@ -91,6 +91,7 @@ class ServerState:
         # Issue 14 (inferd.slo): finished requests judged against [slos.*]; a reload reconfigures it.
         self.slos = SloTracker(config.slos)
         self.metrics.watch_slos(lambda: self.slos)
+        self.metrics.watch_breakers(lambda: self.control.breakers if self.control is not None else None)
 
     @property
     def node_name(self) -> str:

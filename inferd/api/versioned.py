@@ -3,13 +3,16 @@ mirror to shadows. Kept out of completions.py so that file stays the request pat
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+
+import msgspec
 
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.api.state import ServerState
 from inferd.config import Config
 from inferd.engine import Engine
-from inferd.models import Route, RoutingError
+from inferd.models import BreakerOpen, Route, RoutingError
 from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
@@ -33,6 +36,33 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
     return route
 
 
+def check_breaker(state: ServerState, route: Route, tenant: str, user: str | None, request_id: str) -> Route:
+    """`route`, or its model's breaker fallback while the routed version's breaker is open; else a
+    quick 503 circuit_open with Retry-After until the breaker probes again (inferd.models.breaker)."""
+    control = state.control
+    if control is None:
+        return route
+    breakers = control.breakers
+    try:
+        breakers.check(route.target)
+        return route
+    except BreakerOpen as exc:
+        refused = exc
+    fallback = breakers.fallback(route.target.model)
+    if fallback is not None:
+        try:
+            alt = state.registry.resolve(fallback, tenant, user, request_id=request_id)
+            breakers.check(alt.target)
+            # still judged against the SLOs of the name the client asked for (Route.alias)
+            return msgspec.structs.replace(route, target=alt.target, shadow=None, lora=None,
+                                           alias=route.alias or route.target.model)
+        except (RoutingError, BreakerOpen):
+            pass
+    raise ApiError(503, f"The model version `{route.target}` is failing and its circuit breaker is open; retry "
+                   f"after {math.ceil(refused.retry_after_s)} s.", type=UNAVAILABLE, code="circuit_open",
+                   headers={"Retry-After": str(max(1, math.ceil(refused.retry_after_s)))})
+
+
 def lora_adapters(config: Config, model: str) -> Mapping[str, str]:
     """Adapter name -> path of a model's `[models.<model>.trtllm] lora_adapters` (empty when none)."""
     cfg = config.models.get(model)
@@ -50,10 +80,12 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
     if last is None:
         if status == 503:           # the engine refused it at submit: the version's failure
             control.rollouts.record(key, False, None, None, 0, 0)
+            control.breakers.record(key, False, None)
         return
     reason = last.finish_reason
     if reason in (FinishReason.ABORT, FinishReason.DEADLINE) or status in (499, 504):
         return
+    control.breakers.record(key, reason is not FinishReason.ERROR, ttft_s)
     usage, timing = last.usage, last.timing
     prompt = usage.prompt_tokens if usage else 0
     completion = usage.completion_tokens if usage else len(last.token_ids)
@@ -133,4 +165,6 @@ def versions_status(state: ServerState) -> dict:
                               for k, e in sorted(table.versions.items())}}
     if state.versions is not None and state.versions.failures:
         out["refused"] = dict(state.versions.failures)
+    if state.control is not None and (breakers := state.control.breakers.open_versions()):
+        out["breakers"] = breakers          # versions resting (open) or being probed (half_open)
     return out

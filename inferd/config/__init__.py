@@ -4,6 +4,7 @@ from __future__ import annotations
 from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
 from inferd.config.cluster import RESTART_ONLY as CLUSTER_RESTART_ONLY
 from inferd.config.cluster import ClusterConfig, parse_address
+from inferd.config.resilience import BreakerConfig, DegradeConfig
 from inferd.config.rollouts import PriceConfig, RolloutConfig, RolloutThresholds, price_for, rollout_errors
 from inferd.config.root import (
     AUDIT_FILE,
@@ -37,7 +38,7 @@ from inferd.config.tenants import (
 from inferd.config.tls import TlsConfig, check_tls_binding
 
 __all__ = [
-    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
+    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "BreakerConfig", "DegradeConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
     "Config", "ConfigError", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InsecureBindError",
     "KEYS_FILE", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",

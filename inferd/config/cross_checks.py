@@ -1,6 +1,7 @@
 """Checks of the tables other modules declare, against the rest of the config file.
 
-`[aliases.*]`, `[rollouts.*]`, `[prices.*]` and `[slos.*]` must name configured models; `[tenants.*]` may only
+`[aliases.*]`, `[rollouts.*]`, `[prices.*]`, `[slos.*]`, `[degrade.*]` and breaker fallbacks must name
+configured models; `[tenants.*]` may only
 allow served models or aliases; auth may be off only on a loopback bind. The tables themselves
 live in inferd.config.aliases, .rollouts, .slos and .tenants; inferd.config.root runs these.
 """
@@ -11,6 +12,7 @@ from typing import Any
 import msgspec
 
 from inferd.config.aliases import AliasConfig, alias_errors
+from inferd.config.resilience import BreakerConfig, DegradeConfig, breaker_errors, degrade_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
 from inferd.config.slos import SloConfig, slo_errors
 from inferd.config.tenants import (AdmissionConfig, AuthConfig, TenantConfig, admission_errors, auth_errors, bind_errors,
@@ -38,8 +40,19 @@ def routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
         for field in ("prompt_per_1k", "completion_per_1k"):
             if getattr(price, field) < 0:
                 errors.append(f"prices.{name}.{field}: must be >= 0, got {getattr(price, field)}")
+    routes = set(defaults) | set(aliases)
     for name, slo in decode_entries(raw, "slos", SloConfig, errors).items():
-        errors.extend(slo_errors(name, slo, set(defaults) | set(aliases)))
+        errors.extend(slo_errors(name, slo, routes))
+    for name, degrade in decode_entries(raw, "degrade", DegradeConfig, errors).items():
+        errors.extend(degrade_errors(name, degrade, routes))
+    for name, model in (models.items() if isinstance(models, dict) else ()):
+        breaker = model.get("breaker") if isinstance(model, dict) else None
+        if isinstance(breaker, dict):
+            scratch: list[str] = []         # structural errors were reported with the model's table
+            check_table(breaker, BreakerConfig, f"models.{name}.breaker", scratch)
+            if not scratch:
+                errors.extend(breaker_errors(f"models.{name}.breaker", msgspec.convert(breaker, BreakerConfig),
+                                             defaults))
 
 
 def tenancy_errors(raw: dict[str, Any], errors: list[str], host: str | None) -> None:

@@ -24,6 +24,7 @@ from inferd import tomllib
 from inferd.config.aliases import AliasConfig
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
+from inferd.config.resilience import BreakerConfig, DegradeConfig
 from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.slos import SloConfig
 from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
@@ -93,6 +94,7 @@ class ModelConfig(ConfigTable):
     verify: bool = True                    # reference: check artifact sha256s at start
     sim: SimConfig | None = None
     trtllm: TrtllmConfig | None = None
+    breaker: BreakerConfig | None = None   # issue 14: stop routing to a failing version for a while
 
 
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
@@ -127,6 +129,7 @@ class Config(ConfigTable):
     store: StoreConfig = StoreConfig()
     # Issue 14: service level objectives (inferd.slo): burn rates, alert rules, dashboards.
     slos: dict[str, SloConfig] = {}
+    degrade: dict[str, DegradeConfig] = {}
 
 
 class ConfigError(Exception):
@@ -145,7 +148,7 @@ class ConfigError(Exception):
 # -- semantic pass -------------------------------------------------------------------------
 
 # Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
-_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants", "slos")
+_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants", "slos", "degrade")
 
 
 def _server_errors(s: ServerConfig) -> list[str]:

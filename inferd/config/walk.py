@@ -42,8 +42,9 @@ def _describe(tp: Any) -> str:
 
 def _leaf_error(path: str, value: Any, tp: Any) -> str | None:
     if get_origin(tp) is dict and isinstance(value, dict):  # check entries one by one to name the key
-        _, value_tp = get_args(tp)
-        errs = [_leaf_error(f"{path}.{k}", v, value_tp) for k, v in value.items()]
+        key_tp, value_tp = get_args(tp)
+        errs = [(_leaf_error(f"{path}.{k}", k, key_tp) if key_tp is not str else None)
+                or _leaf_error(f"{path}.{k}", v, value_tp) for k, v in value.items()]
         return "; ".join(e for e in errs if e) or None
     try:
         msgspec.convert(value, tp)

@@ -178,6 +178,7 @@ class Reloader:
             if getattr(state, "ledger", None) is not None:      # budgets added or changed: their spend so far
                 await load_spend(tenancy.budgets, state.ledger, state.node_name)
         control.configure_rollouts(new)
+        control.breakers.reconfigure(new.models)
         versions.server = msgspec.structs.replace(versions.server, **{
             k: getattr(new.server, k) for k in ("drain_grace_s", "request_timeout_s")})
         _refresh_engines(state, versions)

@@ -1,6 +1,7 @@
 """Model versions and where requests go: engines from config, loading, routing, rollouts, shadow, the control plane."""
 from __future__ import annotations
 
+from inferd.models.breaker import BreakerOpen, Breakers, BreakerState
 from inferd.models.control import ControlPlane, audit_path
 from inferd.models.errors import RoutingError
 from inferd.models.factory import SYNTHETIC_KINDS, EngineConfigError, build_engine, missing_synthetic
@@ -18,7 +19,7 @@ from inferd.models.versions import (
 )
 
 __all__ = [
-    "SYNTHETIC_KINDS", "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError",
+    "SYNTHETIC_KINDS", "BreakerOpen", "BreakerState", "Breakers", "ControlPlane", "EngineConfigError", "ModelRegistry", "Rollout", "RolloutError",
     "RolloutNotFound", "Route", "RoutingError", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic",
     "audit_path", "registry_from_engines", "routes_from_config", "uses_artifact", "version_specs",
 ]

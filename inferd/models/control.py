@@ -1,4 +1,4 @@
-"""The routing control plane the daemon owns: loaded versions, routes, rollouts, shadow stats, audit.
+"""The routing control plane the daemon owns: loaded versions, routes, rollouts, breakers, shadow stats, audit.
 
 One `ControlPlane` per daemon, hung on `ServerState.control`. It turns a Config into routing
 (defaults and aliases), builds the configured rollouts, feeds them completions and a 1 s tick, and
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.config import AUDIT_FILE, DEFAULT_STATE_DIR, Config, Split
+from inferd.models.breaker import Breakers
 from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutManager
 from inferd.models.routing import RoutingTable
@@ -62,6 +63,7 @@ class ControlPlane:
         self.rollouts = RolloutManager()
         self.shadows = ShadowRecorder(prices=config.prices)
         self.audit = LazyAudit(audit_path(config))
+        self.breakers = Breakers(config.models, audit=self.audit)     # issue 14: failing versions rest
 
     # -- routes ------------------------------------------------------------------------------
     def final_table(self, table: RoutingTable, cfg: Config) -> RoutingTable:

@@ -37,7 +37,8 @@ class Route(msgspec.Struct, frozen=True):
 
     target: ModelVersion
     shadow: ModelVersion | None = None
-    alias: str | None = None            # the alias named in the request (None for names and pins)
+    alias: str | None = None            # the alias named in the request (None for names and pins; the model
+    #                                     asked for when a breaker or degradation sent it elsewhere)
     lora: str | None = None             # the LoRA adapter named as `name:adapter` (the API checks it exists)
 
 

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
+from inferd.observability.breaker_metrics import BreakerCollector
 from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
 from inferd.observability.slo_metrics import SloCollector
@@ -187,6 +188,11 @@ class Metrics:
         # Issue 14: SLO events, burn rates and budgets, from the node's SloTracker at scrape time.
         self.slos: Callable[[], Any] = lambda: None
         r.register(SloCollector(lambda: (tracker.snapshot() if (tracker := self.slos()) is not None else ())))
+        self.breakers: Callable[[], Any] = lambda: None
+        r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
+        self.degraded_total = Counter(
+            "inferd_degraded_requests", "Requests degraded under overload ([degrade.*]), by route and action "
+            "(max_tokens: capped; route: sent to another model)", ("route", "action"), registry=r)
         self.ledger_errors_total = Counter(
             "inferd_ledger_errors", "Usage rows that could not be recorded (the store failed)", registry=r)
         self.tenant_spend_total = Counter(
@@ -276,6 +282,14 @@ class Metrics:
     def watch_slos(self, source: Callable[[], Any]) -> None:
         """`source()` returns the live inferd.slo.SloTracker (or None); read at every scrape."""
         self.slos = source
+
+    def watch_breakers(self, source: Callable[[], Any]) -> None:
+        """`source()` returns the control plane's inferd.models.Breakers (or None); read at every scrape."""
+        self.breakers = source
+
+    def count_degraded(self, route: str, action: str) -> None:
+        """`route`: a configured [degrade.<route>] name; `action`: "max_tokens" or "route"."""
+        self.degraded_total.labels(route, action).inc()
 
     def watch_cluster(self, source: Callable[[], Any]) -> None:
         """`source()` returns the live inferd.cluster.Cluster (or None); read at every scrape."""

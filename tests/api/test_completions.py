@@ -12,6 +12,7 @@ import pytest
 from inferd.api import appkeys
 from inferd.engine.sim.engine import SimEngine
 from inferd.engine.sim.profiles import get_profile
+from inferd.models import Breakers
 from inferd.types import Delta, FinishReason
 from tests.api.conftest import metric_value, sim_engine
 
@@ -163,7 +164,7 @@ async def test_draining_server_answers_503_with_retry_after(served):
 async def test_engine_failure_is_counted_as_500_and_reported_to_rollouts(serve, stream):
     served = await serve({"sim": FailingEngine("tiny", time_scale=1.0, max_model_len=512)})
     rollouts = RolloutRecorder()
-    served.state.control = SimpleNamespace(rollouts=rollouts)
+    served.state.control = SimpleNamespace(rollouts=rollouts, breakers=Breakers({}))
     with pytest.raises(openai.APIError) as exc:
         if stream:
             async for _ in await served.sdk.completions.create(model="sim", prompt="a", max_tokens=50, stream=True):
