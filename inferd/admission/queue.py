@@ -343,6 +343,12 @@ class AdmissionQueue:
         return QueueLoad(queued=tuple(backlog.by_class), wait_s=wait * self._time_scale, cost_per_s=self._estimate.rate() or 0.0,
                          full=full)
 
+    def pressure(self) -> tuple[int, float]:
+        """(requests queued, seconds the longest-waiting of them has waited): overload degradation's
+        signal (inferd.api.degrade). Costs one look per tenant with requests queued."""
+        heads = [q[0].arrived for q in self._backlog.fifos.values() if q]
+        return self._backlog.requests, (self._clock() - min(heads)) * self._time_scale if heads else 0.0
+
     def snapshot(self) -> dict:
         """Values for the Prometheus series (see docs/tenants.md), keyed by bounded tenant label."""
         return self._stats.snapshot(self._backlog, self.counters, self.tenants.label, self._gate.running,

@@ -11,6 +11,7 @@ import asyncio
 import secrets
 import time
 
+import msgspec
 from aiohttp import web
 
 from inferd import __version__
@@ -21,6 +22,7 @@ from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
+from inferd.api.degrade import DEGRADED_HEADER, degrade
 from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
@@ -32,7 +34,8 @@ from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
 from inferd.api.usage import check_ledger, record_usage
-from inferd.api.versioned import make_room_for_live, mirror_to_shadow, record_outcome, route_request
+from inferd.api.versioned import (check_breaker, make_room_for_live, mirror_to_shadow, record_outcome,
+                                  route_request)
 from inferd.api.waiting import QueuedStream
 from inferd.cluster import FORWARDED_HEADER
 from inferd.config import PriorityClass
@@ -123,6 +126,9 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         # A forwarded request is served by the version its origin routed it to.
         pinned = request.headers.get(VERSION_HEADER) if forwarded else None
         route = route_request(state, pinned or req.model, tenant, req.user, request[keys.REQUEST_ID])
+        route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
+        degraded = degrade(state, route, tenant, batch is not None, req.user, request[keys.REQUEST_ID])
+        route = degraded.route
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
@@ -137,7 +143,10 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             ids = await tokenize(engine, part, len(body), deadline)
             params = _sampling(part, len(ids), max_model_len)
             prompt_ids.append(ids)
-            sampling.append(apply_limits(tenancy, tenant, allowed, part, len(ids), params, max_model_len))
+            params = apply_limits(tenancy, tenant, allowed, part, len(ids), params, max_model_len)
+            if degraded.max_tokens is not None and params.max_tokens > degraded.max_tokens:
+                params = msgspec.structs.replace(params, max_tokens=degraded.max_tokens)
+            sampling.append(params)
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
@@ -145,7 +154,8 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         raise
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
-                            body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None)
+                            body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None,
+                            degraded=degraded.header)
     with state.track():
         return await _run(ctx)
 
@@ -162,6 +172,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     headers = {"X-Request-Id": ctx.request_id, "X-Inferd-Model-Version": label}
     if info.simulated:
         headers["X-Inferd-Simulated"] = "true"
+    if ctx.degraded:
+        headers[DEGRADED_HEADER] = ctx.degraded
     if state.cluster is not None:
         headers[NODE_HEADER] = state.cluster.node_id
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it

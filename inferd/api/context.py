@@ -35,6 +35,7 @@ class GenerationContext:
     body: bytes = b""               # as received: spillover forwards it unchanged (inferd.api.spill)
     forwarded: bool = False         # a peer forwarded it (charged there; never forwarded again)
     batch_id: str | None = None     # a line of this batch, sent by the Batch API's runner (inferd.api.internal)
+    degraded: str = ""              # what overload degradation did to it (X-Inferd-Degraded; inferd.api.degrade)
 
     @property
     def kind(self) -> str:

@@ -1,0 +1,58 @@
+"""Overload degradation through the real daemon: under queue pressure a class's max_tokens is capped, or
+the class goes to another model; without pressure nothing changes."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from tests.daemon.harness import running, sim_model, until, write_config
+
+TENANT = '\n[tenants.local]\npriority = "batch"\nmax_concurrent_requests = 16\n'
+
+
+async def post(http: aiohttp.ClientSession, url: str, model: str, max_tokens: int) -> tuple[dict, dict]:
+    async with http.post(url + "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": max_tokens,
+                                                         "ignore_eos": True}) as resp:
+        assert resp.status == 200, await resp.text()
+        return dict(resp.headers), await resp.json()
+
+
+async def queued(daemon) -> int:
+    return sum(q.pressure()[0] for _, _, q in daemon.state.tenancy.queues())
+
+
+async def under_pressure(daemon, url: str, http: aiohttp.ClientSession) -> list[asyncio.Task]:
+    """One long request holds small's only slot and a second waits behind it."""
+    tasks = [asyncio.ensure_future(post(http, url, "small", 400)) for _ in range(2)]
+    await until(lambda: queued(daemon), "a request waiting in admission")
+    return tasks
+
+
+async def test_a_degraded_class_gets_its_max_tokens_capped_only_under_pressure(tmp_path):
+    extra = TENANT + "[degrade.small]\nqueued_over = 0\nmax_tokens = { batch = 3 }\n"
+    path = write_config(tmp_path / "c.toml", {"small": sim_model(time_scale=1.0, max_batch_size=1)}, extra)
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        headers, body = await post(http, url, "small", 8)           # no pressure: as asked
+        assert "X-Inferd-Degraded" not in headers and body["usage"]["completion_tokens"] == 8
+        holders = await under_pressure(daemon, url, http)
+        headers, body = await post(http, url, "small", 50)
+        assert headers["X-Inferd-Degraded"] == "max_tokens=3"
+        assert body["usage"]["completion_tokens"] == 3 and body["choices"][0]["finish_reason"] == "length"
+        for t in holders:
+            t.cancel()
+        async with http.get(url + "/metrics") as resp:
+            metrics = await resp.text()
+    assert 'inferd_degraded_requests_total{action="max_tokens",route="small"} 1.0' in metrics
+
+
+async def test_a_degraded_class_is_sent_to_the_smaller_model(tmp_path):
+    extra = TENANT + '[degrade.small]\nqueued_over = 0\nroute = { batch = "mini" }\n'
+    models = {"small": sim_model(time_scale=1.0, max_batch_size=1), "mini": sim_model()}
+    path = write_config(tmp_path / "c.toml", models, extra)
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        holders = await under_pressure(daemon, url, http)
+        headers, body = await post(http, url, "small", 4)
+        assert headers["X-Inferd-Degraded"] == "route=mini" and body["model"].startswith("mini@")
+        for t in holders:
+            t.cancel()
