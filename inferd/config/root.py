@@ -11,6 +11,7 @@ whatever directory systemd or a user starts it from.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import sys
@@ -95,6 +96,7 @@ class ModelConfig(ConfigTable):
     sim: SimConfig | None = None
     trtllm: TrtllmConfig | None = None
     breaker: BreakerConfig | None = None   # issue 14: stop routing to a failing version for a while
+    keep_warm_s: float = 0.0               # a version the config drops stays loaded, unrouted, this long
 
 
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
@@ -190,6 +192,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.num_kv_blocks: must be > 0, got {m.num_kv_blocks}")
     if m.block_size > 0 and m.block_size & (m.block_size - 1):
         errors.append(f"{p}.block_size: must be a power of two, got {m.block_size}")
+    if not 0 <= m.keep_warm_s < math.inf:
+        errors.append(f"{p}.keep_warm_s: must be >= 0 seconds, got {m.keep_warm_s}")
     if m.artifact is not None and not m.artifact:
         errors.append(f"{p}.artifact: must not be empty")
     if not m.version:

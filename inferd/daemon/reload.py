@@ -196,7 +196,9 @@ class Reloader:
                 if k not in keep and control.registry.table.state(k) != "retired"]
         for key in gone:
             self.versions.stop_routing(key)       # now: the next request cannot reach it
-            task = asyncio.get_running_loop().create_task(self._unload(key))
+            model = new.models.get(key.model) or old.models.get(key.model)
+            warm_s = model.keep_warm_s if model is not None else 0.0
+            task = asyncio.get_running_loop().create_task(self._unload(key, warm_s))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
         control.start_on_load(new)
@@ -211,10 +213,20 @@ class Reloader:
                  seconds=round(time.monotonic() - t0, 3))
         return result
 
-    async def _unload(self, key: ModelVersion) -> None:
+    async def _unload(self, key: ModelVersion, keep_warm_s: float = 0.0) -> None:
+        """Unload a retired version once idle; first, kept warm `keep_warm_s` (a later reload that lists
+        it again revives it, and then it is not unloaded at all)."""
         tenancy = getattr(self.state, "tenancy", None)
         engine = self.control.registry.table.engine(key)
-        await self.versions.unload_when_idle(key)
+        if keep_warm_s > 0:
+            try:
+                await self.versions.keep_warm(key, keep_warm_s)     # unloads it when the time is up
+            except asyncio.CancelledError:
+                if key in self.versions.loaded.values():      # revived: serving again
+                    return
+                raise
+        else:
+            await self.versions.unload_when_idle(key)
         if tenancy is not None:
             await tenancy.retire(engine)
 

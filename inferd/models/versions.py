@@ -72,6 +72,8 @@ class VersionManager:
         self._in_use: dict[ModelVersion, int] = {}
         self._released: dict[ModelVersion, asyncio.Event] = {}
         self._closing: set[ModelVersion] = set()
+        self._warm: dict[ModelVersion, tuple[asyncio.Task, ModelConfig]] = {}   # retired, kept loaded a while
+        self._configs: dict[ModelVersion, ModelConfig] = {}                     # what each was loaded with
         self.step_observer: Callable[[str, Engine], None] | None = None
 
     # -- loading ---------------------------------------------------------------------------
@@ -87,6 +89,9 @@ class VersionManager:
                 path = await asyncio.to_thread(self._verified_artifact, spec)
                 version = path.name
                 model = msgspec.structs.replace(model, version=version, verify=False)  # verified just now
+            revived = self._revive(spec, version or (spec.requested if spec.requested != "latest" else None))
+            if revived is not None:
+                return revived
             engine = self._factory(spec.model, model, self.server)
             if version is None:
                 version = self._label_version(engine, spec)
@@ -114,6 +119,7 @@ class VersionManager:
             return None
         self.registry.mark_ready(key)
         self.loaded[(spec.model, spec.requested)] = key
+        self._configs[key] = spec.config
         self.failures.pop(spec.label, None)
         self._on_change()
         info = engine.info
@@ -205,6 +211,37 @@ class VersionManager:
         log.info("version_retired", model=key.model, version=key.version, in_flight=self.in_use(key))
         return True
 
+    # -- warm spares (issue 14) -------------------------------------------------------------
+    def keep_warm(self, key: ModelVersion, seconds: float) -> asyncio.Task:
+        """After `stop_routing`: keep `key` loaded but unrouted for `seconds`, then unload it once idle.
+        A config that lists it again meanwhile (a rollback after a promotion) gets it back at once."""
+        task = asyncio.get_running_loop().create_task(self._cool(key, seconds), name=f"warm-{key}")
+        self._warm[key] = (task, self._configs.get(key))
+        log.info("version_kept_warm", model=key.model, version=key.version, seconds=seconds)
+        return task
+
+    async def _cool(self, key: ModelVersion, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self._warm.pop(key, None)
+        await self.unload_when_idle(key)
+
+    def _revive(self, spec: VersionSpec, version: str | None) -> ModelVersion | None:
+        """The warm version `spec` asks for, routable again; None when there is none to reuse (another
+        version, or one loaded with a different engine configuration)."""
+        key = ModelVersion(spec.model, version) if version is not None else None
+        warm = self._warm.get(key) if key is not None else None
+        if warm is None or _engine_shape(warm[1]) != _engine_shape(spec.config):
+            return None
+        task, _ = self._warm.pop(key)
+        task.cancel()
+        self._closing.discard(key)
+        self.registry.mark_ready(key)
+        self.loaded[(spec.model, spec.requested)] = key
+        self._configs[key] = spec.config
+        self._on_change()
+        log.info("version_revived", model=key.model, version=key.version, requested=spec.requested)
+        return key
+
     async def retire(self, key: ModelVersion) -> None:
         """Stop routing to `key` now; close it once its in-flight requests have finished."""
         if self.stop_routing(key):
@@ -219,6 +256,7 @@ class VersionManager:
         finally:
             self._released.pop(key, None)
             self._closing.discard(key)
+            self._configs.pop(key, None)
             if key in self.registry.table.versions:    # close_all may have taken it meanwhile
                 engine = self.registry.remove(key)
                 self._on_change()
@@ -227,6 +265,9 @@ class VersionManager:
 
     async def close_all(self) -> None:
         """Shutdown: close every engine (open streams end with finish_reason "abort")."""
+        for task, _ in self._warm.values():
+            task.cancel()
+        self._warm.clear()
         for key in sorted(self.registry.table.versions, reverse=True):
             engine = self.registry.remove(key)
             await self._discard(None, engine)
@@ -239,6 +280,13 @@ class VersionManager:
         table = self.registry.table
         return {name: table.engine(ModelVersion(name, v)) for name, v in defaults.items()
                 if table.is_ready(ModelVersion(name, v))}
+
+
+def _engine_shape(model: ModelConfig | None) -> ModelConfig | None:
+    """What a loaded engine was built from: a model config without its routing-only fields."""
+    if model is None:
+        return None
+    return msgspec.structs.replace(model, version="latest", versions=(), breaker=None, keep_warm_s=0.0)
 
 
 def routes_from_config(cfg: Config, defaults: Mapping[str, str]) -> dict[str, Split]:
