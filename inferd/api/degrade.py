@@ -12,7 +12,7 @@ import msgspec
 
 from inferd.api.state import ServerState
 from inferd.api.versioned import check_breaker, route_request
-from inferd.config import PriorityClass
+from inferd.config import DegradeConfig, PriorityClass
 from inferd.models import Route
 
 DEGRADED_HEADER = "X-Inferd-Degraded"
@@ -22,6 +22,19 @@ class Degradation(msgspec.Struct, frozen=True):
     route: Route
     max_tokens: int | None = None      # the cap on this request's output, when capped
     header: str = ""                   # X-Inferd-Degraded: what was done ("" = nothing)
+
+
+def _overloaded(state: ServerState, route: Route, cfg: DegradeConfig) -> bool:
+    engine = state.registry.table.engine(route.target)
+    if cfg.batch_fill_over is not None:
+        slots = engine.info.max_batch_size
+        if slots and 1 - engine.capacity().free_slots / slots > cfg.batch_fill_over:
+            return True
+    if cfg.queued_over is None and cfg.oldest_wait_over_s is None:
+        return False
+    queued, oldest_s = state.tenancy.queue_for(route.target.model, engine).pressure()
+    return ((cfg.queued_over is not None and queued > cfg.queued_over)
+            or (cfg.oldest_wait_over_s is not None and oldest_s > cfg.oldest_wait_over_s))
 
 
 def degrade(state: ServerState, route: Route, tenant: str, batch: bool, user: str | None,
@@ -34,10 +47,7 @@ def degrade(state: ServerState, route: Route, tenant: str, batch: bool, user: st
     cap, target = cfg.max_tokens.get(cls), cfg.route.get(cls)
     if cap is None and target is None:
         return Degradation(route)
-    engine = state.registry.table.engine(route.target)
-    queued, oldest_s = state.tenancy.queue_for(route.target.model, engine).pressure()
-    if not ((cfg.queued_over is not None and queued > cfg.queued_over)
-            or (cfg.oldest_wait_over_s is not None and oldest_s > cfg.oldest_wait_over_s)):
+    if not _overloaded(state, route, cfg):
         return Degradation(route)
     done = []
     if target is not None:

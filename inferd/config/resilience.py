@@ -7,7 +7,8 @@ whether it closes again (inferd.models.breaker).
 
 Degradation keeps a route's interactive work inside its SLO under overload before anything is shed:
 while the route's engine has more than `queued_over` requests waiting in admission (or its oldest
-has waited `oldest_wait_over_s`), the listed classes get their `max_tokens` capped, or are sent to
+has waited `oldest_wait_over_s`, or more than `batch_fill_over` of its batch slots are taken: slots
+kept free for the classes not listed), the listed classes get their `max_tokens` capped, or are sent to
 another model (inferd.api.degrade).
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ class DegradeConfig(ConfigTable):
 
     queued_over: int | None = None              # requests waiting in admission for the route's engine
     oldest_wait_over_s: float | None = None     # or the longest wait among them
+    batch_fill_over: float | None = None        # or the share of the engine's batch slots in use
     max_tokens: dict[PriorityClass, int] = {}   # cap per class while degraded
     route: dict[PriorityClass, str] = {}        # class -> another model or alias while degraded
 
@@ -66,8 +68,11 @@ def degrade_errors(name: str, d: DegradeConfig, known_routes: Collection[str], p
     errors = []
     if name not in known_routes:
         errors.append(f"{p}: no model or alias named {name!r}")
-    if d.queued_over is None and d.oldest_wait_over_s is None:
-        errors.append(f"{p}: set queued_over or oldest_wait_over_s (when the route counts as overloaded)")
+    if d.queued_over is None and d.oldest_wait_over_s is None and d.batch_fill_over is None:
+        errors.append(f"{p}: set queued_over, oldest_wait_over_s or batch_fill_over (when the route counts as "
+                      "overloaded)")
+    if d.batch_fill_over is not None and not 0 <= d.batch_fill_over < 1:
+        errors.append(f"{p}.batch_fill_over: must be a fraction in [0, 1), got {d.batch_fill_over}")
     if d.queued_over is not None and d.queued_over < 0:
         errors.append(f"{p}.queued_over: must be >= 0, got {d.queued_over}")
     if d.oldest_wait_over_s is not None and not 0 <= d.oldest_wait_over_s < math.inf:

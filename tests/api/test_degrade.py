@@ -56,3 +56,20 @@ async def test_a_degraded_class_is_sent_to_the_smaller_model(tmp_path):
         assert headers["X-Inferd-Degraded"] == "route=mini" and body["model"].startswith("mini@")
         for t in holders:
             t.cancel()
+
+
+async def test_batch_fill_degrades_before_anything_queues(tmp_path):
+    extra = TENANT + "[degrade.small]\nbatch_fill_over = 0.4\nmax_tokens = { batch = 2 }\n"
+    path = write_config(tmp_path / "c.toml", {"small": sim_model(time_scale=1.0, max_batch_size=2)}, extra)
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        holder = asyncio.ensure_future(post(http, url, "small", 400))      # one of the two slots
+        engine = daemon.state.engines["small"]
+        await until(lambda: _running(engine), "the long request running")
+        headers, body = await post(http, url, "small", 50)
+        assert headers["X-Inferd-Degraded"] == "max_tokens=2" and body["usage"]["completion_tokens"] == 2
+        assert await queued(daemon) == 0
+        holder.cancel()
+
+
+async def _running(engine) -> bool:
+    return engine.stats().running == 1
