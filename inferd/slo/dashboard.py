@@ -84,7 +84,8 @@ def dashboard(slos: Mapping[str, SloConfig]) -> dict[str, Any]:
         _panel("KV cache in use", [(f"inferd_engine_kv_usage_ratio{{{SEL}}}", "{{model}}@{{version}} {{hardware}}")],
                "percentunit", "KV blocks in use / all blocks: pressure before preemption."),
         _panel("Engine tokens/s", [(f"inferd_engine_tokens_per_second{{{SEL}}}", "{{model}}@{{version}}"),
-                                   (f"sum by (model, version) (rate(inferd_engine_generated_tokens_total{{{SEL}}}[1m]))",
+                                   (f"sum by (model, version) "
+                                    f"(rate(inferd_engine_generated_tokens_total{{{SEL}}}[1m]))",
                                     "generated {{model}}@{{version}}")], "none"),
         _panel("Oldest queued request, by class",
                [(f"max by (class) (inferd_admission_oldest_wait_seconds{{{SEL}}})", "{{class}}")], "s"),

@@ -98,7 +98,8 @@ def to_yaml(value: Any, indent: int = 0) -> str:
             return pad + "[]\n"
         out = []
         for item in value:
-            body = to_yaml(item, indent + 2) if isinstance(item, (dict, list)) else f"{pad}  {_scalar(item, indent + 2)}\n"
+            nested = isinstance(item, (dict, list))
+            body = to_yaml(item, indent + 2) if nested else f"{pad}  {_scalar(item, indent + 2)}\n"
             out.append(f"{pad}- {body[indent + 2:]}")
         return "".join(out)
     return pad + _scalar(value, indent) + "\n"

@@ -76,7 +76,8 @@ def test_promtool_pages_on_a_fast_burn_tickets_a_slow_one_and_stops_when_it_ends
                 _series("slow", "ttft", "bad", "0+2x600"),
             ],
             "alert_rule_test": [
-                {"eval_time": "426m", "alertname": ALERT_NAMES["page"], "exp_alerts": []},   # 5 min in: 1h not there yet
+                # 5 minutes in: the 1h window is not there yet
+                {"eval_time": "426m", "alertname": ALERT_NAMES["page"], "exp_alerts": []},
                 {"eval_time": "436m", "alertname": ALERT_NAMES["page"], "exp_alerts": [page]},
                 {"eval_time": "491m", "alertname": ALERT_NAMES["page"], "exp_alerts": []},   # 5m window clean again
                 {"eval_time": "300m", "alertname": ALERT_NAMES["ticket"], "exp_alerts": [slow_ticket]},
