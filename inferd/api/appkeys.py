@@ -5,6 +5,7 @@ from aiohttp import web
 
 from inferd.api.sse import Inflight
 from inferd.api.state import ServerState
+from inferd.observability import RequestTrace
 
 STATE: web.AppKey[ServerState] = web.AppKey("inferd_state", ServerState)
 INFLIGHT: web.AppKey[Inflight] = web.AppKey("inferd_inflight", Inflight)
@@ -13,3 +14,6 @@ INFLIGHT: web.AppKey[Inflight] = web.AppKey("inferd_inflight", Inflight)
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("inferd_request_id", str)
 ARRIVAL: web.RequestKey[float] = web.RequestKey("inferd_arrival", float)   # monotonic stamp at arrival
 LOG_FIELDS: web.RequestKey[dict] = web.RequestKey("inferd_log_fields", dict)  # for the request's log line
+# This request's trace span when [tracing] is configured (inferd.observability.tracing); spillover
+# forwards its context to the peer.
+TRACE: web.RequestKey[RequestTrace] = web.RequestKey("inferd_trace", RequestTrace)

@@ -27,7 +27,7 @@ from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
-                                  server_timing)
+                                  server_timing, stages)
 from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
 from inferd.api.slo_outcomes import record_slo
 from inferd.api.sse import Sender, stream_response
@@ -177,6 +177,14 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     if state.cluster is not None:
         headers[NODE_HEADER] = state.cluster.node_id
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
+    if "traceparent" in request.headers:        # ties the log line to the caller's trace (W3C trace context)
+        request[keys.LOG_FIELDS]["traceparent"] = request.headers["traceparent"][:128]
+    trace = None
+    if state.tracing is not None:           # off: this one test, nothing of OpenTelemetry loaded
+        trace = request[keys.TRACE] = state.tracing.begin(
+            f"inferd {request.path}", request.headers, arrival,
+            {"inferd.request_id": ctx.request_id, "inferd.model": model, "inferd.version": label,
+             "inferd.tenant": tenant, "http.request.method": request.method, "url.path": request.path})
     gens = []
     for i, (ids, sampling) in enumerate(zip(ctx.prompt_ids, ctx.sampling)):
         make_room_for_live(state, engine, len(ids), sampling)
@@ -305,6 +313,9 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             await record(last, status)
         obs.finish(status, usage=usage, timing=timing)
         record_outcome(state, route.target, last, status, obs.ttft)
+        if trace is not None:
+            trace.end(status, stages(arrival, timing), {"inferd.completion_tokens": usage.completion_tokens
+                                                        if usage is not None else 0})
         record_slo(state, route, tenant, status, batch=ctx.batch_id is not None, obs=obs,
                    streamed=p.stream and (entry is not None or (queued is not None and queued.prepared is not None)))
         if usage is not None:

@@ -188,17 +188,24 @@ def usage_comment(usage: Usage) -> bytes:
     return USAGE_COMMENT + b"%d %d\n\n" % (usage.prompt_tokens, usage.completion_tokens)
 
 
+def stages(arrival: float, timing: EngineTiming | None) -> dict[str, tuple[float, float]]:
+    """A request's stages as (start, end) monotonic seconds, those that happened: api (before the engine),
+    queue, prefill, decode. Server-Timing, the streams' closing comment and trace spans all use these."""
+    out: dict[str, tuple[float, float]] = {}
+    if timing is not None:
+        out["api"] = (arrival, timing.submitted)
+        if timing.first_scheduled is not None:
+            out["queue"] = (timing.submitted, timing.first_scheduled)
+            if timing.first_token is not None:
+                out["prefill"] = (timing.first_scheduled, timing.first_token)
+                if timing.finished is not None:
+                    out["decode"] = (timing.first_token, timing.finished)
+    return out
+
+
 def server_timing(arrival: float, timing: EngineTiming | None, now: float) -> str:
     """`Server-Timing` (milliseconds): api (before the engine), queue, prefill, decode, total."""
-    parts = []
-    if timing is not None:
-        parts.append(f"api;dur={_ms(timing.submitted - arrival)}")
-        if timing.first_scheduled is not None:
-            parts.append(f"queue;dur={_ms(timing.first_scheduled - timing.submitted)}")
-            if timing.first_token is not None:
-                parts.append(f"prefill;dur={_ms(timing.first_token - timing.first_scheduled)}")
-                if timing.finished is not None:
-                    parts.append(f"decode;dur={_ms(timing.finished - timing.first_token)}")
+    parts = [f"{name};dur={_ms(end - start)}" for name, (start, end) in stages(arrival, timing).items()]
     parts.append(f"total;dur={_ms(now - arrival)}")
     return ", ".join(parts)
 

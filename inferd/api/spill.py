@@ -31,6 +31,7 @@ from inferd.api.context import GenerationContext
 from inferd.api.errors import INVALID_REQUEST, ApiError
 from inferd.api.responses import USAGE_COMMENT
 from inferd.cluster import FORWARDED_HEADER, TOKEN_TTL_S, Cluster, ForwardedIdentity, Rejected
+from inferd.observability import TRACE_HEADERS
 from inferd.types import Usage
 
 NODE_HEADER = "X-Inferd-Node"
@@ -118,6 +119,9 @@ async def _send(ctx: GenerationContext, cluster: Cluster, base_url: str, body: b
     headers = {"Content-Type": "application/json", FORWARDED_HEADER: cluster.sign(ident),
                "X-Request-Id": ctx.request_id, "X-Request-Timeout": f"{remaining:.3f}",
                VERSION_HEADER: f"{ctx.model}@{ctx.engine.info.version}"}
+    trace = request.get(keys.TRACE)        # the peer's spans join this request's trace
+    headers.update(trace.headers() if trace is not None else
+                   {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers})
     timeout = aiohttp.ClientTimeout(total=None, sock_read=remaining, sock_connect=cluster.config.forward_timeout_s)
     try:
         upstream = await asyncio.wait_for(

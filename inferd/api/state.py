@@ -16,7 +16,7 @@ from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.engine import Engine
 from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
-from inferd.observability import Metrics
+from inferd.observability import Metrics, Tracing
 from inferd.slo import SloTracker
 from inferd.store import Database, IdempotencyStore, Ledger
 from inferd.tenancy import Tenancy
@@ -92,6 +92,8 @@ class ServerState:
         self.slos = SloTracker(config.slos)
         self.metrics.watch_slos(lambda: self.slos)
         self.metrics.watch_breakers(lambda: self.control.breakers if self.control is not None else None)
+        # Issue 14: OpenTelemetry spans per request stage; the daemon sets it when [tracing] is configured.
+        self.tracing: Tracing | None = None
 
     @property
     def node_name(self) -> str:

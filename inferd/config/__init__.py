@@ -36,13 +36,14 @@ from inferd.config.tenants import (
     check_auth_binding,
 )
 from inferd.config.tls import TlsConfig, check_tls_binding
+from inferd.config.tracing import TracingConfig
 
 __all__ = [
     "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "BreakerConfig", "DegradeConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
     "Config", "ConfigError", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InsecureBindError",
     "KEYS_FILE", "ModelConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
-    "TenantRegistry", "TlsConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
+    "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
     "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",
 ]

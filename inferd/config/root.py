@@ -31,6 +31,7 @@ from inferd.config.slos import SloConfig
 from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
+from inferd.config.tracing import TracingConfig, tracing_errors
 from inferd.config.walk import ConfigTable, check_table, type_name, well_formed
 
 Backend = Literal["reference", "sim", "trtllm"]
@@ -132,6 +133,7 @@ class Config(ConfigTable):
     # Issue 14: service level objectives (inferd.slo): burn rates, alert rules, dashboards.
     slos: dict[str, SloConfig] = {}
     degrade: dict[str, DegradeConfig] = {}
+    tracing: TracingConfig | None = None    # issue 14: OpenTelemetry spans per stage; absent = off
 
 
 class ConfigError(Exception):
@@ -322,6 +324,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         cluster = well_formed(raw.get("cluster"), ClusterConfig) if raw.get("cluster") is not None else None
         if cluster is not None:
             errors.extend(_besides(cluster_errors(cluster), errors))
+        tracing = well_formed(raw.get("tracing"), TracingConfig) if raw.get("tracing") is not None else None
+        if tracing is not None:
+            errors.extend(_besides(tracing_errors(tracing), errors))
         store = well_formed(raw.get("store", {}), StoreConfig)
         if store is not None:
             errors.extend(_besides(store_errors(store), errors))

@@ -49,7 +49,7 @@ from inferd.models import (
     routes_from_config,
     version_specs,
 )
-from inferd.observability import get_logger
+from inferd.observability import Tracing, TracingUnavailable, get_logger
 from inferd.store import IdempotencyStore, Ledger, StoreError
 from inferd.tenancy import KeyFileError, Tenancy
 
@@ -166,7 +166,7 @@ class Daemon:
             try:
                 runner: web.AppRunner = startup.result()
             except (EngineConfigError, OSError, InsecureBindError, KeyFileError, TlsError,
-                    ClusterKeyError, StoreError) as exc:  # expected
+                    ClusterKeyError, StoreError, TracingUnavailable) as exc:  # expected
                 log.error("startup_failed", error=str(exc), error_type=type(exc).__name__)
                 return 1
             except Exception as exc:  # noqa: BLE001 - a bug or an engine failure: keep the traceback
@@ -231,6 +231,11 @@ class Daemon:
         cfg = self.config
         registry = ModelRegistry()
         state = ServerState(cfg, {})
+        if cfg.tracing is not None:       # spans leave from the SDK's thread; what is queued goes out at exit
+            t = cfg.tracing
+            state.tracing = Tracing(endpoint=t.endpoint, service_name=t.service_name, sample_ratio=t.sample_ratio,
+                                    headers=t.headers, timeout_s=t.timeout_s)
+            stack.push_async_callback(asyncio.to_thread, state.tracing.shutdown)
         versions = VersionManager(registry, cfg.server, self._engine_factory)
         versions.step_observer = self._observe_steps(state)
         control = ControlPlane(cfg, registry, versions)

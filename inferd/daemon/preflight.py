@@ -1,8 +1,10 @@
 """What `inferd serve` would refuse that the config's own checks cannot see: each model version's
-artifact on disk (with the command that builds it) and the API keys file. `inferd check-config` runs
+artifact on disk (with the command that builds it), the API keys file, and the tracing extra when
+`[tracing]` is configured. `inferd check-config` runs
 these after the config validates, so it reports everything a start would stumble on, at once."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from inferd.config import Config, artifact_name
@@ -24,12 +26,24 @@ def preflight_errors(cfg: Config) -> list[str]:
             resolve_artifact(root, name, spec.requested)
         except (ArtifactError, OSError) as exc:
             errors.append(f"models.{spec.model}: {exc}; build it with: {_build_command(name, model.backend, root)}")
+    if cfg.tracing is not None and not all(_importable(m) for m in TRACING_MODULES):
+        errors.append("tracing: needs the OpenTelemetry SDK and OTLP exporter: pip install 'inferd[tracing]'")
     if cfg.auth.mode == "api_key":
         try:
             load_authenticator(cfg.auth, Path("."))     # paths are absolute once load_config resolved them
         except (KeyFileError, OSError) as exc:
             errors.append(f"auth.keys_file: {exc}")
     return errors
+
+
+TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:          # a parent package is missing
+        return False
 
 
 def _build_command(name: str, backend: str, root: Path) -> str:

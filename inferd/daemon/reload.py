@@ -164,6 +164,8 @@ class Reloader:
         if pools:
             log.warning("reload_needs_restart", settings=pools,
                         message="backend/pool changes apply to versions loaded later; loaded ones keep theirs")
+        if old.tracing != new.tracing:
+            log.warning("reload_needs_restart", settings=["tracing"], message="[tracing] applies from the next start")
         # Phase 1: config objects and routes that can be served now, together.
         before_routes = _routes_summary(control)
         control.registry.swap(lambda t: control.transitional_table(t, new))

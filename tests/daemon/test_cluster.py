@@ -5,6 +5,7 @@ one long request keeps a node busy; gossip runs at 50 ms probe intervals."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import hashlib
 import time
@@ -98,9 +99,13 @@ async def test_three_daemons_see_each_other_alive_with_load_hints_at_admin_peers
         assert 'inferd_cluster_members{state="alive"} 3.0' in text
 
 
-async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that_served_it(tmp_path):
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that_served_it(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     async with busy_first_node(tmp_path) as (a, a_url, b, http, _):
-        async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
+        async with http.post(a_url + "/v1/completions", json=SHORT, headers={"traceparent": TRACEPARENT}) as resp:
             assert resp.status == 200
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
             assert (await resp.json())["usage"]["completion_tokens"] == 4
@@ -109,6 +114,8 @@ async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that
             chunks = [c async for c in stream]
         assert chunks[-1].usage.completion_tokens == 4
         assert a.state.cluster.spillovers["forwarded"] == 2
+    # the caller's trace context went on to the peer (neither node traces): both request lines carry it
+    assert len([r for r in caplog.records if getattr(r, "fields", {}).get("traceparent") == TRACEPARENT]) == 2
 
 
 async def _has_room(a, b) -> bool:
