@@ -1,5 +1,5 @@
-"""Request-side glue for issue 5: route `model` through the registry, report completions to rollouts,
-mirror to shadows. Kept out of completions.py so that file stays the request path and nothing else.
+"""Request-side glue for issue 5: route `model` through the registry (past open circuit breakers), report
+completions to rollouts and breakers, mirror to shadows. Kept out of completions.py so that file stays the request path and nothing else.
 """
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def lora_adapters(config: Config, model: str) -> Mapping[str, str]:
 
 
 def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
-    """Feed a finished live request to the rollouts watching its version. Client aborts, deadlines
-    and client errors say nothing about the version and are skipped."""
+    """Feed a finished live request to the rollouts watching its version and to its circuit breaker.
+    Client aborts, deadlines and client errors say nothing about the version and are skipped."""
     control = state.control
     if control is None:
         return
