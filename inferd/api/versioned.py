@@ -1,5 +1,6 @@
 """Request-side glue for issue 5: route `model` through the registry (past open circuit breakers), report
-completions to rollouts and breakers, mirror to shadows. Kept out of completions.py so that file stays the request path and nothing else.
+completions to rollouts and breakers, mirror to shadows. Kept out of completions.py so that file stays
+the request path and nothing else.
 """
 from __future__ import annotations
 
