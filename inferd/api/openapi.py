@@ -167,12 +167,14 @@ def _generate_op(summary: str, schema_name: str, object_name: str) -> dict:
     responses = {
         "200": {
             "description": f"A `{object_name}` object, or with `stream: true` server-sent events: "
-                           f"`data: <{object_name} chunk>` frames, then `data: [DONE]`.",
+                           f"`data: <{object_name} chunk>` frames, a `: server-timing` comment, then `data: [DONE]`.",
             "headers": {
                 "X-Request-Id": {"schema": {"type": "string"}},
                 "X-Inferd-Model-Version": {"schema": {"type": "string"}},
                 "X-Inferd-Simulated": {"schema": {"type": "string", "enum": ["true"]}},
                 "Server-Timing": {"schema": {"type": "string"}, "description": "non-streaming only"},
+                "X-Inferd-Degraded": {"schema": {"type": "string"},
+                                      "description": "what overload degradation did ([degrade.<route>])"},
             },
             "content": {"application/json": {"schema": {"type": "object"}},
                         "text/event-stream": {"schema": {"type": "string"}}},
