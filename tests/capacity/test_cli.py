@@ -81,3 +81,12 @@ def test_importing_the_cli_does_not_import_the_engine():
             "print(sorted(m for m in ('inferd.engine', 'numpy', 'aiohttp') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_inferd_capacity_runs_from_the_command_line():
+    out = subprocess.run([sys.executable, "-m", "inferd", "capacity", *EXAMPLE, "--profile", "llama3-8b-h100",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)
+    assert "--itl-p99-ms" in subprocess.run([sys.executable, "-m", "inferd", "capacity", "--help"],
+                                            capture_output=True, text=True, timeout=60).stdout
