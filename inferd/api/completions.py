@@ -22,14 +22,14 @@ from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
-from inferd.api.degrade import DEGRADED_HEADER, degrade
+from inferd.api.degrade import DEGRADED_HEADER, Degradation, degrade
 from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing, stages)
 from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
-from inferd.api.slo_outcomes import record_slo
+from inferd.api.slo_outcomes import record_slo, record_slo_for
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
@@ -126,13 +126,17 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         # A forwarded request is served by the version its origin routed it to.
         pinned = request.headers.get(VERSION_HEADER) if forwarded else None
         route = route_request(state, pinned or req.model, tenant, req.user, request[keys.REQUEST_ID])
-        route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
-        degraded = degrade(state, route, tenant, batch is not None, req.user, request[keys.REQUEST_ID])
-        route = degraded.route
+        if not forwarded:     # the origin already applied the breakers and degradation it routed by
+            route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
+            degraded = degrade(state, route, tenant, batch is not None, req.user, request[keys.REQUEST_ID])
+            route = degraded.route
+        else:
+            degraded = Degradation(route)
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if not engine.healthy:
+            record_outcome(state, route.target, None, 503, None)      # the version's failure: its breaker counts it
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
         max_model_len = engine.info.max_model_len
         parts = prepared.prompts()              # one per prompt of a completions batch; usually just one
@@ -150,14 +154,37 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
-            record_slo(state, route, tenant, err.status, batch=batch is not None)
+            record_slo(state, route, tenant, err.status, batch=batch is not None, forwarded=forwarded)
         raise
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
                             body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None,
                             degraded=degraded.header)
     with state.track():
-        return await _run(ctx)
+        return await (_run(ctx) if state.tracing is None else _traced(ctx))     # off: one test, no OpenTelemetry
+
+
+async def _traced(ctx: GenerationContext) -> web.StreamResponse:
+    """_run inside a trace span. _run ends it with the request's stages; a request that leaves early
+    (refused by quota or admission, served by a peer, its client gone) ends it here with its status."""
+    request, engine = ctx.request, ctx.engine
+    trace = request[keys.TRACE] = ctx.state.tracing.begin(
+        f"inferd {request.path}", request.headers, ctx.arrival,
+        {"inferd.request_id": ctx.request_id, "inferd.model": ctx.model, "inferd.version": version_label(engine),
+         "inferd.tenant": ctx.tenant, "http.request.method": request.method, "url.path": request.path})
+    status = 500
+    try:
+        response = await _run(ctx)
+        status = response.status
+        return response
+    except ApiError as err:
+        status = err.status
+        raise
+    except (ConnectionError, asyncio.CancelledError):
+        status = CLIENT_GONE
+        raise
+    finally:
+        trace.end(status, {}, {})
 
 
 async def _run(ctx: GenerationContext) -> web.StreamResponse:
@@ -179,12 +206,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     obs = state.metrics.start_request(model, arrival, engine)    # the version that serves it
     if "traceparent" in request.headers:        # ties the log line to the caller's trace (W3C trace context)
         request[keys.LOG_FIELDS]["traceparent"] = request.headers["traceparent"][:128]
-    trace = None
-    if state.tracing is not None:           # off: this one test, nothing of OpenTelemetry loaded
-        trace = request[keys.TRACE] = state.tracing.begin(
-            f"inferd {request.path}", request.headers, arrival,
-            {"inferd.request_id": ctx.request_id, "inferd.model": model, "inferd.version": label,
-             "inferd.tenant": tenant, "http.request.method": request.method, "url.path": request.path})
+    trace = request.get(keys.TRACE)         # set by _traced when [tracing] is configured
     gens = []
     for i, (ids, sampling) in enumerate(zip(ctx.prompt_ids, ctx.sampling)):
         make_room_for_live(state, engine, len(ids), sampling)
@@ -194,7 +216,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         lease = None if ctx.forwarded else charge(state.tenancy, tenant, gens)
     except ApiError as err:
         obs.finish(err.status)
-        record_slo(state, route, tenant, err.status, batch=ctx.batch_id is not None)
+        record_slo_for(ctx, err.status)
         await record_usage(ctx, err.status, None, 0)
         raise
     if lease is not None and wants_spill(ctx):     # a peer with room serves it instead (inferd.api.spill)
@@ -217,8 +239,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     except (ApiError, InvalidRequest, EngineUnavailable) as exc:
         err = _admission_error(exc, model)
         obs.finish(err.status)
-        record_slo(state, route, tenant, err.status, batch=ctx.batch_id is not None,
-                   streamed=queued is not None and queued.prepared is not None)
+        record_slo_for(ctx, err.status, streamed=queued is not None and queued.prepared is not None)
         await record_usage(ctx, err.status, None, 0)
         if isinstance(exc, EngineUnavailable):
             record_outcome(state, route.target, None, 503, None)
@@ -316,8 +337,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if trace is not None:
             trace.end(status, stages(arrival, timing), {"inferd.completion_tokens": usage.completion_tokens
                                                         if usage is not None else 0})
-        record_slo(state, route, tenant, status, batch=ctx.batch_id is not None, obs=obs,
-                   streamed=p.stream and (entry is not None or (queued is not None and queued.prepared is not None)))
+        record_slo_for(ctx, status, obs=obs,
+                       streamed=p.stream and (entry is not None or (queued is not None and queued.prepared is not None)))
         if usage is not None:
             log_fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                               cached_tokens=usage.cached_tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from inferd.api.errors import ApiError
 from inferd.api.state import ServerState
 from inferd.api.versioned import check_breaker, route_request
 from inferd.config import DegradeConfig, PriorityClass
@@ -22,7 +23,6 @@ class Degradation(msgspec.Struct, frozen=True):
     route: Route
     max_tokens: int | None = None      # the cap on this request's output, when capped
     header: str = ""                   # X-Inferd-Degraded: what was done ("" = nothing)
-
 
 def _overloaded(state: ServerState, route: Route, cfg: DegradeConfig) -> bool:
     engine = state.registry.table.engine(route.target)
@@ -51,10 +51,15 @@ def degrade(state: ServerState, route: Route, tenant: str, batch: bool, user: st
         return Degradation(route)
     done = []
     if target is not None:
-        other = check_breaker(state, route_request(state, target, tenant, user, request_id), tenant, user, request_id)
-        route = msgspec.structs.replace(other, alias=name)      # still judged against `name`'s SLOs
-        state.metrics.count_degraded(name, "route")
-        done.append(f"route={other.target.model}")
+        try:
+            other = check_breaker(state, route_request(state, target, tenant, user, request_id), tenant, user,
+                                  request_id)
+        except ApiError:        # the smaller model cannot take it now: it stays where it was routed
+            other = None
+        if other is not None:
+            route = msgspec.structs.replace(other, alias=name, lora=None)   # still judged against `name`'s SLOs
+            state.metrics.count_degraded(name, "route")
+            done.append(f"route={other.target.model}")
     if cap is not None:
         state.metrics.count_degraded(name, "max_tokens")
         done.append(f"max_tokens={cap}")

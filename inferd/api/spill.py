@@ -42,7 +42,7 @@ _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Infe
 # The peer's own queue refused it (its quota is never charged), it no longer serves that version
 # (retired since its last load hint), or it does not hold our key yet (a rotation reaching it later:
 # its 401 is about our signature, never the client's key, which is not sent): try elsewhere.
-_TRY_ELSEWHERE = {401, 404, 429, 503}
+TRY_ELSEWHERE = {401, 404, 429, 503}
 
 
 class _PeerFailed(Exception):
@@ -75,6 +75,8 @@ def wants_spill(ctx: GenerationContext) -> bool:
     """Would this node refuse the request or keep it waiting past spill_wait_s (and may it go elsewhere)?"""
     cluster = ctx.state.cluster
     if cluster is None or not cluster.config.spillover or ctx.forwarded or ctx.route.lora is not None:
+        return False
+    if "max_tokens=" in ctx.degraded:       # the peer would run the body as sent, without this node's cap
         return False
     load = ctx.state.tenancy.queue_for(ctx.model, ctx.engine).load()
     return load.full or load.wait_s > cluster.config.spill_wait_s
@@ -129,7 +131,7 @@ async def _send(ctx: GenerationContext, cluster: Cluster, base_url: str, body: b
             min(remaining, cluster.config.forward_timeout_s))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _PeerFailed(type(exc).__name__) from None
-    if upstream.status in _TRY_ELSEWHERE:
+    if upstream.status in TRY_ELSEWHERE:
         upstream.release()
         raise _PeerFailed(f"answered {upstream.status}")
     return upstream

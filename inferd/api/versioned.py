@@ -86,8 +86,11 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
     reason = last.finish_reason
     if reason in (FinishReason.ABORT, FinishReason.DEADLINE) or status in (499, 504):
         return
-    control.breakers.record(key, reason is not FinishReason.ERROR, ttft_s)
     usage, timing = last.usage, last.timing
+    # The breaker's slow_ttft_s is the engine's own time to a first token: admission's queue is overload,
+    # which degradation and shedding handle; a breaker opened by it would turn overload into an outage.
+    engine_ttft = timing.first_token - timing.submitted if timing is not None and timing.first_token else None
+    control.breakers.record(key, reason is not FinishReason.ERROR, engine_ttft)
     prompt = usage.prompt_tokens if usage else 0
     completion = usage.completion_tokens if usage else len(last.token_ids)
     itl = None

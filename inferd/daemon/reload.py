@@ -229,6 +229,7 @@ class Reloader:
                 raise
         else:
             await self.versions.unload_when_idle(key)
+        self.control.breakers.forget(key)
         if tenancy is not None:
             await tenancy.retire(engine)
 

@@ -5,9 +5,10 @@ them failed; open -> half-open once `cooldown_s` has passed; half-open lets `hal
 probes through: that many successes close it, one failure opens it again. A half-open breaker whose
 probes never report (their clients left) lets a new set through after another cool-down.
 
-A failure is what says something about the version: an engine error, a refusal at submit, or a first
-token later than `slow_ttft_s` (a timeout the server measured; a client's own short deadline says
-nothing about the version and is not counted). Transitions go to the log, the audit log and metrics.
+A failure is what says something about the version: an engine error, a refusal at submit (or an
+engine found unhealthy), or a first token later than `slow_ttft_s` after the engine got the request
+(a timeout of the engine's own: time queued in admission is overload, not failure, and a client's own
+short deadline says nothing about the version; neither is counted). Transitions go to the log, the audit log and metrics.
 Loop thread only.
 """
 from __future__ import annotations
@@ -115,6 +116,10 @@ class Breakers:
         """A reload: breakers of models whose breaker config changed (or went) start afresh."""
         self._configs = {name: m.breaker for name, m in models.items() if m.breaker is not None}
         self._breakers = {k: b for k, b in self._breakers.items() if self._configs.get(k.model) == b.config}
+
+    def forget(self, key: ModelVersion) -> None:
+        """`key` was unloaded: its breaker (and its series) go with it."""
+        self._breakers.pop(key, None)
 
     def fallback(self, model: str) -> str | None:
         cfg = self._configs.get(model)

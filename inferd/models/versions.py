@@ -85,6 +85,10 @@ class VersionManager:
         try:
             model = spec.config
             version: str | None = None
+            if spec.requested != "latest":      # a warm version named outright: back with no verify, no load
+                revived = self._revive(spec, spec.requested)
+                if revived is not None:
+                    return revived
             if uses_artifact(model):
                 path = await asyncio.to_thread(self._verified_artifact, spec)
                 version = path.name

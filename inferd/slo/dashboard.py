@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferd.config import SloConfig
-from inferd.slo.rules import ALERT_WINDOWS, RATIO, burn_factor
+from inferd.slo.rules import ALERT_WINDOWS, RATIO
 
 SEL = 'model=~"$model",version=~"$version"'
 _WIDTH, _HEIGHT = 12, 8
@@ -47,8 +47,7 @@ def _row(title: str) -> dict[str, Any]:
 def _slo_panels(slos: Mapping[str, SloConfig]) -> list[dict[str, Any]]:
     panels = []
     for name, slo in sorted(slos.items()):
-        page = burn_factor(slo, ALERT_WINDOWS[0][1], ALERT_WINDOWS[0][3])
-        ticket = burn_factor(slo, ALERT_WINDOWS[1][1], ALERT_WINDOWS[1][3])
+        page, ticket = ALERT_WINDOWS[0][3], ALERT_WINDOWS[1][3]
         budget = f"{slo.error_budget:.6g}"
         targets = [(f'{RATIO.format(window=w)}{{slo="{name}"}} / {budget}', f"fleet {w}")
                    for w in ("5m", "1h", "6h", "3d")]

@@ -4,7 +4,7 @@ A request becomes one `RequestOutcome` when it ends; `judge` says, per SLO, whet
 of that SLO's SLI and if so whether it was good. Requests an SLI has nothing to say about are not
 events at all (not good ones): a quota refusal is no availability event, a client that hung up is
 no event of any SLI, a request that never got a token is no TTFT event (its failure counts against
-availability instead).
+availability instead), and a 504 of a deadline the client set shorter than the server's is no event.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class RequestOutcome(msgspec.Struct, frozen=True):
     priority: PriorityClass | None  # its admission class
     status: int                     # the HTTP status it answered with (a stream: how it ended)
     streamed: bool                  # SSE headers went out
+    client_deadline: bool = False   # the client asked for a deadline shorter than the server's
     ttft_s: float | None = None     # arrival to the first token at the client
     itl_s: float | None = None      # mean gap between its tokens (two or more tokens)
 
@@ -45,6 +46,8 @@ def judge(slo: SloConfig, outcome: RequestOutcome) -> bool | None:
     if sli == "itl":
         return None if outcome.itl_s is None else outcome.itl_s * 1000.0 <= slo.threshold_ms
     if 400 <= status < 500:             # the client's error or an intentional refusal (quota, size, auth)
+        return None
+    if status == 504 and outcome.client_deadline:     # the client's own short deadline, not a server failure
         return None
     if sli == "availability":
         return status < 500

@@ -6,9 +6,12 @@ node exports, `inferd_slo_events_total{slo, result}`, summed over the fleet:
 - a page when both windows of 1h/5m burn faster than 14.4x (2% of a 30-day budget in an hour);
 - a ticket when both windows of 6h/30m burn faster than 6x (5% in 6 h), of 1d/2h faster than 3x
   (10% in a day) or of 3d/6h faster than 1x (10% in 3 days).
-The factors are those budget fractions over the SLO's own window, so they are the workbook's
-figures for 30 days and scale with `window_days`. The short window makes an alert stop soon
-after the burn does. Output is YAML (a tiny emitter: the structure is fixed, no dependency needed).
+The factors are the workbook's whatever `window_days` is: a burn rate is already relative to the
+window, and the slowest ticket at 1x catches any burn that would empty the budget (factors scaled by
+the window would fall below 1 for short windows, alerting while the SLO is met, and climb past any
+sustained burn for long ones). A pair whose threshold (factor x error budget) is 100% or more could
+never fire and is left out, with a note. The short window makes an alert stop soon after the burn
+does. Output is YAML (a tiny emitter: the structure is fixed, no dependency needed).
 """
 from __future__ import annotations
 
@@ -21,16 +24,20 @@ from inferd.slo.burn import WINDOWS
 
 EVENTS = "inferd_slo_events_total"
 RATIO = "inferd:slo_error_ratio:rate{window}"
-# (severity, long window, short window, share of the budget the long window may spend)
-ALERT_WINDOWS = (("page", "1h", "5m", 0.02), ("ticket", "6h", "30m", 0.05), ("ticket", "1d", "2h", 0.10),
-                 ("ticket", "3d", "6h", 0.10))
+# (severity, long window, short window, burn-rate factor)
+ALERT_WINDOWS = (("page", "1h", "5m", 14.4), ("ticket", "6h", "30m", 6.0), ("ticket", "1d", "2h", 3.0),
+                 ("ticket", "3d", "6h", 1.0))
 _SECONDS = dict(WINDOWS)
 ALERT_NAMES = {"page": "InferdSloBurnRatePage", "ticket": "InferdSloBurnRateTicket"}
 
 
-def burn_factor(slo: SloConfig, long_window: str, budget_share: float) -> float:
-    """How many times the sustainable rate spends `budget_share` of the budget in `long_window`."""
-    return budget_share * slo.window_days * 86400.0 / _SECONDS[long_window]
+def budget_share(slo: SloConfig, long_window: str, factor: float) -> float:
+    """The share of the SLO window's budget a burn of `factor` spends over `long_window`."""
+    return factor * _SECONDS[long_window] / (slo.window_days * 86400.0)
+
+
+def can_fire(slo: SloConfig, factor: float) -> bool:
+    return factor * slo.error_budget < 1.0
 
 
 def _ratio_rule(name: str, window: str) -> dict[str, Any]:
@@ -41,8 +48,8 @@ def _ratio_rule(name: str, window: str) -> dict[str, Any]:
             "labels": {"slo": name}}
 
 
-def _alert_rule(name: str, slo: SloConfig, severity: str, long_w: str, short_w: str, share: float) -> dict[str, Any]:
-    factor = burn_factor(slo, long_w, share)
+def _alert_rule(name: str, slo: SloConfig, severity: str, long_w: str, short_w: str, factor: float) -> dict[str, Any]:
+    share = budget_share(slo, long_w, factor)
     limit = f"{factor:.6g} * {slo.error_budget:.6g}"
     sel = f'{{slo="{name}"}}'
     what = slo.description or f"{slo.sli} of {slo.model}"
@@ -66,7 +73,7 @@ def rules_document(slos: Mapping[str, SloConfig]) -> dict[str, Any]:
     groups = []
     for name, slo in sorted(slos.items()):
         rules = [_ratio_rule(name, window) for window, _ in WINDOWS]
-        rules += [_alert_rule(name, slo, *w) for w in ALERT_WINDOWS]
+        rules += [_alert_rule(name, slo, *w) for w in ALERT_WINDOWS if can_fire(slo, w[3])]
         groups.append({"name": f"inferd-slo-{name}", "rules": rules})
     return {"groups": groups}
 
@@ -76,6 +83,11 @@ def render_rules(slos: Mapping[str, SloConfig]) -> str:
               "# change [slos.*] in the config and write them again. See docs/slos.md.\n")
     if not slos:
         header += "# The config declares no [slos.*]: there is nothing to alert on.\n"
+    for name, slo in sorted(slos.items()):
+        for severity, long_w, short_w, factor in ALERT_WINDOWS:
+            if not can_fire(slo, factor):
+                header += (f"# {name}: no {severity} over {long_w}/{short_w}: {factor:g}x an error budget of "
+                           f"{slo.error_budget:.6g} is 100% bad or more, which never happens.\n")
     return header + to_yaml(rules_document(slos))
 
 

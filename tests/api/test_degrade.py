@@ -73,3 +73,18 @@ async def test_batch_fill_degrades_before_anything_queues(tmp_path):
 
 async def _running(engine) -> bool:
     return engine.stats().running == 1
+
+
+async def test_a_class_whose_smaller_model_cannot_take_it_stays_where_it_was_routed(tmp_path):
+    mini_breaker = "[models.mini.breaker]\nmin_requests = 1\nslow_ttft_s = 0.000001\ncooldown_s = 60\n"
+    extra = TENANT + '[degrade.small]\nqueued_over = 0\nroute = { batch = "mini" }\n' + mini_breaker
+    models = {"small": sim_model(time_scale=1.0, max_batch_size=1), "mini": sim_model()}
+    path = write_config(tmp_path / "c.toml", models, extra)
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        await post(http, url, "mini", 2)                 # mini's breaker opens: its first token was "slow"
+        assert daemon.state.control.breakers.open_versions()
+        holders = await under_pressure(daemon, url, http)
+        headers, body = await post(http, url, "small", 4)
+        assert "X-Inferd-Degraded" not in headers and body["model"].startswith("small@")
+        for t in holders:
+            t.cancel()

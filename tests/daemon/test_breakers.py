@@ -57,3 +57,17 @@ async def test_without_a_fallback_an_open_breaker_answers_503_at_once(tmp_path):
                 await sdk.completions.create(model="small", prompt="hi", max_tokens=2)
     assert exc.value.status_code == 503 and exc.value.body["code"] == "circuit_open"
     assert 50 <= int(exc.value.response.headers["Retry-After"]) <= 60
+
+
+async def test_an_engine_that_went_unhealthy_trips_the_breaker_to_the_fallback(tmp_path):
+    breaker = "[models.small.breaker]\nmin_requests = 2\ncooldown_s = 60\nfallback = \"backup\"\n"
+    path = write_config(tmp_path / "c.toml", {"small": sim_model(), "backup": sim_model()}, breaker)
+    async with running(path) as (daemon, url):
+        daemon.state.engines["small"]._failed = True       # as a crashed step loop leaves it
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            for _ in range(2):
+                with pytest.raises(openai.APIStatusError) as exc:
+                    await sdk.completions.create(model="small", prompt="hi", max_tokens=2)
+                assert exc.value.body["code"] == "engine_unavailable"
+            served = await sdk.completions.create(model="small", prompt="hi", max_tokens=2)
+    assert served.model.startswith("backup@")

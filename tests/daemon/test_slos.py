@@ -44,6 +44,7 @@ async def slo_series(url: str) -> dict[tuple[str, ...], float]:
 
 async def test_requests_are_judged_per_sli_and_burn_rates_follow(tmp_path):
     path = write_config(tmp_path / "c.toml", {"small": sim_model(time_scale=1.0)}, SLOS)
+    path.write_text(path.read_text().replace("[server]\n", "[server]\nrequest_timeout_s = 0.3\n", 1))
     async with running(path) as (_, url):
         async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
             for _ in range(2):      # good streams; their first tokens miss the 1 us TTFT threshold
@@ -52,9 +53,13 @@ async def test_requests_are_judged_per_sli_and_burn_rates_follow(tmp_path):
                 assert [c async for c in stream]
             done = await sdk.completions.create(model="small", prompt="hello", max_tokens=4)
             assert done.choices[0].text
-            # a stream cut by its deadline: a server-side failure of availability and of stream completion
+            # a stream cut by the server's deadline: a failure of availability and of stream completion
+            stream = await sdk.completions.create(model="small", prompt="hello", max_tokens=1000, stream=True)
+            with pytest.raises(openai.APIError, match="deadline"):
+                _ = [c async for c in stream]
+            # one cut by a deadline its client chose shorter: no event of either
             stream = await sdk.completions.create(model="small", prompt="hello", max_tokens=1000, stream=True,
-                                                  extra_headers={"X-Request-Timeout": "0.2"})
+                                                  extra_headers={"X-Request-Timeout": "0.1"})
             with pytest.raises(openai.APIError, match="deadline"):
                 _ = [c async for c in stream]
             more = 0

@@ -68,3 +68,25 @@ async def test_without_tracing_nothing_of_opentelemetry_is_built(tmp_path):
     path = write_config(tmp_path / "c.toml", {"small": sim_model()})
     async with running(path) as (daemon, _):
         assert daemon.state.tracing is None
+
+
+async def test_a_request_refused_after_routing_still_ends_its_span_with_its_status(tmp_path):
+    runner, endpoint, spans = await collector()
+    try:
+        extra = f'[tracing]\nendpoint = "{endpoint}"\n[tenants.local]\ntokens_per_minute = 60\n'
+        path = write_config(tmp_path / "c.toml", {"small": sim_model()}, extra)
+        async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+            statuses = []
+            for _ in range(10):             # each charges prompt + max_tokens: the bucket empties
+                async with http.post(url + "/v1/completions",
+                                     json={"model": "small", "prompt": "hi", "max_tokens": 20}) as resp:
+                    statuses.append(resp.status)
+                if resp.status == 429:
+                    break
+            assert statuses[-1] == 429
+            assert await asyncio.to_thread(daemon.state.tracing.force_flush)
+    finally:
+        await runner.cleanup()
+    roots = [s for s in spans if s.name == "inferd /v1/completions"]
+    codes = [{a.key: a.value for a in s.attributes}["http.response.status_code"].int_value for s in roots]
+    assert sorted(codes) == sorted(statuses)

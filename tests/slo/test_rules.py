@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from inferd.config import SloConfig
-from inferd.slo.rules import ALERT_NAMES, burn_factor, render_rules, rules_document
+from inferd.slo.rules import ALERT_NAMES, budget_share, render_rules, rules_document
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install "
@@ -14,13 +14,22 @@ FAST = SloConfig(model="small", sli="availability", objective=0.999)
 SLOW = SloConfig(model="small", sli="ttft", objective=0.999, threshold_ms=500)
 
 
-def test_burn_factors_are_the_workbooks_for_30_days_and_scale_with_the_window():
-    assert burn_factor(FAST, "1h", 0.02) == pytest.approx(14.4)
-    assert burn_factor(FAST, "6h", 0.05) == pytest.approx(6)
-    assert burn_factor(FAST, "1d", 0.10) == pytest.approx(3)
-    assert burn_factor(FAST, "3d", 0.10) == pytest.approx(1)
-    assert burn_factor(SloConfig(model="m", sli="availability", objective=0.99, window_days=7), "1h", 0.02) == \
-        pytest.approx(3.36)
+def test_the_factors_are_the_workbooks_whatever_the_window():
+    week = SloConfig(model="m", sli="availability", objective=0.99, window_days=7)
+    doc = rules_document({"week": week})
+    assert [(r["labels"]["long_window"], r["expr"].split("> (")[1].split(")")[0]) for r in doc["groups"][0]["rules"]
+            if "alert" in r] == [("1h", "14.4 * 0.01"), ("6h", "6 * 0.01"), ("1d", "3 * 0.01"), ("3d", "1 * 0.01")]
+    assert budget_share(FAST, "1h", 14.4) == pytest.approx(0.02)      # 2% of a 30-day budget
+    assert budget_share(week, "1h", 14.4) == pytest.approx(14.4 / 168)
+
+
+def test_an_alert_that_could_never_fire_is_left_out_and_said_so():
+    loose = SloConfig(model="m", sli="availability", objective=0.9)       # 14.4 x 10% is more than all requests
+    text = render_rules({"loose": loose})
+    severities = [r["labels"]["long_window"] for r in rules_document({"loose": loose})["groups"][0]["rules"]
+                  if "alert" in r]
+    assert severities == ["6h", "1d", "3d"]
+    assert "# loose: no page over 1h/5m" in text
 
 
 def test_every_slo_gets_its_ratios_and_both_severities():
