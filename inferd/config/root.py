@@ -98,6 +98,8 @@ class ModelConfig(ConfigTable):
     trtllm: TrtllmConfig | None = None
     breaker: BreakerConfig | None = None   # issue 14: stop routing to a failing version for a while
     keep_warm_s: float = 0.0               # a version the config drops stays loaded, unrouted, this long
+    hardware: str | None = None            # the `hardware` label of its autoscaling series (e.g. "h100-sxm");
+    #                                        default: the sim profile's name, "cpu" (reference), "gpu" (trtllm)
 
 
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
@@ -194,6 +196,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.num_kv_blocks: must be > 0, got {m.num_kv_blocks}")
     if m.block_size > 0 and m.block_size & (m.block_size - 1):
         errors.append(f"{p}.block_size: must be a power of two, got {m.block_size}")
+    if m.hardware is not None and not MODEL_NAME_RE.match(m.hardware):
+        errors.append(f"{p}.hardware: a short label ({MODEL_NAME_RE.pattern}), got {m.hardware!r}")
     if not 0 <= m.keep_warm_s < math.inf:
         errors.append(f"{p}.keep_warm_s: must be >= 0 seconds, got {m.keep_warm_s}")
     if m.artifact is not None and not m.artifact:

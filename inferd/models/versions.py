@@ -107,6 +107,8 @@ class VersionManager:
                 return key
             self.registry.register(key, engine)
             await engine.start()
+            if model.hardware is not None:      # after start: a TensorRT-LLM engine builds its info there
+                engine.info = msgspec.structs.replace(engine.info, hardware=model.hardware)
             if self.step_observer is not None:  # after start: the engine's labels come from its info
                 self.step_observer(spec.model, engine)
             await engine.warmup()
@@ -290,7 +292,8 @@ def _engine_shape(model: ModelConfig | None) -> ModelConfig | None:
     """What a loaded engine was built from: a model config without its routing-only fields."""
     if model is None:
         return None
-    return msgspec.structs.replace(model, version="latest", versions=(), breaker=None, keep_warm_s=0.0)
+    return msgspec.structs.replace(model, version="latest", versions=(), breaker=None, keep_warm_s=0.0,
+                                   hardware=None)
 
 
 def routes_from_config(cfg: Config, defaults: Mapping[str, str]) -> dict[str, Split]:

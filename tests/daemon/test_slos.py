@@ -88,3 +88,16 @@ async def test_a_reload_adds_slos_and_keeps_the_counts_of_unchanged_ones(tmp_pat
         s = await slo_series(url)
     assert s[("inferd_slo_events_total", "avail", "good")] == 1
     assert s[("inferd_slo_events_total", "more", "good")] == 0
+
+
+async def test_autoscaling_gauges_carry_the_hardware_label(tmp_path):
+    head, sim, tail = sim_model().partition("[MODEL.sim]")
+    models = {"small": sim_model(), "big": head + 'hardware = "h100-sxm"\n' + sim + tail}
+    path = write_config(tmp_path / "c.toml", models)
+    async with running(path) as (_, url):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+    fill = {s.labels["model"]: s.labels["hardware"] for f in text_string_to_metric_families(text)
+            if f.name == "inferd_engine_batch_fill_ratio" for s in f.samples}
+    assert fill == {"small": "tiny", "big": "h100-sxm"}      # the sim profile's name, or the configured label
