@@ -4,6 +4,7 @@
   python build_engines.py --target reference --synthetic tiny|small
   python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
   python build_engines.py --target trtllm ...      (options come from inferd.engine.build.trtllm)
+  ... --sign inferd-signing.key                    also sign the artifact's manifest (docs/artifacts.md)
 
 Prints progress on stderr and the artifact path on stdout; exit 0 on success, 1 on a build
 error, 2 on bad arguments.
@@ -13,10 +14,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from inferd.engine import ArtifactError, TokenizerLoadError
+from inferd.engine import (
+    ArtifactError,
+    SigningKeyError,
+    TokenizerLoadError,
+    load_private_key,
+    resolve_artifact,
+    sign_artifact,
+)
 from inferd.engine.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
 
 
@@ -39,6 +48,8 @@ def build_parser(trtllm: ModuleType | None) -> argparse.ArgumentParser:
                         help="deterministic random-weight Llama with a trained byte-level BPE tokenizer")
     source.add_argument("--hf-dir", type=Path, help="an existing Hugging Face Llama checkpoint directory")
     parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind)")
+    parser.add_argument("--sign", type=Path, metavar="PRIVATE_KEY_FILE",
+                        help="sign the built artifact's manifest (ed25519; key from `inferd engines keygen`)")
     if trtllm is not None and hasattr(trtllm, "add_arguments"):
         trtllm.add_arguments(parser.add_argument_group("trtllm"))
     return parser
@@ -48,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     trtllm = _trtllm_builder()
     parser = build_parser(trtllm)
     args = parser.parse_args(argv)
+    key = None
+    if args.sign is not None:               # before a build that may take minutes
+        try:
+            key = load_private_key(args.sign)
+        except SigningKeyError as exc:
+            print(f"build_engines.py: --sign {exc}", file=sys.stderr)
+            return 2
     if args.target == "trtllm":
         if trtllm is None:
             print("build_engines.py: --target trtllm is not available in this checkout "
@@ -59,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         result = entry(args)
-        return result if isinstance(result, int) else 0
+        result = result if isinstance(result, int) else 0
+        if result == 0 and key is not None:     # the builder points LATEST at what it published
+            return _sign(lambda: resolve_artifact(args.engines_root, args.name), key)
+        return result
     if args.synthetic is None and args.hf_dir is None:
         parser.error("one of --synthetic or --hf-dir is required for --target reference")
     if args.hf_dir is not None and not args.name:
@@ -74,7 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ArtifactError, TokenizerLoadError, OSError) as exc:
         print(f"build_engines.py: {exc}", file=sys.stderr)
         return 1
+    if key is not None:
+        return _sign(lambda: path, key, print_path=True)
     print(path)
+    return 0
+
+
+def _sign(artifact: Callable[[], Path], key, *, print_path: bool = False) -> int:
+    """Sign the artifact just built (its files were hashed a moment ago: not again)."""
+    try:
+        path = artifact()
+        signer = sign_artifact(path, key, check_files=False)
+    except (ArtifactError, OSError) as exc:
+        print(f"build_engines.py: signing failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"signed {path} by {signer}", file=sys.stderr)
+    if print_path:
+        print(path)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""CLI: `inferd serve | check-config | engines verify | keys ... | usage | batches ... | audit verify | monitoring ... | capacity`.
+"""CLI: `inferd serve | check-config | engines ... | keys ... | usage | batches ... | audit verify | monitoring ... | capacity`.
 
 Each subcommand's work lives in the module that owns that concern; this file only parses
 arguments and imports lazily, so `inferd engines verify` does not pay for aiohttp or numpy.
@@ -26,9 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     engines = sub.add_parser("engines", help="engine artifacts")
     engines_sub = engines.add_subparsers(dest="engines_command", required=True)
-    verify = engines_sub.add_parser("verify", help="check every file of artifacts against their manifests")
+    verify = engines_sub.add_parser("verify", help="check every file of artifacts against their manifests, "
+                                                   "and their signatures; print who signed each")
     verify.add_argument("path", nargs="?", default="engines",
                         help="an artifact directory, or a tree of them (default: ./engines)")
+    verify.add_argument("--trusted-key", action="append", default=[], metavar="PUB",
+                        help="repeatable: a .pub file; then an unsigned artifact or another signer fails")
+    keygen = engines_sub.add_parser("keygen", help="write an ed25519 signing key pair (NAME.key, NAME.pub)")
+    keygen.add_argument("--out-dir", default=".", help="where to write them (default: the current directory)")
+    keygen.add_argument("--name", default="inferd-signing", help="file name stem (default: inferd-signing)")
+    sign = engines_sub.add_parser("sign", help="sign artifacts (after checking their files) with a private key")
+    sign.add_argument("path", help="an artifact directory, or a tree of them")
+    sign.add_argument("--key", required=True, help="the private key file (from inferd engines keygen)")
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -81,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.daemon import preflight_errors
         return check_config_main(args.path, preflight_errors)
     if args.command == "engines":
-        from inferd.engine import verify_main
-        return verify_main(args.path)
+        from inferd.engine import keygen_main, sign_main, verify_main
+        if args.engines_command == "keygen":
+            return keygen_main(args.out_dir, args.name)
+        if args.engines_command == "sign":
+            return sign_main(args.path, args.key)
+        return verify_main(args.path, args.trusted_key)
     if args.command == "keys":
         from inferd.tenancy import keys_main
         return keys_main(args)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from inferd.engine.artifacts import (
     MANIFEST_FILE,
+    SIGNATURE_FILE,
     Architecture,
     ArtifactError,
     DefaultSampling,
@@ -13,7 +14,6 @@ from inferd.engine.artifacts import (
     resolve_artifact,
     staging_dir,
     verify_artifact,
-    verify_main,
 )
 from inferd.engine.base import (
     Capacity,
@@ -25,6 +25,16 @@ from inferd.engine.base import (
     InvalidRequest,
     blocks_for,
 )
+from inferd.engine.engines_cli import keygen_main, sign_main, verify_main
+from inferd.engine.signing import (
+    SigningKeyError,
+    fingerprint,
+    load_private_key,
+    load_public_key,
+    load_trusted_keys,
+    sign_artifact,
+    verify_signed_artifact,
+)
 from inferd.engine.stream import RequestStream, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher, TokenizerLoadError
 from inferd.engine.validation import failure_message, seed64, validate_request
@@ -32,7 +42,9 @@ from inferd.engine.validation import failure_message, seed64, validate_request
 __all__ = [
     "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo",
     "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE",
-    "Manifest", "Progress", "RequestStream", "StopMatcher", "TokenizerLoadError", "blocks_for", "failure_message",
-    "merge_deltas", "publish_artifact", "read_manifest", "resolve_artifact", "seed64", "staging_dir",
-    "validate_request", "verify_artifact", "verify_main",
+    "Manifest", "Progress", "RequestStream", "SIGNATURE_FILE", "SigningKeyError", "StopMatcher", "TokenizerLoadError",
+    "blocks_for", "failure_message", "fingerprint", "keygen_main", "load_private_key", "load_public_key",
+    "load_trusted_keys", "merge_deltas", "publish_artifact", "read_manifest", "resolve_artifact", "seed64",
+    "sign_artifact", "sign_main", "staging_dir", "validate_request", "verify_artifact", "verify_main",
+    "verify_signed_artifact",
 ]

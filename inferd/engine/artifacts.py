@@ -7,6 +7,11 @@
   of the most recent build, replaced atomically.
 - Verification streams every file through sha256 and names the first changed, missing or
   unexpected file.
+- `manifest.sig` beside the manifest, when present, is a detached signature over the manifest's
+  bytes (inferd.engine.signing); it is not one of the artifact's files, so signing an artifact
+  neither changes its version nor breaks its verification.
+
+`inferd engines verify | keygen | sign` live in inferd.engine.engines_cli.
 """
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +28,7 @@ import msgspec
 from inferd import tomllib
 
 MANIFEST_FILE = "manifest.toml"
+SIGNATURE_FILE = "manifest.sig"             # inferd.engine.signing
 LATEST_FILE = "LATEST"
 MANIFEST_FORMAT = 1
 _CHUNK = 1 << 20
@@ -104,13 +109,13 @@ def content_version(files: dict[str, FileEntry]) -> str:
 
 
 def _artifact_files(directory: Path) -> list[str]:
-    """Every file of an artifact except its manifest, as sorted POSIX paths relative to it."""
+    """Every file of an artifact except its manifest and signature, as sorted POSIX paths relative to it."""
     found = []
     for root, dirs, names in os.walk(directory):
         dirs.sort()
         for fname in names:
             rel = (Path(root) / fname).relative_to(directory).as_posix()
-            if rel != MANIFEST_FILE:
+            if rel not in (MANIFEST_FILE, SIGNATURE_FILE):
                 found.append(rel)
     return sorted(found)
 
@@ -172,10 +177,19 @@ def read_manifest(artifact_dir: Path) -> Manifest:
     """The manifest without checking files (see verify_artifact)."""
     path = Path(artifact_dir) / MANIFEST_FILE
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ArtifactError(f"{artifact_dir}: no {MANIFEST_FILE} (not an artifact directory)", MANIFEST_FILE) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ArtifactError(f"{path}: unreadable: {exc}", MANIFEST_FILE) from exc
+    return parse_manifest(data, path)
+
+
+def parse_manifest(data: bytes, path: Path) -> Manifest:
+    """A manifest from its bytes (a signature covers exactly these); `path` names it in errors."""
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ArtifactError(f"{path}: unreadable: {exc}", MANIFEST_FILE) from exc
     try:
         manifest = msgspec.convert(raw, Manifest)
@@ -189,10 +203,11 @@ def read_manifest(artifact_dir: Path) -> Manifest:
 
 # --- verification and resolution -------------------------------------------------------------
 
-def verify_artifact(path: Path) -> Manifest:
-    """Check every file against the manifest; raise ArtifactError naming the first culprit."""
+def verify_artifact(path: Path, manifest: Manifest | None = None) -> Manifest:
+    """Check every file against the manifest (the one given: already read, e.g. with its signature
+    checked; else the one on disk); raise ArtifactError naming the first culprit."""
     path = Path(path)
-    manifest = read_manifest(path)
+    manifest = read_manifest(path) if manifest is None else manifest
     present = set(_artifact_files(path))
     for rel in sorted(manifest.files):
         if rel not in present:
@@ -301,61 +316,3 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
         verify_artifact(final)
     _write_atomically(final.parent / LATEST_FILE, version + "\n")
     return final
-
-
-# --- `inferd engines verify [PATH]` ------------------------------------------------------------
-
-def _find_artifacts(root: Path) -> Iterator[Path]:
-    for dirpath, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if MANIFEST_FILE in names:
-            dirs.clear()  # an artifact's subdirectories are its files, not more artifacts
-            yield Path(dirpath)
-
-
-def _dangling_latest(root: Path) -> Iterator[str]:
-    for latest in sorted(root.rglob(LATEST_FILE)):
-        try:
-            version = latest.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            yield f"{latest}: unreadable: {exc}"
-            continue
-        if not version or "/" in version or not (latest.parent / version / MANIFEST_FILE).is_file():
-            yield f"{latest} points at {version!r}, which does not exist"
-
-
-def verify_main(path: str | Path) -> int:
-    """Verify one artifact or every artifact under a tree. 0 = all good, 1 = failures, 2 = no such path.
-    Every problem is one line naming it, never a traceback."""
-    root = Path(path)
-    if not root.exists():
-        print(f"inferd engines verify: {root}: no such file or directory", file=sys.stderr)
-        return 2
-    try:
-        return _verify_tree(root)
-    except OSError as exc:              # e.g. a directory we may not read
-        print(f"FAIL  {exc}")
-        return 1
-
-
-def _verify_tree(root: Path) -> int:
-    artifacts = [root] if (root / MANIFEST_FILE).is_file() else list(_find_artifacts(root))
-    if not artifacts:
-        print(f"FAIL  {root}: no artifacts found (no {MANIFEST_FILE} anywhere below it)")
-        return 1
-    failures = 0
-    for artifact in artifacts:
-        try:
-            manifest = verify_artifact(artifact)
-        except (ArtifactError, OSError) as exc:
-            failures += 1
-            print(f"FAIL  {exc}")
-            continue
-        size = sum(entry.size for entry in manifest.files.values())
-        print(f"ok    {manifest.name}/{manifest.version}  {manifest.target}  {len(manifest.files)} files  "
-              f"{size / 1e6:.1f} MB  {artifact}")
-    if root not in artifacts:
-        for problem in _dangling_latest(root):
-            failures += 1
-            print(f"FAIL  {problem}")
-    return 1 if failures else 0

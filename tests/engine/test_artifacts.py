@@ -3,13 +3,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from inferd.__main__ import main as inferd_main
 from inferd.engine import artifacts
 from inferd.engine.artifacts import (
     Architecture,
@@ -23,7 +20,6 @@ from inferd.engine.artifacts import (
     resolve_artifact,
     staging_dir,
     verify_artifact,
-    verify_main,
 )
 
 
@@ -100,6 +96,11 @@ def test_unexpected_extra_file_is_named(artifact: Path, extra: str) -> None:
     with pytest.raises(ArtifactError, match="unexpected file") as info:
         verify_artifact(artifact)
     assert info.value.file == extra
+
+
+def test_a_signature_beside_the_manifest_is_not_one_of_the_artifacts_files(artifact: Path) -> None:
+    (artifact / "manifest.sig").write_text("whatever: signing checks it, not the hashes")
+    assert "manifest.sig" not in verify_artifact(artifact).files
 
 
 def test_manifest_edited_to_match_a_changed_file_still_fails_on_version(artifact: Path) -> None:
@@ -208,52 +209,3 @@ def test_failed_build_leaves_no_staging_directory(tmp_path: Path) -> None:
             (staging / "half-written").write_text("x")
             raise RuntimeError("build failed")
     assert list((tmp_path / "m").iterdir()) == []
-
-
-# --- inferd engines verify ---------------------------------------------------------------------
-
-def test_verify_cli_accepts_a_tree_and_a_single_artifact(engines_root: Path, artifact: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    assert inferd_main(["engines", "verify", str(engines_root)]) == 0
-    assert inferd_main(["engines", "verify", str(artifact)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(line.startswith(f"ok    tiny/{artifact.name}") for line in lines)
-
-
-def test_verify_cli_exits_nonzero_naming_the_tampered_file(engines_root: Path, artifact: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    shutil.copytree(artifact, engines_root / "copy" / artifact.name)
-    flip_byte(artifact / "model.safetensors", 1000)
-    assert verify_main(engines_root) == 1
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out] == ["ok", "FAIL"]
-    assert "model.safetensors has changed" in out[1] and str(artifact) in out[1]
-
-
-def test_verify_cli_reports_a_dangling_latest_and_empty_trees(engines_root: Path, tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    (engines_root / "tiny" / "LATEST").write_text("deadbeef0000\n")
-    assert verify_main(engines_root) == 1
-    assert "LATEST points at 'deadbeef0000'" in capsys.readouterr().out
-    (tmp_path / "empty").mkdir()
-    assert verify_main(tmp_path / "empty") == 1
-    assert verify_main(tmp_path / "missing") == 2
-
-
-def test_verify_cli_reports_unreadable_files_as_lines_not_tracebacks(engines_root: Path, artifact: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    (engines_root / "tiny" / "LATEST").write_bytes(b"\xff\xfe not utf-8")
-    (artifact / "manifest.toml").write_bytes(b"\xff" * 10)
-    assert verify_main(engines_root) == 1
-    out = capsys.readouterr().out.splitlines()
-    assert all(line.startswith("FAIL  ") for line in out) and len(out) == 2
-    assert "LATEST: unreadable" in out[1] and "manifest.toml: unreadable" in out[0]
-
-
-def test_inferd_engines_verify_process_exit_codes(engines_root: Path, artifact: Path) -> None:
-    command = [sys.executable, "-m", "inferd", "engines", "verify", str(engines_root)]
-    assert subprocess.run(command, capture_output=True, timeout=60).returncode == 0
-    (artifact / "generation_config.json").unlink()
-    failed = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert failed.returncode == 1
-    assert "generation_config.json is missing" in failed.stdout

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 
 from inferd.engine.artifacts import ArtifactError, read_manifest, resolve_artifact, verify_artifact
 from inferd.engine.build.reference import SYNTHETIC_SPECS, build_synthetic, num_parameters, pack_hf, random_weights
+from inferd.engine.signing import fingerprint, generate_key_pair, load_public_key, verify_signed_artifact
 from inferd.engine.tokenization import HFTokenizer
 
 ARTIFACT_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -173,6 +174,39 @@ def test_cli_trtllm_delegates_with_its_own_arguments(monkeypatch: pytest.MonkeyP
     (args,) = calls
     assert (args.tp_size, args.name, args.hf_dir) == (2, "m", Path("ckpt"))
 
+
+def test_cli_sign_signs_what_it_built(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    private, public = generate_key_pair(tmp_path, "release")
+    assert load_build_engines().main(["--engines-root", str(tmp_path / "e"), "--synthetic", "tiny",
+                                      "--sign", str(private)]) == 0
+    captured = capsys.readouterr()
+    path = Path(captured.out.strip())
+    signer = fingerprint(load_public_key(public))
+    assert verify_signed_artifact(path, {signer: str(public)})[1] == signer
+    assert f"signed {path} by {signer}" in captured.err
+
+
+def test_cli_sign_with_a_bad_key_exits_2_before_building(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, public = generate_key_pair(tmp_path, "release")
+    assert load_build_engines().main(["--engines-root", str(tmp_path / "e"), "--synthetic", "tiny",
+                                      "--sign", str(public)]) == 2
+    assert f"--sign {public}: this is a public key" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
+
+
+def test_cli_trtllm_sign_signs_the_artifact_its_builder_published(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  tiny_artifact: Path) -> None:
+    def publish(args) -> int:          # what the real builder leaves: engines/<name>/<version> and LATEST
+        shutil.copytree(tiny_artifact, args.engines_root / args.name / tiny_artifact.name)
+        (args.engines_root / args.name / "LATEST").write_text(tiny_artifact.name + "\n")
+        return 0
+
+    private, _ = generate_key_pair(tmp_path, "release")
+    build_engines = load_build_engines()
+    monkeypatch.setattr(build_engines, "_trtllm_builder", lambda: types.SimpleNamespace(main=publish))
+    assert build_engines.main(["--target", "trtllm", "--hf-dir", "ckpt", "--name", "m",
+                               "--engines-root", str(tmp_path / "e"), "--sign", str(private)]) == 0
+    assert verify_signed_artifact(tmp_path / "e" / "m" / tiny_artifact.name)[1] is not None
 
 
 def test_pack_hf_copies_only_the_shards_the_index_names(hf_dir: Path, tmp_path: Path) -> None:
