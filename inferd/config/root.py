@@ -32,6 +32,7 @@ from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
 from inferd.config.tracing import TracingConfig, tracing_errors
+from inferd.config.trust import trust_list_errors
 from inferd.config.walk import ConfigTable, check_table, type_name, well_formed
 
 Backend = Literal["reference", "sim", "trtllm"]
@@ -64,6 +65,8 @@ class ServerConfig(ConfigTable):
     # Issue 10: HTTPS (inferd.config.tls); plain HTTP on a non-loopback host only when explicitly allowed.
     tls: TlsConfig | None = None
     allow_plaintext_non_loopback: bool = False
+    # Issue 15: .pub files one of which must have signed every engine artifact (docs/artifacts.md); () = none.
+    trusted_keys: tuple[str, ...] = ()
 
 
 class SimConfig(ConfigTable):
@@ -94,6 +97,7 @@ class ModelConfig(ConfigTable):
     num_kv_blocks: int | None = None       # reference: default 2048; sim: derived from the profile
     block_size: int = 16
     verify: bool = True                    # reference: check artifact sha256s at start
+    trusted_keys: tuple[str, ...] = ()     # when set, replaces server.trusted_keys for this model
     sim: SimConfig | None = None
     trtllm: TrtllmConfig | None = None
     breaker: BreakerConfig | None = None   # issue 14: stop routing to a failing version for a while
@@ -179,6 +183,7 @@ def _server_errors(s: ServerConfig) -> list[str]:
         errors.append(f"server.drain_grace_s: must be >= 0, got {s.drain_grace_s}")
     if not s.engines_root:
         errors.append("server.engines_root: must not be empty")
+    errors.extend(trust_list_errors("server.trusted_keys", s.trusted_keys))
     if s.tls is not None:
         errors.extend(tls_errors(s.tls))
     return errors
@@ -209,6 +214,7 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
             errors.append(f"{p}.versions[{i}]: expected a version id such as 3f2a9c01d2e4, got {v!r}")
         elif v == m.version or v in m.versions[:i]:
             errors.append(f"{p}.versions[{i}]: version {v!r} is listed twice")
+    errors.extend(trust_list_errors(f"{p}.trusted_keys", m.trusted_keys))
     if m.sim is not None and m.backend != "sim":
         errors.append(f"{p}.sim: a [sim] section needs backend = \"sim\" (backend is {m.backend!r})")
     if m.trtllm is not None and m.backend != "trtllm":
@@ -271,7 +277,8 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     tls = cfg.server.tls
     tls = resolve_tls_paths(tls, lambda p: _resolve(base, p)) if tls is not None else None
     state = Path(_resolve(base, cfg.server.state_dir or _systemd_state_dir() or DEFAULT_STATE_DIR))
-    server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root), tls=tls)
+    server = msgspec.structs.replace(cfg.server, engines_root=_resolve(base, cfg.server.engines_root), tls=tls,
+                                     trusted_keys=tuple(_resolve(base, k) for k in cfg.server.trusted_keys))
     models = {}
     for name, m in cfg.models.items():
         t = m.trtllm
@@ -282,7 +289,7 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
                 tokenizer_dir=_resolve(base, t.tokenizer_dir) if t.tokenizer_dir else None,
                 lora_adapters={k: _resolve(base, v) for k, v in t.lora_adapters.items()},
             )
-        models[name] = msgspec.structs.replace(m, trtllm=t)
+        models[name] = msgspec.structs.replace(m, trtllm=t, trusted_keys=tuple(_resolve(base, k) for k in m.trusted_keys))
     audit = msgspec.structs.replace(cfg.audit, path=_resolve(base, cfg.audit.path) if cfg.audit.path else None)
     auth = msgspec.structs.replace(
         cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file) if cfg.auth.keys_file else None,
