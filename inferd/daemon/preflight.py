@@ -1,6 +1,7 @@
 """What `inferd serve` would refuse that the config's own checks cannot see: each model version's
-artifact on disk (with the command that builds it), the API keys file, and the tracing extra when
-`[tracing]` is configured. `inferd check-config` runs
+artifact on disk (with the command that builds it), the trusted keys and, where a model has them, its
+artifacts' signatures (not the files' hashes: that is the load's, and slow), the API keys file, and
+the tracing extra when `[tracing]` is configured. `inferd check-config` runs
 these after the config validates, so it reports everything a start would stumble on, at once."""
 from __future__ import annotations
 
@@ -8,24 +9,41 @@ import importlib.util
 from pathlib import Path
 
 from inferd.config import Config, artifact_name
-from inferd.engine import ArtifactError, resolve_artifact
+from inferd.engine import (
+    ArtifactError,
+    SigningKeyError,
+    fingerprint,
+    load_public_key,
+    resolve_artifact,
+    verify_signed_artifact,
+)
 from inferd.models import SYNTHETIC_KINDS, missing_synthetic, uses_artifact, version_specs
 from inferd.tenancy import KeyFileError, load_authenticator
 
 
 def preflight_errors(cfg: Config) -> list[str]:
     """`path: problem` lines, empty when `serve` would find every artifact and read the keys file."""
-    errors: list[str] = []
+    errors, fingerprints = _trusted_key_errors(cfg)
     root = Path(cfg.server.engines_root)
     for spec in version_specs(cfg):
         model = spec.config
-        if not uses_artifact(model) or missing_synthetic(spec.model, model, cfg.server) is not None:
-            continue                     # sim needs none; a missing tiny/small is built on the first serve
+        if not uses_artifact(model):     # sim needs none; a trtllm engine_dir is its own artifact
+            if model.trusted_keys and model.trtllm is not None and model.trtllm.engine_dir:
+                errors += _signature_errors(spec.model, Path(model.trtllm.engine_dir), model.trusted_keys, fingerprints)
+            continue
         name = artifact_name(spec.model, model)
+        if missing_synthetic(spec.model, model, cfg.server) is not None:   # built on the first serve
+            if model.trusted_keys:
+                errors.append(f"models.{spec.model}: trusted_keys is set, but serve would build the missing {name} "
+                              f"artifact unsigned and refuse it; build and sign it first: "
+                              f"{_build_command(name, model.backend, root)} --sign PRIVATE_KEY_FILE")
+            continue
         try:
-            resolve_artifact(root, name, spec.requested)
+            path = resolve_artifact(root, name, spec.requested)
         except (ArtifactError, OSError) as exc:
             errors.append(f"models.{spec.model}: {exc}; build it with: {_build_command(name, model.backend, root)}")
+            continue
+        errors += _signature_errors(spec.model, path, model.trusted_keys, fingerprints)
     if cfg.tracing is not None and not all(_importable(m) for m in TRACING_MODULES):
         errors.append("tracing: needs the OpenTelemetry SDK and OTLP exporter: pip install 'inferd[tracing]'")
     if cfg.auth.mode == "api_key":
@@ -34,6 +52,37 @@ def preflight_errors(cfg: Config) -> list[str]:
         except (KeyFileError, OSError) as exc:
             errors.append(f"auth.keys_file: {exc}")
     return errors
+
+
+def _trusted_key_errors(cfg: Config) -> tuple[list[str], dict[str, str | None]]:
+    """A line for every trusted_keys entry that is not an ed25519 .pub file (once per file), and
+    every entry's path -> its key's fingerprint (None: did not load)."""
+    errors: list[str] = []
+    fingerprints: dict[str, str | None] = {}
+    lists = [("server.trusted_keys", cfg.server.trusted_keys)]
+    lists += [(f"models.{name}.trusted_keys", m.trusted_keys) for name, m in cfg.models.items()]
+    for where, paths in lists:
+        for i, path in enumerate(paths):
+            if path in fingerprints:
+                continue
+            try:
+                fingerprints[path] = fingerprint(load_public_key(path))
+            except SigningKeyError as exc:
+                fingerprints[path] = None
+                errors.append(f"{where}[{i}]: {exc}")
+    return errors, fingerprints
+
+
+def _signature_errors(model: str, path: Path, keys: tuple[str, ...], fingerprints: dict[str, str | None]) -> list[str]:
+    """The artifact's signature against the model's trusted keys (when it has some and they all loaded:
+    a key that did not is named already); the files' hashes are left to the load, being slow."""
+    if not keys or not all(fingerprints.get(k) for k in keys):
+        return []
+    try:
+        verify_signed_artifact(path, {fingerprints[k]: k for k in keys}, check_files=False)
+    except (ArtifactError, OSError) as exc:
+        return [f"models.{model}: {exc}"]
+    return []
 
 
 TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")

@@ -1,6 +1,7 @@
 """Loading, warming and retiring engine versions behind the routing registry.
 
-A version's life here: verify its artifact against the manifest (off the loop) -> construct ->
+A version's life here: verify its artifact against the manifest, and its signer against the model's
+trusted keys when it has any (off the loop) -> construct ->
 register as `loading` -> start -> warmup with representative prompt and decode shapes -> `ready`
 (routable). Any failure refuses that one version: it is logged naming the model, the version and
 (for a tampered artifact) the file, recorded in `failures` for /readyz, and everything else keeps
@@ -45,9 +46,12 @@ class VersionSpec(msgspec.Struct, frozen=True):
 
 
 def version_specs(cfg: Config) -> list[VersionSpec]:
-    """Every version the config lists: each model's default first, then its `versions`."""
+    """Every version the config lists: each model's default first, then its `versions`. A spec's
+    `trusted_keys` are the ones its artifact must be signed by: the model's own, else `[server]`'s."""
     out = []
     for name, model in cfg.models.items():
+        if not model.trusted_keys and cfg.server.trusted_keys:
+            model = msgspec.structs.replace(model, trusted_keys=cfg.server.trusted_keys)
         out.append(VersionSpec(name, model.version, model))
         out.extend(VersionSpec(name, v, model) for v in model.versions)
     return out
@@ -82,6 +86,7 @@ class VersionManager:
         t0 = time.monotonic()
         key: ModelVersion | None = None
         engine: Engine | None = None
+        signer: str | None = None
         try:
             model = spec.config
             version: str | None = None
@@ -90,9 +95,12 @@ class VersionManager:
                 if revived is not None:
                     return revived
             if uses_artifact(model):
-                path = await asyncio.to_thread(self._verified_artifact, spec)
+                path, signer = await asyncio.to_thread(self._verified_artifact, spec)
                 version = path.name
                 model = msgspec.structs.replace(model, version=version, verify=False)  # verified just now
+            elif model.trusted_keys and model.trtllm is not None and model.trtllm.engine_dir:
+                path, signer = await asyncio.to_thread(self._verified_artifact, spec, Path(model.trtllm.engine_dir))
+                model = msgspec.structs.replace(model, verify=False)
             revived = self._revive(spec, version or (spec.requested if spec.requested != "latest" else None))
             if revived is not None:
                 return revived
@@ -130,26 +138,38 @@ class VersionManager:
         self._on_change()
         info = engine.info
         log.info("version_ready", model=spec.model, version=key.version, backend=info.backend,
-                 simulated=info.simulated, seconds=round(time.monotonic() - t0, 3))
+                 simulated=info.simulated, signer=signer, seconds=round(time.monotonic() - t0, 3))
         return key
 
-    def _verified_artifact(self, spec: VersionSpec) -> Path:
-        """Resolve and verify in a thread: hashing every file of a large artifact takes a while."""
-        from inferd.engine import ArtifactError, resolve_artifact, verify_artifact
+    def _verified_artifact(self, spec: VersionSpec, path: Path | None = None) -> tuple[Path, str | None]:
+        """Resolve (unless `path` is given) and verify in a thread: hashing every file of a large artifact
+        takes a while. With trusted keys, an unsigned artifact or an unknown signer is refused first.
+        Returns the artifact and its signer's fingerprint (None: unsigned)."""
+        from inferd.engine import (
+            ArtifactError,
+            SigningKeyError,
+            load_trusted_keys,
+            resolve_artifact,
+            verify_signed_artifact,
+        )
 
+        try:
+            trusted = load_trusted_keys(spec.config.trusted_keys)
+        except SigningKeyError as exc:
+            raise EngineConfigError(spec.model, f"trusted_keys: {exc}") from None
         name = artifact_name(spec.model, spec.config)
         try:
-            path = resolve_artifact(Path(self.server.engines_root), name, spec.requested)
+            path = path or resolve_artifact(Path(self.server.engines_root), name, spec.requested)
         except (ArtifactError, OSError) as exc:
             raise EngineConfigError(spec.model, f"artifact {name!r} version {spec.requested!r} "
                                                 f"under {self.server.engines_root}: {exc}") from None
         try:
-            verify_artifact(path)
-        except ArtifactError as exc:
+            _, signer = verify_signed_artifact(path, trusted)
+        except (ArtifactError, OSError) as exc:
             err = EngineConfigError(spec.model, f"artifact {path} failed verification: {exc}")
-            err.file = exc.file  # type: ignore[attr-defined]
+            err.file = getattr(exc, "file", None)  # type: ignore[attr-defined]
             raise err from None
-        return path
+        return path, signer
 
     @staticmethod
     def _label_version(engine: Engine, spec: VersionSpec) -> str:

@@ -1,9 +1,12 @@
 """inferd.daemon.preflight: check-config reports what serve would refuse, beyond the config's own keys."""
 from __future__ import annotations
 
+import shutil
+
 from inferd.__main__ import main
 from inferd.config.root import load_config
 from inferd.daemon.preflight import preflight_errors
+from inferd.engine.signing import generate_key_pair, load_private_key, sign_artifact
 
 
 def write(tmp_path, text: str):
@@ -41,3 +44,58 @@ def test_check_config_exits_1_naming_what_serve_would_refuse(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "1 error(s)" in err and "models.llama: artifact 'llama'" in err
     assert main(["check-config", str(write(tmp_path, '[models.tiny]\nbackend = "reference"\n'))]) == 0
+
+
+
+# -- trusted keys and signatures (issue 15) ---------------------------------------------------------
+
+def tiny_copy(tmp_path, tiny_artifact):
+    """engines/tiny/<version> under tmp_path: a copy of the session's artifact, free to sign."""
+    return shutil.copytree(tiny_artifact, tmp_path / "engines" / "tiny" / tiny_artifact.name)
+
+
+def test_a_trusted_key_that_does_not_parse_is_named_with_its_path(tmp_path, tiny_artifact):
+    tiny_copy(tmp_path, tiny_artifact)
+    (tmp_path / "bad.pub").write_text("ssh-rsa AAAAB3NzaC1yc2E x\n")
+    path = write(tmp_path, '[server]\ntrusted_keys = ["bad.pub"]\n'
+                           '[models.tiny]\nbackend = "reference"\n'
+                           '[models.other]\nbackend = "reference"\nartifact = "tiny"\ntrusted_keys = ["missing.pub"]\n')
+    assert preflight_errors(load_config(path)) == [
+        f"server.trusted_keys[0]: {tmp_path / 'bad.pub'}: not an OpenSSH ed25519 public key "
+        "(expected a line `ssh-ed25519 AAAA...`)",
+        f"models.other.trusted_keys[0]: {tmp_path / 'missing.pub'}: cannot read the public key: "
+        "No such file or directory",
+    ]
+
+
+def test_an_artifact_unsigned_or_signed_by_another_key_is_named_and_a_trusted_one_passes(tmp_path, tiny_artifact):
+    release, _ = generate_key_pair(tmp_path, "release")
+    team, _ = generate_key_pair(tmp_path, "team")
+    artifact = tiny_copy(tmp_path, tiny_artifact)
+    path = write(tmp_path, '[server]\ntrusted_keys = ["release.pub"]\n[models.tiny]\nbackend = "reference"\n')
+    (error,) = preflight_errors(load_config(path))
+    assert error.startswith(f"models.tiny: {artifact}: unsigned, and trusted_keys requires a signature")
+    sign_artifact(artifact, load_private_key(team))
+    (error,) = preflight_errors(load_config(path))
+    assert "which is not a trusted key" in error
+    sign_artifact(artifact, load_private_key(release))
+    assert preflight_errors(load_config(path)) == []
+    with open(artifact / "model.safetensors", "ab") as fh:     # the files' hashes are the load's to check
+        fh.write(b"\0")
+    assert preflight_errors(load_config(path)) == []
+
+
+def test_trusted_keys_with_a_synthetic_artifact_serve_would_build_unsigned_is_reported(tmp_path):
+    generate_key_pair(tmp_path, "release")
+    path = write(tmp_path, '[models.tiny]\nbackend = "reference"\ntrusted_keys = ["release.pub"]\n')
+    (error,) = preflight_errors(load_config(path))
+    assert "serve would build the missing tiny artifact unsigned and refuse it" in error
+    assert error.endswith(f"--synthetic tiny --engines-root {tmp_path / 'engines'} --sign PRIVATE_KEY_FILE")
+
+
+def test_check_config_names_a_bad_trusted_key(tmp_path, capsys):
+    (tmp_path / "release.pub").write_text("-----BEGIN PRIVATE KEY-----\n")
+    path = write(tmp_path, '[server]\ntrusted_keys = ["release.pub"]\n[models.s]\nbackend = "sim"\n'
+                           '[models.s.sim]\nprofile = "tiny"\n')
+    assert main(["check-config", str(path)]) == 1
+    assert f"server.trusted_keys[0]: {tmp_path / 'release.pub'}: this is a private key" in capsys.readouterr().err

@@ -74,3 +74,11 @@ async def test_retired_version_closes_only_after_its_last_request_releases_it():
     finally:
         await versions.close_all()
     assert sorted(closed) == sorted(["v1", "v2", keys[0].version])
+
+
+def test_a_version_spec_carries_its_models_trusted_keys_else_the_servers():
+    cfg = parse_config({"server": {"trusted_keys": ["/k/release.pub"]},
+                        "models": {"a": {"backend": "sim", "versions": ["v1"]},
+                                   "b": {"backend": "sim", "trusted_keys": ["/k/team.pub"]}}})
+    trust = {spec.label: spec.config.trusted_keys for spec in version_specs(cfg)}
+    assert trust == {"a@latest": ("/k/release.pub",), "a@v1": ("/k/release.pub",), "b@latest": ("/k/team.pub",)}
