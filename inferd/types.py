@@ -18,6 +18,7 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"        # aborted by us: client gone, drain, admin
     DEADLINE = "deadline"  # the request's deadline passed while it was generating
     ERROR = "error"        # the engine failed this request (Delta.error says why)
+    CONTENT_FILTER = "content_filter"   # the tenant's safety policy stopped its output (inferd.safety)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):

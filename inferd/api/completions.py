@@ -29,6 +29,7 @@ from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing, stages)
 from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
+from inferd.api.safety import check_input, filter_output
 from inferd.api.slo_outcomes import record_slo, record_slo_for
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
@@ -142,6 +143,8 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         parts = prepared.prompts()              # one per prompt of a completions batch; usually just one
         for part in parts:                      # every part judged from its length before any is tokenized
             await check_length_bound(engine, part, max_model_len, deadline)
+        # The tenant's content policy on the input: after every cheap refusal, before tokenizing.
+        policy = await check_input(state, tenant, prepared, engine, model, request[keys.REQUEST_ID])
         prompt_ids, sampling = [], []
         for part in parts:
             ids = await tokenize(engine, part, len(body), deadline)
@@ -159,7 +162,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
                             body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None,
-                            degraded=degraded.header)
+                            degraded=degraded.header, policy=policy)
     with state.track():
         return await (_run(ctx) if state.tracing is None else _traced(ctx))     # off: one test, no OpenTelemetry
 
@@ -247,7 +250,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             request[keys.LOG_FIELDS]["outcome_status"] = err.status
             return await queued.end_with(err, ChunkEncoder(ident, p.include_usage))
         raise err from None
-    streams = admitted.streams
+    streams = filter_output(state, ctx.policy, admitted.streams, tenant, sum(map(len, ctx.prompt_ids)),
+                            ctx.request_id, model)
     stream = streams[0] if len(streams) == 1 else Choices(streams)
     # From here the engine is generating for us: every path out must cancel the stream (the
     # finally), or a failure before streaming would leave it generating unread until max_tokens.

@@ -15,6 +15,7 @@ from inferd.api.openai import Prepared
 from inferd.api.state import ServerState
 from inferd.engine import Engine
 from inferd.models import Route
+from inferd.safety import Policy
 from inferd.types import SamplingParams
 
 
@@ -36,6 +37,7 @@ class GenerationContext:
     forwarded: bool = False         # a peer forwarded it (charged there; never forwarded again)
     batch_id: str | None = None     # a line of this batch, sent by the Batch API's runner (inferd.api.internal)
     degraded: str = ""              # what overload degradation did to it (X-Inferd-Degraded; inferd.api.degrade)
+    policy: Policy | None = None    # the tenant's content policy (inferd.safety), when it has one
 
     @property
     def kind(self) -> str:

@@ -17,7 +17,8 @@ DONE_FRAME = b"data: [DONE]\n\n"
 PING_FRAME = b": ping\n\n"
 
 # Normal ends map onto OpenAI's values; abnormal ends are errors (see abnormal_end).
-OPENAI_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+OPENAI_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+                 FinishReason.CONTENT_FILTER: "content_filter"}
 
 
 def usage_dict(usage: Usage) -> dict:

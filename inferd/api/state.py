@@ -17,6 +17,7 @@ from inferd.config import Config
 from inferd.engine import Engine
 from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
 from inferd.observability import Metrics, Tracing
+from inferd.safety import Policies
 from inferd.slo import SloTracker
 from inferd.store import Database, IdempotencyStore, Ledger
 from inferd.tenancy import Tenancy
@@ -94,6 +95,8 @@ class ServerState:
         self.metrics.watch_breakers(lambda: self.control.breakers if self.control is not None else None)
         # Issue 14: OpenTelemetry spans per request stage; the daemon sets it when [tracing] is configured.
         self.tracing: Tracing | None = None
+        # Issue 15 (inferd.safety): the tenants' content policies; a reload builds new ones.
+        self.safety = Policies(config.policies, lambda tenant: self.tenancy.tenants.get(tenant))
 
     @property
     def node_name(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from inferd.config.aliases import AliasConfig, alias_errors
+from inferd.config.policies import PolicyConfig, installed_classifiers, policy_errors
 from inferd.config.resilience import BreakerConfig, DegradeConfig, breaker_errors, degrade_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
 from inferd.config.slos import SloConfig, slo_errors
@@ -72,8 +73,15 @@ def tenancy_errors(raw: dict[str, Any], errors: list[str], host: str | None) -> 
     known = set(models) if isinstance(models, dict) else {"small"}
     aliases = raw.get("aliases")
     known |= set(aliases) if isinstance(aliases, dict) else set()
+    policies = decode_entries(raw, "policies", PolicyConfig, errors)
+    for name, policy in policies.items():
+        errors.extend(policy_errors(name, policy, installed_classifiers))
+    declared = raw.get("policies") if isinstance(raw.get("policies"), dict) else {}
     for name, tenant in decode_entries(raw, "tenants", TenantConfig, errors).items():
         errors.extend(tenant_errors(name, tenant))
+        if tenant.policy is not None and tenant.policy not in declared:
+            errors.append(f"tenants.{name}.policy: no [policies.{tenant.policy}] table "
+                          f"(declared: {', '.join(sorted(declared)) or 'none'})")
         for i, model in enumerate(tenant.allowed_models):
             if model != "*" and model not in known:
                 errors.append(f"tenants.{name}.allowed_models[{i}]: no model or alias named {model!r} "

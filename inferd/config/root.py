@@ -25,6 +25,7 @@ from inferd import tomllib
 from inferd.config.aliases import AliasConfig
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
+from inferd.config.policies import PolicyConfig
 from inferd.config.resilience import BreakerConfig, DegradeConfig
 from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.slos import SloConfig
@@ -140,6 +141,7 @@ class Config(ConfigTable):
     slos: dict[str, SloConfig] = {}
     degrade: dict[str, DegradeConfig] = {}
     tracing: TracingConfig | None = None    # issue 14: OpenTelemetry spans per stage; absent = off
+    policies: dict[str, PolicyConfig] = {}  # issue 15: safety policies tenants are held to
 
 
 class ConfigError(Exception):
@@ -158,7 +160,7 @@ class ConfigError(Exception):
 # -- semantic pass -------------------------------------------------------------------------
 
 # Tables of named entries (`[models.<name>]`, ...), checked one entry at a time so errors name it.
-_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants", "slos", "degrade")
+_ENTRY_TABLES = ("models", "aliases", "rollouts", "prices", "tenants", "slos", "degrade", "policies")
 
 
 def _server_errors(s: ServerConfig) -> list[str]:

@@ -72,6 +72,8 @@ class TenantConfig(ConfigTable):
     spend_period: SpendPeriod = "month"
     max_tokens_per_day: int | None = None       # prompt + completion tokens recorded per UTC day
     budget_warn_fraction: float = 0.8           # crossing it: a metric and an audit record
+    # Issue 15: the [policies.<name>] its requests are filtered by (None: no filtering).
+    policy: str | None = None
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models

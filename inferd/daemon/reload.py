@@ -38,6 +38,7 @@ from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConf
 from inferd.daemon.tls import RESTART_ONLY_TLS, ListenerTls, TlsError
 from inferd.models import ControlPlane, VersionManager, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
+from inferd.safety import ClassifierError, Policies
 from inferd.tenancy import KeyFileError, load_spend
 from inferd.types import ModelVersion
 
@@ -126,9 +127,12 @@ class Reloader:
                 authenticator = await tenancy.check_keys(new) if tenancy is not None else None
                 cluster = getattr(state, "cluster", None)
                 cluster_key = await cluster.read_key(new.cluster) if cluster is not None else None
+                safety = Policies(new.policies, lambda tenant: state.tenancy.tenants.get(tenant))
                 if self.tls is not None and new.server.tls is not None:
                     await self.tls.check(new.server.tls)
                     self.tls.apply(new.server.tls)   # last: everything else passed
+            except ClassifierError as exc:
+                return self._refused([f"policies: {exc}"], str(path))
             except ConfigError as exc:
                 return self._refused(list(exc.errors), exc.source)
             except RoutingConfigError as exc:
@@ -139,7 +143,7 @@ class Reloader:
                 return self._refused([str(exc)], str(path))
             if cluster is not None:
                 cluster.reconfigure(new.cluster, cluster_key)
-            return await self.apply(new, t0, authenticator=authenticator)
+            return await self.apply(new, t0, authenticator=authenticator, safety=safety)
 
     def _check_routes(self, new: Config) -> None:
         """Build both tables without publishing them: anything they reject is a config error."""
@@ -155,8 +159,10 @@ class Reloader:
         self.state.metrics.config_reloaded(False)
         return ReloadResult(False, tuple(errors))
 
-    async def apply(self, new: Config, t0: float | None = None, *, authenticator=None) -> ReloadResult:
-        """Apply a validated config; `authenticator`: one `Tenancy.check_keys` built for a changed [auth]."""
+    async def apply(self, new: Config, t0: float | None = None, *, authenticator=None,
+                    safety: Policies | None = None) -> ReloadResult:
+        """Apply a validated config; `authenticator`: one `Tenancy.check_keys` built for a changed [auth];
+        `safety`: the new config's compiled policies (built here when not given)."""
         t0 = time.monotonic() if t0 is None else t0
         state, control, versions = self.state, self.control, self.versions
         old = state.config
@@ -170,6 +176,9 @@ class Reloader:
         before_routes = _routes_summary(control)
         control.registry.swap(lambda t: control.transitional_table(t, new))
         state.config = control.config = new
+        if hasattr(state, "safety"):
+            state.safety = safety if safety is not None else Policies(
+                new.policies, lambda tenant: state.tenancy.tenants.get(tenant))
         slos = getattr(state, "slos", None)
         if slos is not None:
             slos.reconfigure(new.slos)

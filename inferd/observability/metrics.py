@@ -190,6 +190,9 @@ class Metrics:
         r.register(SloCollector(lambda: (tracker.snapshot() if (tracker := self.slos()) is not None else ())))
         self.breakers: Callable[[], Any] = lambda: None
         r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
+        self.safety_actions_total = Counter(
+            "inferd_safety_actions", "Requests a safety policy acted on: refused (stage=input) or stopped "
+            "(stage=output)", ("tenant", "policy", "stage"), registry=r)
         self.degraded_total = Counter(
             "inferd_degraded_requests", "Requests degraded under overload ([degrade.*]), by route and action "
             "(max_tokens: capped; route: sent to another model)", ("route", "action"), registry=r)
@@ -286,6 +289,10 @@ class Metrics:
     def watch_breakers(self, source: Callable[[], Any]) -> None:
         """`source()` returns the control plane's inferd.models.Breakers (or None); read at every scrape."""
         self.breakers = source
+
+    def count_safety_action(self, tenant_label: str, policy: str, stage: str) -> None:
+        """`policy`: a configured [policies.<name>]; `stage`: "input" or "output"."""
+        self.safety_actions_total.labels(tenant_label, policy, stage).inc()
 
     def count_degraded(self, route: str, action: str) -> None:
         """`route`: a configured [degrade.<route>] name; `action`: "max_tokens" or "route"."""

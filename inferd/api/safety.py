@@ -1,0 +1,75 @@
+"""The request path's side of safety policies (inferd.safety): the input check and the output filter.
+
+The input check runs after the cheap refusals (auth, quota, size, length bound) and before the
+prompt is tokenized: regexes and words first, then classifiers. A match is a 400 `content_filter`
+naming the policy and the rule, never the text. The output filter wraps each admitted stream of a
+tenant whose policy has output rules. Both count in inferd_safety_actions_total and write an audit
+record (policy, rule, request id, model: no text).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from inferd.api.errors import ApiError, INVALID_REQUEST
+from inferd.api.openai import Prepared
+from inferd.api.state import ServerState
+from inferd.engine import Engine
+from inferd.safety import FilteredStream, Policy, RuleMatch
+
+
+def input_text(prepared: Prepared, engine: Engine) -> str:
+    """Everything the model will read, as text: messages' contents, or the prompt (token ids decoded)."""
+    if prepared.messages is not None:
+        parts = []
+        for message in prepared.messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n".join(parts)
+    if prepared.prompt_text is not None:
+        return prepared.prompt_text
+    if prepared.prompt_token_ids is not None:
+        return engine.tokenizer.decode(prepared.prompt_token_ids)
+    return ""
+
+
+async def check_input(state: ServerState, tenant: str, prepared: Prepared, engine: Engine, model: str,
+                      request_id: str) -> Policy | None:
+    """The tenant's policy (None: none), after its input rules passed; ApiError 400 when they did not."""
+    policy = state.safety.for_tenant(tenant) if state.safety else None
+    if policy is None:
+        return None
+    if policy.input or policy.classifiers:
+        verdict = None
+        for part in prepared.prompts():
+            verdict = await policy.check_input(input_text(part, engine), tenant)
+            if verdict is not None:
+                break
+        if verdict is not None:
+            _record(state, tenant, policy.name, verdict.rule, "input", request_id, model)
+            field = "messages" if prepared.kind == "chat" else "prompt"
+            raise ApiError(400, f"The request was refused by the content policy `{policy.name}` ({verdict.rule}).",
+                           type=INVALID_REQUEST, param=field, code="content_filter")
+    return policy
+
+
+def filter_output(state: ServerState, policy: Policy | None, streams: list[Any], tenant: str, prompt_tokens: int,
+                  request_id: str, model: str) -> list[Any]:
+    """`streams`, each behind the policy's output filter when it has output rules."""
+    if policy is None or not policy.output:
+        return streams
+
+    def stopped(match: RuleMatch) -> None:
+        _record(state, tenant, policy.name, match.rule, "output", request_id, model)
+
+    return [FilteredStream(s, policy.output, policy.hold_back_chars, prompt_tokens, stopped) for s in streams]
+
+
+def _record(state: ServerState, tenant: str, policy: str, rule: str, stage: str, request_id: str, model: str) -> None:
+    state.metrics.count_safety_action(state.tenancy.tenants.label(tenant), policy, stage)
+    if state.control is not None:
+        state.control.audit.append(tenant, f"safety.{stage}_{'refused' if stage == 'input' else 'stopped'}",
+                                   target=tenant, detail={"policy": policy, "rule": rule, "request_id": request_id,
+                                                          "model": model})

@@ -1,0 +1,53 @@
+"""Pluggable safety classifiers: Python entry points in the `inferd.safety` group.
+
+An operator's package declares, in its pyproject.toml:
+
+    [project.entry-points."inferd.safety"]
+    llama-guard = "my_guard:LlamaGuard"
+
+and a policy names it: `[policies.strict.input] classifiers = ["llama-guard"]`. The entry point is a
+class (or any callable) taking no arguments, made once per daemon, whose instances have
+
+    async def check(self, text: str, *, stage: str, tenant: str) -> str | None
+
+`stage` is "input" (output classifiers are not supported yet). Return None to let the text through,
+or a short label of what was found (e.g. "S1: violent crimes"): it is counted and audited, never the
+text. `check` runs on the event loop: await network calls, and run CPU-heavy models in a thread
+(`await asyncio.to_thread(...)`). A classifier that raises blocks the request (fail closed) and is
+logged; one that takes longer than the request's deadline is cut by it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+GROUP = "inferd.safety"
+
+
+class SafetyClassifier(Protocol):
+    async def check(self, text: str, *, stage: str, tenant: str) -> str | None: ...
+
+
+class ClassifierError(Exception):
+    """An entry point that cannot be loaded or built."""
+
+
+def load_classifiers(names: Iterable[str]) -> dict[str, Any]:
+    """Instances of the named entry points; ClassifierError naming the first that fails."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group=GROUP)}
+    out = {}
+    for name in names:
+        if name in out:
+            continue
+        ep = found.get(name)
+        if ep is None:
+            raise ClassifierError(f"no entry point {name!r} in the {GROUP!r} group")
+        try:
+            out[name] = ep.load()()
+        except Exception as exc:  # noqa: BLE001 - an operator's plugin: say which and why
+            raise ClassifierError(f"safety classifier {name!r} ({ep.value}) failed to load: {exc}") from exc
+        if not callable(getattr(out[name], "check", None)):
+            raise ClassifierError(f"safety classifier {name!r} ({ep.value}) has no check() method")
+    return out
