@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 
 from inferd.engine.reference.kv_cache import AttentionPlan, KVCacheError, PagedKVCache, paged_attention
+from inferd.engine.reference.lora import LoraWeights, lora_groups
 from inferd.engine.reference.weights import Checkpoint
 
 
@@ -173,6 +174,7 @@ class ForwardBatch:
     query_lens: list[int]            # per sequence: new tokens this step
     context_lens: list[int]          # per sequence: tokens in KV after this step
     block_tables: list[list[int]]    # per sequence: its block ids in order
+    loras: list[LoraWeights | None] | None = None   # per sequence: its LoRA adapter (None: the base model)
 
 
 @dataclass
@@ -277,9 +279,12 @@ class LlamaModel:
         half = hd // 2
 
         x = self.embed[np.asarray(batch.token_ids, dtype=np.int64)]
+        lora = lora_groups(batch.loras, batch.query_lens)   # base matmuls for all rows, deltas per adapter
         for index, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = _linear(h, layer.wqkv, layer.bqkv)
+            for adapter, rows in lora:
+                adapter.add(index, "qkv", h, qkv, rows)
             qk = qkv[:, :k_end].reshape(tokens, heads + kv_heads, hd)
             x1, x2 = qk[..., :half], qk[..., half:]
             rotated = np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)
@@ -287,11 +292,20 @@ class LlamaModel:
             q *= self._scale
             kv.write(index, batch.slot_mapping, rotated[:, heads:], qkv[:, k_end:].reshape(tokens, kv_heads, hd))
             attn = paged_attention(kv, index, q, plan).reshape(tokens, q_end)
-            x += _linear(attn, layer.wo, layer.bo)
+            out = _linear(attn, layer.wo, layer.bo)
+            for adapter, rows in lora:
+                adapter.add(index, "o", attn, out, rows)
+            x += out
 
             h = _rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate_up = _linear(h, layer.wgu, layer.bgu)
-            x += _linear(_silu_mul(gate_up, c.intermediate_size), layer.wd, layer.bd)
+            for adapter, rows in lora:
+                adapter.add(index, "gate_up", h, gate_up, rows)
+            act = _silu_mul(gate_up, c.intermediate_size)
+            out = _linear(act, layer.wd, layer.bd)
+            for adapter, rows in lora:
+                adapter.add(index, "down", act, out, rows)
+            x += out
 
         last = _rms_norm(x[plan.last_rows], self.final_norm, c.rms_norm_eps)
         return last @ self.lm_head.T
@@ -307,6 +321,8 @@ class LlamaModel:
                 raise ForwardBatchError(f"{name} must be a 1-D integer array")
         if not batch.query_lens:
             raise ForwardBatchError("query_lens is empty: a step needs at least one sequence")
+        if batch.loras is not None and len(batch.loras) != len(batch.query_lens):
+            raise ForwardBatchError(f"loras has {len(batch.loras)} entries for {len(batch.query_lens)} sequences")
         try:
             plan = AttentionPlan(kv, batch.query_lens, batch.context_lens, batch.block_tables)
         except KVCacheError as exc:

@@ -82,11 +82,14 @@ class _SafetensorsFile:
 class Checkpoint:
     """The tensors of one HF model directory, read lazily as float32."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, files: list[Path] | None = None) -> None:
+        """Every *.safetensors in `directory` (or the shards its index names); `files`: exactly those."""
         directory = Path(directory)
         self.directory = directory
         index = directory / "model.safetensors.index.json"
-        if index.is_file():
+        if files is not None:
+            files = [Path(f) for f in files]
+        elif index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 shard_names = sorted(set(weight_map.values()))
