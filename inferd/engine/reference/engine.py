@@ -4,6 +4,8 @@ The event loop only enqueues commands (submit, abort) and receives each step's d
 `call_soon_threadsafe`. The step thread owns the scheduler, the KV cache and every Sequence:
 take commands -> schedule -> forward -> sample -> update -> detokenize -> publish a capacity
 snapshot -> hand the deltas to the loop. It sleeps on a Condition when there is nothing to do.
+LoRA adapters (adapter_host) load on a loader thread; a finished load reaches the step thread as a
+command too, and a sequence waits for its adapter outside the scheduler until then.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 from inferd.engine import (
@@ -27,6 +30,7 @@ from inferd.engine import (
     validate_request,
     verify_artifact,
 )
+from inferd.engine.reference.adapter_host import LoraHost
 from inferd.engine.reference.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
@@ -40,12 +44,17 @@ log = get_logger(__name__)
 _EMA = 0.1
 
 
-class ReferenceEngine(Engine):
+class ReferenceEngine(LoraHost, Engine):
     """`info` and `tokenizer` are set by start(). `step_observer` (see Engine) gets each step's wall
-    time, on the step thread."""
+    time, on the step thread.
+
+    LoRA (an AdapterHost, see adapter_host): `lora_adapters` maps adapter names to their directories
+    (adapter_registry); a request naming one runs with it, loaded on first use, `max_loaded_adapters`
+    at most loaded at once, each unloaded after `adapter_idle_unload_s` unused (None: until evicted)."""
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
-                 max_num_tokens: int = 512, verify: bool = True) -> None:
+                 max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
+                 max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None) -> None:
         for name, value in (("num_kv_blocks", num_kv_blocks), ("block_size", block_size),
                             ("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens)):
             if not isinstance(value, int) or value < 1:
@@ -54,6 +63,8 @@ class ReferenceEngine(Engine):
         self._num_kv_blocks, self._block_size = num_kv_blocks, block_size
         self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
         self._verify = verify
+        self._init_adapters(lora_adapters, max_loaded=max_loaded_adapters, idle_unload_s=adapter_idle_unload_s,
+                            verify=verify)
         self._cond = threading.Condition()
         self._commands: deque[tuple[str, object]] = deque()   # guarded by _cond
         self._pending_requests = 0       # submitted, not yet reflected in a snapshot (guarded by _cond)
@@ -85,6 +96,7 @@ class ReferenceEngine(Engine):
         self.model = LlamaModel.from_pretrained(self.artifact_dir)
         self.tokenizer = HFTokenizer.from_dir(self.artifact_dir)
         config = self.model.config
+        self._adapters.bind(config)
         # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
         # default max_tokens to a context this engine then refuses.
         max_model_len = min(config.max_position_embeddings, self._num_kv_blocks * self._block_size)
@@ -122,6 +134,7 @@ class ReferenceEngine(Engine):
             self._stop = True
             self._cond.notify()
         await asyncio.to_thread(thread.join)
+        self._waits.close()
         # deltas the thread handed over on its way out run before this continuation
         await asyncio.sleep(0)
 
@@ -142,7 +155,7 @@ class ReferenceEngine(Engine):
         self._validate(request)
         stream = RequestStream(request.request_id, on_cancel=self.abort)
         seq = Sequence(request.request_id, request.prompt_token_ids, request.sampling,
-                       salt=prefix_salt(request.tenant, request.lora))
+                       salt=prefix_salt(request.tenant, request.lora), lora=request.lora)
         seq.engine_state = RequestOutput(stream, time.monotonic())
         blocks = self._blocks.blocks_needed(len(request.prompt_token_ids))
         with self._cond:
@@ -161,6 +174,7 @@ class ReferenceEngine(Engine):
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
         # max_model_len is already bounded by the KV pool (see _load): no separate capacity check
         validate_request(request, vocab_size=self.model.config.vocab_size, max_model_len=self.info.max_model_len)
+        self._check_adapter(request)
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams and self._thread is not None:
@@ -206,11 +220,13 @@ class ReferenceEngine(Engine):
             while True:
                 with self._cond:
                     while not (self._commands or self._stop or self._scheduler.has_work()):
-                        self._cond.wait()
+                        self._cond.wait(self._adapters.idle_wait())
+                        self._adapters.unload_idle()
                     commands = list(self._commands)
                     self._commands.clear()
                     stop = self._stop
                 taken = self._apply(commands, deltas)
+                self._adapters.unload_idle()
                 if stop:
                     for seq in list(self._seqs.values()):
                         self._end(seq, FinishReason.ABORT, deltas)
@@ -258,15 +274,21 @@ class ReferenceEngine(Engine):
                         seq, FinishReason.ERROR, time.monotonic(), failure_message(seq.request_id))))
                     continue
                 self._seqs[seq.request_id] = seq
-                self._scheduler.add(seq)
+                if self._waits.attach(seq):      # else it waits for its adapter to load
+                    self._scheduler.add(seq)
+            elif kind == "adapter":
+                self._adapter_read(*arg, deltas)  # type: ignore[misc]
             else:
                 seq = self._seqs.get(arg)  # type: ignore[arg-type]
                 if seq is not None:
                     self._end(seq, FinishReason.ABORT, deltas)
+        self._retry_held_adapters()
         return num, blocks, tokens
 
     def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
-        self._scheduler.finish(seq, reason)
+        if not self._waits.discard(seq, reason):
+            self._scheduler.finish(seq, reason)
+        self._waits.release(seq)
         self._seqs.pop(seq.request_id, None)
         out: RequestOutput = seq.engine_state
         deltas.append((out.stream, out.final(seq, reason, time.monotonic(), error)))
@@ -292,7 +314,7 @@ class ReferenceEngine(Engine):
                 self._counters["cached"] += seq.num_cached_tokens
         batch = ForwardBatch(token_ids=out.token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
                              query_lens=out.num_new_tokens, context_lens=out.context_lens,
-                             block_tables=out.block_tables)
+                             block_tables=out.block_tables, loras=[seq.lora for seq in out.seqs])
         rows = out.sample_rows
         try:
             logits = self.model.forward(batch, self._kv)
@@ -313,6 +335,7 @@ class ReferenceEngine(Engine):
                 sched.finish(seq, FinishReason.STOP)
             if seq.finished:
                 self._seqs.pop(seq.request_id, None)
+                self._waits.release(seq)
             deltas.append((out_state.stream, delta))
         self._counters["steps"] += 1
         self._counters["generated"] += len(sampled)
@@ -329,16 +352,16 @@ class ReferenceEngine(Engine):
 
     def _publish(self, taken: tuple[int, int, int]) -> None:
         sched, blocks_needed = self._scheduler, self._blocks.blocks_needed
-        reserved = sum(blocks_needed(s.num_tokens) for s in sched.waiting)
+        waiting = [*sched.waiting, *self._waits.waiting()]     # the latter wait for their adapter
+        reserved = sum(blocks_needed(s.num_tokens) for s in waiting)
         # Prefill still to compute: waiting contexts (new or preempted) and running sequences with
         # more than a decode's one uncomputed token (chunked prefill, recompute).
-        prefill = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
+        prefill = sum(s.num_tokens - s.num_computed_tokens for s in waiting)
         for s in sched.running:
             left = s.num_tokens - s.num_computed_tokens
             if left > 1 or not s.num_completion_tokens:
                 prefill += left
-        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(sched.waiting),
-                    prefill)
+        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(waiting), prefill)
         with self._cond:
             self._snapshot = snapshot
             self._used_blocks_snapshot = self._blocks.num_used_blocks

@@ -35,11 +35,12 @@ class Sequence:
     __slots__ = (
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
-        "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state",
+        "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
-                 sampling: SamplingParams | None = None, *, salt: bytes = b"", arrival: int = 0) -> None:
+                 sampling: SamplingParams | None = None, *, salt: bytes = b"", arrival: int = 0,
+                 lora: str | None = None) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
@@ -56,6 +57,8 @@ class Sequence:
         self.admitted = False                   # scheduled at least once (cached-token accounting)
         self.rng: np.random.Generator | None = None
         self.engine_state: Any = None           # the engine's per-request output state (stream, detokenizer)
+        self.lora_name = lora                   # the LoRA adapter the request names
+        self.lora: Any = None                   # its loaded weights (lora.LoraWeights), pinned while held
 
     @property
     def num_tokens(self) -> int:
