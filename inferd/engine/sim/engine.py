@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import random
 import time
+from collections.abc import Iterable
 
 import msgspec
 
@@ -38,6 +39,8 @@ from inferd.engine import (
     seed64,
     validate_request,
 )
+from inferd.engine.adapters import AdapterInfo
+from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
@@ -58,10 +61,14 @@ _cpu = time.thread_time
 
 
 class SimEngine(Engine):
+    """`lora_adapters`: the adapter names requests may use (an AdapterHost; rank `lora_rank`, cost sim.lora)."""
+
     def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
                  max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
-                 model_name: str = "sim", max_model_len: int = 8192, seed: int = 0) -> None:
+                 model_name: str = "sim", max_model_len: int = 8192, seed: int = 0,
+                 lora_adapters: Iterable[str] = (), lora_rank: int = 16) -> None:
         self.profile = get_profile(profile)
+        self._adapters = SimAdapters(lora_adapters, self.profile, rank=lora_rank)
         for name, value in (("block_size", block_size), ("max_batch_size", max_batch_size),
                             ("max_num_tokens", max_num_tokens), ("max_model_len", max_model_len)):
             if not isinstance(value, int) or value < 1:
@@ -139,6 +146,7 @@ class SimEngine(Engine):
             raise EngineUnavailable("sim engine is not running")
         seq = self._new_seq(request)
         self._seqs[request.request_id] = seq
+        self._adapters.acquire(seq, request.lora)
         self._scheduler.add(seq)
         self._prompt_tokens += seq.prompt_len
         self._wakeup.set()
@@ -151,10 +159,9 @@ class SimEngine(Engine):
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight", "request_id")
         # max_model_len is already bounded by the KV pool (see __init__): no separate capacity check
         validate_request(request, vocab_size=self.tokenizer.vocab_size, max_model_len=self.info.max_model_len)
-        if request.lora is not None:
-            raise InvalidRequest("the sim backend serves no LoRA adapters", "model")
+        self._adapters.check(request.lora)
         # Greedy output depends on the prompt only; sampled output on prompt and seed (or fresh entropy).
-        key = hash(tuple(prompt))
+        key = self._adapters.output_key(hash(tuple(prompt)), request.lora)
         if not sp.greedy:
             key = hash((key, seed64(sp.seed) if sp.seed is not None else self._rng.getrandbits(62), 1))
         stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
@@ -173,6 +180,7 @@ class SimEngine(Engine):
         """Release the sequence's slot and blocks now, and end its stream."""
         seq.done = True
         del self._seqs[seq.request_id]
+        self._adapters.release(seq)
         self._scheduler.remove(seq)
         timing = EngineTiming(submitted=seq.submitted, first_scheduled=seq.first_scheduled,
                               first_token=seq.first_token, finished=time.monotonic())
@@ -222,6 +230,8 @@ class SimEngine(Engine):
                 continue
             plan = self._scheduler.schedule()
             step_s = self.profile.step_time(plan.num_tokens, plan.kv_tokens, plan.pairs)
+            if self._adapters.in_use_total:
+                step_s += self._adapters.step_time(plan.scheduled)
             self._account(plan.num_tokens, step_s)
             wait = 0.0
             if scale > 0:
@@ -236,6 +246,16 @@ class SimEngine(Engine):
                 turn_start = _cpu()
                 others = turn_start - yielded
             self._complete(plan)
+
+    # -- LoRA adapters (engine.adapters.AdapterHost): names only, nothing to read ----------------
+    def adapters(self) -> list[AdapterInfo]:
+        return self._adapters.infos()
+
+    async def load_adapter(self, name: str) -> AdapterInfo:
+        return self._adapters.load(name)
+
+    async def unload_adapter(self, name: str) -> bool:
+        return self._adapters.unload(name)
 
     def _account(self, num_tokens: int, step_s: float) -> None:
         self._steps += 1

@@ -20,7 +20,7 @@ class SimSequence:
 
     __slots__ = ("request_id", "stream", "prompt_len", "output", "num_computed", "blocks", "max_tokens",
                  "key", "stop_ids", "eos_threshold", "matcher", "submitted", "first_scheduled",
-                 "first_token", "done")
+                 "first_token", "done", "lora")
 
     def __init__(self, request_id: str, stream: RequestStream, prompt_len: int, max_tokens: int, key: int,
                  stop_ids: frozenset[int], eos_threshold: int, matcher: StopMatcher | None) -> None:
@@ -39,6 +39,7 @@ class SimSequence:
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
         self.done = False
+        self.lora: str | None = None   # the LoRA adapter it runs with (its cost: sim.lora)
 
 
 class StepPlan:
