@@ -20,6 +20,7 @@ from inferd.api import idempotency
 from inferd.api.admit import admit, apply_limits, charge, check_model_allowed, precheck_quota, request_deadline
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
+from inferd.api.cached import cache_plan, lookup, replay, store
 from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.context import GenerationContext
 from inferd.api.degrade import DEGRADED_HEADER, Degradation, degrade
@@ -28,8 +29,8 @@ from inferd.api.internal import batch_caller
 from inferd.api.openai import Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing, stages)
-from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
 from inferd.api.safety import check_input, filter_output
+from inferd.api.spill import NODE_HEADER, VERSION_HEADER, check_forwarded_body, forwarded_identity, spill, wants_spill
 from inferd.api.slo_outcomes import record_slo, record_slo_for
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
@@ -38,6 +39,7 @@ from inferd.api.usage import check_ledger, record_usage
 from inferd.api.versioned import (check_breaker, make_room_for_live, mirror_to_shadow, record_outcome,
                                   route_request)
 from inferd.api.waiting import QueuedStream
+from inferd.cache import RecordingStream
 from inferd.cluster import FORWARDED_HEADER
 from inferd.config import PriorityClass
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
@@ -222,15 +224,21 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         record_slo_for(ctx, err.status)
         await record_usage(ctx, err.status, None, 0)
         raise
-    if lease is not None and wants_spill(ctx):     # a peer with room serves it instead (inferd.api.spill)
+    plan = cache_plan(ctx)              # the response cache (inferd.api.cached): a hit runs nothing
+    hit = lookup(ctx, plan, headers)
+    if hit is None and lease is not None and wants_spill(ctx):     # a peer with room serves it (inferd.api.spill)
         spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
         if spilled is not None:     # the peer that served it judges it against the SLOs
             obs.finish(spilled.status)
             return spilled
     # A stream kept waiting in admission gets its headers and pings meanwhile (inferd.api.waiting).
-    queued = QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream else None
-    admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline, lease,
-                      priority=PriorityClass.BATCH if ctx.batch_id is not None else None)
+    queued = QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream and hit is None \
+        else None
+    if hit is not None:
+        admitting = replay(ctx, cid, hit, lease)
+    else:
+        admitting = admit(state.tenancy, tenant, model, engine, gens, ctx.deadline, lease,
+                          priority=PriorityClass.BATCH if ctx.batch_id is not None else None)
     try:
         # Quota (429) then the engine's fair admission queue (429/503/504), which submits when it has room.
         admitted = await (queued.wait(admitting) if queued is not None else admitting)
@@ -252,6 +260,9 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         raise err from None
     streams = filter_output(state, ctx.policy, admitted.streams, tenant, sum(map(len, ctx.prompt_ids)),
                             ctx.request_id, model)
+    recording = None
+    if plan is not None and hit is None:        # a miss the cache may keep: its text as the client got it
+        streams = [recording := RecordingStream(streams[0])]
     stream = streams[0] if len(streams) == 1 else Choices(streams)
     # From here the engine is generating for us: every path out must cancel the stream (the
     # finally), or a failure before streaming would leave it generating unread until max_tokens.
@@ -273,7 +284,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
 
     try:
         headers.update(admitted.headers)    # X-RateLimit-*
-        mirror_to_shadow(state, route, engine, ctx.prompt_ids[0], ctx.sampling[0], tenant)
+        if hit is None:
+            mirror_to_shadow(state, route, engine, ctx.prompt_ids[0], ctx.sampling[0], tenant)
         # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
         # timeout is the same instant, as a backstop.
         entry = inflight.add(request, stream, max(0.001, ctx.deadline - time.monotonic()), ctx.request_id)
@@ -337,7 +349,9 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if not recorded:                # the client left, or a bug: what was delivered is billed
             await record(last, status)
         obs.finish(status, usage=usage, timing=timing)
-        record_outcome(state, route.target, last, status, obs.ttft)
+        if hit is None:                 # a cache hit says nothing about the version (rollouts, breakers)
+            record_outcome(state, route.target, last, status, obs.ttft)
+        store(ctx, plan, status, recording.whole() if recording is not None else None)
         if trace is not None:
             trace.end(status, stages(arrival, timing), {"inferd.completion_tokens": usage.completion_tokens
                                                         if usage is not None else 0})

@@ -12,6 +12,7 @@ import time
 from types import TracebackType
 
 from inferd.api.internal import new_secret
+from inferd.cache import ResponseCache
 from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.engine import Engine
@@ -97,6 +98,8 @@ class ServerState:
         self.tracing: Tracing | None = None
         # Issue 15 (inferd.safety): the tenants' content policies; a reload builds new ones.
         self.safety = Policies(config.policies, lambda tenant: self.tenancy.tenants.get(tenant))
+        self.response_cache = ResponseCache(config.cache.max_bytes, config.cache.ttl_s)   # used by opted-in tenants
+        self.metrics.watch_response_cache(lambda: self.response_cache)
 
     @property
     def node_name(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from inferd.api.appkeys import CACHE_HIT
 from inferd.api.auth import PRINCIPAL
 from inferd.api.context import GenerationContext
 from inferd.api.errors import store_unavailable
@@ -33,6 +34,8 @@ def ledger_row(ctx: GenerationContext, status: int, last: Delta | None, delivere
     version = ctx.engine.info.version
     price = price_for(state.config.prices, ctx.route.target)
     cost = 0.0 if price is None else price.cost(usage.prompt_tokens, usage.completion_tokens)
+    if ctx.request.get(CACHE_HIT) and not state.config.cache.bill_hits:
+        cost = 0.0                          # a response cache hit, billed as [cache] bill_hits says
     principal = ctx.request.get(PRINCIPAL)
     queue_s, prefill_s, decode_s = _phases(ctx.arrival, last.timing if last is not None else None)
     return LedgerRow(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
 from inferd.config.cluster import RESTART_ONLY as CLUSTER_RESTART_ONLY
+from inferd.config.cache import CacheConfig
 from inferd.config.cluster import ClusterConfig, parse_address
 from inferd.config.policies import InputRules, OutputRules, PolicyConfig
 from inferd.config.resilience import BreakerConfig, DegradeConfig
@@ -40,7 +41,7 @@ from inferd.config.tls import TlsConfig, check_tls_binding
 from inferd.config.tracing import TracingConfig
 
 __all__ = [
-    "AUDIT_FILE", "AdmissionConfig", "Arm", "AuthConfig", "BreakerConfig", "DegradeConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
+    "AUDIT_FILE", "AdmissionConfig", "CacheConfig", "Arm", "AuthConfig", "BreakerConfig", "DegradeConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
     "Config", "ConfigError", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InputRules", "InsecureBindError",
     "KEYS_FILE", "ModelConfig", "OutputRules", "PolicyConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",

@@ -23,6 +23,7 @@ import msgspec
 
 from inferd import tomllib
 from inferd.config.aliases import AliasConfig
+from inferd.config.cache import CacheConfig, cache_errors
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config.policies import PolicyConfig
@@ -142,6 +143,7 @@ class Config(ConfigTable):
     degrade: dict[str, DegradeConfig] = {}
     tracing: TracingConfig | None = None    # issue 14: OpenTelemetry spans per stage; absent = off
     policies: dict[str, PolicyConfig] = {}  # issue 15: safety policies tenants are held to
+    cache: CacheConfig = CacheConfig()      # issue 15: the response cache tenants opt in to
 
 
 class ConfigError(Exception):
@@ -340,6 +342,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         tracing = well_formed(raw.get("tracing"), TracingConfig) if raw.get("tracing") is not None else None
         if tracing is not None:
             errors.extend(_besides(tracing_errors(tracing), errors))
+        cache = well_formed(raw.get("cache", {}), CacheConfig)
+        if cache is not None:
+            errors.extend(_besides(cache_errors(cache), errors))
         store = well_formed(raw.get("store", {}), StoreConfig)
         if store is not None:
             errors.extend(_besides(store_errors(store), errors))

@@ -74,6 +74,7 @@ class TenantConfig(ConfigTable):
     budget_warn_fraction: float = 0.8           # crossing it: a metric and an audit record
     # Issue 15: the [policies.<name>] its requests are filtered by (None: no filtering).
     policy: str | None = None
+    cache_responses: bool = False               # use the response cache ([cache]) for deterministic requests
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models

@@ -176,6 +176,8 @@ class Reloader:
         before_routes = _routes_summary(control)
         control.registry.swap(lambda t: control.transitional_table(t, new))
         state.config = control.config = new
+        if hasattr(state, "response_cache"):
+            state.response_cache.resize(new.cache.max_bytes, new.cache.ttl_s)
         if hasattr(state, "safety"):
             state.safety = safety if safety is not None else Policies(
                 new.policies, lambda tenant: state.tenancy.tenants.get(tenant))

@@ -190,6 +190,16 @@ class Metrics:
         r.register(SloCollector(lambda: (tracker.snapshot() if (tracker := self.slos()) is not None else ())))
         self.breakers: Callable[[], Any] = lambda: None
         r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
+        self.cache_lookups_total = Counter(
+            "inferd_response_cache_lookups", "Cacheable requests by what the response cache did (hit, miss, "
+            "refresh: Cache-Control no-cache)", ("result",), registry=r)
+        for result in ("hit", "miss", "refresh"):
+            self.cache_lookups_total.labels(result)
+        self.cache_bytes = Gauge("inferd_response_cache_bytes", "Bytes the response cache holds", registry=r)
+        self.cache_entries = Gauge("inferd_response_cache_entries", "Generations the response cache holds",
+                                   registry=r)
+        self.cache_evictions = Gauge("inferd_response_cache_evictions", "Entries evicted for room since start "
+                                     "(a gauge read from the cache)", registry=r)
         self.safety_actions_total = Counter(
             "inferd_safety_actions", "Requests a safety policy acted on: refused (stage=input) or stopped "
             "(stage=output)", ("tenant", "policy", "stage"), registry=r)
@@ -289,6 +299,15 @@ class Metrics:
     def watch_breakers(self, source: Callable[[], Any]) -> None:
         """`source()` returns the control plane's inferd.models.Breakers (or None); read at every scrape."""
         self.breakers = source
+
+    def count_cache_lookup(self, result: str) -> None:
+        self.cache_lookups_total.labels(result).inc()
+
+    def watch_response_cache(self, source: Callable[[], Any]) -> None:
+        """`source()` is the node's inferd.cache.ResponseCache; read at scrape time."""
+        self.cache_bytes.set_function(lambda: source().bytes)
+        self.cache_entries.set_function(lambda: len(source()))
+        self.cache_evictions.set_function(lambda: source().evictions)
 
     def count_safety_action(self, tenant_label: str, policy: str, stage: str) -> None:
         """`policy`: a configured [policies.<name>]; `stage`: "input" or "output"."""

@@ -1,0 +1,77 @@
+"""The response cache's store: generations by key, bounded by bytes (LRU) and by age (TTL).
+
+Loop thread only. An entry is the generation's final, whole Delta (text, token ids, finish reason,
+usage): format-free, so a hit can be answered as JSON or replayed as a stream. Keys carry the tenant
+first, so nothing is ever shared across tenants; the caller builds them (inferd.cache.keys).
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+from inferd.types import Delta
+
+ENTRY_OVERHEAD_BYTES = 256        # the key, the Delta and the dict slot, roughly
+
+
+def entry_bytes(delta: Delta) -> int:
+    return ENTRY_OVERHEAD_BYTES + len(delta.text.encode()) + 8 * len(delta.token_ids)
+
+
+class ResponseCache:
+    def __init__(self, max_bytes: int, ttl_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._entries: OrderedDict[Hashable, tuple[float, int, Delta]] = OrderedDict()   # key -> (stored, bytes, delta)
+        self.bytes = 0
+        self.hits = self.misses = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable) -> Delta | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        stored, size, delta = entry
+        if self._clock() - stored > self.ttl_s:
+            self._drop(key)
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return delta
+
+    def put(self, key: Hashable, delta: Delta) -> None:
+        size = entry_bytes(delta)
+        if size > self.max_bytes:
+            return                      # larger than the whole cache: never stored
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (self._clock(), size, delta)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            oldest = next(iter(self._entries))
+            self._drop(oldest)
+            self.evictions += 1
+
+    def resize(self, max_bytes: int, ttl_s: float) -> None:
+        """A reload: new bounds, entries kept (the least recently used go if it shrank)."""
+        self.max_bytes, self.ttl_s = max_bytes, ttl_s
+        while self.bytes > self.max_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
+            self.evictions += 1
+
+    def clear_tenant(self, tenant: str) -> int:
+        """Drop every entry of `tenant` (keys start with it); returns how many."""
+        gone = [k for k in self._entries if isinstance(k, tuple) and k and k[0] == tenant]
+        for key in gone:
+            self._drop(key)
+        return len(gone)
+
+    def _drop(self, key: Hashable) -> None:
+        _, size, _ = self._entries.pop(key)
+        self.bytes -= size
