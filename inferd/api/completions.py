@@ -35,6 +35,7 @@ from inferd.api.slo_outcomes import record_slo, record_slo_for
 from inferd.api.sse import Sender, stream_response
 from inferd.api.state import ServerState
 from inferd.api.tokenize import check_length_bound, tokenize
+from inferd.api.transcripts import keep as keep_transcript, retention_s
 from inferd.api.usage import check_ledger, record_usage
 from inferd.api.versioned import (check_breaker, make_room_for_live, mirror_to_shadow, record_outcome,
                                   route_request)
@@ -261,8 +262,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     streams = filter_output(state, ctx.policy, admitted.streams, tenant, sum(map(len, ctx.prompt_ids)),
                             ctx.request_id, model)
     recording = None
-    if plan is not None and hit is None:        # a miss the cache may keep: its text as the client got it
-        streams = [recording := RecordingStream(streams[0])]
+    if (plan is not None and hit is None) or (retention_s(ctx) and len(streams) == 1):
+        streams = [recording := RecordingStream(streams[0])]   # its text as the client got it: cache, transcript
     stream = streams[0] if len(streams) == 1 else Choices(streams)
     # From here the engine is generating for us: every path out must cancel the stream (the
     # finally), or a failure before streaming would leave it generating unread until max_tokens.
@@ -351,7 +352,9 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         obs.finish(status, usage=usage, timing=timing)
         if hit is None:                 # a cache hit says nothing about the version (rollouts, breakers)
             record_outcome(state, route.target, last, status, obs.ttft)
-        store(ctx, plan, status, recording.whole() if recording is not None else None)
+        if hit is None:
+            store(ctx, plan, status, recording.whole() if recording is not None else None)
+        keep_transcript(ctx, recording, status)
         if trace is not None:
             trace.end(status, stages(arrival, timing), {"inferd.completion_tokens": usage.completion_tokens
                                                         if usage is not None else 0})

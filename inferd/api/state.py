@@ -20,7 +20,7 @@ from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, Version
 from inferd.observability import Metrics, Tracing
 from inferd.safety import Policies
 from inferd.slo import SloTracker
-from inferd.store import Database, IdempotencyStore, Ledger
+from inferd.store import Database, IdempotencyStore, Ledger, Transcripts
 from inferd.tenancy import Tenancy
 
 HOST = socket.gethostname()
@@ -85,6 +85,8 @@ class ServerState:
         self.store: Database | None = None
         self.ledger: Ledger | None = None
         self.idempotency: IdempotencyStore | None = None
+        self.transcripts: Transcripts | None = None     # issue 15: text kept for tenants with a retention period
+        self.transcript_writes: set = set()             # their background writes (inferd.api.transcripts)
         self.metrics.watch_store(lambda: self.store)
         # The Batch API's runner authenticates its own requests with this (inferd.api.internal).
         self.batch_secret = new_secret()

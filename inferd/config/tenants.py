@@ -75,6 +75,13 @@ class TenantConfig(ConfigTable):
     # Issue 15: the [policies.<name>] its requests are filtered by (None: no filtering).
     policy: str | None = None
     cache_responses: bool = False               # use the response cache ([cache]) for deterministic requests
+    # "none" (the default): no prompt or completion text is kept anywhere. A period ("7d", "12h", "30m"):
+    # each request's text is kept that long (inferd.store.transcripts), then deleted.
+    retention: str = "none"
+
+    @property
+    def retention_s(self) -> float:
+        return retention_seconds(self.retention)
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models
@@ -159,6 +166,20 @@ def auth_errors(auth: AuthConfig, path: str = "auth") -> list[str]:
     return errors
 
 
+_RETENTION_RE = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
+_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0}
+
+
+def retention_seconds(value: str) -> float:
+    """"none" -> 0; "7d" / "12h" / "30m" -> seconds; ValueError otherwise."""
+    if value == "none":
+        return 0.0
+    m = _RETENTION_RE.match(value)
+    if m is None or float(m.group(1)) <= 0:
+        raise ValueError(f'expected "none" or a period such as "7d", "12h" or "30m", got {value!r}')
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
 def tenant_errors(name: str, t: TenantConfig, path: str = "tenants") -> list[str]:
     p = f"{path}.{name}"
     errors = []
@@ -166,6 +187,10 @@ def tenant_errors(name: str, t: TenantConfig, path: str = "tenants") -> list[str
         errors.append(f"{p}: tenant name must match {TENANT_NAME_RE.pattern}")
     if not t.weight > 0:
         errors.append(f"{p}.weight: must be > 0, got {t.weight}")
+    try:
+        retention_seconds(t.retention)
+    except ValueError as exc:
+        errors.append(f"{p}.retention: {exc}")
     for key in ("requests_per_minute", "tokens_per_minute", "max_prompt_tokens", "max_output_tokens",
                 "max_kv_tokens_in_flight", "max_spend", "max_tokens_per_day"):
         value = getattr(t, key)

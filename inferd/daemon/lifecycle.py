@@ -50,7 +50,7 @@ from inferd.models import (
     version_specs,
 )
 from inferd.observability import Tracing, TracingUnavailable, get_logger
-from inferd.store import IdempotencyStore, Ledger, StoreError
+from inferd.store import IdempotencyStore, Ledger, StoreError, Transcripts
 from inferd.tenancy import KeyFileError, Tenancy
 
 log = get_logger("inferd.daemon")
@@ -202,6 +202,7 @@ class Daemon:
         if store is not None:
             ledger = Ledger(store, unavailable_retry_s=cfg.store.unavailable_retry_s)
             state.store, state.ledger, state.idempotency = store, ledger, IdempotencyStore(store)
+            state.transcripts = Transcripts(store)
         tenancy.start(state.engines, audit=state.control.audit)  # queue per engine; keys-file poll, audited
         stack.push_async_callback(tenancy.close)  # unwinds before the engines close
         app = self._app_factory(state)

@@ -7,14 +7,18 @@ closes last, after every request that records a row has ended.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 
 from inferd.api import BatchRunner, ServerState, listener_url
 from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.observability import get_logger
-from inferd.store import Database, open_database
+from inferd.store import Database, StoreError, Transcripts, open_database
 from inferd.tenancy import load_spend
+
+PURGE_INTERVAL_S = 60.0      # how often expired transcripts are deleted (retention periods are hours or days)
 
 log = get_logger("inferd.daemon")
 
@@ -58,5 +62,21 @@ async def start_services(stack: contextlib.AsyncExitStack, state: ServerState, h
         stack.push_async_callback(cluster.close)
         await cluster.start()
         state.cluster = cluster
+    if state.transcripts is not None:      # retention: expired transcripts go, whichever node wrote them
+        purger = asyncio.ensure_future(purge_transcripts(state.transcripts))
+        stack.callback(purger.cancel)
     if state.ledger is not None:
         await load_spend(state.tenancy.budgets, state.ledger, state.node_name)    # budgets survive restarts
+
+
+async def purge_transcripts(transcripts: Transcripts, every_s: float = PURGE_INTERVAL_S, *,
+                            clock=time.time) -> None:
+    """Delete transcripts whose tenant's retention has passed, now and every `every_s` seconds."""
+    while True:
+        try:
+            gone = await transcripts.purge(clock())
+            if gone:
+                log.info("transcripts_purged", rows=gone)
+        except StoreError as exc:
+            log.warning("transcripts_purge_failed", error=str(exc))
+        await asyncio.sleep(every_s)

@@ -9,6 +9,7 @@ from inferd.store.files import FileRecord, FileStore, file_insert_statement
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
 from inferd.store.sqlite import SqliteDatabase
+from inferd.store.transcripts import Transcript, Transcripts
 from inferd.store.usage_cli import add_usage_parser, usage_main
 from inferd.store.usage_export import UsageArgumentError, rows_text, totals_text, usage_filter
 
@@ -18,7 +19,7 @@ __all__ = [
     "UsageTotal", "add_usage_parser", "open_database", "rows_text", "totals_text", "usage_filter", "usage_main",
 ]
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
-            "add_batches_parser", "batches_main", "file_insert_statement"]
+            "add_batches_parser", "batches_main", "file_insert_statement", "Transcript", "Transcripts"]
 
 
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:

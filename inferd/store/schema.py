@@ -115,6 +115,19 @@ _BATCH_RESULTS = """CREATE TABLE IF NOT EXISTS batch_results (
     PRIMARY KEY (batch_id, idx)
 )"""
 
+# Issue 15: the text of a tenant's requests, kept only for tenants with a retention period, deleted once
+# expires_at passes (inferd.store.transcripts).
+_TRANSCRIPTS = """CREATE TABLE IF NOT EXISTS transcripts (
+    seq {seq},
+    request_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    model TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    prompt TEXT NOT NULL,
+    completion TEXT NOT NULL
+)"""
+
 # _MIGRATIONS[i] takes a database from version i to version i + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -131,6 +144,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS batches_tenant ON batches (tenant, seq)",
         "CREATE INDEX IF NOT EXISTS batches_status ON batches (status)",
         _BATCH_RESULTS,
+    ),
+    (   # 3: transcripts, for tenants with a retention period (inferd.store.transcripts)
+        _TRANSCRIPTS,
+        "CREATE INDEX IF NOT EXISTS transcripts_expires ON transcripts (expires_at)",
+        "CREATE INDEX IF NOT EXISTS transcripts_tenant ON transcripts (tenant, seq)",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
