@@ -1,6 +1,14 @@
 """The Engine contract and its backends (reference NumPy, sim, TensorRT-LLM), with artifacts, tokenization, builders."""
 from __future__ import annotations
 
+from inferd.engine.adapters import (
+    AdapterBusy,
+    AdapterError,
+    AdapterHost,
+    AdapterInfo,
+    AdapterLoadError,
+    UnknownAdapter,
+)
 from inferd.engine.artifacts import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
@@ -40,6 +48,7 @@ from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, Stop
 from inferd.engine.validation import failure_message, seed64, validate_request
 
 __all__ = [
+    "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "UnknownAdapter",
     "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo",
     "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE",
     "Manifest", "Progress", "RequestStream", "SIGNATURE_FILE", "SigningKeyError", "StopMatcher", "TokenizerLoadError",

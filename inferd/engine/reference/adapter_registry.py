@@ -185,3 +185,27 @@ class AdapterRegistry:
         del self._loaded[name]
         self._pins.pop(name, None)
         self._last_used.pop(name, None)
+
+
+def check_adapter(name: str, source: str | Path, base_dir: Path) -> None:
+    """What `inferd check-config` asks of one adapter: it loads for the base artifact in `base_dir` (every
+    tensor's shape, its config, its manifest's target; not the files' sha256, which every load checks).
+    Raises AdapterLoadError, its `file` a full path when it names one. A base whose config.json does not
+    load is the base artifact's own error, left to its load: nothing is checked then."""
+    from inferd.engine.reference.model import LlamaConfig, ModelConfigError
+
+    try:
+        config = LlamaConfig.from_json(Path(base_dir) / "config.json")
+    except ModelConfigError:
+        return
+    registry = AdapterRegistry({name: source}, max_loaded=1, verify=False)
+    registry.bind(config)
+    try:
+        registry.read(name)
+    except AdapterLoadError as exc:
+        if exc.file and not Path(exc.file).is_absolute():
+            try:
+                exc.file = str(resolve_source(Path(source)) / exc.file)
+            except (ArtifactError, OSError):
+                exc.file = str(Path(source) / exc.file)
+        raise
