@@ -1,6 +1,7 @@
 """The TOML config: one frozen struct per table, the strict walk that names every bad key, cross-table checks."""
 from __future__ import annotations
 
+from inferd.config.adapters import served_adapters
 from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
 from inferd.config.cluster import RESTART_ONLY as CLUSTER_RESTART_ONLY
 from inferd.config.cache import CacheConfig
@@ -41,6 +42,7 @@ from inferd.config.tls import TlsConfig, check_tls_binding
 from inferd.config.tracing import TracingConfig
 
 __all__ = [
+    "served_adapters",
     "AUDIT_FILE", "AdmissionConfig", "CacheConfig", "Arm", "AuthConfig", "BreakerConfig", "DegradeConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
     "Config", "ConfigError", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InputRules", "InsecureBindError",
     "KEYS_FILE", "ModelConfig", "OutputRules", "PolicyConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from inferd import tomllib
+from inferd.config.adapters import adapter_errors, resolve_adapters
 from inferd.config.aliases import AliasConfig
 from inferd.config.cache import CacheConfig, cache_errors
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
@@ -86,7 +87,7 @@ class TrtllmConfig(ConfigTable):
     enable_block_reuse: bool = True
     scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
     enable_chunked_prefill: bool = True
-    lora_adapters: dict[str, str] = {}    # adapter name -> directory
+    lora_adapters: dict[str, str] = {}    # adapter name -> directory (the older spelling of models.X.lora_adapters)
 
 
 class ModelConfig(ConfigTable):
@@ -106,6 +107,10 @@ class ModelConfig(ConfigTable):
     keep_warm_s: float = 0.0               # a version the config drops stays loaded, unrouted, this long
     hardware: str | None = None            # the `hardware` label of its autoscaling series (e.g. "h100-sxm");
     #                                        default: the sim profile's name, "cpu" (reference), "gpu" (trtllm)
+    # Issue 15: LoRA adapters requests name as `model:adapter` (inferd.config.adapters; every backend)
+    lora_adapters: dict[str, str] = {}      # adapter name -> PEFT directory or adapter artifact (sim: any, unread)
+    max_loaded_adapters: int = 4            # reference: adapters resident at once (an LRU)
+    adapter_idle_unload_s: float | None = None   # reference: unload after this long unused (None: only evicted)
 
 
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
@@ -219,6 +224,7 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         elif v == m.version or v in m.versions[:i]:
             errors.append(f"{p}.versions[{i}]: version {v!r} is listed twice")
     errors.extend(trust_list_errors(f"{p}.trusted_keys", m.trusted_keys))
+    errors.extend(adapter_errors(p, m))
     if m.sim is not None and m.backend != "sim":
         errors.append(f"{p}.sim: a [sim] section needs backend = \"sim\" (backend is {m.backend!r})")
     if m.trtllm is not None and m.backend != "trtllm":
@@ -291,9 +297,10 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
                 t,
                 engine_dir=_resolve(base, t.engine_dir) if t.engine_dir else None,
                 tokenizer_dir=_resolve(base, t.tokenizer_dir) if t.tokenizer_dir else None,
-                lora_adapters={k: _resolve(base, v) for k, v in t.lora_adapters.items()},
+                lora_adapters=resolve_adapters(t.lora_adapters, lambda v: _resolve(base, v)),
             )
-        models[name] = msgspec.structs.replace(m, trtllm=t, trusted_keys=tuple(_resolve(base, k) for k in m.trusted_keys))
+        models[name] = msgspec.structs.replace(m, trtllm=t, trusted_keys=tuple(_resolve(base, k) for k in m.trusted_keys),
+                                               lora_adapters=resolve_adapters(m.lora_adapters, lambda v: _resolve(base, v)))
     audit = msgspec.structs.replace(cfg.audit, path=_resolve(base, cfg.audit.path) if cfg.audit.path else None)
     auth = msgspec.structs.replace(
         cfg.auth, keys_file=_resolve(base, cfg.auth.keys_file) if cfg.auth.keys_file else None,

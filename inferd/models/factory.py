@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferd.config import DEFAULT_REFERENCE_KV_BLOCKS, ModelConfig, ServerConfig, TrtllmConfig, artifact_name
+from inferd.config import (
+    DEFAULT_REFERENCE_KV_BLOCKS,
+    ModelConfig,
+    ServerConfig,
+    TrtllmConfig,
+    artifact_name,
+    served_adapters,
+)
 from inferd.engine import Engine
 
 # Artifacts `inferd.engine.build.reference.build_synthetic` can make offline; `serve` builds these itself
@@ -65,6 +72,9 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             max_batch_size=model.max_batch_size,
             max_num_tokens=model.max_num_tokens,
             verify=model.verify,
+            lora_adapters=dict(model.lora_adapters),
+            max_loaded_adapters=model.max_loaded_adapters,
+            adapter_idle_unload_s=model.adapter_idle_unload_s,
         )
     if model.backend == "sim":
         from inferd.config import SimConfig
@@ -81,6 +91,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             model_name=artifact_name(name, model),
             max_model_len=sim.max_model_len,
             seed=sim.seed,
+            lora_adapters=tuple(model.lora_adapters),
         )
     if model.backend == "trtllm":
         try:
@@ -103,7 +114,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             enable_block_reuse=t.enable_block_reuse,
             scheduler_policy=t.scheduler_policy,
             enable_chunked_prefill=t.enable_chunked_prefill,
-            lora_adapters=dict(t.lora_adapters),
+            lora_adapters=dict(served_adapters(model)),
             model_name=artifact_name(name, model),
             version=version,
             verify=model.verify,

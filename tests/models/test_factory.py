@@ -73,3 +73,20 @@ def test_trtllm_engine_from_artifact_is_labelled_with_its_version(tmp_path):
     engine = build_engine(name, model, server)
     assert engine.engine_dir == artifact
     assert engine.info.version == artifact.name
+
+
+def test_reference_and_sim_engines_get_the_models_lora_adapters(tmp_path):
+    build_synthetic("tiny", tmp_path, progress=lambda message: None)
+    name, model, server = model_and_server({"artifact": "tiny", "lora_adapters": {"a": str(tmp_path / "a")},
+                                            "max_loaded_adapters": 2, "adapter_idle_unload_s": 30.0}, tmp_path)
+    engine = build_engine(name, model, server)
+    assert [(a.name, a.source, a.loaded) for a in engine.adapters()] == [("a", str(tmp_path / "a"), False)]
+    assert (engine._adapters.max_loaded, engine._adapters.idle_unload_s) == (2, 30.0)
+    name, model, server = model_and_server({"backend": "sim", "lora_adapters": {"sql": "", "chat": ""}})
+    assert [a.name for a in build_engine(name, model, server).adapters()] == ["chat", "sql"]
+
+
+def test_trtllm_takes_the_models_lora_adapters_too(tmp_path):
+    name, model, server = model_and_server({"backend": "trtllm", "lora_adapters": {"a": str(tmp_path / "a")},
+                                            "trtllm": {"engine_dir": str(tmp_path / "eng")}})
+    assert build_engine(name, model, server)._lora_paths == {"a": str(tmp_path / "a")}
