@@ -1,15 +1,17 @@
 """What `inferd serve` would refuse that the config's own checks cannot see: each model version's
 artifact on disk (with the command that builds it), the trusted keys and, where a model has them, its
-artifacts' signatures (not the files' hashes: that is the load's, and slow), the API keys file, and
-the tracing extra when `[tracing]` is configured. `inferd check-config` runs
+artifacts' signatures (not the files' hashes: that is the load's, and slow), each LoRA adapter (its
+directory exists; a reference model's adapter loads for each base version: shapes, config), the API keys
+file, and the tracing extra when `[tracing]` is configured. `inferd check-config` runs
 these after the config validates, so it reports everything a start would stumble on, at once."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-from inferd.config import Config, artifact_name
+from inferd.config import Config, ModelConfig, artifact_name, served_adapters
 from inferd.engine import (
+    AdapterLoadError,
     ArtifactError,
     SigningKeyError,
     fingerprint,
@@ -25,6 +27,7 @@ def preflight_errors(cfg: Config) -> list[str]:
     """`path: problem` lines, empty when `serve` would find every artifact and read the keys file."""
     errors, fingerprints = _trusted_key_errors(cfg)
     root = Path(cfg.server.engines_root)
+    bases: dict[str, list[Path]] = {}          # model -> its versions' artifacts, for its adapters' checks
     for spec in version_specs(cfg):
         model = spec.config
         if not uses_artifact(model):     # sim needs none; a trtllm engine_dir is its own artifact
@@ -43,7 +46,10 @@ def preflight_errors(cfg: Config) -> list[str]:
         except (ArtifactError, OSError) as exc:
             errors.append(f"models.{spec.model}: {exc}; build it with: {_build_command(name, model.backend, root)}")
             continue
+        bases.setdefault(spec.model, []).append(path)
         errors += _signature_errors(spec.model, path, model.trusted_keys, fingerprints)
+    for name, model in cfg.models.items():
+        errors += list(dict.fromkeys(e for base in bases.get(name, [None]) for e in _adapter_errors(name, model, base)))
     if cfg.tracing is not None and not all(_importable(m) for m in TRACING_MODULES):
         errors.append("tracing: needs the OpenTelemetry SDK and OTLP exporter: pip install 'inferd[tracing]'")
     if cfg.auth.mode == "api_key":
@@ -83,6 +89,27 @@ def _signature_errors(model: str, path: Path, keys: tuple[str, ...], fingerprint
     except (ArtifactError, OSError) as exc:
         return [f"models.{model}: {exc}"]
     return []
+
+
+def _adapter_errors(model: str, config: ModelConfig, base: Path | None) -> list[str]:
+    """Each adapter directory of a reference or trtllm model exists; a reference model's also loads for the
+    base artifact `base` (when found): every tensor's shape fits it, its adapter_config.json is one the
+    engine applies. Lines name the key (`models.<model>.lora_adapters.<adapter>`) and the file."""
+    if config.backend == "sim":                 # the sim reads no adapter files
+        return []
+    key = f"models.{model}.lora_adapters" if config.lora_adapters else f"models.{model}.trtllm.lora_adapters"
+    errors = []
+    for adapter, source in served_adapters(config).items():
+        if not Path(source).exists():
+            errors.append(f"{key}.{adapter}: {source} does not exist")
+        elif config.backend == "reference" and base is not None:
+            from inferd.engine.reference import check_adapter    # numpy and the model: only when asked
+
+            try:
+                check_adapter(adapter, source, base)
+            except AdapterLoadError as exc:
+                errors.append(f"{key}.{adapter}: {exc}" + (f" (file {exc.file})" if exc.file else ""))
+    return errors
 
 
 TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")

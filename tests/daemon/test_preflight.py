@@ -1,6 +1,7 @@
 """inferd.daemon.preflight: check-config reports what serve would refuse, beyond the config's own keys."""
 from __future__ import annotations
 
+import json
 import shutil
 
 from inferd.__main__ import main
@@ -99,3 +100,36 @@ def test_check_config_names_a_bad_trusted_key(tmp_path, capsys):
                            '[models.s.sim]\nprofile = "tiny"\n')
     assert main(["check-config", str(path)]) == 1
     assert f"server.trusted_keys[0]: {tmp_path / 'release.pub'}: this is a private key" in capsys.readouterr().err
+
+
+# -- LoRA adapters (issue 15) ----------------------------------------------------------------------
+
+def test_an_adapter_that_does_not_fit_or_is_missing_is_named_by_key_and_file_and_a_fitting_one_passes(
+        tmp_path, tiny_engines_root, tiny_artifact, capsys):
+    from inferd.engine.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
+
+    build_synthetic_adapter(tiny_artifact, "good", tmp_path / "loras")     # an artifact: its name directory
+    base = json.loads((tiny_artifact / "config.json").read_text())
+    write_peft_adapter(tmp_path / "loras" / "wide", synthetic_adapter_tensors(
+        {**base, "hidden_size": 2 * base["hidden_size"]}, rank=2, targets=("o_proj",)), rank=2, alpha=4.0,
+        targets=("o_proj",))
+    path = write(tmp_path, f'[server]\nengines_root = "{tiny_engines_root}"\n'
+                           '[models.small]\nbackend = "reference"\nartifact = "tiny"\n'
+                           'lora_adapters = { good = "loras/good", wide = "loras/wide", gone = "loras/gone" }\n'
+                           '[models.s]\nbackend = "sim"\nlora_adapters = { sql = "" }\n')
+    wide, gone = preflight_errors(load_config(path))
+    assert wide.startswith("models.small.lora_adapters.wide: LoRA adapter 'wide': adapter_model.safetensors: "
+                           "tensor 'base_model.model.model.layers.0.self_attn.o_proj.lora_B.weight' has shape")
+    assert wide.endswith(f"(file {tmp_path / 'loras' / 'wide' / 'adapter_model.safetensors'})")
+    assert gone == f"models.small.lora_adapters.gone: {tmp_path / 'loras' / 'gone'} does not exist"
+    assert main(["check-config", str(path)]) == 1
+    assert "models.small.lora_adapters.wide: " in capsys.readouterr().err
+
+
+def test_trtllm_adapters_under_either_key_must_exist(tmp_path):
+    (tmp_path / "support").mkdir()
+    model = '[models.t]\nbackend = "trtllm"\nartifact = "x"\n[models.t.trtllm]\nengine_dir = "eng"\n'
+    path = write(tmp_path, model + 'lora_adapters = { support = "support", gone = "gone" }\n')
+    assert preflight_errors(load_config(path)) == [f"models.t.trtllm.lora_adapters.gone: {tmp_path / 'gone'} does not exist"]
+    path = write(tmp_path, model.replace("[models.t.trtllm]", 'lora_adapters = { gone = "gone" }\n[models.t.trtllm]'))
+    assert preflight_errors(load_config(path)) == [f"models.t.lora_adapters.gone: {tmp_path / 'gone'} does not exist"]
