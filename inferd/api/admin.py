@@ -11,6 +11,8 @@ the caller's key id as the actor (inferd.models.rollout writes the record).
   POST /admin/rollouts/{name}/promote    {"reason"?}
   POST /admin/rollouts/{name}/rollback   {"reason"?}
   GET  /admin/shadow                     shadow traffic per version: mirrored, dropped, errors, latency, tokens
+  POST /admin/adapters                   {"model", "adapter", "action": "load" | "unload", "reason"?}: a LoRA
+                                         adapter, now (inferd.api.admin_adapters)
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from inferd.api import appkeys as keys
+from inferd.api.admin_adapters import post_adapters
 from inferd.api.admin_usage import get_usage
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
 from inferd.api.stored import json_response
@@ -48,6 +51,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/shadow", shadow_stats)
     app.router.add_get("/admin/peers", list_peers)
     app.router.add_get("/admin/usage", get_usage)
+    app.router.add_post("/admin/adapters", post_adapters)
 
 
 def _actor(request: web.Request) -> str:

@@ -20,6 +20,7 @@ import msgspec
 import orjson
 
 from inferd import __version__
+from inferd.api.admin_adapters import AdapterAction
 from inferd.api.openai import (
     LOGPROBS_NO_OP,
     MAX_PROMPTS,
@@ -55,6 +56,7 @@ _ERROR_TEXT = {
     "409": "The rollout cannot take this action in its current state",
     "413": "Body larger than server.max_body_bytes",
     "415": "Content-Type is not application/json",
+    "422": "The adapter's files could not be loaded: the message names the file and the tensor",
     "429": "Tenant over quota or its queue full (Retry-After)",
     "500": "Server error (never caused by the request's content)",
     "503": "Draining, overloaded or engine unavailable (Retry-After)",
@@ -210,6 +212,21 @@ def _usage_op() -> dict:
     return op
 
 
+def _adapters_op() -> dict:
+    """POST /admin/adapters: the body is AdapterAction's schema; model and adapter are names, not blank."""
+    schema = msgspec.json.schema(AdapterAction)
+    schema = schema["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    for name in ("model", "adapter"):
+        schema["properties"][name] = {"type": "string", "pattern": r"\S"}
+    schema["properties"]["reason"] = {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}
+    responses = {"200": {"description": "The adapter after the action (AdapterInfo fields, per version in "
+                                        "`versions`)", "content": _json_content({"type": "object"})},
+                 **_errors("400", *_ADMIN_ERRORS, "404", "409", "422")}
+    responses["409"] = {**responses["409"], "description": "The adapter is in use, or every adapter slot is"}
+    return {"post": {"summary": "Admin: load or unload a model's LoRA adapter now (audited)",
+                     "requestBody": {"required": True, "content": _json_content(schema)}, "responses": responses}}
+
+
 def _query_param(name: str, schema: dict | None = None) -> dict:
     return {"name": name, "in": "query", "required": False, "schema": schema or {"type": "string"}}
 
@@ -252,6 +269,7 @@ def document() -> dict:
                               **_errors("400", *_ADMIN_ERRORS, "404", "409")}}},
             "/admin/shadow": _get("Admin: shadow traffic per version", *_ADMIN_ERRORS),
             "/admin/usage": _usage_op(),
+            "/admin/adapters": _adapters_op(),
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
             **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.openapi_batches)

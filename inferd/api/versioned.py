@@ -5,14 +5,14 @@ the request path and nothing else.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import msgspec
 
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.api.state import ServerState
-from inferd.config import Config
-from inferd.engine import Engine
+from inferd.config import served_adapters
+from inferd.engine import AdapterHost, AdapterInfo, Engine
 from inferd.models import BreakerOpen, Route, RoutingError
 from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 
@@ -21,7 +21,7 @@ SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+si
 
 def route_request(state: ServerState, model_field: str, tenant: str, user: str | None, request_id: str) -> Route:
     """`model` (alias, name or name@version, each optionally `:adapter`) -> Route, as an ApiError
-    when it cannot be routed. An adapter must be one of the routed model's configured lora_adapters."""
+    when it cannot be routed. An adapter must be one the routed version's engine serves (adapter_infos)."""
     base, colon, adapter = model_field.partition(":")
     if base.endswith(SIMULATED_SUFFIX) and "@" in base:
         model_field = base[: -len(SIMULATED_SUFFIX)] + colon + adapter
@@ -31,7 +31,8 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
         headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
         kind = UNAVAILABLE if e.status == 503 else NOT_FOUND if e.status == 404 else "invalid_request_error"
         raise ApiError(e.status, e.message, type=kind, param=e.param, code=e.code, headers=headers) from None
-    if route.lora is not None and route.lora not in lora_adapters(state.config, route.target.model):
+    if route.lora is not None and all(a.name != route.lora for a in adapter_infos(state, route.target.model,
+                                                                                 state.registry.table.engine(route.target))):
         raise ApiError(404, f"The model `{route.target.model}` has no LoRA adapter `{route.lora}`; "
                        "GET /v1/models lists them.", type=NOT_FOUND, param="model", code="model_not_found")
     return route
@@ -64,12 +65,15 @@ def check_breaker(state: ServerState, route: Route, tenant: str, user: str | Non
                    headers={"Retry-After": str(max(1, math.ceil(refused.retry_after_s)))})
 
 
-def lora_adapters(config: Config, model: str) -> Mapping[str, str]:
-    """Adapter name -> path of a model's `[models.<model>.trtllm] lora_adapters` (empty when none)."""
-    cfg = config.models.get(model)
-    if cfg is None or cfg.backend != "trtllm" or cfg.trtllm is None:
-        return {}
-    return cfg.trtllm.lora_adapters
+def adapter_infos(state: ServerState, model: str, engine: Engine | None) -> list[AdapterInfo]:
+    """The LoRA adapters a version of `model` serves, by name: its engine's own list when it is an
+    AdapterHost (reference, sim: what it was built with, whatever a reload has changed in the config
+    since), else the model's configured `lora_adapters` (trtllm), shown as not loaded."""
+    if isinstance(engine, AdapterHost):
+        return engine.adapters()
+    cfg = state.config.models.get(model)
+    sources = served_adapters(cfg) if cfg is not None else {}
+    return [AdapterInfo(name=name, source=source, loaded=False) for name, source in sorted(sources.items())]
 
 
 def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
@@ -155,10 +159,11 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                 row.update(root=f"{listing.id}@{label}", version=label, backend=info.backend,
                            max_model_len=info.max_model_len, simulated=info.simulated)
         rows.append(row)
-        if listing.kind == "model":
-            rows += [{"id": f"{listing.id}:{name}", "object": "model", "created": created, "owned_by": "inferd",
-                      "kind": "adapter", "parent": listing.id, "routable": listing.routable}
-                     for name in sorted(lora_adapters(state.config, listing.id))]
+        if listing.kind == "model":       # `loaded`: in the default version's engine now (AdapterHost engines)
+            rows += [{"id": f"{listing.id}:{a.name}", "object": "model", "created": created, "owned_by": "inferd",
+                      "kind": "adapter", "parent": listing.id, "routable": listing.routable,
+                      **({"loaded": a.loaded} if isinstance(engine, AdapterHost) else {})}
+                     for a in adapter_infos(state, listing.id, engine)]
     return rows
 
 
