@@ -254,7 +254,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         record_slo_for(ctx, err.status, streamed=queued is not None and queued.prepared is not None)
         await record_usage(ctx, err.status, None, 0)
         if isinstance(exc, EngineUnavailable):
-            record_outcome(state, route.target, None, 503, None)
+            record_outcome(state, route.target, None, 503, None, adapter=route.lora)
         if queued is not None and queued.prepared is not None:      # headers are out: end the stream
             request[keys.LOG_FIELDS]["outcome_status"] = err.status
             return await queued.end_with(err, ChunkEncoder(ident, p.include_usage))
@@ -351,7 +351,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             await record(last, status)
         obs.finish(status, usage=usage, timing=timing)
         if hit is None:                 # a cache hit says nothing about the version (rollouts, breakers)
-            record_outcome(state, route.target, last, status, obs.ttft)
+            record_outcome(state, route.target, last, status, obs.ttft, adapter=route.lora)
         if hit is None:
             store(ctx, plan, status, recording.whole() if recording is not None else None)
         keep_transcript(ctx, recording, status)

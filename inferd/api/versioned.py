@@ -76,16 +76,20 @@ def adapter_infos(state: ServerState, model: str, engine: Engine | None) -> list
     return [AdapterInfo(name=name, source=source, loaded=False) for name, source in sorted(sources.items())]
 
 
-def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None) -> None:
+def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None,
+                   *, adapter: str | None = None) -> None:
     """Feed a finished live request to the rollouts watching its version and to its circuit breaker.
-    Client aborts, deadlines and client errors say nothing about the version and are skipped."""
+    Client aborts, deadlines and client errors say nothing about the version and are skipped; so, for
+    the breaker, does a request that named a LoRA `adapter` (a bad adapter fails its own requests, not
+    the base model's)."""
     control = state.control
     if control is None:
         return
     if last is None:
         if status == 503:           # the engine refused it at submit: the version's failure
             control.rollouts.record(key, False, None, None, 0, 0)
-            control.breakers.record(key, False, None)
+            if adapter is None:
+                control.breakers.record(key, False, None)
         return
     reason = last.finish_reason
     if reason in (FinishReason.ABORT, FinishReason.DEADLINE) or status in (499, 504):
@@ -94,7 +98,8 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
     # The breaker's slow_ttft_s is the engine's own time to a first token: admission's queue is overload,
     # which degradation and shedding handle; a breaker opened by it would turn overload into an outage.
     engine_ttft = timing.first_token - timing.submitted if timing is not None and timing.first_token else None
-    control.breakers.record(key, reason is not FinishReason.ERROR, engine_ttft)
+    if adapter is None:
+        control.breakers.record(key, reason is not FinishReason.ERROR, engine_ttft)
     prompt = usage.prompt_tokens if usage else 0
     completion = usage.completion_tokens if usage else len(last.token_ids)
     itl = None
