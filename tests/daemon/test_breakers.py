@@ -71,3 +71,16 @@ async def test_an_engine_that_went_unhealthy_trips_the_breaker_to_the_fallback(t
                 assert exc.value.body["code"] == "engine_unavailable"
             served = await sdk.completions.create(model="small", prompt="hi", max_tokens=2)
     assert served.model.startswith("backup@")
+
+
+async def test_requests_naming_an_adapter_do_not_trip_the_versions_breaker(tmp_path):
+    head, sim, tail = sim_model().partition("[MODEL.sim]")
+    model = head + 'lora_adapters = { ad1 = "" }\n' + sim + tail
+    path = write_config(tmp_path / "c.toml", {"small": model}, BREAKER)
+    async with running(path) as (daemon, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            # each one's first token is "slow" for the breaker: were they counted, it would open
+            for _ in range(5):
+                await sdk.completions.create(model="small:ad1", prompt="hi", max_tokens=2)
+            await sdk.completions.create(model="small", prompt="hi", max_tokens=2)
+        assert daemon.state.control.breakers.open_versions() == {}
