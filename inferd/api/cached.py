@@ -8,6 +8,7 @@ is still stored); `no-store` keeps the request out of the cache entirely.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable
 
 import msgspec
@@ -41,8 +42,10 @@ def cache_plan(ctx: GenerationContext) -> CachePlan | None:
     control = ctx.request.headers.get("Cache-Control", "").lower()
     if "no-store" in control:
         return None
-    key = (ctx.tenant, str(ctx.route.target), ctx.route.lora, tuple(ctx.prompt_ids[0]), sampling)
-    return CachePlan(key, "no-cache" not in control)
+    # A digest, not the prompt itself: the cache's byte bound must bound its memory, keys included.
+    digest = hashlib.blake2b(msgspec.msgpack.encode([str(ctx.route.target), ctx.route.lora, ctx.prompt_ids[0],
+                                                     sampling]), digest_size=32).digest()
+    return CachePlan((ctx.tenant, digest), "no-cache" not in control)
 
 
 def is_cache_hit(ctx: GenerationContext) -> bool:

@@ -146,8 +146,6 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         parts = prepared.prompts()              # one per prompt of a completions batch; usually just one
         for part in parts:                      # every part judged from its length before any is tokenized
             await check_length_bound(engine, part, max_model_len, deadline)
-        # The tenant's content policy on the input: after every cheap refusal, before tokenizing.
-        policy = await check_input(state, tenant, prepared, engine, model, request[keys.REQUEST_ID])
         prompt_ids, sampling = [], []
         for part in parts:
             ids = await tokenize(engine, part, len(body), deadline)
@@ -157,6 +155,8 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             if degraded.max_tokens is not None and params.max_tokens > degraded.max_tokens:
                 params = msgspec.structs.replace(params, max_tokens=degraded.max_tokens)
             sampling.append(params)
+        # The tenant's content policy on the input: after every cheap refusal and the tokenizer's checks.
+        policy = await check_input(state, tenant, prepared, engine, model, request[keys.REQUEST_ID], deadline)
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
@@ -259,8 +259,7 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             request[keys.LOG_FIELDS]["outcome_status"] = err.status
             return await queued.end_with(err, ChunkEncoder(ident, p.include_usage))
         raise err from None
-    streams = filter_output(state, ctx.policy, admitted.streams, tenant, sum(map(len, ctx.prompt_ids)),
-                            ctx.request_id, model)
+    streams = filter_output(state, ctx.policy, admitted.streams, tenant, ctx.prompt_ids, ctx.request_id, model)
     recording = None
     if (plan is not None and hit is None) or (retention_s(ctx) and len(streams) == 1):
         streams = [recording := RecordingStream(streams[0])]   # its text as the client got it: cache, transcript

@@ -8,13 +8,19 @@ record (policy, rule, request id, model: no text).
 """
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-from inferd.api.errors import ApiError, INVALID_REQUEST
+from inferd.api.errors import INVALID_REQUEST, SERVER_ERROR, TIMEOUT, ApiError
 from inferd.api.openai import Prepared
 from inferd.api.state import ServerState
 from inferd.engine import Engine
-from inferd.safety import FilteredStream, Policy, RuleMatch
+from inferd.observability import get_logger
+from inferd.safety import ClassifierFailed, FilteredStream, Policy, RuleMatch, Verdict
+
+log = get_logger("inferd.api")
+THREAD_ABOVE_CHARS = 16_384     # longer inputs are decoded and searched in a thread: the loop serves others
 
 
 def input_text(prepared: Prepared, engine: Engine) -> str:
@@ -36,17 +42,28 @@ def input_text(prepared: Prepared, engine: Engine) -> str:
 
 
 async def check_input(state: ServerState, tenant: str, prepared: Prepared, engine: Engine, model: str,
-                      request_id: str) -> Policy | None:
-    """The tenant's policy (None: none), after its input rules passed; ApiError 400 when they did not."""
+                      request_id: str, deadline: float) -> Policy | None:
+    """The tenant's policy (None: none), after its input rules passed; ApiError 400 when they did not
+    (503/504 when a classifier failed or ran out of time). Runs after tokenizing: token ids are valid."""
     policy = state.safety.for_tenant(tenant) if state.safety else None
-    if policy is None:
-        return None
-    if policy.input or policy.classifiers:
-        verdict = None
-        for part in prepared.prompts():
-            verdict = await policy.check_input(input_text(part, engine), tenant)
-            if verdict is not None:
-                break
+    if policy is None or not (policy.input or policy.classifiers):
+        return policy
+    for part in prepared.prompts():
+        if part.prompt_chars > THREAD_ABOVE_CHARS or part.prompt_token_ids is not None:   # decode + regexes: long
+            text, verdict = await asyncio.to_thread(_text_and_match, policy, part, engine)
+        else:
+            text, verdict = _text_and_match(policy, part, engine)
+        if verdict is None and policy.classifiers:
+            try:
+                verdict = await policy.classify_input(text, tenant, deadline - time.monotonic())
+            except ClassifierFailed as exc:
+                log.warning("safety_classifier_failed", classifier=exc.name, timed_out=exc.timed_out,
+                            error_type=exc.error_type)
+                if exc.timed_out:
+                    raise ApiError(504, "The request's deadline passed while its content was being checked.",
+                                   type=TIMEOUT, code="deadline_exceeded") from None
+                raise ApiError(503, f"The content policy `{policy.name}` could not check the request; retry later.",
+                               type=SERVER_ERROR, code="classifier_unavailable", headers={"Retry-After": "1"}) from None
         if verdict is not None:
             _record(state, tenant, policy.name, verdict.rule, "input", request_id, model)
             field = "messages" if prepared.kind == "chat" else "prompt"
@@ -55,16 +72,23 @@ async def check_input(state: ServerState, tenant: str, prepared: Prepared, engin
     return policy
 
 
-def filter_output(state: ServerState, policy: Policy | None, streams: list[Any], tenant: str, prompt_tokens: int,
-                  request_id: str, model: str) -> list[Any]:
-    """`streams`, each behind the policy's output filter when it has output rules."""
+def _text_and_match(policy: Policy, part: Prepared, engine: Engine) -> tuple[str, Verdict | None]:
+    text = input_text(part, engine)
+    return text, policy.match_input(text)
+
+
+def filter_output(state: ServerState, policy: Policy | None, streams: list[Any], tenant: str,
+                  prompt_ids: list[list[int]], request_id: str, model: str) -> list[Any]:
+    """`streams` (one per prompt of `prompt_ids`), each behind the policy's output filter when it has
+    output rules."""
     if policy is None or not policy.output:
         return streams
 
     def stopped(match: RuleMatch) -> None:
         _record(state, tenant, policy.name, match.rule, "output", request_id, model)
 
-    return [FilteredStream(s, policy.output, policy.hold_back_chars, prompt_tokens, stopped) for s in streams]
+    return [FilteredStream(s, policy.output, policy.hold_back_chars, len(ids), stopped)
+            for s, ids in zip(streams, prompt_ids)]
 
 
 def _record(state: ServerState, tenant: str, policy: str, rule: str, stage: str, request_id: str, model: str) -> None:

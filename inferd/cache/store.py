@@ -12,11 +12,13 @@ from collections.abc import Callable, Hashable
 
 from inferd.types import Delta
 
-ENTRY_OVERHEAD_BYTES = 256        # the key, the Delta and the dict slot, roughly
+ENTRY_OVERHEAD_BYTES = 600        # the key (tenant, 32-byte digest), the Delta, its Usage and the dict slot
+TOKEN_ID_BYTES = 36               # a Python int in a list: the pointer and the int object
 
 
 def entry_bytes(delta: Delta) -> int:
-    return ENTRY_OVERHEAD_BYTES + len(delta.text.encode()) + 8 * len(delta.token_ids)
+    """What an entry costs in memory, about: keys are digests, so this bounds the process's memory."""
+    return ENTRY_OVERHEAD_BYTES + len(delta.text.encode()) + 49 + TOKEN_ID_BYTES * len(delta.token_ids)
 
 
 class ResponseCache:
@@ -58,12 +60,27 @@ class ResponseCache:
             self._drop(oldest)
             self.evictions += 1
 
+    def sweep(self) -> int:
+        """Drop every entry past its TTL (text must not outlive it in memory); how many went."""
+        now = self._clock()
+        old = [k for k, (stored, _, _) in self._entries.items() if now - stored > self.ttl_s]
+        for key in old:
+            self._drop(key)
+        return len(old)
+
     def resize(self, max_bytes: int, ttl_s: float) -> None:
         """A reload: new bounds, entries kept (the least recently used go if it shrank)."""
         self.max_bytes, self.ttl_s = max_bytes, ttl_s
         while self.bytes > self.max_bytes and self._entries:
             self._drop(next(iter(self._entries)))
             self.evictions += 1
+
+    def retain_tenants(self, keep) -> int:
+        """Drop the entries of every tenant for which `keep(tenant)` is false (it opted out); how many."""
+        gone = [k for k in self._entries if not keep(k[0])]
+        for key in gone:
+            self._drop(key)
+        return len(gone)
 
     def clear_tenant(self, tenant: str) -> int:
         """Drop every entry of `tenant` (keys start with it); returns how many."""

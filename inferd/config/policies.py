@@ -71,6 +71,19 @@ def policy_errors(name: str, p: PolicyConfig, installed: Callable[[], Collection
             if c not in known:
                 errors.append(f"{base}.input.classifiers[{i}]: no entry point {c!r} in the 'inferd.safety' group "
                               f"(installed: {', '.join(sorted(known)) or 'none'})")
+    for i, word in enumerate(p.output.words):
+        if len(word.strip()) > p.output.hold_back_chars:
+            errors.append(f"{base}.output.words[{i}]: {len(word.strip())} characters, longer than hold_back_chars "
+                          f"({p.output.hold_back_chars}): its start could reach the client before it is caught")
+    for where, patterns in (("input", p.input.patterns), ("output", p.output.patterns)):
+        for i, pattern in enumerate(patterns):
+            try:
+                empty = re.search(pattern, "") is not None
+            except re.error:
+                continue                    # reported above
+            if empty:
+                errors.append(f"{base}.{where}.patterns[{i}]: matches the empty string, so it would match "
+                              "every text")
     if not 0 <= p.output.hold_back_chars <= MAX_HOLD_BACK_CHARS:
         errors.append(f"{base}.output.hold_back_chars: must be between 0 and {MAX_HOLD_BACK_CHARS}, "
                       f"got {p.output.hold_back_chars}")

@@ -34,7 +34,7 @@ from typing import TypeVar
 import msgspec
 
 from inferd.cluster import ClusterKeyError
-from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConfigError, load_config
+from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConfigError, TenantRegistry, load_config
 from inferd.daemon.tls import RESTART_ONLY_TLS, ListenerTls, TlsError
 from inferd.models import ControlPlane, VersionManager, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
@@ -178,6 +178,8 @@ class Reloader:
         state.config = control.config = new
         if hasattr(state, "response_cache"):
             state.response_cache.resize(new.cache.max_bytes, new.cache.ttl_s)
+            opted_in = TenantRegistry(new.tenants)          # a tenant that opted out takes its text with it
+            state.response_cache.retain_tenants(lambda tenant: opted_in.get(tenant).cache_responses)
         if hasattr(state, "safety"):
             state.safety = safety if safety is not None else Policies(
                 new.policies, lambda tenant: state.tenancy.tenants.get(tenant))

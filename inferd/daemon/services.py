@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from inferd.api import BatchRunner, ServerState, listener_url
 from inferd.cluster import Cluster
@@ -63,20 +64,31 @@ async def start_services(stack: contextlib.AsyncExitStack, state: ServerState, h
         await cluster.start()
         state.cluster = cluster
     if state.transcripts is not None:      # retention: expired transcripts go, whichever node wrote them
-        purger = asyncio.ensure_future(purge_transcripts(state.transcripts))
+        purger = asyncio.ensure_future(purge_transcripts(
+            state.transcripts, retention_of=lambda tenant: state.tenancy.tenants.get(tenant).retention_s))
         stack.callback(purger.cancel)
+    sweeper = asyncio.ensure_future(sweep_cache(state))     # cached text never outlives [cache] ttl_s
+    stack.callback(sweeper.cancel)
     if state.ledger is not None:
         await load_spend(state.tenancy.budgets, state.ledger, state.node_name)    # budgets survive restarts
 
 
 async def purge_transcripts(transcripts: Transcripts, every_s: float = PURGE_INTERVAL_S, *,
-                            clock=time.time) -> None:
-    """Delete transcripts whose tenant's retention has passed, now and every `every_s` seconds."""
+                            retention_of: Callable[[str], float] | None = None, clock=time.time) -> None:
+    """Delete transcripts past their period, now and every `every_s` seconds: by the expiry each was
+    written with, and by each tenant's retention now (`retention_of(tenant)`, 0 for "none"), so a
+    shortened period or a tenant back on "none" takes effect at the next pass."""
     while True:
         try:
-            gone = await transcripts.purge(clock())
+            gone = await transcripts.purge(clock(), retention_of=retention_of)
             if gone:
                 log.info("transcripts_purged", rows=gone)
-        except StoreError as exc:
-            log.warning("transcripts_purge_failed", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
+            log.warning("transcripts_purge_failed", error=str(exc), error_type=type(exc).__name__)
         await asyncio.sleep(every_s)
+
+
+async def sweep_cache(state: ServerState, every_s: float = PURGE_INTERVAL_S) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        state.response_cache.sweep()

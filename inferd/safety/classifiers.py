@@ -13,8 +13,10 @@ class (or any callable) taking no arguments, made once per daemon, whose instanc
 `stage` is "input" (output classifiers are not supported yet). Return None to let the text through,
 or a short label of what was found (e.g. "S1: violent crimes"): it is counted and audited, never the
 text. `check` runs on the event loop: await network calls, and run CPU-heavy models in a thread
-(`await asyncio.to_thread(...)`). A classifier that raises blocks the request (fail closed) and is
-logged; one that takes longer than the request's deadline is cut by it.
+(`await asyncio.to_thread(...)`). A classifier that raises refuses the request with 503
+`classifier_unavailable` (the policy fails closed) and is
+logged by its name and error type only (never its message); one still running at the request's
+deadline is cancelled and the request answered 504.
 """
 from __future__ import annotations
 
@@ -30,6 +32,16 @@ class SafetyClassifier(Protocol):
 
 class ClassifierError(Exception):
     """An entry point that cannot be loaded or built."""
+
+
+class ClassifierFailed(Exception):
+    """A classifier raised or ran past the request's deadline; only its name and the error's type are kept
+    (the message of a plugin's exception may quote the text it was judging)."""
+
+    def __init__(self, name: str, *, timed_out: bool = False, error_type: str | None = None) -> None:
+        super().__init__(f"safety classifier {name!r} " + ("ran past the request's deadline" if timed_out
+                                                           else f"failed ({error_type})"))
+        self.name, self.timed_out, self.error_type = name, timed_out, error_type
 
 
 def load_classifiers(names: Iterable[str]) -> dict[str, Any]:

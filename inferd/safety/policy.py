@@ -1,16 +1,20 @@
 """The node's safety policies, compiled from `[policies.*]`, and which one holds a tenant.
 
 Built once per config (a reload builds new ones); loop thread only. The input check runs regexes
-and words first (cheap), then the classifiers, and answers with the first rule that matched.
+and words first (cheap; in a thread for long prompts), then the classifiers under the request's
+deadline, and answers with the first rule that matched.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import asyncio
+import time
+
 import msgspec
 
 from inferd.config import PolicyConfig, TenantConfig
-from inferd.safety.classifiers import load_classifiers
+from inferd.safety.classifiers import ClassifierFailed, load_classifiers
 from inferd.safety.rules import RuleSet
 
 
@@ -29,12 +33,23 @@ class Policy:
         self.hold_back_chars = config.output.hold_back_chars
         self.classifiers = {c: classifiers[c] for c in config.input.classifiers}
 
-    async def check_input(self, text: str, tenant: str) -> Verdict | None:
+    def match_input(self, text: str) -> Verdict | None:
+        """The patterns and words (CPU only: a caller with a long text runs this in a thread)."""
         match = self.input.search(text)
-        if match is not None:
-            return Verdict(self.name, match.rule)
+        return Verdict(self.name, match.rule) if match is not None else None
+
+    async def classify_input(self, text: str, tenant: str, timeout_s: float) -> Verdict | None:
+        """The classifiers, in order, each bounded by what is left of `timeout_s`. ClassifierFailed
+        when one raises or runs out of time (the request is refused: the policy fails closed)."""
+        deadline = time.monotonic() + timeout_s
         for name, classifier in self.classifiers.items():
-            label = await classifier.check(text, stage="input", tenant=tenant)
+            try:
+                label = await asyncio.wait_for(classifier.check(text, stage="input", tenant=tenant),
+                                               max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise ClassifierFailed(name, timed_out=True) from None
+            except Exception as exc:  # noqa: BLE001 - an operator's plugin; its message may quote the text
+                raise ClassifierFailed(name, error_type=type(exc).__name__) from None
             if label is not None:
                 return Verdict(self.name, f"classifier {name}: {str(label)[:80]}")
         return None

@@ -16,6 +16,8 @@ from inferd.engine import merge_deltas
 from inferd.safety.rules import RuleMatch, RuleSet
 from inferd.types import Delta, FinishReason, Usage
 
+SEARCH_TAIL_CHARS = 256     # sent text searched again with new text: matches up to this long are still stopped
+
 
 class FilteredStream:
     def __init__(self, inner: Any, rules: RuleSet, hold_back_chars: int, prompt_tokens: int,
@@ -26,6 +28,7 @@ class FilteredStream:
         self._prompt_tokens = prompt_tokens
         self._on_match = on_match
         self._held = ""
+        self._sent_tail = ""        # the last SEARCH_TAIL_CHARS characters already sent
         self._stopped = False
         self.request_id = inner.request_id
         self.tenant = getattr(inner, "tenant", None)
@@ -69,8 +72,10 @@ class FilteredStream:
 
     # -- the filter -------------------------------------------------------------------------
     def _filter(self, delta: Delta) -> Delta | None:
-        text = self._held + delta.text
-        match = self._rules.search(text)
+        unsent = self._held + delta.text
+        # The last sent characters are searched too: a match longer than the hold-back window is still
+        # caught (and the rest of it never sent), though its first characters went out.
+        match = self._rules.search(self._sent_tail + unsent)
         if match is not None:
             self._stopped = True
             self._held = ""
@@ -78,16 +83,16 @@ class FilteredStream:
             self._on_match(match)
             usage = delta.usage or Usage(prompt_tokens=self._prompt_tokens,
                                          completion_tokens=self._inner.delivered_tokens)
-            return Delta(token_ids=delta.token_ids, text=text[:match.start], finish_reason=FinishReason.CONTENT_FILTER,
+            safe = unsent[:max(0, match.start - len(self._sent_tail))]
+            return Delta(token_ids=delta.token_ids, text=safe, finish_reason=FinishReason.CONTENT_FILTER,
                          usage=usage, timing=delta.timing)
         if delta.finish_reason is not None:
             self._held = ""
-            if not text and not delta.token_ids and delta.text == text:
-                return delta
-            return Delta(token_ids=delta.token_ids, text=text, finish_reason=delta.finish_reason, usage=delta.usage,
-                         timing=delta.timing, error=delta.error)
-        cut = max(0, len(text) - self._hold)
-        self._held = text[cut:]
+            return Delta(token_ids=delta.token_ids, text=unsent, finish_reason=delta.finish_reason,
+                         usage=delta.usage, timing=delta.timing, error=delta.error)
+        cut = max(0, len(unsent) - self._hold)
+        self._held = unsent[cut:]
         if cut == 0 and not delta.token_ids:
             return None
-        return Delta(token_ids=delta.token_ids, text=text[:cut])
+        self._sent_tail = (self._sent_tail + unsent[:cut])[-SEARCH_TAIL_CHARS:]
+        return Delta(token_ids=delta.token_ids, text=unsent[:cut])

@@ -50,3 +50,18 @@ def test_clearing_a_tenant_drops_only_its_entries():
     cache.put(("t1", "k"), gen("a"))
     cache.put(("t2", "k"), gen("b"))
     assert cache.clear_tenant("t1") == 1 and cache.get(("t2", "k")).text == "b"
+
+
+def test_expired_entries_are_swept_and_opted_out_tenants_dropped():
+    clock = Clock()
+    cache = ResponseCache(10_000, ttl_s=10, clock=clock)
+    cache.put(("t1", b"k"), gen("a"))
+    clock.now = 5
+    cache.put(("t2", b"k"), gen("b"))
+    clock.now = 11
+    assert cache.sweep() == 1 and len(cache) == 1
+    assert cache.retain_tenants(lambda tenant: tenant != "t2") == 1 and len(cache) == 0 and cache.bytes == 0
+
+
+def test_an_entry_is_costed_for_its_token_ids_as_python_holds_them():
+    assert entry_bytes(gen("x" * 10)) - entry_bytes(gen("")) >= 10 + 10 * 36

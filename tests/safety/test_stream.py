@@ -64,3 +64,12 @@ def test_without_a_match_every_character_arrives_in_order_by_the_end():
 def test_text_is_held_back_the_configured_number_of_characters():
     stream = FilteredStream(Scripted(tokens("0123456789")), RuleSet(words=["zzz"]), 4, 3, lambda m: None)
     assert stream.take().text == "012345"
+
+
+def test_a_match_longer_than_the_hold_back_is_still_stopped_and_its_rest_never_sent():
+    inner = Scripted(tokens("my pass", "wo", "rd is x", " and more", final=FinishReason.STOP))
+    matches = []
+    out = run(FilteredStream(inner, RuleSet(words=["password"]), 2, 3, matches.append))
+    sent = "".join(d.text for d in out)
+    assert out[-1].finish_reason is FinishReason.CONTENT_FILTER and inner.cancelled and matches
+    assert "rd" not in sent and "more" not in sent and sent.startswith("my ")
