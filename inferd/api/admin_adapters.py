@@ -3,13 +3,14 @@
 Body: `{"model": "small", "adapter": "sql", "action": "load" | "unload", "reason"?: "..."}`. A model name
 acts on each of its ready versions (so whichever one a request is routed to has it loaded);
 `name@version` acts on that version only. The engines are AdapterHosts (inferd.engine.adapters: the
-reference engine and the sim); trtllm's adapters load per request inside TensorRT-LLM, not here.
+reference engine, the sim and trtllm, whose load checks the adapter and lets requests name it, its weights
+entering TensorRT-LLM's cache on the first such request: inferd.engine.trtllm.loras).
 
 The answer is the adapter as the default (or pinned) version's engine lists it after the action (the
 fields of engine.AdapterInfo), with `object`, `model`, `action`, `unloaded` (unload: it was loaded) and
-`versions` (each version acted on -> its AdapterInfo). Errors: 400 a body field (named), or a trtllm
-model (`adapters_unsupported`); 404 `model_not_found` / `adapter_not_found`; 409 `adapter_busy` (in
-use, or every slot in use); 422 `adapter_load_failed` (the message names the file and the tensor);
+`versions` (each version acted on -> its AdapterInfo). Errors: 400 a body field (named), or an engine that
+is no AdapterHost (`adapters_unsupported`; every backend here is one); 404 `model_not_found` /
+`adapter_not_found`; 409 `adapter_busy` (in use, or every slot in use); 422 `adapter_load_failed` (the message names the file and the tensor);
 503 no version ready. Audit records: `adapter.load` / `adapter.unload` (target `model:adapter`, before
 and after: `loaded` per version), or `adapter.load_failed` / `adapter.unload_failed` with the error.
 """
@@ -120,8 +121,7 @@ def _hosts(state, model: str) -> list[tuple[ModelVersion, AdapterHost]]:
     engines = [(k, table.engine(k)) for k in keys_]
     if not all(isinstance(e, AdapterHost) for _, e in engines):
         raise invalid(f"The model `{model}` does not load adapters on request (its backend is "
-                      f"{engines[0][1].info.backend}; TensorRT-LLM loads them per request itself).",
-                      param="model", code="adapters_unsupported")
+                      f"{engines[0][1].info.backend}).", param="model", code="adapters_unsupported")
     return engines
 
 

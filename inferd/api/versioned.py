@@ -67,8 +67,8 @@ def check_breaker(state: ServerState, route: Route, tenant: str, user: str | Non
 
 def adapter_infos(state: ServerState, model: str, engine: Engine | None) -> list[AdapterInfo]:
     """The LoRA adapters a version of `model` serves, by name: its engine's own list when it is an
-    AdapterHost (reference, sim: what it was built with, whatever a reload has changed in the config
-    since), else the model's configured `lora_adapters` (trtllm), shown as not loaded."""
+    AdapterHost (reference, sim, trtllm: what it was built with, whatever a reload has changed in the
+    config since), else the model's configured `lora_adapters`, shown as not loaded."""
     if isinstance(engine, AdapterHost):
         return engine.adapters()
     cfg = state.config.models.get(model)

@@ -1,7 +1,8 @@
 """What `inferd serve` would refuse that the config's own checks cannot see: each model version's
 artifact on disk (with the command that builds it), the trusted keys and, where a model has them, its
 artifacts' signatures (not the files' hashes: that is the load's, and slow), each LoRA adapter (its
-directory exists; a reference model's adapter loads for each base version: shapes, config), the API keys
+directory exists; with trusted keys, it is signed by one of them; a reference model's adapter loads for each
+base version: shapes, config), the API keys
 file, and the tracing extra when `[tracing]` is configured. `inferd check-config` runs
 these after the config validates, so it reports everything a start would stumble on, at once."""
 from __future__ import annotations
@@ -12,10 +13,13 @@ from pathlib import Path
 from inferd.config import Config, ModelConfig, artifact_name, served_adapters
 from inferd.engine import (
     AdapterLoadError,
+    AdapterSignatureError,
     ArtifactError,
     SigningKeyError,
+    check_adapter_signature,
     fingerprint,
     load_public_key,
+    resolve_adapter_source,
     resolve_artifact,
     verify_signed_artifact,
 )
@@ -49,7 +53,9 @@ def preflight_errors(cfg: Config) -> list[str]:
         bases.setdefault(spec.model, []).append(path)
         errors += _signature_errors(spec.model, path, model.trusted_keys, fingerprints)
     for name, model in cfg.models.items():
-        errors += list(dict.fromkeys(e for base in bases.get(name, [None]) for e in _adapter_errors(name, model, base)))
+        trusted = _trusted(model.trusted_keys or cfg.server.trusted_keys, fingerprints)
+        errors += list(dict.fromkeys(e for base in bases.get(name, [None])
+                                     for e in _adapter_errors(name, model, base, trusted)))
     if cfg.tracing is not None and not all(_importable(m) for m in TRACING_MODULES):
         errors.append("tracing: needs the OpenTelemetry SDK and OTLP exporter: pip install 'inferd[tracing]'")
     if cfg.auth.mode == "api_key":
@@ -91,10 +97,19 @@ def _signature_errors(model: str, path: Path, keys: tuple[str, ...], fingerprint
     return []
 
 
-def _adapter_errors(model: str, config: ModelConfig, base: Path | None) -> list[str]:
-    """Each adapter directory of a reference or trtllm model exists; a reference model's also loads for the
-    base artifact `base` (when found): every tensor's shape fits it, its adapter_config.json is one the
-    engine applies. Lines name the key (`models.<model>.lora_adapters.<adapter>`) and the file."""
+def _trusted(keys: tuple[str, ...], fingerprints: dict[str, str | None]) -> dict[str, str] | None:
+    """Fingerprint -> path of `keys`; None when one did not load (it is named already: nothing to check against)."""
+    if not all(fingerprints.get(k) for k in keys):
+        return None
+    return {fingerprints[k]: k for k in keys}       # type: ignore[misc]
+
+
+def _adapter_errors(model: str, config: ModelConfig, base: Path | None, trusted: dict[str, str] | None) -> list[str]:
+    """Each adapter directory of a reference or trtllm model exists and, with `trusted` keys, is an artifact
+    signed by one of them (what its load would refuse); a trtllm model's is an HF/PEFT LoRA directory; a
+    reference model's also loads for the base artifact `base` (when found): every tensor's shape fits it, its
+    adapter_config.json is one the engine applies.
+    Lines name the key (`models.<model>.lora_adapters.<adapter>`) and the file."""
     if config.backend == "sim":                 # the sim reads no adapter files
         return []
     key = f"models.{model}.lora_adapters" if config.lora_adapters else f"models.{model}.trtllm.lora_adapters"
@@ -102,13 +117,27 @@ def _adapter_errors(model: str, config: ModelConfig, base: Path | None) -> list[
     for adapter, source in served_adapters(config).items():
         if not Path(source).exists():
             errors.append(f"{key}.{adapter}: {source} does not exist")
-        elif config.backend == "reference" and base is not None:
-            from inferd.engine.reference import check_adapter    # numpy and the model: only when asked
-
+            continue
+        if trusted:
             try:
+                check_adapter_signature(adapter, resolve_adapter_source(source), trusted)
+            except AdapterSignatureError as exc:
+                errors.append(f"{key}.{adapter}: {exc} (file {exc.file})")
+                continue
+            except (ArtifactError, OSError) as exc:         # a LATEST naming no version
+                errors.append(f"{key}.{adapter}: {exc}")
+                continue
+        try:
+            if config.backend == "trtllm":
+                from inferd.engine.trtllm import check_trtllm_adapter
+
+                check_trtllm_adapter(adapter, source)
+            elif config.backend == "reference" and base is not None:
+                from inferd.engine.reference import check_adapter    # numpy and the model: only when asked
+
                 check_adapter(adapter, source, base)
-            except AdapterLoadError as exc:
-                errors.append(f"{key}.{adapter}: {exc}" + (f" (file {exc.file})" if exc.file else ""))
+        except AdapterLoadError as exc:
+            errors.append(f"{key}.{adapter}: {exc}" + (f" (file {exc.file})" if exc.file else ""))
     return errors
 
 

@@ -43,17 +43,21 @@ from inferd.engine.signing import (
     sign_artifact,
     verify_signed_artifact,
 )
+from inferd.engine.adapter_signing import AdapterSignatureError, check_adapter_signature, resolve_adapter_source
 from inferd.engine.stream import RequestStream, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher, TokenizerLoadError
 from inferd.engine.validation import failure_message, seed64, validate_request
 
 __all__ = [
-    "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "UnknownAdapter",
+    "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "AdapterSignatureError",
+    "UnknownAdapter",
     "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo",
     "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE",
     "Manifest", "Progress", "RequestStream", "SIGNATURE_FILE", "SigningKeyError", "StopMatcher", "TokenizerLoadError",
-    "blocks_for", "failure_message", "fingerprint", "keygen_main", "load_private_key", "load_public_key",
-    "load_trusted_keys", "merge_deltas", "publish_artifact", "read_manifest", "resolve_artifact", "seed64",
+    "blocks_for", "check_adapter_signature", "failure_message", "fingerprint", "keygen_main", "load_private_key",
+    "load_public_key",
+    "load_trusted_keys", "merge_deltas", "publish_artifact", "read_manifest", "resolve_adapter_source",
+    "resolve_artifact", "seed64",
     "sign_artifact", "sign_main", "staging_dir", "validate_request", "verify_artifact", "verify_main",
     "verify_signed_artifact",
 ]

@@ -59,10 +59,22 @@ def _artifact_dir(name: str, model: ModelConfig, server: ServerConfig) -> Path:
                                       f"under {server.engines_root}: {exc}") from None
 
 
+def adapter_trusted_keys(name: str, model: ModelConfig, server: ServerConfig) -> dict[str, str]:
+    """Fingerprint -> .pub path of the keys a model's LoRA adapters must be signed by: its own
+    `trusted_keys`, else `[server]`'s (none: adapters need no signature)."""
+    from inferd.engine import SigningKeyError, load_trusted_keys
+
+    try:
+        return load_trusted_keys(model.trusted_keys or server.trusted_keys)
+    except SigningKeyError as exc:
+        raise EngineConfigError(name, f"trusted_keys: {exc}") from None
+
+
 def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
     """Construct (not start) the engine for one [models.<name>] table."""
     if model.backend == "reference":
         artifact_dir = _artifact_dir(name, model, server)  # first: a missing artifact is the likelier error
+        trusted = adapter_trusted_keys(name, model, server) if model.lora_adapters else {}
         from inferd.engine.reference import ReferenceEngine
 
         return ReferenceEngine(
@@ -75,6 +87,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             lora_adapters=dict(model.lora_adapters),
             max_loaded_adapters=model.max_loaded_adapters,
             adapter_idle_unload_s=model.adapter_idle_unload_s,
+            adapter_trusted_keys=trusted,
         )
     if model.backend == "sim":
         from inferd.config import SimConfig
@@ -118,5 +131,6 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             model_name=artifact_name(name, model),
             version=version,
             verify=model.verify,
+            adapter_trusted_keys=adapter_trusted_keys(name, model, server) if served_adapters(model) else {},
         )
     raise EngineConfigError(name, f"unknown backend {model.backend!r}")  # config validation prevents it

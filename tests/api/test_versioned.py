@@ -5,14 +5,13 @@ import openai
 import pytest
 
 from inferd.config.root import ModelConfig, TrtllmConfig
-from tests.trtllm_double.harness import trtllm_on_double
+from tests.trtllm_double.harness import make_lora_dir, trtllm_on_double
 
 
 @pytest.fixture
 async def lora_served(serve, tiny_artifact, tmp_path):
     """The trtllm backend (on its test double) built with the LoRA plugin, serving adapter `support`."""
-    adapter = tmp_path / "loras" / "support"
-    adapter.mkdir(parents=True)
+    adapter = make_lora_dir(tmp_path / "loras" / "support")
     async with trtllm_on_double(tiny_artifact, tmp_path, engine_dir_kwargs={"lora": True},
                                 lora_adapters={"support": str(adapter)}) as engine:
         from tensorrt_llm._double import controls
@@ -57,3 +56,28 @@ async def test_an_adapter_on_a_model_without_adapters_is_404(served):
     with pytest.raises(openai.NotFoundError) as exc:
         await served.sdk.completions.create(model="sim:support", prompt="hello", max_tokens=1)
     assert exc.value.body["param"] == "model"
+
+
+async def test_admin_adapters_loads_and_unloads_a_trtllm_adapter_and_v1_models_shows_it(lora_served):
+    served, controls, adapter = lora_served
+
+    async def admin(action: str) -> tuple[int, dict]:
+        async with served.http.post(served.base_url + "/admin/adapters",
+                                    json={"model": "t", "adapter": "support", "action": action}) as resp:
+            return resp.status, await resp.json()
+
+    async def listed_loaded() -> bool:
+        rows = {m.id: m for m in (await served.sdk.models.list()).data}
+        return rows["t:support"].model_extra["loaded"]
+
+    assert await listed_loaded() is True
+    status, body = await admin("unload")
+    assert status == 200 and body["unloaded"] is True and body["loaded"] is False
+    assert await listed_loaded() is False
+    with pytest.raises(openai.BadRequestError, match="'support' is not loaded") as exc:
+        await served.sdk.completions.create(model="t:support", prompt="hello", max_tokens=1)
+    assert exc.value.body["param"] == "model"
+    status, body = await admin("load")
+    assert status == 200 and body["loaded"] is True and body["rank"] == 2 and body["source"] == str(adapter)
+    assert (await served.sdk.completions.create(model="t:support", prompt="hello", max_tokens=2)).usage.completion_tokens == 2
+    assert await listed_loaded() is True

@@ -8,6 +8,7 @@ from inferd.__main__ import main
 from inferd.config.root import load_config
 from inferd.daemon.preflight import preflight_errors
 from inferd.engine.signing import generate_key_pair, load_private_key, sign_artifact
+from tests.trtllm_double.harness import make_lora_dir
 
 
 def write(tmp_path, text: str):
@@ -127,9 +128,47 @@ def test_an_adapter_that_does_not_fit_or_is_missing_is_named_by_key_and_file_and
 
 
 def test_trtllm_adapters_under_either_key_must_exist(tmp_path):
-    (tmp_path / "support").mkdir()
+    make_lora_dir(tmp_path / "support")
     model = '[models.t]\nbackend = "trtllm"\nartifact = "x"\n[models.t.trtllm]\nengine_dir = "eng"\n'
     path = write(tmp_path, model + 'lora_adapters = { support = "support", gone = "gone" }\n')
     assert preflight_errors(load_config(path)) == [f"models.t.trtllm.lora_adapters.gone: {tmp_path / 'gone'} does not exist"]
     path = write(tmp_path, model.replace("[models.t.trtllm]", 'lora_adapters = { gone = "gone" }\n[models.t.trtllm]'))
     assert preflight_errors(load_config(path)) == [f"models.t.lora_adapters.gone: {tmp_path / 'gone'} does not exist"]
+
+
+def test_with_trusted_keys_an_unsigned_or_foreign_adapter_is_named_by_key_and_a_signed_one_passes(
+        tmp_path, tiny_engines_root, tiny_artifact, capsys):
+    from inferd.engine.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
+
+    release, release_pub = generate_key_pair(tmp_path, "release")
+    team, _ = generate_key_pair(tmp_path, "team")
+    artifact = tiny_copy(tmp_path, tiny_artifact)
+    sign_artifact(artifact, load_private_key(release))
+    good = build_synthetic_adapter(tiny_artifact, "good", tmp_path / "loras")
+    foreign = build_synthetic_adapter(tiny_artifact, "foreign", tmp_path / "loras", seed=3)
+    sign_artifact(good, load_private_key(release))
+    sign_artifact(foreign, load_private_key(team))
+    base = json.loads((tiny_artifact / "config.json").read_text())
+    write_peft_adapter(tmp_path / "loras" / "plain", synthetic_adapter_tensors(base, rank=2, targets=("q_proj",)),
+                       rank=2, alpha=4.0, targets=("q_proj",))
+    path = write(tmp_path, '[models.tiny]\nbackend = "reference"\ntrusted_keys = ["release.pub"]\n'
+                           'lora_adapters = { good = "loras/good", foreign = "loras/foreign", plain = "loras/plain" }\n')
+    path.write_text(path.read_text().replace("[models.tiny]", f'[server]\nengines_root = "{tmp_path / "engines"}"\n'
+                                                               "[models.tiny]"))
+    foreign_error, plain_error = preflight_errors(load_config(path))
+    assert foreign_error.startswith("models.tiny.lora_adapters.foreign: LoRA adapter 'foreign': ")
+    assert "which is not a trusted key" in foreign_error and foreign_error.endswith(f"(file {foreign / 'manifest.sig'})")
+    assert plain_error.startswith("models.tiny.lora_adapters.plain: LoRA adapter 'plain': ")
+    assert "is unsigned (signer: none)" in plain_error
+    assert main(["check-config", str(path)]) == 1
+    assert "models.tiny.lora_adapters.foreign: " in capsys.readouterr().err
+
+
+def test_a_trtllm_adapter_that_is_not_an_hf_lora_directory_is_named_with_its_file(tmp_path):
+    (tmp_path / "empty").mkdir()
+    path = write(tmp_path, '[models.t]\nbackend = "trtllm"\nartifact = "x"\nlora_adapters = { empty = "empty" }\n'
+                           '[models.t.trtllm]\nengine_dir = "eng"\n')
+    (error,) = preflight_errors(load_config(path))
+    assert error.startswith("models.t.lora_adapters.empty: LoRA adapter 'empty': ")
+    assert "no adapter_config.json (not an HF/PEFT LoRA directory)" in error
+    assert error.endswith(f"(file {tmp_path / 'empty' / 'adapter_config.json'})")

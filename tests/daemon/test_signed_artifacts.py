@@ -116,3 +116,31 @@ async def test_a_reload_adding_an_unsigned_version_keeps_the_signed_one_serving(
         assert result.loaded == (f"tiny@{v2.name}",) and not (await readyz(http, url)).get("refused")
         status, headers, _ = await complete(http, url, f"tiny@{v2.name}")
         assert status == 200 and headers["X-Inferd-Model-Version"] == v2.name
+
+
+async def test_an_adapter_not_signed_by_a_trusted_key_is_refused_while_the_base_model_and_a_signed_adapter_serve(
+        tmp_path, tiny_artifact, keys):
+    from inferd.engine.build.lora import build_synthetic_adapter
+
+    root = tmp_path / "engines"
+    copy_artifact(tiny_artifact, root, "tiny", keys["release"][0])
+    loras = tmp_path / "loras"
+    good = build_synthetic_adapter(tiny_artifact, "good", loras, seed=1)
+    foreign = build_synthetic_adapter(tiny_artifact, "foreign", loras, seed=2)
+    sign_artifact(good, load_private_key(keys["release"][0]))
+    sign_artifact(foreign, load_private_key(keys["team"][0]))
+    model = REF + f'lora_adapters = {{ good = "{loras / "good"}", foreign = "{loras / "foreign"}" }}\n'
+    path = config(tmp_path, root, {"tiny": model}, 'trusted_keys = ["release.pub"]\n')
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        status, _, body = await complete(http, url, "tiny:foreign")
+        assert status == 500 and "LoRA adapter 'foreign' was refused: it is not signed by a trusted key" \
+            in body["error"]["message"] and fp(keys["team"][1]) in body["error"]["message"]
+        async with http.post(f"{url}/admin/adapters", json={"model": "tiny", "adapter": "foreign",
+                                                            "action": "load"}) as resp:
+            answer = await resp.json()
+        assert resp.status == 422 and answer["error"]["code"] == "adapter_load_failed"
+        assert f"signed by {fp(keys['team'][1])}, which is not a trusted key" in answer["error"]["message"]
+        assert f"file {foreign / 'manifest.sig'}" in answer["error"]["message"]
+        for name in ("tiny", "tiny:good"):
+            status, _, _ = await complete(http, url, name)
+            assert status == 200, name

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from inferd.config.root import parse_config
@@ -89,4 +90,18 @@ def test_reference_and_sim_engines_get_the_models_lora_adapters(tmp_path):
 def test_trtllm_takes_the_models_lora_adapters_too(tmp_path):
     name, model, server = model_and_server({"backend": "trtllm", "lora_adapters": {"a": str(tmp_path / "a")},
                                             "trtllm": {"engine_dir": str(tmp_path / "eng")}})
-    assert build_engine(name, model, server)._lora_paths == {"a": str(tmp_path / "a")}
+    engine = build_engine(name, model, server)
+    assert [(a.name, a.source, a.loaded) for a in engine.adapters()] == [("a", str(tmp_path / "a"), False)]
+
+
+def test_adapters_must_be_signed_by_the_models_trusted_keys_else_the_servers(tmp_path):
+    from inferd.engine.signing import fingerprint, generate_key_pair, load_public_key
+
+    keys = {n: generate_key_pair(tmp_path, n)[1] for n in ("release", "team")}
+    fp = {n: fingerprint(load_public_key(p)) for n, p in keys.items()}
+    for extra, expected in (({}, {fp["release"]: str(keys["release"])}),
+                            ({"trusted_keys": [str(keys["team"])]}, {fp["team"]: str(keys["team"])})):
+        name, model, server = model_and_server({"backend": "trtllm", "lora_adapters": {"a": str(tmp_path / "a")},
+                                                "trtllm": {"engine_dir": str(tmp_path / "eng")}, **extra}, tmp_path)
+        server = msgspec.structs.replace(server, trusted_keys=(str(keys["release"]),))
+        assert build_engine(name, model, server)._loras._trusted == expected

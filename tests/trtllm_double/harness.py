@@ -58,6 +58,19 @@ def make_engine_dir(root: Path, tokenizer_dir: Path, *, max_batch_size: int = 4,
     return root
 
 
+def make_lora_dir(path: Path, *, rank: int = 2) -> Path:
+    """An HF/PEFT LoRA directory (adapter_config.json + adapter_model.safetensors), what a `LoRARequest`
+    with lora_ckpt_source "hf" names; the double never reads the weights, so two small tensors do."""
+    import numpy as np
+
+    from inferd.engine.build.lora import write_peft_adapter
+
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {f"{prefix}.lora_A.weight": np.zeros((rank, 8), np.float32),
+               f"{prefix}.lora_B.weight": np.zeros((8, rank), np.float32)}
+    return write_peft_adapter(path, tensors, rank=rank, alpha=2.0 * rank, targets=("q_proj",))
+
+
 # Small limits, like the sim entry: queueing and capacity effects show with a handful of requests.
 # The engine directory is bare (no manifest): verification has its own tests.
 CONFORMANCE_KWARGS = dict(max_batch_size=4, max_num_tokens=64, kv_cache_max_tokens=48 * 16, verify=False)

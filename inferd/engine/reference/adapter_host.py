@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from inferd.engine import EngineUnavailable
+from inferd.engine.adapter_signing import AdapterSignatureError
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.reference.adapter_registry import AdapterRegistry
 from inferd.engine.reference.adapter_waits import AdapterWaits, ReadResult
@@ -23,9 +24,9 @@ log = get_logger("inferd.engine.reference.engine")   # one logger for the engine
 
 class LoraHost:
     def _init_adapters(self, sources: Mapping[str, str | Path] | None, *, max_loaded: int,
-                       idle_unload_s: float | None, verify: bool) -> None:
+                       idle_unload_s: float | None, verify: bool, trusted: Mapping[str, str] | None = None) -> None:
         self._adapters = AdapterRegistry(sources or {}, max_loaded=max_loaded, idle_unload_s=idle_unload_s,
-                                         verify=verify)
+                                         verify=verify, trusted=trusted)
         self._waits = AdapterWaits(self._adapters, self._post_adapter)
 
     # -- event loop: AdapterHost ---------------------------------------------------------------
@@ -68,9 +69,13 @@ class LoraHost:
         if failed:
             log.error("lora_adapter_load_failed", adapter=name, error=str(result),
                       request_ids=[seq.request_id for seq in failed])
+        if isinstance(result, AdapterSignatureError):      # the operator's trust list said no: say so
+            why = f"was refused: it is not signed by a trusted key (signer: {result.signer or 'none'})"
+        else:
+            why = "could not be loaded"
         for seq in failed:
             self._end(seq, FinishReason.ERROR, deltas,
-                      f"LoRA adapter {name!r} could not be loaded; see server logs for request {seq.request_id}")
+                      f"LoRA adapter {name!r} {why}; see server logs for request {seq.request_id}")
 
     def _retry_held_adapters(self) -> None:
         """Adapters read while every slot was in use: install those that fit now."""

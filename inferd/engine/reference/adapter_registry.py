@@ -8,6 +8,8 @@ loader thread reads files.
   version directory (the same plus `manifest.toml`), or an artifact's name directory in the artifact
   store (`engines/<name>/`, whose `LATEST` names the version). With a manifest, every file is checked
   against it (sha256) at each load when `verify` is on, and its target must be "lora".
+- With `trusted` keys (fingerprint -> .pub path: the model's trusted_keys, else the server's), every load
+  first checks the adapter is signed by one of them (adapter_signing): AdapterSignatureError otherwise.
 - At most `max_loaded` adapters are loaded. Installing one more evicts the least recently used adapter
   that no sequence holds; when every loaded adapter is held, `install` raises AdapterBusy.
 - An adapter nobody holds for `idle_unload_s` seconds is unloaded (`unload_idle`, which the engine's
@@ -21,25 +23,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from inferd.engine import ArtifactError, read_manifest, resolve_artifact, verify_artifact
+from inferd.engine import ArtifactError, read_manifest, verify_artifact
+from inferd.engine.adapter_signing import check_adapter_signature
+from inferd.engine.adapter_signing import resolve_adapter_source as resolve_source
 from inferd.engine.adapters import AdapterBusy, AdapterInfo, AdapterLoadError, UnknownAdapter
-from inferd.engine.artifacts import LATEST_FILE, MANIFEST_FILE
+from inferd.engine.artifacts import MANIFEST_FILE
 from inferd.engine.reference.lora import LoraWeights, load_lora
 
 ADAPTER_TARGET = "lora"       # the manifest target of an adapter artifact
 
-
-def resolve_source(path: Path) -> Path:
-    """The directory holding an adapter's files: `path`, or the version its artifact's LATEST names."""
-    path = Path(path)
-    if not (path / MANIFEST_FILE).is_file() and (path / LATEST_FILE).is_file():
-        return resolve_artifact(path.parent, path.name)
-    return path
+__all__ = ["ADAPTER_TARGET", "AdapterRegistry", "check_adapter", "resolve_source"]
 
 
 class AdapterRegistry:
     def __init__(self, sources: Mapping[str, str | Path], *, max_loaded: int, idle_unload_s: float | None = None,
-                 verify: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 verify: bool = True, trusted: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(max_loaded, bool) or not isinstance(max_loaded, int) or max_loaded < 1:
             raise ValueError(f"max_loaded_adapters must be an integer >= 1, got {max_loaded!r}")
         if idle_unload_s is not None and not idle_unload_s > 0:
@@ -49,6 +48,7 @@ class AdapterRegistry:
                 raise ValueError(f"LoRA adapter names must be non-empty strings without edge spaces, got {name!r}")
         self._sources = {name: Path(path) for name, path in sources.items()}
         self.max_loaded, self.idle_unload_s, self._verify, self._clock = max_loaded, idle_unload_s, verify, clock
+        self._trusted = dict(trusted or {})
         self._model_config = None
         self._lock = threading.Lock()
         self._loaded: OrderedDict[str, LoraWeights] = OrderedDict()   # least recently used first
@@ -78,6 +78,7 @@ class AdapterRegistry:
         try:
             directory = resolve_source(source)
             version = None
+            check_adapter_signature(name, directory, self._trusted)   # files: verify_artifact, next
             if (directory / MANIFEST_FILE).is_file():
                 manifest = verify_artifact(directory) if self._verify else read_manifest(directory)
                 if manifest.target != ADAPTER_TARGET:
@@ -189,7 +190,8 @@ class AdapterRegistry:
 
 def check_adapter(name: str, source: str | Path, base_dir: Path) -> None:
     """What `inferd check-config` asks of one adapter: it loads for the base artifact in `base_dir` (every
-    tensor's shape, its config, its manifest's target; not the files' sha256, which every load checks).
+    tensor's shape, its config, its manifest's target; not the files' sha256, which every load checks, nor
+    its signature, which preflight checks with adapter_signing).
     Raises AdapterLoadError, its `file` a full path when it names one. A base whose config.json does not
     load is the base artifact's own error, left to its load: nothing is checked then."""
     from inferd.engine.reference.model import LlamaConfig, ModelConfigError

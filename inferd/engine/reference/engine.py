@@ -50,11 +50,13 @@ class ReferenceEngine(LoraHost, Engine):
 
     LoRA (an AdapterHost, see adapter_host): `lora_adapters` maps adapter names to their directories
     (adapter_registry); a request naming one runs with it, loaded on first use, `max_loaded_adapters`
-    at most loaded at once, each unloaded after `adapter_idle_unload_s` unused (None: until evicted)."""
+    at most loaded at once, each unloaded after `adapter_idle_unload_s` unused (None: until evicted).
+    With `adapter_trusted_keys` (fingerprint -> .pub path) an adapter loads only if signed by one of them."""
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
-                 max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None) -> None:
+                 max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None,
+                 adapter_trusted_keys: Mapping[str, str] | None = None) -> None:
         for name, value in (("num_kv_blocks", num_kv_blocks), ("block_size", block_size),
                             ("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens)):
             if not isinstance(value, int) or value < 1:
@@ -64,7 +66,7 @@ class ReferenceEngine(LoraHost, Engine):
         self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
         self._verify = verify
         self._init_adapters(lora_adapters, max_loaded=max_loaded_adapters, idle_unload_s=adapter_idle_unload_s,
-                            verify=verify)
+                            verify=verify, trusted=adapter_trusted_keys)
         self._cond = threading.Condition()
         self._commands: deque[tuple[str, object]] = deque()   # guarded by _cond
         self._pending_requests = 0       # submitted, not yet reflected in a snapshot (guarded by _cond)

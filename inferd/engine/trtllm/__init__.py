@@ -2,5 +2,6 @@
 from __future__ import annotations
 
 from inferd.engine.trtllm.engine import INSTALL_HINT, TrtllmEngine
+from inferd.engine.trtllm.loras import check_trtllm_adapter
 
-__all__ = ["INSTALL_HINT", "TrtllmEngine"]
+__all__ = ["INSTALL_HINT", "TrtllmEngine", "check_trtllm_adapter"]

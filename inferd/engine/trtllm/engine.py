@@ -10,6 +10,9 @@ what has (not) run on a GPU. The rules that shape this module, all from the API 
   detokenizing and stop strings; cancels whose 'cancelled' reply may never come).
 - Capacity and stats (reservations mirroring GUARANTEED_NO_EVICT, the executor's iteration stats) are
   kept in inferd.engine.trtllm.stats.
+- LoRA adapters (an AdapterHost): each configured adapter is checked and given its LoRARequest at start
+  and by load_adapter; TensorRT-LLM reads its weights on the first request carrying it. What "load" and
+  "unload" can mean over this API is in inferd.engine.trtllm.loras.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ from inferd.engine import (
     validate_request,
     verify_artifact,
 )
+from inferd.engine.adapters import AdapterError, AdapterInfo, unknown_adapter_request
+from inferd.engine.trtllm.loras import TrtllmLoras
 from inferd.engine.trtllm.stats import RequestLedger
 from inferd.engine.trtllm.stream import ABORT_GRACE_S, TrackedRequest
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
@@ -85,7 +90,8 @@ class TrtllmEngine(Engine):
                  kv_cache_max_tokens: int | None = None, enable_block_reuse: bool = True,
                  scheduler_policy: str = "guaranteed_no_evict", enable_chunked_prefill: bool = True,
                  lora_adapters: dict[str, str] | None = None, model_name: str | None = None,
-                 version: str | None = None, verify: bool = True) -> None:
+                 version: str | None = None, verify: bool = True,
+                 adapter_trusted_keys: dict[str, str] | None = None) -> None:
         if scheduler_policy not in SCHEDULER_POLICIES:
             raise ValueError(f"scheduler_policy must be one of {sorted(SCHEDULER_POLICIES)}, got {scheduler_policy!r}")
         if kv_cache_free_gpu_memory_fraction is not None and not 0 < kv_cache_free_gpu_memory_fraction < 1:
@@ -100,7 +106,7 @@ class TrtllmEngine(Engine):
         self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
         self._kv_fraction, self._kv_max_tokens = kv_cache_free_gpu_memory_fraction, kv_cache_max_tokens
         self._block_reuse, self._policy, self._chunked = enable_block_reuse, scheduler_policy, enable_chunked_prefill
-        self._lora_paths = dict(lora_adapters or {})
+        self._loras = TrtllmLoras(lora_adapters or {}, trusted=adapter_trusted_keys, verify=verify)
         self._model_name, self._version = model_name, version
         self._verify = verify
         self.info = EngineInfo(backend="trtllm", model_name=model_name or self.engine_dir.name,
@@ -111,7 +117,6 @@ class TrtllmEngine(Engine):
         self._llm: Any = None
         self._gen_params: frozenset[str] = frozenset()
         self._perf_metrics = False     # SamplingParams.return_perf_metrics exists (per-request timing)
-        self._lora: dict[str, Any] = {}
         self._max_input_len = 0
         self._vocab_size = 0
         self._ledger = RequestLedger()
@@ -134,13 +139,13 @@ class TrtllmEngine(Engine):
         self._llm = await asyncio.to_thread(self._load)      # slow: engine load, executor start
         self._gen_params = frozenset(inspect.signature(self._llm.generate_async).parameters)
         self._perf_metrics = "return_perf_metrics" in inspect.signature(self._api["SamplingParams"]).parameters
-        if self._lora_paths and "lora_request" not in self._gen_params:
+        if self._loras.names() and "lora_request" not in self._gen_params:
             raise EngineUnavailable("this TensorRT-LLM has no per-request LoRA (generate_async lacks lora_request)")
-        for int_id, (name, path) in enumerate(sorted(self._lora_paths.items()), start=1):
+        for name in self._loras.names():        # an adapter that fails is refused alone; the base serves
             try:
-                self._lora[name] = self._api["LoRARequest"](name, int_id, str(path))
-            except ValueError as exc:
-                raise EngineUnavailable(f"lora_adapters.{name}: {exc}") from exc
+                await self._load_adapter(name)
+            except AdapterError as exc:
+                log.error("LoRA adapter %r refused at start: %s", name, exc)
         plugins = build.get("plugin_config") or {}
         block_size = int(plugins.get("tokens_per_block") or 32)
         max_batch = min(self._max_batch_size or build["max_batch_size"], build["max_batch_size"])
@@ -256,9 +261,11 @@ class TrtllmEngine(Engine):
         blocks = blocks_for(prompt_len + sp.max_tokens, info.block_size)
         lora = None
         if request.lora is not None:
-            lora = self._lora.get(request.lora)
+            if request.lora not in self._loras:
+                raise unknown_adapter_request(request.lora, self._loras.names())
+            lora = self._loras.request_for(request.lora)
             if lora is None:
-                raise InvalidRequest(f"unknown LoRA adapter {request.lora!r}", "model")
+                raise InvalidRequest(self._loras.not_loaded_reason(request.lora), "model")
         kwargs: dict[str, Any] = {"sampling_params": self._sampling_params(sp), "streaming": True}
         if lora is not None:
             kwargs["lora_request"] = lora
@@ -317,6 +324,34 @@ class TrtllmEngine(Engine):
             r.finish(FinishReason.ERROR, error="the TensorRT-LLM engine failed")
             if r.task is not None and r.task is not asyncio.current_task():
                 r.task.cancel()
+
+    # -- LoRA adapters: AdapterHost -------------------------------------------------------------------------
+    def adapters(self) -> list[AdapterInfo]:
+        """Every configured adapter, by name; `loaded`: requests naming it are sent to TensorRT-LLM."""
+        return self._loras.infos()
+
+    async def load_adapter(self, name: str) -> AdapterInfo:
+        """Check the adapter's directory again (off the loop) and send requests naming it from now on, under a
+        fresh adapter id (so changed files are read anew). Raises UnknownAdapter, AdapterLoadError
+        (AdapterSignatureError), EngineUnavailable (not started). The weights load on its first request."""
+        self._loras.source(name)
+        if not self.healthy:
+            raise EngineUnavailable(self._failure or "trtllm engine is not running")
+        await self._load_adapter(name)
+        return self._loras.info(name)
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Refuse new requests naming the adapter until it is loaded again; False when it was not loaded.
+        Requests already running keep it; TensorRT-LLM's cache keeps its weights until its LRU evicts them."""
+        return self._loras.unload(name)
+
+    async def _load_adapter(self, name: str) -> None:
+        try:
+            checked = await asyncio.to_thread(self._loras.check, name)
+            self._loras.install(name, checked, self._api["LoRARequest"])
+        except AdapterError as exc:
+            self._loras.refuse(name, str(exc))
+            raise
 
     # -- capacity and stats ----------------------------------------------------------------------------------
     async def _stats_loop(self) -> None:

@@ -16,7 +16,7 @@ from inferd.engine.artifacts import ArtifactError, verify_artifact
 from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.trtllm.engine import TrtllmEngine, TrtllmNotInstalled
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
-from tests.trtllm_double.harness import make_engine_dir, trtllm_on_double, use_double
+from tests.trtllm_double.harness import make_engine_dir, make_lora_dir, trtllm_on_double, use_double
 
 TIMEOUT_S = 20.0
 PROMPT = "Paged attention keeps the KV cache in blocks of tokens"
@@ -244,8 +244,7 @@ async def test_timing_splits_queue_and_prefill_with_the_executors_perf_metrics(t
 # -- LoRA -----------------------------------------------------------------------------------------------
 
 async def test_lora_adapter_is_sent_per_request_and_unknown_adapters_are_rejected(tiny_artifact, tmp_path) -> None:
-    adapter = tmp_path / "loras" / "support"
-    adapter.mkdir(parents=True)
+    adapter = make_lora_dir(tmp_path / "loras" / "support")
     async with trtllm_on_double(tiny_artifact, tmp_path, engine_dir_kwargs={"lora": True},
                                 lora_adapters={"support": str(adapter)}) as engine:
         from tensorrt_llm._double import controls
@@ -261,8 +260,7 @@ async def test_lora_adapter_is_sent_per_request_and_unknown_adapters_are_rejecte
 
 
 async def test_lora_on_an_engine_built_without_the_plugin_fails_that_request(tiny_artifact, tmp_path) -> None:
-    adapter = tmp_path / "lora-a"
-    adapter.mkdir()
+    adapter = make_lora_dir(tmp_path / "lora-a")
     async with trtllm_on_double(tiny_artifact, tmp_path, lora_adapters={"a": str(adapter)}) as engine:
         final = await run(engine, request(engine, "l", lora="a", max_tokens=3))
         assert final.finish_reason is FinishReason.ERROR and "see server logs" in final.error and engine.healthy
