@@ -17,7 +17,7 @@ from inferd.api.openai import Prepared
 from inferd.api.state import ServerState
 from inferd.engine import Engine
 from inferd.observability import get_logger
-from inferd.safety import ClassifierFailed, FilteredStream, Policy, RuleMatch, Verdict
+from inferd.safety import ClassifiedStream, ClassifierFailed, FilteredStream, Policy, RuleMatch, Verdict
 
 log = get_logger("inferd.api")
 THREAD_ABOVE_CHARS = 16_384     # longer inputs are decoded and searched in a thread: the loop serves others
@@ -81,14 +81,24 @@ def filter_output(state: ServerState, policy: Policy | None, streams: list[Any],
                   prompt_ids: list[list[int]], request_id: str, model: str) -> list[Any]:
     """`streams` (one per prompt of `prompt_ids`), each behind the policy's output filter when it has
     output rules."""
-    if policy is None or not policy.output:
+    if policy is None or not (policy.output or policy.output_classifiers):
         return streams
 
     def stopped(match: RuleMatch) -> None:
         _record(state, tenant, policy.name, match.rule, "output", request_id, model)
 
-    return [FilteredStream(s, policy.output, policy.hold_back_chars, len(ids), stopped)
-            for s, ids in zip(streams, prompt_ids)]
+    def flagged(label: str) -> None:
+        _record(state, tenant, policy.name, label, "output", request_id, model)
+
+    out = []
+    for stream, ids in zip(streams, prompt_ids):
+        if policy.output:
+            stream = FilteredStream(stream, policy.output, policy.hold_back_chars, len(ids), stopped)
+        if policy.output_classifiers:
+            stream = ClassifiedStream(stream, policy.output_classify(tenant), policy.classify_every_chars,
+                                      policy.classifier_timeout_s, len(ids), flagged)
+        out.append(stream)
+    return out
 
 
 def _record(state: ServerState, tenant: str, policy: str, rule: str, stage: str, request_id: str, model: str) -> None:

@@ -4,7 +4,7 @@ A policy has an input pre-filter (the prompt or messages, checked before the req
 output post-filter (the generated text, checked as it streams, with a hold-back window). Each is a
 list of rules: regular expressions, word lists (whole words, any case), and classifiers, the names
 of Python entry points in the `inferd.safety` group (inferd.safety.classifiers documents the
-interface). Classifiers run on the input only for now. Every regex must compile, every word be a
+interface). Every regex must compile, every word be a
 non-empty word, every classifier be installed: `check-config` names any that is not.
 """
 from __future__ import annotations
@@ -34,6 +34,9 @@ class OutputRules(ConfigTable):
     # Text is held back this many characters before it is sent, so a match is caught before any of it
     # reaches the client; a match longer than this may be caught only after its start went out.
     hold_back_chars: int = 64
+    classifiers: tuple[str, ...] = ()     # entry points judging the text in chunks before it is sent
+    classify_every_chars: int = 256       # the chunk: text reaches the client this many characters at a time
+    classifier_timeout_s: float = 5.0     # per chunk; past it the stream ends with an error (fail closed)
 
 
 class PolicyConfig(ConfigTable):
@@ -65,12 +68,19 @@ def policy_errors(name: str, p: PolicyConfig, installed: Callable[[], Collection
         errors.append(f"{base}: a policy name is letters, digits, '-' and '_' (at most 64), got {name!r}")
     errors += _rule_errors(f"{base}.input", p.input.patterns, p.input.words)
     errors += _rule_errors(f"{base}.output", p.output.patterns, p.output.words)
-    if p.input.classifiers:
+    if p.input.classifiers or p.output.classifiers:
         known = installed()
-        for i, c in enumerate(p.input.classifiers):
-            if c not in known:
-                errors.append(f"{base}.input.classifiers[{i}]: no entry point {c!r} in the 'inferd.safety' group "
-                              f"(installed: {', '.join(sorted(known)) or 'none'})")
+        for where, names in (("input", p.input.classifiers), ("output", p.output.classifiers)):
+            for i, c in enumerate(names):
+                if c not in known:
+                    errors.append(f"{base}.{where}.classifiers[{i}]: no entry point {c!r} in the 'inferd.safety' "
+                                  f"group (installed: {', '.join(sorted(known)) or 'none'})")
+    if not 1 <= p.output.classify_every_chars <= 65536:
+        errors.append(f"{base}.output.classify_every_chars: must be between 1 and 65536, "
+                      f"got {p.output.classify_every_chars}")
+    if not 0 < p.output.classifier_timeout_s <= 600:
+        errors.append(f"{base}.output.classifier_timeout_s: must be in (0, 600] seconds, "
+                      f"got {p.output.classifier_timeout_s}")
     for i, word in enumerate(p.output.words):
         if len(word.strip()) > p.output.hold_back_chars:
             errors.append(f"{base}.output.words[{i}]: {len(word.strip())} characters, longer than hold_back_chars "

@@ -6,7 +6,7 @@ deadline, and answers with the first rule that matched.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import asyncio
 import time
@@ -24,7 +24,8 @@ class Verdict(msgspec.Struct, frozen=True):
 
 
 class Policy:
-    __slots__ = ("name", "input", "output", "hold_back_chars", "classifiers")
+    __slots__ = ("name", "input", "output", "hold_back_chars", "classifiers", "output_classifiers",
+                 "classify_every_chars", "classifier_timeout_s")
 
     def __init__(self, name: str, config: PolicyConfig, classifiers: Mapping[str, object]) -> None:
         self.name = name
@@ -32,6 +33,9 @@ class Policy:
         self.output = RuleSet(config.output.patterns, config.output.words)
         self.hold_back_chars = config.output.hold_back_chars
         self.classifiers = {c: classifiers[c] for c in config.input.classifiers}
+        self.output_classifiers = {c: classifiers[c] for c in config.output.classifiers}
+        self.classify_every_chars = config.output.classify_every_chars
+        self.classifier_timeout_s = config.output.classifier_timeout_s
 
     def match_input(self, text: str) -> Verdict | None:
         """The patterns and words (CPU only: a caller with a long text runs this in a thread)."""
@@ -55,11 +59,22 @@ class Policy:
         return None
 
 
+    def output_classify(self, tenant: str) -> Callable[[str], Awaitable[str | None]]:
+        """The judge of a chunk of output (inferd.safety.classified): the first classifier's label, or None."""
+        async def judge(text: str) -> str | None:
+            for name, classifier in self.output_classifiers.items():
+                label = await classifier.check(text, stage="output", tenant=tenant)
+                if label is not None:
+                    return f"classifier {name}: {str(label)[:80]}"
+            return None
+        return judge
+
+
 class Policies:
     def __init__(self, policies: Mapping[str, PolicyConfig], tenant_config: Callable[[str], TenantConfig]) -> None:
         """`tenant_config(tenant)`: the tenant's config now (it changes with reloads of the tenants).
         Raises ClassifierError when a named classifier cannot be loaded."""
-        names = [c for p in policies.values() for c in p.input.classifiers]
+        names = [c for p in policies.values() for c in (*p.input.classifiers, *p.output.classifiers)]
         classifiers = load_classifiers(names) if names else {}
         self._policies = {name: Policy(name, cfg, classifiers) for name, cfg in policies.items()}
         self._tenant_config = tenant_config

@@ -23,6 +23,12 @@ class Scripted:
     def cancel(self):
         self.cancelled = True
 
+    def listen(self, listener):
+        self.listener = listener
+
+    def ready(self):
+        return bool(self.deltas)
+
 
 def run(stream):
     out = []
