@@ -13,14 +13,11 @@ import argparse
 import asyncio
 import re
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 
-from inferd.config import load_config
-from inferd.daemon import Daemon
+from in_process import daemon_in_process  # noqa: E402 (bench/ is this script's own directory)
 
 CONFIG = """
 [server]
@@ -43,28 +40,21 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main(args) -> None:
-    state = Path(tempfile.mkdtemp(prefix="inferd-cache-bench-"))
-    (state / "config.toml").write_text(CONFIG.format(state=state))
-    daemon = Daemon(load_config(state / "config.toml"))
-    task = asyncio.ensure_future(daemon.run())
-    await daemon.ready.wait()
-    url = f"http://127.0.0.1:{daemon.port}/v1/completions"
     results: dict[str, tuple[list[float], list[float]]] = {"hit": ([], []), "miss": ([], [])}
-    async with aiohttp.ClientSession() as http:
-        for i in range(args.requests):
-            body = {"model": "llama", "prompt": f"question {i % args.distinct}", "max_tokens": args.max_tokens,
-                    "temperature": 0}
-            start = time.perf_counter()
-            async with http.post(url, json=body) as resp:
-                await resp.read()
-                client = time.perf_counter() - start
-                server = float(re.search(r"total;dur=([0-9.]+)", resp.headers["Server-Timing"]).group(1)) / 1000
-                server_list, client_list = results[resp.headers["X-Inferd-Cache"]]
-                server_list.append(server)
-                client_list.append(client)
-    daemon.request_stop()
-    daemon.request_stop()
-    await task
+    async with daemon_in_process(lambda state: CONFIG.format(state=state), "inferd-cache-bench-") as (_, base, _):
+        url = base + "/v1/completions"
+        async with aiohttp.ClientSession() as http:
+            for i in range(args.requests):
+                body = {"model": "llama", "prompt": f"question {i % args.distinct}", "max_tokens": args.max_tokens,
+                        "temperature": 0}
+                start = time.perf_counter()
+                async with http.post(url, json=body) as resp:
+                    await resp.read()
+                    client = time.perf_counter() - start
+                    server = float(re.search(r"total;dur=([0-9.]+)", resp.headers["Server-Timing"]).group(1)) / 1000
+                    server_list, client_list = results[resp.headers["X-Inferd-Cache"]]
+                    server_list.append(server)
+                    client_list.append(client)
     for kind, (server, client) in results.items():
         if server:
             print(f"{kind}: {len(server)} requests; server p50 {pct(server, .5) * 1000:.3f} ms, p99 "

@@ -16,14 +16,11 @@ import asyncio
 import json
 import re
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 
-from inferd.config import load_config
-from inferd.daemon import Daemon
+from in_process import daemon_in_process  # noqa: E402 (bench/ is this script's own directory)
 
 CONFIG = """
 [server]
@@ -52,16 +49,11 @@ async def stream_text(http, url: str, body: dict) -> tuple[str, str | None, list
 
 
 async def main(args) -> None:
-    state = Path(tempfile.mkdtemp(prefix="inferd-safety-bench-"))
-    path = state / "config.toml"
-    path.write_text(CONFIG.format(state=state))
-    daemon = Daemon(load_config(path), config_path=path)
-    task = asyncio.ensure_future(daemon.run())
-    await daemon.ready.wait()
-    url = f"http://127.0.0.1:{daemon.port}/v1/completions"
     leaked_chars = leaked_tokens = stopped = 0
     tails = []
-    async with aiohttp.ClientSession() as http:
+    async with daemon_in_process(lambda state: CONFIG.format(state=state), "inferd-safety-bench-") as \
+            (daemon, base, path), aiohttp.ClientSession() as http:
+        url = base + "/v1/completions"
         bodies = [{"model": "llama", "prompt": f"prompt number {i}", "max_tokens": args.max_tokens,
                    "temperature": 0, "ignore_eos": True} for i in range(args.prompts)]
         fulls = [await stream_text(http, url, b) for b in bodies]
@@ -91,9 +83,6 @@ async def main(args) -> None:
             leaked_tokens += len(sent[first:].split()) if len(sent) > first else 0
             if len(chunks) >= 2:
                 tails.append(chunks[-1][0] - chunks[-2][0])
-    daemon.request_stop()
-    daemon.request_stop()
-    await task
     print(f"streams stopped by the output filter: {stopped} of {args.prompts}")
     print(f"characters of the match or after it that reached the client: {leaked_chars}; tokens: {leaked_tokens}")
     if tails:

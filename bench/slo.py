@@ -36,10 +36,10 @@ from pathlib import Path
 
 import aiohttp
 
-from inferd.config import load_config
-from inferd.daemon import Daemon
 from inferd.slo.rules import render_rules
 from inferd.tenancy.keys import KeyHasher, create_key
+
+from in_process import daemon_in_process  # noqa: E402 (bench/ is this script's own directory)
 
 STEP_S = 2
 CONFIG = """
@@ -124,44 +124,43 @@ async def offer(http, url, keys, rate, seconds, body, rng, results, ttfts=None) 
 
 
 async def run(args, degrade: bool) -> dict:
-    state = Path(tempfile.mkdtemp(prefix="inferd-slo-bench-"))
-    text = CONFIG.format(state=state) + (DEGRADE if degrade else "")
-    (state / "config.toml").write_text(text)
-    ui_keys = [create_key(state / "keys.jsonl", KeyHasher(None), "ui")[1]]
-    bulk_keys = [create_key(state / "keys.jsonl", KeyHasher(None), f"bulk-{i:02d}")[1] for i in range(BULK_TENANTS)]
-    config = load_config(state / "config.toml")
-    daemon = Daemon(config)
-    task = asyncio.ensure_future(daemon.run())
-    await daemon.ready.wait()
-    url = f"http://127.0.0.1:{daemon.port}"
-    rng = random.Random(1)
-    ui = {"model": "llama", "prompt": "hello " * 200, "max_tokens": 128, "stream": True, "ignore_eos": True}
-    bulk = {"model": "llama", "prompt": "data " * 500, "max_tokens": 400, "ignore_eos": True}
-    samples: list[tuple[float, int, int]] = []       # (t, good, bad) of the availability SLO
-    t0 = time.monotonic()
+    keys: dict[str, list[str]] = {}
 
-    async def sample() -> None:
-        while True:
-            snap = {s.name: s for s in daemon.state.slos.snapshot()}["availability"]
-            samples.append((time.monotonic() - t0, snap.good, snap.bad))
-            await asyncio.sleep(STEP_S)
+    def make_keys(state: Path) -> None:
+        keys["ui"] = [create_key(state / "keys.jsonl", KeyHasher(None), "ui")[1]]
+        keys["bulk"] = [create_key(state / "keys.jsonl", KeyHasher(None), f"bulk-{i:02d}")[1]
+                        for i in range(BULK_TENANTS)]
 
-    sampler = asyncio.ensure_future(sample())
-    ui_status, ui_ttft, bulk_status = [], [], []
-    conn = aiohttp.TCPConnector(limit=4096)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=90)) as http:
-        ui_load = asyncio.ensure_future(offer(http, url, ui_keys, 2.0, args.clean_s + args.overload_s, ui, rng,
-                                              ui_status, ui_ttft))
-        await offer(http, url, bulk_keys, 2.0, args.clean_s, bulk, rng, [])
-        overload_at = time.monotonic() - t0
-        ui_before = len(ui_ttft)
-        await offer(http, url, bulk_keys, args.bulk_rate, args.overload_s, bulk, rng, bulk_status)
-        await ui_load
-    sampler.cancel()
-    snap = {s.name: s for s in daemon.state.slos.snapshot()}
-    daemon.request_stop()
-    daemon.request_stop()
-    await task
+    def config_text(state: Path) -> str:
+        return CONFIG.format(state=state) + (DEGRADE if degrade else "")
+
+    async with daemon_in_process(config_text, "inferd-slo-bench-", prepare=make_keys) as (daemon, url, _):
+        config = daemon.state.config
+        rng = random.Random(1)
+        ui = {"model": "llama", "prompt": "hello " * 200, "max_tokens": 128, "stream": True, "ignore_eos": True}
+        bulk = {"model": "llama", "prompt": "data " * 500, "max_tokens": 400, "ignore_eos": True}
+        samples: list[tuple[float, int, int]] = []       # (t, good, bad) of the availability SLO
+        t0 = time.monotonic()
+
+        async def sample() -> None:
+            while True:
+                snap = {s.name: s for s in daemon.state.slos.snapshot()}["availability"]
+                samples.append((time.monotonic() - t0, snap.good, snap.bad))
+                await asyncio.sleep(STEP_S)
+
+        sampler = asyncio.ensure_future(sample())
+        ui_status, ui_ttft, bulk_status = [], [], []
+        conn = aiohttp.TCPConnector(limit=4096)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=90)) as http:
+            ui_load = asyncio.ensure_future(offer(http, url, keys["ui"], 2.0, args.clean_s + args.overload_s, ui,
+                                                  rng, ui_status, ui_ttft))
+            await offer(http, url, keys["bulk"], 2.0, args.clean_s, bulk, rng, [])
+            overload_at = time.monotonic() - t0
+            ui_before = len(ui_ttft)
+            await offer(http, url, keys["bulk"], args.bulk_rate, args.overload_s, bulk, rng, bulk_status)
+            await ui_load
+        sampler.cancel()
+        snap = {s.name: s for s in daemon.state.slos.snapshot()}
     ttft = sorted(ui_ttft[ui_before:])
     return {"samples": samples, "overload_at": overload_at, "slos": snap, "config": config,
             "ttft_p99": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))] if ttft else float("nan"),

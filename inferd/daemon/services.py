@@ -16,7 +16,7 @@ from inferd.api import BatchRunner, ServerState, listener_url
 from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.observability import get_logger
-from inferd.store import Database, StoreError, Transcripts, open_database
+from inferd.store import Database, Transcripts, open_database
 from inferd.tenancy import load_spend
 
 PURGE_INTERVAL_S = 60.0      # how often expired transcripts are deleted (retention periods are hours or days)
