@@ -78,7 +78,9 @@ class LoraHost:
                       f"LoRA adapter {name!r} {why}; see server logs for request {seq.request_id}")
 
     def _retry_held_adapters(self) -> None:
-        """Adapters read while every slot was in use: install those that fit now."""
+        """Adapters read while every slot was in use: install those that fit now. Called after anything
+        that may free a slot (commands, a step's finished sequences); the step thread's wait also wakes
+        for `_waits.can_retry`, so a runnable held request never sleeps."""
         if self._waits.has_held:
             for seq in self._waits.retry():
                 self._scheduler.add(seq)

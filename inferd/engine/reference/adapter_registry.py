@@ -146,6 +146,11 @@ class AdapterRegistry:
                 self._drop(name)
             return idle
 
+    def has_room(self) -> bool:
+        """True when install() would find a slot now: one is empty, or holds an adapter nobody holds."""
+        with self._lock:
+            return len(self._loaded) < self.max_loaded or any(not self._pins.get(n) for n in self._loaded)
+
     def idle_wait(self) -> float | None:
         """Seconds until the next adapter becomes idle long enough to unload (None: none will)."""
         if self.idle_unload_s is None:

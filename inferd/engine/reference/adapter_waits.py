@@ -95,6 +95,11 @@ class AdapterWaits:
     def has_held(self) -> bool:
         return bool(self._held)
 
+    @property
+    def can_retry(self) -> bool:
+        """An adapter is held for want of a slot and a slot is free now: retry() would install it."""
+        return bool(self._held) and self._registry.has_room()
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

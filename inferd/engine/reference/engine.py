@@ -221,7 +221,9 @@ class ReferenceEngine(LoraHost, Engine):
         try:
             while True:
                 with self._cond:
-                    while not (self._commands or self._stop or self._scheduler.has_work()):
+                    # a held adapter with a free slot is work too: _apply's retry installs it
+                    while not (self._commands or self._stop or self._scheduler.has_work()
+                               or self._waits.can_retry):
                         self._cond.wait(self._adapters.idle_wait())
                         self._adapters.unload_idle()
                     commands = list(self._commands)
@@ -234,6 +236,7 @@ class ReferenceEngine(LoraHost, Engine):
                         self._end(seq, FinishReason.ABORT, deltas)
                 elif self._scheduler.has_work():
                     self._step(deltas)
+                    self._retry_held_adapters()   # sequences that finished may have freed a slot
                 self._publish(taken)
                 self._hand_over(deltas)
                 deltas = []

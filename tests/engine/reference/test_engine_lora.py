@@ -15,7 +15,7 @@ from inferd.engine.build.reference import read_json_object
 from tests.engine.backends import json_log, started_engines
 
 TEXTS = ["the quick brown fox", "we said", "one of the most common words in the language is the", "how"]
-LONG = 480      # tokens: a request that outlasts the test's checks (it is aborted before it ends)
+LONG = 480      # tokens: a request that outlasts the test's checks (most tests abort it before it ends)
 
 
 @pytest.fixture
@@ -96,6 +96,23 @@ async def test_with_one_slot_a_second_adapter_waits_for_the_first_to_be_let_go(m
     engine.abort("first")
     assert (await second.collect()).token_ids == solo["qvd"]
     assert (await first.collect()).finish_reason is FinishReason.ABORT and loaded(engine) == {"qvd": 0}
+
+
+async def test_a_held_adapter_gets_the_slot_when_its_holder_finishes_on_its_own(make_engine):
+    # no abort, no command: the step that ends the holder must hand the slot on, not go to sleep
+    engine = await make_engine(max_loaded_adapters=1)
+    first = engine.submit(req(engine, "first", TEXTS[2], "all", max_tokens=LONG))
+    await first.__anext__()
+    second = engine.submit(req(engine, "second", TEXTS[2], "qvd"))
+    held, reason = False, None
+    async for delta in first:                           # one delta a step, to the natural end
+        held = held or engine._waits.has_held            # qvd read, no slot: held (only while first runs)
+        reason = delta.finish_reason
+    assert held, "qvd was not read before the first request ended: the test proves nothing"
+    assert reason is FinishReason.LENGTH
+
+    done = await asyncio.wait_for(second.collect(), timeout=5)
+    assert done.finish_reason is FinishReason.LENGTH and loaded(engine) == {"qvd": 0}
 
 
 async def test_a_request_aborted_while_its_adapter_waits_for_a_slot_ends_and_frees_its_place(make_engine):
