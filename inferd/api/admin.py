@@ -22,6 +22,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.admin_adapters import post_adapters
 from inferd.api.admin_usage import get_usage
+from inferd.api.body import read_body
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
 from inferd.api.stored import json_response
 from inferd.config import RolloutConfig, rollout_errors
@@ -75,9 +76,7 @@ def _status_body(rollout: Rollout) -> dict:
 
 
 async def _body(request: web.Request, cls: type):
-    raw = await request.content.read(MAX_ADMIN_BODY + 1)
-    if len(raw) > MAX_ADMIN_BODY:
-        raise invalid(f"body: at most {MAX_ADMIN_BODY} bytes", param="body")
+    raw = await read_body(request, MAX_ADMIN_BODY)     # every chunk: content.read(n) would stop at the first
     if not raw.strip():
         return cls()
     try:

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.auth import require_scope
+from inferd.api.body import read_body
 from inferd.api.errors import NOT_FOUND, ApiError, invalid, model_not_found, unavailable
 from inferd.api.stored import json_response
 from inferd.api.versioned import SIMULATED_SUFFIX
@@ -83,9 +84,7 @@ async def post_adapters(request: web.Request) -> web.Response:
 
 
 async def _body(request: web.Request) -> AdapterAction:
-    raw = await request.content.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise invalid(f"body: at most {MAX_BODY} bytes", param="body")
+    raw = await read_body(request, MAX_BODY)     # every chunk: content.read(n) would stop at the first
     try:
         body = msgspec.json.decode(raw, type=AdapterAction)
     except msgspec.ValidationError as exc:

@@ -43,8 +43,12 @@ def cache_plan(ctx: GenerationContext) -> CachePlan | None:
     if "no-store" in control:
         return None
     # A digest, not the prompt itself: the cache's byte bound must bound its memory, keys included.
-    digest = hashlib.blake2b(msgspec.msgpack.encode([str(ctx.route.target), ctx.route.lora, ctx.prompt_ids[0],
-                                                     sampling]), digest_size=32).digest()
+    adapter = None
+    if ctx.route.lora is not None:          # its files' version: new files after a reload are another adapter
+        infos = ctx.engine.adapters() if hasattr(ctx.engine, "adapters") else []
+        adapter = next((a.version or a.source for a in infos if a.name == ctx.route.lora), ctx.route.lora)
+    digest = hashlib.blake2b(msgspec.msgpack.encode([str(ctx.route.target), ctx.route.lora, adapter,
+                                                     ctx.prompt_ids[0], sampling]), digest_size=32).digest()
     return CachePlan((ctx.tenant, digest), "no-cache" not in control)
 
 

@@ -50,7 +50,7 @@ def degrade(state: ServerState, route: Route, tenant: str, batch: bool, user: st
     if not _overloaded(state, route, cfg):
         return Degradation(route)
     done = []
-    if target is not None:
+    if target is not None and route.lora is None:     # an adapter request is not served without its adapter
         try:
             other = check_breaker(state, route_request(state, target, tenant, user, request_id), tenant, user,
                                   request_id)

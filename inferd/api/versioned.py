@@ -51,7 +51,7 @@ def check_breaker(state: ServerState, route: Route, tenant: str, user: str | Non
     except BreakerOpen as exc:
         refused = exc
     fallback = breakers.fallback(route.target.model)
-    if fallback is not None:
+    if fallback is not None and route.lora is None:     # an adapter request is not served without its adapter
         try:
             alt = state.registry.resolve(fallback, tenant, user, request_id=request_id)
             breakers.check(alt.target)

@@ -43,7 +43,7 @@ def _claimed_signer(directory: Path) -> str | None:
 
 
 def check_adapter_signature(name: str, directory: str | Path, trusted: Mapping[str, str], *,
-                            check_files: bool = False) -> str | None:
+                            check_files: bool = True) -> str | None:
     """The signer's fingerprint of adapter `name`'s files in `directory` (already resolved), when
     `trusted` (fingerprint -> .pub path) is non-empty; None (nothing checked) when it is empty.
     Raises AdapterSignatureError naming the adapter, the file and the signer."""

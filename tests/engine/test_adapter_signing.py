@@ -78,6 +78,17 @@ def test_a_manifest_changed_after_signing_is_refused(adapter_copy, tiny_artifact
         registry({"all": adapter_copy}, tiny_artifact, trusted=trusted(keys, "release")).read("all")
 
 
+def test_a_file_changed_after_signing_is_refused_even_when_the_engine_skips_verification(
+        adapter_copy, tiny_artifact, keys):
+    sign_artifact(adapter_copy, load_private_key(keys["release"][0]))
+    weights = adapter_copy / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF                         # one byte of the weights
+    weights.write_bytes(bytes(data))
+    with pytest.raises(AdapterLoadError, match="sha256"):    # the daemon passes verify=False for the base model
+        registry({"all": adapter_copy}, tiny_artifact, trusted=trusted(keys, "release"), verify=False).read("all")
+
+
 def test_without_trusted_keys_unsigned_adapters_load_as_before(adapter_copy, tiny_adapters, tiny_artifact):
     reg = registry({"all": adapter_copy, "qvd": tiny_adapters["qvd"]}, tiny_artifact)
     assert reg.read("all").rank == 4 and reg.read("qvd").rank == 2

@@ -26,7 +26,7 @@ class LoraHost:
     def _init_adapters(self, sources: Mapping[str, str | Path] | None, *, max_loaded: int,
                        idle_unload_s: float | None, verify: bool, trusted: Mapping[str, str] | None = None) -> None:
         self._adapters = AdapterRegistry(sources or {}, max_loaded=max_loaded, idle_unload_s=idle_unload_s,
-                                         verify=verify, trusted=trusted)
+                                         verify=True, trusted=trusted)   # adapters: hashed at every load
         self._waits = AdapterWaits(self._adapters, self._post_adapter)
 
     # -- event loop: AdapterHost ---------------------------------------------------------------

@@ -89,7 +89,13 @@ class AdapterRegistry:
             raise AdapterLoadError(f"LoRA adapter {name!r}: {exc}", name, exc.file) from exc
         except OSError as exc:
             raise AdapterLoadError(f"LoRA adapter {name!r}: {source}: {exc}", name) from exc
-        return load_lora(name, directory, self._model_config, version)
+        try:
+            return load_lora(name, directory, self._model_config, version)
+        except AdapterLoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a malformed file must be this adapter's error, not a 500
+            raise AdapterLoadError(f"LoRA adapter {name!r}: {directory}: unreadable ({type(exc).__name__}: {exc})",
+                                   name) from exc
 
     # -- loaded adapters and pins --------------------------------------------------------------
     def install(self, name: str, weights: LoraWeights, pins: int = 0) -> LoraWeights:

@@ -106,7 +106,9 @@ class TrtllmEngine(Engine):
         self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
         self._kv_fraction, self._kv_max_tokens = kv_cache_free_gpu_memory_fraction, kv_cache_max_tokens
         self._block_reuse, self._policy, self._chunked = enable_block_reuse, scheduler_policy, enable_chunked_prefill
-        self._loras = TrtllmLoras(lora_adapters or {}, trusted=adapter_trusted_keys, verify=verify)
+        # Adapters are hashed against their manifests at every load whatever `verify` says: the daemon
+        # passes verify=False once it has checked the engine artifact itself, which covers no adapter.
+        self._loras = TrtllmLoras(lora_adapters or {}, trusted=adapter_trusted_keys, verify=True)
         self._model_name, self._version = model_name, version
         self._verify = verify
         self.info = EngineInfo(backend="trtllm", model_name=model_name or self.engine_dir.name,
