@@ -357,8 +357,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         if trace is not None:
             trace.end(status, stages(arrival, timing), {"inferd.completion_tokens": usage.completion_tokens
                                                         if usage is not None else 0})
-        record_slo_for(ctx, status, obs=obs,
-                       streamed=p.stream and (entry is not None or (queued is not None and queued.prepared is not None)))
+        headers_out = entry is not None or (queued is not None and queued.prepared is not None)
+        record_slo_for(ctx, status, obs=obs, streamed=p.stream and headers_out)
         if usage is not None:
             log_fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                               cached_tokens=usage.cached_tokens)

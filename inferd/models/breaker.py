@@ -8,7 +8,8 @@ probes never report (their clients left) lets a new set through after another co
 A failure is what says something about the version: an engine error, a refusal at submit (or an
 engine found unhealthy), or a first token later than `slow_ttft_s` after the engine got the request
 (a timeout of the engine's own: time queued in admission is overload, not failure, and a client's own
-short deadline says nothing about the version; neither is counted). Transitions go to the log, the audit log and metrics.
+short deadline says nothing about the version; neither is counted). Transitions go to the log, the
+audit log and metrics.
 Loop thread only.
 """
 from __future__ import annotations

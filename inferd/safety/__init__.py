@@ -12,5 +12,7 @@ from inferd.safety.policy import Policies, Policy, Verdict
 from inferd.safety.rules import RuleMatch, RuleSet
 from inferd.safety.stream import FilteredStream
 
-__all__ = ["ClassifiedStream", "ClassifierError", "ClassifierFailed", "FilteredStream", "Policies", "Policy", "RuleMatch", "RuleSet", "SafetyClassifier",
-           "Verdict"]
+__all__ = [
+    "ClassifiedStream", "ClassifierError", "ClassifierFailed", "FilteredStream", "Policies", "Policy",
+    "RuleMatch", "RuleSet", "SafetyClassifier", "Verdict",
+]

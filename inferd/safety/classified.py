@@ -139,7 +139,8 @@ class ClassifiedStream:
                          timing=timing)
         out = Delta(token_ids=self._ids, text=self._text,
                     finish_reason=final.finish_reason if final is not None else None,
-                    usage=final.usage if final is not None else None, timing=final.timing if final is not None else None,
+                    usage=final.usage if final is not None else None,
+                    timing=final.timing if final is not None else None,
                     error=final.error if final is not None else None)
         self._sent = (self._sent + self._text)[-CONTEXT_CHARS:]
         self._ids, self._text = [], ""

@@ -11,13 +11,13 @@ class (or any callable) taking no arguments, made once per daemon, whose instanc
     async def check(self, text: str, *, stage: str, tenant: str) -> str | None
 
 `stage` is "input" (the prompt or messages) or "output" (a chunk of generated text, with the last
-sent characters before it for context; `[policies.<name>.output] classify_every_chars`). Return None to let the text through,
-or a short label of what was found (e.g. "S1: violent crimes"): it is counted and audited, never the
-text. `check` runs on the event loop: await network calls, and run CPU-heavy models in a thread
-(`await asyncio.to_thread(...)`). A classifier that raises refuses the request with 503
-`classifier_unavailable` (the policy fails closed) and is
-logged by its name and error type only (never its message); one still running at the request's
-deadline is cancelled and the request answered 504.
+sent characters before it for context; `[policies.<name>.output] classify_every_chars`). Return
+None to let the text through, or a short label of what was found (e.g. "S1: violent crimes"): it
+is counted and audited, never the text. `check` runs on the event loop: await network calls, and
+run CPU-heavy models in a thread (`await asyncio.to_thread(...)`). Policies fail closed: on the
+input, a classifier that raises refuses the request with 503 `classifier_unavailable` (logged by
+its name and error type only, never its message) and one still running at the request's deadline
+is cancelled and the request answered 504; on the output, either ends the stream with an error.
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_a_match_stops_the_stream_and_no_character_of_it_is_sent():
     out = run(stream)
     sent = "".join(d.text for d in out)
     assert sent == "Hello there, the "
-    assert out[-1].finish_reason is FinishReason.CONTENT_FILTER and out[-1].usage.completion_tokens == 4   # generated, billed
+    assert out[-1].finish_reason is FinishReason.CONTENT_FILTER
+    assert out[-1].usage.completion_tokens == 4     # generated, so billed
     assert inner.cancelled and [m.rule for m in matches] == ["word list"]
     assert stream.take() is None and stream.finished
 
