@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from inferd.engine import merge_deltas
+from inferd.engine import StreamWrapper, merge_deltas
 from inferd.types import Delta, EngineTiming, Usage
 
 
@@ -63,22 +63,20 @@ class ReplayStream:
         self._delta = None
 
 
-class RecordingStream:
+class RecordingStream(StreamWrapper):
     """`inner`, unchanged, with what its consumer read kept: `whole()` once it ended."""
 
     def __init__(self, inner: Any) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._ids: list[int] = []
         self._texts: list[str] = []
         self._final: Delta | None = None
-        self.request_id = inner.request_id
 
-    def _keep(self, delta: Delta | None) -> Delta | None:
-        if delta is not None:
-            self._ids.extend(delta.token_ids)
-            self._texts.append(delta.text)
-            if delta.finish_reason is not None:
-                self._final = delta
+    def _read(self, delta: Delta) -> Delta:
+        self._ids.extend(delta.token_ids)
+        self._texts.append(delta.text)
+        if delta.finish_reason is not None:
+            self._final = delta
         return delta
 
     def whole(self) -> Delta | None:
@@ -88,32 +86,3 @@ class RecordingStream:
             return None
         return Delta(token_ids=self._ids, text="".join(self._texts), finish_reason=f.finish_reason, usage=f.usage,
                      timing=f.timing, error=f.error)
-
-    def take(self) -> Delta | None:
-        return self._keep(self._inner.take())
-
-    def __aiter__(self) -> RecordingStream:
-        return self
-
-    async def __anext__(self) -> Delta:
-        return self._keep(await self._inner.__anext__())
-
-    async def collect(self) -> Delta:
-        return merge_deltas([d async for d in self])
-
-    def listen(self, listener: Callable[[], None] | None) -> None:
-        self._inner.listen(listener)
-
-    def ready(self) -> bool:
-        return self._inner.ready()
-
-    @property
-    def finished(self) -> bool:
-        return self._inner.finished
-
-    @property
-    def delivered_tokens(self) -> int:
-        return self._inner.delivered_tokens
-
-    def cancel(self) -> None:
-        self._inner.cancel()

@@ -44,7 +44,7 @@ from inferd.engine.signing import (
     verify_signed_artifact,
 )
 from inferd.engine.adapter_signing import AdapterSignatureError, check_adapter_signature, resolve_adapter_source
-from inferd.engine.stream import RequestStream, merge_deltas
+from inferd.engine.stream import RequestStream, StreamWrapper, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher, TokenizerLoadError
 from inferd.engine.validation import failure_message, seed64, validate_request
 
@@ -53,7 +53,7 @@ __all__ = [
     "UnknownAdapter",
     "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo",
     "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE",
-    "Manifest", "Progress", "RequestStream", "SIGNATURE_FILE", "SigningKeyError", "StopMatcher", "TokenizerLoadError",
+    "Manifest", "Progress", "RequestStream", "StreamWrapper", "SIGNATURE_FILE", "SigningKeyError", "StopMatcher", "TokenizerLoadError",
     "blocks_for", "check_adapter_signature", "failure_message", "fingerprint", "keygen_main", "load_private_key",
     "load_public_key",
     "load_trusted_keys", "merge_deltas", "publish_artifact", "read_manifest", "resolve_adapter_source",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from inferd.types import Delta
 
@@ -151,3 +152,58 @@ class RequestStream:
         if not self._final_pushed and self._on_cancel is not None:
             on_cancel, self._on_cancel = self._on_cancel, None
             on_cancel(self.request_id)
+
+
+class StreamWrapper:
+    """A stream with the consumer interface of the one it wraps (an admitted stream, or another
+    wrapper), every call passed through. A subclass rewrites what is read by overriding `_read`
+    (None: nothing to hand out yet) and says when it will hand out nothing more with `_ended`:
+    the safety filters and the response cache's recorder are such wrappers."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.request_id = inner.request_id
+        self.tenant = getattr(inner, "tenant", None)
+
+    def _read(self, delta: Delta) -> Delta | None:
+        return delta
+
+    @property
+    def _ended(self) -> bool:
+        return False
+
+    def take(self) -> Delta | None:
+        if self._ended:
+            return None
+        delta = self._inner.take()
+        return None if delta is None else self._read(delta)
+
+    def __aiter__(self) -> StreamWrapper:
+        return self
+
+    async def __anext__(self) -> Delta:
+        while not self._ended:
+            out = self._read(await self._inner.__anext__())
+            if out is not None:
+                return out
+        raise StopAsyncIteration
+
+    async def collect(self) -> Delta:
+        return merge_deltas([d async for d in self])
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        self._inner.listen(listener)
+
+    def ready(self) -> bool:
+        return not self._ended and self._inner.ready()
+
+    @property
+    def finished(self) -> bool:
+        return self._ended or self._inner.finished
+
+    @property
+    def delivered_tokens(self) -> int:
+        return self._inner.delivered_tokens
+
+    def cancel(self) -> None:
+        self._inner.cancel()

@@ -14,16 +14,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from inferd.engine import merge_deltas
+from inferd.engine import StreamWrapper
 from inferd.types import Delta, FinishReason, Usage
 
 CONTEXT_CHARS = 512          # already-sent text given to the classifier with each new chunk
 
 
-class ClassifiedStream:
+class ClassifiedStream(StreamWrapper):
     def __init__(self, inner: Any, classify: Callable[[str], Awaitable[str | None]], every_chars: int,
                  timeout_s: float, prompt_tokens: int, on_flag: Callable[[str], None]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._classify = classify
         self._every = every_chars
         self._timeout = timeout_s
@@ -36,8 +36,6 @@ class ClassifiedStream:
         self._check: asyncio.Task | None = None
         self._listener: Callable[[], None] | None = None
         self._done = False
-        self.request_id = inner.request_id
-        self.tenant = getattr(inner, "tenant", None)
 
     # -- the consumer interface -------------------------------------------------------------
     def take(self) -> Delta | None:
@@ -57,9 +55,6 @@ class ClassifiedStream:
             self._hold(delta)
         return None
 
-    def __aiter__(self) -> ClassifiedStream:
-        return self
-
     async def __anext__(self) -> Delta:
         while not self._done:
             if self._check is not None:
@@ -74,9 +69,6 @@ class ClassifiedStream:
                 break
         raise StopAsyncIteration
 
-    async def collect(self) -> Delta:
-        return merge_deltas([d async for d in self])
-
     def listen(self, listener: Callable[[], None] | None) -> None:
         self._listener = listener
         self._inner.listen(listener)
@@ -87,12 +79,8 @@ class ClassifiedStream:
         return not self._done and self._inner.ready()
 
     @property
-    def finished(self) -> bool:
-        return self._done or self._inner.finished
-
-    @property
-    def delivered_tokens(self) -> int:
-        return self._inner.delivered_tokens
+    def _ended(self) -> bool:
+        return self._done
 
     def cancel(self) -> None:
         if self._check is not None:

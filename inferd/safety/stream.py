@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from inferd.engine import merge_deltas
+from inferd.engine import StreamWrapper
 from inferd.safety.rules import RuleMatch, RuleSet
 from inferd.types import Delta, FinishReason, Usage
 
 SEARCH_TAIL_CHARS = 256     # sent text searched again with new text: matches up to this long are still stopped
 
 
-class FilteredStream:
+class FilteredStream(StreamWrapper):
     def __init__(self, inner: Any, rules: RuleSet, hold_back_chars: int, prompt_tokens: int,
                  on_match: Callable[[RuleMatch], None]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._rules = rules
         self._hold = hold_back_chars
         self._prompt_tokens = prompt_tokens
@@ -30,48 +30,13 @@ class FilteredStream:
         self._held = ""
         self._sent_tail = ""        # the last SEARCH_TAIL_CHARS characters already sent
         self._stopped = False
-        self.request_id = inner.request_id
-        self.tenant = getattr(inner, "tenant", None)
-
-    # -- what the writers call ------------------------------------------------------------
-    def take(self) -> Delta | None:
-        if self._stopped:
-            return None
-        delta = self._inner.take()
-        return None if delta is None else self._filter(delta)
-
-    def __aiter__(self) -> FilteredStream:
-        return self
-
-    async def __anext__(self) -> Delta:
-        while not self._stopped:
-            out = self._filter(await self._inner.__anext__())
-            if out is not None:
-                return out
-        raise StopAsyncIteration
-
-    async def collect(self) -> Delta:
-        return merge_deltas([d async for d in self])
-
-    def listen(self, listener: Callable[[], None] | None) -> None:
-        self._inner.listen(listener)
-
-    def ready(self) -> bool:
-        return not self._stopped and self._inner.ready()
 
     @property
-    def finished(self) -> bool:
-        return self._stopped or self._inner.finished
-
-    @property
-    def delivered_tokens(self) -> int:
-        return self._inner.delivered_tokens
-
-    def cancel(self) -> None:
-        self._inner.cancel()
+    def _ended(self) -> bool:
+        return self._stopped
 
     # -- the filter -------------------------------------------------------------------------
-    def _filter(self, delta: Delta) -> Delta | None:
+    def _read(self, delta: Delta) -> Delta | None:
         unsent = self._held + delta.text
         # The last sent characters are searched too: a match longer than the hold-back window is still
         # caught (and the rest of it never sent), though its first characters went out.
