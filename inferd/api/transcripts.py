@@ -10,6 +10,8 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
+
 from inferd.api.context import GenerationContext
 from inferd.api.safety import input_text
 from inferd.observability import get_logger
@@ -39,14 +41,16 @@ def keep(ctx: GenerationContext, recording: Any, status: int) -> None:
         return
     now = time.time()
     record = Transcript(request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model, created_at=now,
-                        expires_at=now + seconds, prompt=input_text(ctx.prepared, ctx.engine), completion=whole.text)
-    task = asyncio.ensure_future(_write(state.transcripts, record))
+                        expires_at=now + seconds, prompt="", completion=whole.text)
+    task = asyncio.ensure_future(_write(state.transcripts, record, ctx))
     pending.add(task)
     task.add_done_callback(pending.discard)
 
 
-async def _write(transcripts, record: Transcript) -> None:
+async def _write(transcripts, record: Transcript, ctx: GenerationContext) -> None:
     try:
-        await transcripts.record(record)
+        # The prompt's text (messages joined, token ids decoded) is built off the loop: it can be long.
+        prompt = await asyncio.to_thread(input_text, ctx.prepared, ctx.engine)
+        await transcripts.record(msgspec.structs.replace(record, prompt=prompt))
     except StoreError as exc:
         log.warning("transcript_not_written", request_id=record.request_id, error=str(exc))
