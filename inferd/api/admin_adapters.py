@@ -125,14 +125,15 @@ def _hosts(state, model: str) -> list[tuple[ModelVersion, AdapterHost]]:
 
 
 def _info(host: AdapterHost, adapter: str) -> AdapterInfo:
-    for info in host.adapters():
-        if info.name == adapter:
-            return info
-    raise UnknownAdapter(f"no LoRA adapter {adapter!r} is configured", adapter)
+    info = host.adapter(adapter)
+    if info is None:
+        raise UnknownAdapter(f"no LoRA adapter {adapter!r} is configured", adapter)
+    return info
 
 
 def _loaded(host: AdapterHost, adapter: str) -> bool:
-    return any(info.name == adapter and info.loaded for info in host.adapters())
+    info = host.adapter(adapter)
+    return info is not None and info.loaded
 
 
 def _api_error(exc: AdapterError | EngineUnavailable) -> ApiError:

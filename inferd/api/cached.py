@@ -17,6 +17,7 @@ from inferd.admission import Lease
 from inferd.api import appkeys as keys
 from inferd.api.admit import Admitted
 from inferd.api.context import GenerationContext
+from inferd.api.versioned import adapter_info
 from inferd.cache import ReplayStream
 from inferd.types import Delta, FinishReason
 
@@ -45,8 +46,8 @@ def cache_plan(ctx: GenerationContext) -> CachePlan | None:
     # A digest, not the prompt itself: the cache's byte bound must bound its memory, keys included.
     adapter = None
     if ctx.route.lora is not None:          # its files' version: new files after a reload are another adapter
-        infos = ctx.engine.adapters() if hasattr(ctx.engine, "adapters") else []
-        adapter = next((a.version or a.source for a in infos if a.name == ctx.route.lora), ctx.route.lora)
+        info = adapter_info(ctx.state, ctx.model, ctx.engine, ctx.route.lora)
+        adapter = (info.version or info.source) if info is not None else ctx.route.lora
     digest = hashlib.blake2b(msgspec.msgpack.encode([str(ctx.route.target), ctx.route.lora, adapter,
                                                      ctx.prompt_ids[0], sampling]), digest_size=32).digest()
     return CachePlan((ctx.tenant, digest), "no-cache" not in control)

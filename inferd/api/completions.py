@@ -261,7 +261,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         raise err from None
     streams = filter_output(state, ctx.policy, admitted.streams, tenant, ctx.prompt_ids, ctx.request_id, model)
     recording = None
-    if (plan is not None and hit is None) or (retention_s(ctx) and len(streams) == 1):
+    retention = retention_s(ctx)            # seconds this request's text may be kept (0: none)
+    if (plan is not None and hit is None) or (retention and len(streams) == 1):
         streams = [recording := RecordingStream(streams[0])]   # its text as the client got it: cache, transcript
     stream = streams[0] if len(streams) == 1 else Choices(streams)
     # From here the engine is generating for us: every path out must cancel the stream (the
@@ -351,9 +352,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         obs.finish(status, usage=usage, timing=timing)
         if hit is None:                 # a cache hit says nothing about the version (rollouts, breakers)
             record_outcome(state, route.target, last, status, obs.ttft, adapter=route.lora)
-        if hit is None:
-            store(ctx, plan, status, recording.whole() if recording is not None else None)
-        keep_transcript(ctx, recording, status)
+        store(ctx, plan, status, recording.whole() if recording is not None else None)    # not a hit's
+        keep_transcript(ctx, recording, retention)
         if trace is not None:
             trace.end(status, stages(arrival, timing), {"inferd.completion_tokens": usage.completion_tokens
                                                         if usage is not None else 0})

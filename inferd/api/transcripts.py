@@ -28,9 +28,9 @@ def retention_s(ctx: GenerationContext) -> float:
     return ctx.state.tenancy.tenants.get(ctx.tenant).retention_s
 
 
-def keep(ctx: GenerationContext, recording: Any, status: int) -> None:
-    """Write `ctx`'s prompt and what its client received (`recording.whole()`) in the background."""
-    seconds = retention_s(ctx)
+def keep(ctx: GenerationContext, recording: Any, seconds: float) -> None:
+    """Write `ctx`'s prompt and what its client received (`recording.whole()`) in the background, to be
+    kept `seconds` (retention_s(ctx); 0: not at all)."""
     whole = recording.whole() if recording is not None else None
     if not seconds or whole is None:
         return

@@ -31,8 +31,8 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
         headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
         kind = UNAVAILABLE if e.status == 503 else NOT_FOUND if e.status == 404 else "invalid_request_error"
         raise ApiError(e.status, e.message, type=kind, param=e.param, code=e.code, headers=headers) from None
-    if route.lora is not None and all(a.name != route.lora for a in adapter_infos(state, route.target.model,
-                                                                                 state.registry.table.engine(route.target))):
+    if route.lora is not None and adapter_info(state, route.target.model, state.registry.table.engine(route.target),
+                                               route.lora) is None:
         raise ApiError(404, f"The model `{route.target.model}` has no LoRA adapter `{route.lora}`; "
                        "GET /v1/models lists them.", type=NOT_FOUND, param="model", code="model_not_found")
     return route
@@ -63,6 +63,14 @@ def check_breaker(state: ServerState, route: Route, tenant: str, user: str | Non
     raise ApiError(503, f"The model version `{route.target}` is failing and its circuit breaker is open; retry "
                    f"after {math.ceil(refused.retry_after_s)} s.", type=UNAVAILABLE, code="circuit_open",
                    headers={"Retry-After": str(max(1, math.ceil(refused.retry_after_s)))})
+
+
+def adapter_info(state: ServerState, model: str, engine: Engine | None, name: str) -> AdapterInfo | None:
+    """Adapter `name` of a version of `model`, as adapter_infos would list it; None when it serves none
+    of that name. One lookup, not the whole list: the request path asks this for every adapter request."""
+    if isinstance(engine, AdapterHost):
+        return engine.adapter(name)
+    return next((a for a in adapter_infos(state, model, engine) if a.name == name), None)
 
 
 def adapter_infos(state: ServerState, model: str, engine: Engine | None) -> list[AdapterInfo]:

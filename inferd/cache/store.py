@@ -28,7 +28,7 @@ class ResponseCache:
         self._clock = clock
         self._entries: OrderedDict[Hashable, tuple[float, int, Delta]] = OrderedDict()   # key -> (stored, bytes, delta)
         self.bytes = 0
-        self.hits = self.misses = self.evictions = 0
+        self.evictions = 0             # hits and misses are counted where they are answered (metrics)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -36,15 +36,12 @@ class ResponseCache:
     def get(self, key: Hashable) -> Delta | None:
         entry = self._entries.get(key)
         if entry is None:
-            self.misses += 1
             return None
         stored, size, delta = entry
         if self._clock() - stored > self.ttl_s:
             self._drop(key)
-            self.misses += 1
             return None
         self._entries.move_to_end(key)
-        self.hits += 1
         return delta
 
     def put(self, key: Hashable, delta: Delta) -> None:

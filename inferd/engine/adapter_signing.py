@@ -14,7 +14,7 @@ from pathlib import Path
 
 from inferd.engine.adapters import AdapterLoadError
 from inferd.engine.artifacts import LATEST_FILE, MANIFEST_FILE, SIGNATURE_FILE, ArtifactError, resolve_artifact
-from inferd.engine.signing import read_signature, verify_signed_artifact
+from inferd.engine.signing import read_signature, trusted_list, verify_signed_artifact
 
 
 class AdapterSignatureError(AdapterLoadError):
@@ -50,7 +50,7 @@ def check_adapter_signature(name: str, directory: str | Path, trusted: Mapping[s
     if not trusted:
         return None
     directory = Path(directory)
-    keys = ", ".join(f"{fp} ({path})" for fp, path in trusted.items())
+    keys = trusted_list(trusted)
     if not (directory / MANIFEST_FILE).is_file():
         raise AdapterSignatureError(
             f"LoRA adapter {name!r}: {directory} is unsigned (signer: none): it has no {MANIFEST_FILE}, and "

@@ -64,6 +64,10 @@ class AdapterHost(Protocol):
         """Every configured adapter, loaded or not, sorted by name. Never blocks."""
         ...
 
+    def adapter(self, name: str) -> AdapterInfo | None:
+        """One adapter's state, None when none of that name is configured (the request path's check)."""
+        ...
+
     async def load_adapter(self, name: str) -> AdapterInfo:
         """Load it now (files read and checked off the loop); already loaded is fine.
         Raises UnknownAdapter, AdapterLoadError or AdapterBusy."""

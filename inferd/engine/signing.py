@@ -221,7 +221,8 @@ def check_signature(artifact_dir: str | Path, data: bytes, sig: Signature) -> st
     return signer
 
 
-def _trusted_list(trusted: Mapping[str, str]) -> str:
+def trusted_list(trusted: Mapping[str, str]) -> str:
+    """`fingerprint (path), ...`: what refusals say would have been trusted."""
     return ", ".join(f"{fp} ({path})" for fp, path in trusted.items())
 
 
@@ -243,10 +244,10 @@ def verify_signed_artifact(artifact_dir: str | Path, trusted: Mapping[str, str] 
     if trusted:
         if signer is None:
             raise ArtifactError(f"{artifact_dir}: unsigned, and trusted_keys requires a signature by one of: "
-                                f"{_trusted_list(trusted)}", SIGNATURE_FILE)
+                                f"{trusted_list(trusted)}", SIGNATURE_FILE)
         if signer not in trusted:
             raise ArtifactError(f"{artifact_dir}: signed by {signer}, which is not a trusted key "
-                                f"(trusted: {_trusted_list(trusted)})", SIGNATURE_FILE)
+                                f"(trusted: {trusted_list(trusted)})", SIGNATURE_FILE)
     manifest = parse_manifest(data, manifest_path)
     if check_files:
         verify_artifact(artifact_dir, manifest)

@@ -34,6 +34,12 @@ class LoraHost:
         """Every configured adapter, loaded or not, sorted by name."""
         return self._adapters.infos()
 
+    def adapter(self, name: str) -> AdapterInfo | None:
+        try:
+            return self._adapters.info(name)
+        except UnknownAdapter:
+            return None
+
     async def load_adapter(self, name: str) -> AdapterInfo:
         """Load adapter `name` now (read and checked off the loop); already loaded is fine. Raises
         UnknownAdapter, AdapterLoadError, AdapterBusy (every slot in use), EngineUnavailable (not started)."""

@@ -39,7 +39,7 @@ from inferd.engine import (
     seed64,
     validate_request,
 )
-from inferd.engine.adapters import AdapterInfo
+from inferd.engine.adapters import AdapterInfo, UnknownAdapter
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
@@ -250,6 +250,12 @@ class SimEngine(Engine):
     # -- LoRA adapters (engine.adapters.AdapterHost): names only, nothing to read ----------------
     def adapters(self) -> list[AdapterInfo]:
         return self._adapters.infos()
+
+    def adapter(self, name: str) -> AdapterInfo | None:
+        try:
+            return self._adapters.info(name)
+        except UnknownAdapter:
+            return None
 
     async def load_adapter(self, name: str) -> AdapterInfo:
         return self._adapters.load(name)

@@ -43,7 +43,7 @@ from inferd.engine import (
     validate_request,
     verify_artifact,
 )
-from inferd.engine.adapters import AdapterError, AdapterInfo, unknown_adapter_request
+from inferd.engine.adapters import AdapterError, AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.trtllm.loras import TrtllmLoras
 from inferd.engine.trtllm.stats import RequestLedger
 from inferd.engine.trtllm.stream import ABORT_GRACE_S, TrackedRequest
@@ -331,6 +331,12 @@ class TrtllmEngine(Engine):
     def adapters(self) -> list[AdapterInfo]:
         """Every configured adapter, by name; `loaded`: requests naming it are sent to TensorRT-LLM."""
         return self._loras.infos()
+
+    def adapter(self, name: str) -> AdapterInfo | None:
+        try:
+            return self._loras.info(name)
+        except UnknownAdapter:
+            return None
 
     async def load_adapter(self, name: str) -> AdapterInfo:
         """Check the adapter's directory again (off the loop) and send requests naming it from now on, under a
