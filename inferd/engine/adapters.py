@@ -8,7 +8,8 @@ At submit, an engine refuses an adapter it does not serve with `InvalidRequest(p
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -54,6 +55,34 @@ class AdapterLoadError(AdapterError):
         super().__init__(message, adapter)
         self.file = file
         self.tensor = tensor
+
+
+class AdapterSources:
+    """An engine's configured adapters by name, and where their files are: what every backend's adapter
+    bookkeeping shares. A subclass says what it knows of one adapter in `info`."""
+
+    def __init__(self, sources: Mapping[str, str | Path]) -> None:
+        self._sources = {name: Path(path) for name, path in sources.items()}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sources
+
+    def names(self) -> list[str]:
+        return sorted(self._sources)
+
+    def source(self, name: str) -> Path:
+        """Where adapter `name`'s files are; UnknownAdapter (naming the configured ones) when none is."""
+        try:
+            return self._sources[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise UnknownAdapter(f"no LoRA adapter {name!r} is configured (configured: {known})", name) from None
+
+    def info(self, name: str) -> AdapterInfo:
+        raise NotImplementedError
+
+    def infos(self) -> list[AdapterInfo]:
+        return [self.info(name) for name in self.names()]
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ from pathlib import Path
 from inferd.engine import ArtifactError, read_manifest, verify_artifact
 from inferd.engine.adapter_signing import check_adapter_signature
 from inferd.engine.adapter_signing import resolve_adapter_source as resolve_source
-from inferd.engine.adapters import AdapterBusy, AdapterInfo, AdapterLoadError, UnknownAdapter
+from inferd.engine.adapters import AdapterBusy, AdapterInfo, AdapterLoadError, AdapterSources
 from inferd.engine.artifacts import MANIFEST_FILE
 from inferd.engine.reference.lora import LoraWeights, load_lora
 
@@ -35,7 +35,7 @@ ADAPTER_TARGET = "lora"       # the manifest target of an adapter artifact
 __all__ = ["ADAPTER_TARGET", "AdapterRegistry", "check_adapter", "resolve_source"]
 
 
-class AdapterRegistry:
+class AdapterRegistry(AdapterSources):
     def __init__(self, sources: Mapping[str, str | Path], *, max_loaded: int, idle_unload_s: float | None = None,
                  verify: bool = True, trusted: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -46,7 +46,7 @@ class AdapterRegistry:
         for name in sources:
             if not isinstance(name, str) or not name or name != name.strip():
                 raise ValueError(f"LoRA adapter names must be non-empty strings without edge spaces, got {name!r}")
-        self._sources = {name: Path(path) for name, path in sources.items()}
+        super().__init__(sources)
         self.max_loaded, self.idle_unload_s, self._verify, self._clock = max_loaded, idle_unload_s, verify, clock
         self._trusted = dict(trusted or {})
         self._model_config = None
@@ -59,12 +59,6 @@ class AdapterRegistry:
         """The base model (a LlamaConfig) adapters are checked against; set once the engine loaded it."""
         self._model_config = model_config
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._sources
-
-    def names(self) -> list[str]:
-        return sorted(self._sources)
-
     def is_loaded(self, name: str) -> bool:
         with self._lock:
             return name in self._loaded
@@ -72,7 +66,7 @@ class AdapterRegistry:
     # -- reading (blocking: a loader thread, or asyncio.to_thread) ---------------------------------
     def read(self, name: str) -> LoraWeights:
         """Read, verify and check adapter `name`'s files; installs nothing."""
-        source = self._source(name)
+        source = self.source(name)
         if self._model_config is None:
             raise AdapterLoadError(f"LoRA adapter {name!r}: the base model is not loaded yet", name)
         try:
@@ -101,7 +95,7 @@ class AdapterRegistry:
     def install(self, name: str, weights: LoraWeights, pins: int = 0) -> LoraWeights:
         """Make `weights` the loaded adapter `name` (an already loaded one is kept and returned), with
         `pins` holders. Evicts the least recently used adapter nobody holds when all slots are taken."""
-        self._source(name)
+        self.source(name)
         with self._lock:
             if name not in self._loaded:
                 if len(self._loaded) >= self.max_loaded:
@@ -132,7 +126,7 @@ class AdapterRegistry:
 
     def unload(self, name: str) -> bool:
         """Unload adapter `name`; False when it was not loaded. AdapterBusy while it is held."""
-        self._source(name)
+        self.source(name)
         with self._lock:
             if name not in self._loaded:
                 return False
@@ -168,11 +162,8 @@ class AdapterRegistry:
             return max(0.0, min(free) + self.idle_unload_s - self._clock())
 
     # -- listing -------------------------------------------------------------------------------
-    def infos(self) -> list[AdapterInfo]:
-        return [self.info(name) for name in self.names()]
-
     def info(self, name: str) -> AdapterInfo:
-        source = self._source(name)
+        source = self.source(name)
         with self._lock:
             weights, pins = self._loaded.get(name), self._pins.get(name, 0)
             idle = self._clock() - self._last_used[name] if weights is not None and not pins else None
@@ -180,13 +171,6 @@ class AdapterRegistry:
             return AdapterInfo(name=name, source=str(source), loaded=False)
         return AdapterInfo(name=name, source=str(source), loaded=True, in_use=pins, rank=weights.rank,
                            version=weights.version, idle_s=idle)
-
-    def _source(self, name: str) -> Path:
-        try:
-            return self._sources[name]
-        except KeyError:
-            known = ", ".join(self.names()) or "none"
-            raise UnknownAdapter(f"no LoRA adapter {name!r} is configured (configured: {known})", name) from None
 
     def _touch(self, name: str) -> LoraWeights:
         self._loaded.move_to_end(name)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.engine.adapter_signing import check_adapter_signature, resolve_adapter_source
-from inferd.engine.adapters import AdapterInfo, AdapterLoadError, UnknownAdapter
+from inferd.engine.adapters import AdapterInfo, AdapterLoadError, AdapterSources
 from inferd.engine.artifacts import MANIFEST_FILE, ArtifactError, read_manifest, verify_artifact
 
 CONFIG_FILE = "adapter_config.json"
@@ -40,27 +40,14 @@ class CheckedAdapter:
         self.directory, self.rank, self.version = directory, rank, version
 
 
-class TrtllmLoras:
+class TrtllmLoras(AdapterSources):
     def __init__(self, sources: Mapping[str, str | Path], *, trusted: Mapping[str, str] | None = None,
                  verify: bool = True) -> None:
-        self._sources = {name: Path(path) for name, path in sources.items()}
+        super().__init__(sources)
         self._trusted, self._verify = dict(trusted or {}), verify
         self._ids = itertools.count(1)
         self._loaded: dict[str, tuple[Any, CheckedAdapter]] = {}    # name -> (LoRARequest, what check found)
         self._refused: dict[str, str] = {}                            # name -> why its last load failed
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._sources
-
-    def names(self) -> list[str]:
-        return sorted(self._sources)
-
-    def source(self, name: str) -> Path:
-        try:
-            return self._sources[name]
-        except KeyError:
-            known = ", ".join(self.names()) or "none"
-            raise UnknownAdapter(f"no LoRA adapter {name!r} is configured (configured: {known})", name) from None
 
     # -- blocking: asyncio.to_thread -------------------------------------------------------------
     def check(self, name: str) -> CheckedAdapter:
@@ -128,9 +115,6 @@ class TrtllmLoras:
         if entry is None:
             return AdapterInfo(name=name, source=str(source), loaded=False)
         return AdapterInfo(name=name, source=str(source), loaded=True, rank=entry[1].rank, version=entry[1].version)
-
-    def infos(self) -> list[AdapterInfo]:
-        return [self.info(name) for name in self.names()]
 
 
 def check_trtllm_adapter(name: str, source: str | Path) -> int:
