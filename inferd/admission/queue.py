@@ -215,10 +215,11 @@ class AdmissionQueue:
     def _retry_after_waited(self, t: Ticket) -> float:
         """Retry-After for a request dropped after waiting: the estimated rest of its wait; with no
         service rate measured yet, as long as it already waited (the queue held it that long), never
-        a constant."""
+        a constant. asyncio may run the timer a hair before `expires` (within its clock resolution),
+        so the wait counts up to the later of now and the expiry."""
         if self._estimate.rate():
             return self._estimate.retry_after(self._wait(t)[0], 0.0)
-        return max(MIN_RETRY_S, self._clock() - t.arrived)
+        return max(MIN_RETRY_S, max(self._clock(), t.expires) - t.arrived)
 
     def _make_room(self, t: Ticket) -> None:
         """Node full: shed queued work of lower classes if that frees enough; else refuse the newcomer (503)."""

@@ -186,7 +186,7 @@ async def test_a_deadline_refusal_after_waiting_says_when_to_retry_from_the_wait
     arrived = loop.time()
     with pytest.raises(AdmissionRejected) as exc:
         await q.admit(req("a"), deadline=arrived + 0.3)
-    assert 0.3 <= exc.value.retry_after_s < 1.0 and exc.value.retry_after_header == "1"
+    assert 0.28 <= exc.value.retry_after_s < 1.0 and exc.value.retry_after_header == "1"   # ~ its 0.3 s wait
     measured = FakeEngine(tokens_per_s=100.0)             # a rate: the estimated rest of the wait
     q, _ = make_queue(engine=measured, early_refusal=False)   # so it waits for its deadline in the queue
     await occupy(q, measured)
