@@ -15,6 +15,7 @@ from inferd.engine.artifacts import (
     Architecture,
     ArtifactError,
     DefaultSampling,
+    EmbeddingSpec,
     Manifest,
     Progress,
     publish_artifact,
@@ -51,7 +52,8 @@ from inferd.engine.validation import failure_message, seed64, validate_request
 __all__ = [
     "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "AdapterSignatureError",
     "UnknownAdapter",
-    "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "Engine", "EngineError", "EngineInfo",
+    "Architecture", "ArtifactError", "Capacity", "DefaultSampling", "EmbeddingSpec", "Engine", "EngineError",
+    "EngineInfo",
     "EngineStats", "EngineUnavailable", "HFTokenizer", "IncrementalDetokenizer", "InvalidRequest", "MANIFEST_FILE",
     "Manifest", "Progress", "RequestStream", "StreamWrapper", "SIGNATURE_FILE", "SigningKeyError", "StopMatcher", "TokenizerLoadError",
     "blocks_for", "check_adapter_signature", "failure_message", "fingerprint", "keygen_main", "load_private_key",

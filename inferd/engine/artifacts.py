@@ -7,6 +7,8 @@
   of the most recent build, replaced atomically.
 - Verification streams every file through sha256 and names the first changed, missing or
   unexpected file.
+- An `[embedding]` table marks an embedding model (pooling, normalization, Matryoshka truncation);
+  those settings live only in the manifest, so publishing the same files with other settings is refused.
 - `manifest.sig` beside the manifest, when present, is a detached signature over the manifest's
   bytes (inferd.engine.signing); it is not one of the artifact's files, so signing an artifact
   neither changes its version nor breaks its verification.
@@ -22,6 +24,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -77,6 +80,16 @@ class DefaultSampling(msgspec.Struct, frozen=True, kw_only=True):
     top_k: int = 0
 
 
+class EmbeddingSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How an embedding model turns its final hidden states into one vector (decoder embedders such as
+    e5-mistral pool the last token, gte-style ones the mean over tokens)."""
+
+    pooling: Literal["last", "mean"]
+    normalize: bool = True                  # L2-normalize the pooled vector
+    # Smallest `dimensions` a request may truncate to (Matryoshka training); None: no truncation.
+    matryoshka_min_dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     format: int = MANIFEST_FORMAT
     name: str
@@ -85,6 +98,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     source: str                      # "synthetic:tiny", "hf:<dir name>", ...
     architecture: Architecture
     sampling: DefaultSampling = DefaultSampling()
+    embedding: EmbeddingSpec | None = None   # an embedding model (None: a generative one)
     # Target-specific build settings (e.g. trtllm max_batch_size, tp_size); scalars only.
     build: dict[str, str | int | float | bool] = {}
     files: dict[str, FileEntry] = {}
@@ -164,12 +178,14 @@ def _toml_value(value: object) -> str:
 
 
 def manifest_to_toml(manifest: Manifest) -> str:
-    """Hand-written (tiny) TOML: scalars, one level of tables, inline tables for files."""
-    data = msgspec.to_builtins(manifest)
+    """Hand-written (tiny) TOML: scalars, one level of tables, inline tables for files. None (TOML has
+    no null) is left out, so it reads back as the field's default."""
+    data = {k: v for k, v in msgspec.to_builtins(manifest).items() if v is not None}
     lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     for key, table in data.items():
         if isinstance(table, dict):
-            lines += ["", f"[{key}]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
+            lines += ["", f"[{key}]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()
+                                         if v is not None]
     return "\n".join(lines) + "\n"
 
 
@@ -292,15 +308,16 @@ def _make_world_readable(directory: Path) -> None:
 def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: str, source: str,
                      architecture: Architecture, sampling: DefaultSampling = DefaultSampling(),
                      build: dict[str, str | int | float | bool] | None = None,
-                     progress: Progress | None = None) -> Path:
+                     embedding: EmbeddingSpec | None = None, progress: Progress | None = None) -> Path:
     """Hash `staging`, write its manifest, move it to `engines_root/name/<version>`, point LATEST at it.
 
-    Idempotent: if that version exists (same content), it is verified and reused, never rewritten.
+    Idempotent: if that version exists (same content), it is verified and reused, never rewritten; it
+    must then have the same `embedding` settings (the version id does not cover them).
     """
     files = hash_files(staging, progress)
     version = content_version(files)
     manifest = Manifest(name=name, version=version, target=target, source=source, architecture=architecture,
-                        sampling=sampling, build=build or {}, files=files)
+                        sampling=sampling, embedding=embedding, build=build or {}, files=files)
     (staging / MANIFEST_FILE).write_text(manifest_to_toml(manifest), encoding="utf-8")
     _make_world_readable(staging)
     final = Path(engines_root) / name / version
@@ -313,6 +330,10 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
     if staging.exists():
         if progress is not None:
             progress(f"{name}/{version} already exists; verifying it")
-        verify_artifact(final)
+        existing = verify_artifact(final).embedding
+        if existing != embedding:
+            raise ArtifactError(f"{name}/{version} already exists with embedding settings {existing}; the same "
+                                f"files cannot be published with {embedding} (remove that version first)",
+                                MANIFEST_FILE)
     _write_atomically(final.parent / LATEST_FILE, version + "\n")
     return final

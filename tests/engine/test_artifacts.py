@@ -11,10 +11,12 @@ from inferd.engine import artifacts
 from inferd.engine.artifacts import (
     Architecture,
     ArtifactError,
+    EmbeddingSpec,
     FileEntry,
     Manifest,
     content_version,
     manifest_to_toml,
+    parse_manifest,
     publish_artifact,
     read_manifest,
     resolve_artifact,
@@ -139,6 +141,30 @@ def test_manifest_toml_round_trips_awkward_strings() -> None:
     assert decoded == manifest
 
 
+@pytest.mark.parametrize("embedding", [EmbeddingSpec(pooling="last", matryoshka_min_dimensions=16),
+                                       EmbeddingSpec(pooling="mean", normalize=False)])
+def test_manifest_with_an_embedding_table_round_trips(embedding: EmbeddingSpec) -> None:
+    manifest = Manifest(name="e", version="v", target="reference", source="s", architecture=arch(),
+                        embedding=embedding, files={"w": FileEntry(sha256="ab" * 32, size=3)})
+    text = manifest_to_toml(manifest)
+    assert "\n[embedding]\n" in text
+    assert parse_manifest(text.encode(), Path("manifest.toml")) == manifest
+
+
+def test_a_manifest_without_an_embedding_table_is_a_generative_model_written_as_before(artifact: Path) -> None:
+    manifest = read_manifest(artifact)
+    assert manifest.embedding is None
+    text = manifest_to_toml(manifest)
+    assert "[embedding]" not in text
+    assert text == (artifact / "manifest.toml").read_text()
+
+
+def test_an_unknown_pooling_in_the_manifest_is_an_artifact_error_naming_the_field(artifact: Path) -> None:
+    text = (artifact / "manifest.toml").read_text() + '\n[embedding]\npooling = "cls"\n'
+    with pytest.raises(ArtifactError, match=r"embedding.pooling"):
+        parse_manifest(text.encode(), artifact / "manifest.toml")
+
+
 def test_hashing_streams_across_chunk_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(artifacts, "_CHUNK", 7)
     data = bytes(range(256)) * 3
@@ -176,10 +202,11 @@ def test_resolve_refuses_unknown_or_unsafe_names(engines_root: Path, name: str, 
 
 # --- publish_artifact ------------------------------------------------------------------------
 
-def publish_text(root: Path, name: str, text: str) -> Path:
+def publish_text(root: Path, name: str, text: str, embedding: EmbeddingSpec | None = None) -> Path:
     with staging_dir(root, name) as staging:
         (staging / "weights.bin").write_text(text)
-        return publish_artifact(staging, root, name=name, target="reference", source="test", architecture=arch())
+        return publish_artifact(staging, root, name=name, target="reference", source="test", architecture=arch(),
+                                embedding=embedding)
 
 
 def test_publish_derives_version_from_content_and_updates_latest(tmp_path: Path) -> None:
@@ -209,3 +236,14 @@ def test_failed_build_leaves_no_staging_directory(tmp_path: Path) -> None:
             (staging / "half-written").write_text("x")
             raise RuntimeError("build failed")
     assert list((tmp_path / "m").iterdir()) == []
+
+
+def test_publish_records_the_embedding_settings_and_refuses_other_ones_for_the_same_files(tmp_path: Path) -> None:
+    spec = EmbeddingSpec(pooling="mean", matryoshka_min_dimensions=2)
+    published = publish_text(tmp_path, "m", "one", embedding=spec)
+    assert read_manifest(published).embedding == spec
+    assert publish_text(tmp_path, "m", "one", embedding=spec) == published
+    with pytest.raises(ArtifactError, match="already exists with embedding settings") as info:
+        publish_text(tmp_path, "m", "one", embedding=EmbeddingSpec(pooling="last"))
+    assert info.value.file == "manifest.toml"
+    assert read_manifest(published).embedding == spec
