@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -46,6 +47,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams
     tenant: str = "local"               # salts the prefix cache: tenants never share KV blocks
     lora: str | None = None             # adapter name (backends that support LoRA)
+    # time.monotonic() by which the answer is due (None: none). Admission enforces it on every engine;
+    # the unary batcher (inferd.engine.unary) also closes batches and drops hopeless work by it.
+    deadline: float | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +94,7 @@ class Delta(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
     timing: EngineTiming | None = None
     error: str | None = None            # set with FinishReason.ERROR: a message safe for clients
+    embedding: Any = None               # embedding engines' final delta: the input's vector (numpy float32)
 
     @property
     def finished(self) -> bool:

@@ -63,6 +63,10 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # What it runs on, as the `hardware` label of the autoscaling gauges: a sim profile's name (GPU and
     # model), "cpu" for the reference engine, "gpu" for TensorRT-LLM (one engine per GPU group).
     hardware: str = "unknown"
+    # What it serves: "generate" (completions, chat) or "embed" (/v1/embeddings, inferd.engine.unary).
+    task: str = "generate"
+    dimensions: int = 0                   # embed: the native vector width
+    min_dimensions: int | None = None     # embed: truncation (Matryoshka) allowed down to this; None: not at all
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):

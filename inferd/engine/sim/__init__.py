@@ -1,7 +1,8 @@
 """The simulated engine (a timed GPU simulator, never a silent fallback): profiles, scheduler, engine."""
 from __future__ import annotations
 
+from inferd.engine.sim.encoder import SimEncoder, sim_embedding_engine
 from inferd.engine.sim.engine import SimEngine
 from inferd.engine.sim.profiles import PROFILES
 
-__all__ = ["PROFILES", "SimEngine"]
+__all__ = ["PROFILES", "SimEncoder", "SimEngine", "sim_embedding_engine"]

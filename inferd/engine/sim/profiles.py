@@ -102,6 +102,8 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
 # H100 SXM 80GB: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16, 1979 TFLOP/s dense fp8.
 _H100 = dict(hbm_bytes=80 * GiB, hbm_bandwidth=3.35e12)
 _LLAMA3_8B = dict(num_params=8.03e9, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256)
+# Mistral-7B's shape, as decoder embedding models built on it (e5-mistral-7b-instruct) have.
+_MISTRAL_7B = dict(num_params=7.11e9, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=32000)
 _LLAMA3_70B = dict(num_params=70.6e9, num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, vocab_size=128256)
 
 PROFILES: dict[str, SimProfile] = {
@@ -117,6 +119,8 @@ PROFILES: dict[str, SimProfile] = {
         SimProfile(name="llama3-70b-2xh100-fp8", description="Llama-3-70B, fp8, 2x H100 SXM tensor parallel",
                    weight_bytes_per_param=1, kv_bytes_per_element=1, peak_flops=1979e12, tensor_parallel=2,
                    **_LLAMA3_70B, **_H100),
+        SimProfile(name="e5-mistral-7b-h100", description="e5-mistral-7b-instruct (embeddings), bf16, one H100 SXM",
+                   weight_bytes_per_param=2, kv_bytes_per_element=2, peak_flops=989e12, **_MISTRAL_7B, **_H100),
         # Small and slow on purpose: steps of a few ms and a KV pool of a few hundred blocks, so tests
         # see batching effects and capacity limits with little work.
         SimProfile(name="tiny", description="a 20M-parameter toy model on a slow 48 MiB device",
