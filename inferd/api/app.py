@@ -19,6 +19,7 @@ from inferd.api import admin, batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
+from inferd.api.embeddings import create_embedding
 from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
                                store_unavailable)
 from inferd.api.sse import Inflight
@@ -48,6 +49,7 @@ def make_app(state: ServerState) -> web.Application:
     app.cleanup_ctx.append(_tenancy_ctx)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/embeddings", create_embedding)
     app.router.add_get("/v1/models", ops.list_models)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/health", ops.healthz)      # vLLM's name; load tools (guidellm) probe it

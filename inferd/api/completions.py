@@ -139,6 +139,9 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)     # same synchronous step as routing: a retire cannot slip between
         allowed = check_model_allowed(tenancy, tenant, req.model, model)
+        if engine.info.task != "generate":
+            raise invalid(f"model: `{req.model}` is an embedding model; use /v1/embeddings.", param="model",
+                          code="model_not_generative")
         if not engine.healthy:
             record_outcome(state, route.target, None, 503, None)      # the version's failure: its breaker counts it
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")

@@ -33,6 +33,7 @@ from inferd.api.openai import (
     ChatMessage,
     CompletionRequest,
 )
+from inferd.api.embedding_format import MAX_INPUTS, EmbeddingRequest
 from inferd.api.openapi_batches import batch_paths
 
 _REF = "#/components/schemas/{name}"
@@ -190,6 +191,29 @@ def _generate_op(summary: str, schema_name: str, object_name: str) -> dict:
     }}
 
 
+def _embeddings_op() -> dict:
+    """POST /v1/embeddings: EmbeddingRequest's schema with non-empty inputs. What depends on the model (an
+    input's length against its context, token ids against its vocabulary, `dimensions` against its width,
+    a model that is not an embedding model) is a documented 400."""
+    schema = msgspec.json.schema(EmbeddingRequest)
+    schema = schema["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    token_ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    text = {"type": "string", "minLength": 1}
+    schema["properties"]["model"] = {"type": "string", "pattern": MODEL_PATTERN}
+    schema["properties"]["input"] = {"anyOf": [
+        text, token_ids, {"type": "array", "items": text, "minItems": 1, "maxItems": MAX_INPUTS},
+        {"type": "array", "items": token_ids, "minItems": 1, "maxItems": MAX_INPUTS}]}
+    responses = {"200": {"description": "A `list` of `embedding` objects (float arrays, or base64 of little-endian "
+                                        "float32 with encoding_format = base64) and the usage",
+                         "headers": {"X-Request-Id": {"schema": {"type": "string"}},
+                                     "X-Inferd-Model-Version": {"schema": {"type": "string"}},
+                                     "Server-Timing": {"schema": {"type": "string"}}},
+                         "content": _json_content({"type": "object"})},
+                 **_errors(*_GENERATE_ERRORS)}
+    return {"post": {"summary": "Create embeddings (models with task = embed)",
+                     "requestBody": {"required": True, "content": _json_content(schema)}, "responses": responses}}
+
+
 def _get(summary: str, *errors: str, content_type: str = "application/json", parameters: list | None = None) -> dict:
     op = {"summary": summary,
           "responses": {"200": {"description": "OK", "content": {content_type: {"schema": {}}}}, **_errors(*errors)}}
@@ -253,6 +277,7 @@ def document() -> dict:
         "paths": {
             "/v1/completions": _generate_op("Create a completion", completion, "text_completion"),
             "/v1/chat/completions": _generate_op("Create a chat completion", chat, "chat.completion"),
+            "/v1/embeddings": _embeddings_op(),
             "/v1/models": _get("List the served models", "401", "403"),
             "/healthz": _get("Liveness: the process answers"),
             "/health": _get("Liveness, as /healthz (the name vLLM-style load tools probe)"),

@@ -29,7 +29,8 @@ def record_slo(state: ServerState, route: Route, tenant: str, status: int, *, ba
         requested=route.alias or route.target.model, model=route.target.model,
         priority=state.tenancy.tenants.get(tenant).priority, status=status, streamed=streamed,
         client_deadline=client_deadline, ttft_s=obs.ttft if obs is not None else None,
-        itl_s=obs.mean_itl if obs is not None and judge_itl else None))
+        itl_s=obs.mean_itl if obs is not None and judge_itl else None,
+        latency_s=obs.latency if obs is not None else None))
 
 
 def record_slo_for(ctx: GenerationContext, status: int, *, streamed: bool = False,

@@ -22,7 +22,7 @@ from inferd.store import LedgerRow, StoreError
 from inferd.types import Delta, EngineTiming, Usage
 
 log = get_logger("inferd.api")
-ENDPOINTS = {"completion": "completions", "chat": "chat.completions"}
+ENDPOINTS = {"completion": "completions", "chat": "chat.completions", "embedding": "embeddings"}
 
 
 def ledger_row(ctx: GenerationContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:

@@ -27,6 +27,7 @@ from inferd.config.aliases import AliasConfig
 from inferd.config.cache import CacheConfig, cache_errors
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
+from inferd.config.embeddings import BatchingConfig, Task, embedding_errors, with_batching_targets
 from inferd.config.policies import PolicyConfig
 from inferd.config.resilience import BreakerConfig, DegradeConfig
 from inferd.config.rollouts import PriceConfig, RolloutConfig
@@ -111,6 +112,9 @@ class ModelConfig(ConfigTable):
     lora_adapters: dict[str, str] = {}      # adapter name -> PEFT directory or adapter artifact (sim: any, unread)
     max_loaded_adapters: int = 4            # reference: adapters resident at once (an LRU)
     adapter_idle_unload_s: float | None = None   # reference: unload after this long unused (None: only evicted)
+    # Issue 16: embedding models (inferd.config.embeddings): what it serves, and its dynamic batcher
+    task: Task | None = None                # "generate" | "embed"; default: the artifact's (reference), else generate
+    batching: BatchingConfig | None = None
 
 
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
@@ -225,6 +229,7 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
             errors.append(f"{p}.versions[{i}]: version {v!r} is listed twice")
     errors.extend(trust_list_errors(f"{p}.trusted_keys", m.trusted_keys))
     errors.extend(adapter_errors(p, m))
+    errors.extend(embedding_errors(p, m.backend, m.task, m.batching, m.lora_adapters))
     if m.sim is not None and m.backend != "sim":
         errors.append(f"{p}.sim: a [sim] section needs backend = \"sim\" (backend is {m.backend!r})")
     if m.trtllm is not None and m.backend != "trtllm":
@@ -363,6 +368,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path | None = None, source: s
         cfg = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:  # the passes above should have caught it; never crash
         raise ConfigError([str(exc)], source) from None
+    cfg = with_batching_targets(cfg)
     # No file (tests, embedders): paths stay as written; the keys and audit files' users default to ./state.
     return _resolve_paths(cfg, base_dir) if base_dir is not None else cfg
 

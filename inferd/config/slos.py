@@ -8,6 +8,8 @@ A "p99 TTFT of 2 s" target is `sli = "ttft"`, `threshold_ms = 2000`, `objective 
 The SLIs (inferd.slo.events says exactly which requests count):
 - `ttft`: requests that got a first token; good when it reached the client within threshold_ms.
 - `itl`: requests with two or more tokens; good when their mean inter-token gap is within threshold_ms.
+- `latency`: answered requests (200); good when the whole answer took at most threshold_ms, arrival to
+  response. For unary models (embeddings), whose batcher also takes its latency target from it.
 - `availability`: answered requests, except client errors and intentional refusals (4xx: quota,
   bad input, auth) and clients that left; good when the answer was not a server error (5xx).
 - `stream_completion`: streams whose headers went out; good when they ended with `[DONE]`.
@@ -22,8 +24,8 @@ from typing import Literal
 from inferd.config.tenants import PriorityClass
 from inferd.config.walk import ConfigTable
 
-SliKind = Literal["ttft", "itl", "availability", "stream_completion"]
-LATENCY_SLIS = ("ttft", "itl")
+SliKind = Literal["ttft", "itl", "latency", "availability", "stream_completion"]
+LATENCY_SLIS = ("ttft", "itl", "latency")
 # SLO names become Prometheus label values and rule names: keep them plain.
 SLO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 # The longest burn-rate window the rules use (inferd.slo.burn): an SLO window shorter than it makes
@@ -37,7 +39,7 @@ class SloConfig(ConfigTable):
     model: str                                  # a served model or an alias; requests asking for it
     sli: SliKind
     objective: float                            # fraction of good events, e.g. 0.999
-    threshold_ms: float | None = None           # ttft and itl only: at most this is good
+    threshold_ms: float | None = None           # ttft, itl and latency only: at most this is good
     priority: PriorityClass | None = None       # only requests of this class (default: every class)
     window_days: float = 30.0                   # the error budget's period
     description: str = ""
@@ -64,7 +66,7 @@ def slo_errors(name: str, slo: SloConfig, known_models: Collection[str], path: s
         elif not (0.0 < slo.threshold_ms < math.inf):
             errors.append(f"{p}.threshold_ms: must be a positive number of milliseconds, got {slo.threshold_ms}")
     elif slo.threshold_ms is not None:
-        errors.append(f"{p}.threshold_ms: only for sli = 'ttft' or 'itl' ({slo.sli!r} has no latency threshold)")
+        errors.append(f"{p}.threshold_ms: only for sli = 'ttft', 'itl' or 'latency' ({slo.sli!r} has no latency threshold)")
     if not (MIN_WINDOW_DAYS <= slo.window_days <= 366):
         errors.append(f"{p}.window_days: must be between {MIN_WINDOW_DAYS:g} (the longest burn-rate window) and "
                       f"366, got {slo.window_days}")

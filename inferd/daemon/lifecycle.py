@@ -264,7 +264,7 @@ class Daemon:
     def _observe_steps(state: ServerState) -> Callable[[str, Engine], None]:
         def hook(name: str, engine: Engine) -> None:
             # Pass the engine: at startup state.engines is still empty, so the name alone labels "other".
-            engine.step_observer = state.metrics.step_observer(name, engine)
+            state.metrics.observe_engine(name, engine)
         return hook
 
     async def _drain(self, runner: web.AppRunner) -> None:

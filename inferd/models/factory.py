@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import math
+
 from inferd.config import (
+    DEFAULT_LATENCY_TARGET_MS,
     DEFAULT_REFERENCE_KV_BLOCKS,
+    BatchingConfig,
     ModelConfig,
     ServerConfig,
     TrtllmConfig,
@@ -19,7 +23,7 @@ from inferd.engine import Engine
 
 # Artifacts `inferd.engine.build.reference.build_synthetic` can make offline; `serve` builds these itself
 # when they are missing, so a new user's first `inferd serve` works.
-SYNTHETIC_KINDS = ("tiny", "small")
+SYNTHETIC_KINDS = ("tiny", "small", "tiny-embed", "embed")
 
 
 class EngineConfigError(Exception):
@@ -70,10 +74,51 @@ def adapter_trusted_keys(name: str, model: ModelConfig, server: ServerConfig) ->
         raise EngineConfigError(name, f"trusted_keys: {exc}") from None
 
 
+def batch_policy(model: ModelConfig):
+    """The unary batcher's policy for an embedding model's [batching] table (inferd.config.embeddings)."""
+    from inferd.engine.unary import DeadlineAware, FixedWindow, NoBatching
+
+    b = model.batching or BatchingConfig()
+    if b.policy == "none":
+        return NoBatching()
+    if b.policy == "window":
+        return FixedWindow(b.window_ms / 1000)
+    return DeadlineAware((b.latency_target_ms or DEFAULT_LATENCY_TARGET_MS) / 1000, b.margin_ms / 1000,
+                         b.min_wait_ms / 1000, math.inf if b.max_wait_ms is None else b.max_wait_ms / 1000)
+
+
+def _reference_embedding_engine(name: str, model: ModelConfig, artifact_dir: Path) -> Engine:
+    from inferd.engine.reference import ReferenceEmbedder
+    from inferd.engine.unary import LoadedEncoder, UnaryEngine
+
+    def load() -> LoadedEncoder:
+        embedder = ReferenceEmbedder.load(artifact_dir, verify=model.verify)
+        return LoadedEncoder(embedder, embedder.manifest.name, embedder.manifest.version)
+
+    return UnaryEngine(load, batch_policy(model), backend="reference", max_batch_size=model.max_batch_size,
+                       max_batch_tokens=model.max_num_tokens, hardware=model.hardware or "cpu")
+
+
+def _is_embedding_artifact(name: str, model: ModelConfig, artifact_dir: Path) -> bool:
+    """The artifact's manifest says (an [embedding] table); checked against the model's `task`."""
+    from inferd.engine import ArtifactError, read_manifest
+
+    try:
+        embeds = read_manifest(artifact_dir).embedding is not None
+    except (ArtifactError, OSError) as exc:
+        raise EngineConfigError(name, f"artifact {artifact_dir}: {exc}") from None
+    if model.task is not None and embeds != (model.task == "embed"):
+        kind = "an embedding model" if embeds else "a generation model"
+        raise EngineConfigError(name, f"task = {model.task!r}, but artifact {artifact_dir.parent.name!r} is {kind}")
+    return embeds
+
+
 def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
     """Construct (not start) the engine for one [models.<name>] table."""
     if model.backend == "reference":
         artifact_dir = _artifact_dir(name, model, server)  # first: a missing artifact is the likelier error
+        if _is_embedding_artifact(name, model, artifact_dir):
+            return _reference_embedding_engine(name, model, artifact_dir)
         trusted = adapter_trusted_keys(name, model, server) if model.lora_adapters else {}
         from inferd.engine.reference import ReferenceEngine
 
@@ -94,6 +139,12 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
         from inferd.engine.sim import SimEngine
 
         sim = model.sim or SimConfig()
+        if model.task == "embed":
+            from inferd.engine.sim import sim_embedding_engine
+
+            return sim_embedding_engine(sim.profile, batch_policy(model), model_name=artifact_name(name, model),
+                                        time_scale=sim.time_scale, max_model_len=sim.max_model_len, seed=sim.seed,
+                                        max_batch_size=model.max_batch_size, max_batch_tokens=model.max_num_tokens)
         return SimEngine(
             sim.profile,
             num_kv_blocks=model.num_kv_blocks,

@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
 from inferd.observability.breaker_metrics import BreakerCollector
+from inferd.observability.embedding_metrics import EmbeddingMetrics
 from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
 from inferd.observability.slo_metrics import SloCollector
@@ -164,6 +165,7 @@ class Metrics:
         self.engine_step = Histogram(
             "inferd_engine_step_seconds", "Wall time of one engine step", MODEL_LABELS,
             buckets=STEP_BUCKETS, registry=r)
+        self.embeddings = EmbeddingMetrics(r, MODEL_LABELS)      # issue 16: the unary batcher
         self.config_reload_total = Counter(
             "inferd_config_reload", "Config reloads (SIGHUP), by result", ("result",), registry=r)
         for result in ("success", "error"):
@@ -269,6 +271,13 @@ class Metrics:
         """Feeds inferd_engine_step_seconds of `engine` (a loaded version of `model`; default: its
         default engine, looked up now)."""
         return self.series(model, engine).observe_step
+
+    def observe_engine(self, model: str, engine: Engine) -> None:
+        """Bind a started engine's observers: its steps and, for a unary (embedding) engine, its batches."""
+        series = self.series(model, engine)
+        engine.step_observer = series.observe_step
+        if hasattr(engine, "batch_observer"):
+            engine.batch_observer, engine.deadline_drop_observer = self.embeddings.observers(series.labels)
 
     def config_reloaded(self, ok: bool) -> None:
         self.config_reload_total.labels("success" if ok else "error").inc()

@@ -117,7 +117,7 @@ class ModelSeries:
 class RequestObservation:
     """Timing of one request as the client sees it. Create at arrival; feed deltas; finish once."""
 
-    __slots__ = ("series", "arrival", "_last_token", "ttft", "mean_itl", "_finished")
+    __slots__ = ("series", "arrival", "_last_token", "ttft", "mean_itl", "latency", "_finished")
 
     def __init__(self, series: ModelSeries, arrival: float | None = None) -> None:
         self.series = series
@@ -125,6 +125,7 @@ class RequestObservation:
         self._last_token: float | None = None
         self.ttft: float | None = None
         self.mean_itl: float | None = None    # set by finish(): decode time / gaps, two or more tokens
+        self.latency: float | None = None     # set by finish(): arrival to the end of the response
         self._finished = False
 
     def on_tokens(self, n_tokens: int, now: float | None = None, pushed_at: float | None = None) -> None:
@@ -154,7 +155,8 @@ class RequestObservation:
         now = time.monotonic() if now is None else now
         s = self.series
         s.count_request(status)
-        s.e2e.observe(now - self.arrival)
+        self.latency = now - self.arrival
+        s.e2e.observe(self.latency)
         tokens = usage.completion_tokens if usage is not None else 0
         if self._last_token is not None:
             if tokens > 1 and self.ttft is not None:     # as the client saw them

@@ -26,6 +26,7 @@ class RequestOutcome(msgspec.Struct, frozen=True):
     client_deadline: bool = False   # the client asked for a deadline shorter than the server's
     ttft_s: float | None = None     # arrival to the first token at the client
     itl_s: float | None = None      # mean gap between its tokens (two or more tokens)
+    latency_s: float | None = None  # arrival to the whole answer (a 200)
 
 
 def matches(slo: SloConfig, outcome: RequestOutcome) -> bool:
@@ -45,6 +46,10 @@ def judge(slo: SloConfig, outcome: RequestOutcome) -> bool | None:
         return None if outcome.ttft_s is None else outcome.ttft_s * 1000.0 <= slo.threshold_ms
     if sli == "itl":
         return None if outcome.itl_s is None else outcome.itl_s * 1000.0 <= slo.threshold_ms
+    if sli == "latency":
+        if status != 200 or outcome.latency_s is None:
+            return None
+        return outcome.latency_s * 1000.0 <= slo.threshold_ms
     if 400 <= status < 500:             # the client's error or an intentional refusal (quota, size, auth)
         return None
     if status == 504 and outcome.client_deadline:     # the client's own short deadline, not a server failure

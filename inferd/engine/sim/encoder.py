@@ -67,6 +67,8 @@ def sim_embedding_engine(profile: str | SimProfile, policy: Policy, *, model_nam
     if not time_scale >= 0:
         raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
     encoder = SimEncoder(profile, time_scale=time_scale, max_model_len=max_model_len, seed=seed)
-    return UnaryEngine(lambda: encoder.loaded(model_name), policy, backend="sim", max_batch_size=max_batch_size,
-                       max_batch_tokens=max_batch_tokens, hardware=encoder.profile.name, simulated=True,
-                       prior=encoder.estimate)
+    engine = UnaryEngine(lambda: encoder.loaded(model_name), policy, backend="sim", max_batch_size=max_batch_size,
+                         max_batch_tokens=max_batch_tokens, hardware=encoder.profile.name, simulated=True,
+                         prior=encoder.estimate)
+    engine.adopt(encoder.loaded(model_name))
+    return engine

@@ -108,7 +108,13 @@ class UnaryEngine(Engine):
         if self._task is not None:
             return
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"inferd-{self._backend}-embed")
-        loaded = await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        if getattr(self, "info", None) is None:
+            self.adopt(await asyncio.get_running_loop().run_in_executor(self._executor, self._load))
+        self._task = asyncio.get_running_loop().create_task(self._batcher(), name=f"embed-batcher-{self.info.model_name}")
+
+    def adopt(self, loaded: LoadedEncoder) -> None:
+        """Take a loaded encoder: `start` does this with `load()`'s; a backend whose encoder costs nothing
+        to make (the sim) does it at construction, so its info is known before start, as the sim's is."""
         enc = self.encoder = loaded.encoder
         self.tokenizer = enc.tokenizer
         self.info = EngineInfo(
@@ -117,7 +123,6 @@ class UnaryEngine(Engine):
             max_batch_size=self.limits.max_requests, max_num_tokens=self.limits.max_tokens,
             simulated=self._simulated, hardware=self._hardware, task="embed", dimensions=enc.dimensions,
             min_dimensions=enc.matryoshka_min_dimensions)
-        self._task = asyncio.get_running_loop().create_task(self._batcher(), name=f"embed-batcher-{loaded.model_name}")
 
     async def warmup(self) -> None:
         """Two batch shapes, one request and a full batch, so the compute line is measured before the

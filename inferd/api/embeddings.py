@@ -1,0 +1,224 @@
+"""POST /v1/embeddings: body -> inputs -> the embedding engine's batcher -> vectors.
+
+The request path is the generation path's (completions.py), in the same order and with the same
+refusals: authenticate, quota precheck, read and decode, deadline, Idempotency-Key, route (aliases,
+splits, canaries, breakers), the tenant's model permission, a length bound per input before any
+tokenization, tokenize (in the bounded pool when large), the tenant's content policy, charge the quota
+once, then admission: each input is one request to the engine's weighted-fair queue (so tenants share
+the batcher fairly and deadlines apply), but one HTTP request keeps at most a batch's worth of its
+inputs queued at a time, so a 2,048-input request cannot fill the node's queue. The ledger row,
+metrics, SLO outcome and log fields are written as for any request. Not here (yet): spillover to a
+peer, the response cache, and embeddings as Batch API lines.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import msgspec
+from aiohttp import web
+
+from inferd.api import appkeys as keys
+from inferd.api import idempotency
+from inferd.api.admit import SharedLease, charge, check_model_allowed, precheck_quota, rejection_error, request_deadline
+from inferd.api.auth import authenticate
+from inferd.api.body import check_json_content_type, read_body
+from inferd.api.completions import CLIENT_GONE, version_label
+from inferd.api.context import GenerationContext
+from inferd.api.embedding_format import (EmbeddingRequest, check_dimensions, inputs, prepared, response_body,
+                                         truncate)
+from inferd.api.errors import ApiError, invalid, unavailable
+from inferd.api.openai import _validation_error
+from inferd.api.responses import abnormal_end, server_timing
+from inferd.api.safety import check_input
+from inferd.api.slo_outcomes import record_slo, record_slo_for
+from inferd.api.tokenize import OFF_LOOP_BYTES, POOL, chars_per_token
+from inferd.api.usage import check_ledger, record_usage
+from inferd.api.versioned import check_breaker, record_outcome, route_request
+from inferd.admission import AdmissionRejected
+from inferd.engine import Engine, EngineUnavailable, InvalidRequest
+from inferd.models import VersionLease
+from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
+
+_decoder = msgspec.json.Decoder(EmbeddingRequest)
+
+
+async def create_embedding(request: web.Request) -> web.StreamResponse:
+    state = request.app[keys.STATE]
+    lease = VersionLease(state.versions)    # keeps the routed version loaded until this request ends
+    response = None
+    try:
+        response = await _embed(request, state, lease)
+        return response
+    finally:
+        lease.release()
+        await idempotency.settle(request, state, response)
+
+
+def _decode(body: bytes) -> EmbeddingRequest:
+    if not body:
+        raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        return _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def _embed(request: web.Request, state, lease: VersionLease) -> web.StreamResponse:
+    model, engine, route, tenant = "other", None, None, ""
+    try:
+        if state.draining:
+            raise unavailable("The server is draining; retry on another node.", code="draining")
+        check_ledger(state)
+        tenancy = state.tenancy
+        tenant = authenticate(request, "inference").tenant
+        precheck_quota(tenancy, tenant)
+        check_json_content_type(request)
+        server = state.config.server
+        body = await read_body(request, server.max_body_bytes)
+        req = _decode(body)
+        items = inputs(req)
+        deadline = request_deadline(request, req, tenancy, tenant, server, request[keys.ARRIVAL])
+        replayed = await idempotency.claim(request, state, tenant, body, deadline)
+        if replayed is not None:
+            return replayed
+        route = route_request(state, req.model, tenant, req.user, request[keys.REQUEST_ID])
+        route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
+        model, engine = route.target.model, state.registry.table.engine(route.target)
+        lease.hold(route.target)
+        check_model_allowed(tenancy, tenant, req.model, model)
+        if engine.info.task != "embed" or route.lora is not None:
+            raise invalid(f"model: `{req.model}` is not an embedding model; /v1/embeddings needs one "
+                          f"(see GET /v1/models).", param="model", code="model_not_embedding")
+        if not engine.healthy:
+            record_outcome(state, route.target, None, 503, None)
+            raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
+        width = check_dimensions(req.dimensions, engine.info.dimensions, engine.info.min_dimensions, req.model)
+        ids = await _tokenize(engine, items, len(body), deadline)
+        text = prepared(items)
+        await check_input(state, tenant, text, engine, model, request[keys.REQUEST_ID], deadline)
+    except ApiError as err:
+        state.metrics.count_rejected(model, err.status, engine)
+        if route is not None:
+            record_slo(state, route, tenant, err.status)
+        raise
+    ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=text, route=route, model=model,
+                            engine=engine, prompt_ids=ids, sampling=[SamplingParams(max_tokens=0)] * len(ids),
+                            deadline=deadline, body=body)
+    with state.track():
+        return await _run(ctx, req.encoding_format or "float", width)
+
+
+async def _tokenize(engine: Engine, items: list[str | list[int]], body_bytes: int, deadline: float) -> list[list[int]]:
+    """Token ids per input: each judged by its length first (no input longer than the context is ever
+    tokenized), then encoded, in the bounded pool when the body is large."""
+    limit, tok = engine.info.max_model_len, engine.tokenizer
+    for i, x in enumerate(items):
+        if len(x) <= limit:
+            continue
+        if isinstance(x, list):
+            raise _too_long(i, f"{len(x)} tokens", limit)
+        at_least = math.ceil(len(x) / await chars_per_token(tok, deadline))
+        if at_least > limit:
+            raise _too_long(i, f"{len(x)} characters, so at least {at_least} tokens", limit)
+
+    def work() -> list[list[int]]:
+        return [tok.encode(x) if isinstance(x, str) else x for x in items]
+
+    ids = await POOL.run(work, deadline) if body_bytes > OFF_LOOP_BYTES else work()
+    vocab = tok.vocab_size
+    for i, row in enumerate(ids):
+        if isinstance(items[i], list) and not all(0 <= t < vocab for t in row):
+            raise invalid(f"input[{i}]: a token id is outside this model's vocabulary [0, {vocab}).",
+                          param=f"input[{i}]", code="invalid_token_id")
+        if len(row) > limit:
+            raise _too_long(i, f"{len(row)} tokens", limit)
+        if not row:
+            raise invalid(f"input[{i}]: tokenizes to nothing.", param=f"input[{i}]", code="invalid_value")
+    return ids
+
+
+def _too_long(i: int, size: str, limit: int) -> ApiError:
+    return invalid(f"input[{i}]: {size}; this model's context is {limit} tokens.", param=f"input[{i}]",
+                   code="context_length_exceeded")
+
+
+async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamResponse:
+    request, state, engine, route, model = ctx.request, ctx.state, ctx.engine, ctx.route, ctx.model
+    label = version_label(engine)
+    headers = {"X-Request-Id": ctx.request_id, "X-Inferd-Model-Version": label}
+    if engine.info.simulated:
+        headers["X-Inferd-Simulated"] = "true"
+    obs = state.metrics.start_request(model, ctx.arrival, engine)
+    gens = [GenerationRequest(request_id=f"emb-{ctx.request_id}-{i}", prompt_token_ids=tuple(ids),
+                              sampling=ctx.sampling[0], tenant=ctx.tenant, deadline=ctx.deadline)
+            for i, ids in enumerate(ctx.prompt_ids)]
+    status, last = CLIENT_GONE, None
+    try:
+        try:
+            quota = charge(state.tenancy, ctx.tenant, gens)
+            finals = await _admit_and_collect(state, ctx, gens, quota)
+        except AdmissionRejected as exc:
+            raise rejection_error(exc, state.tenancy.quota.headers(ctx.tenant)) from None
+        except InvalidRequest as exc:
+            raise invalid(str(exc), param=exc.param) from None
+        except EngineUnavailable as exc:
+            raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") \
+                from None
+        last = Delta(token_ids=[], finish_reason=FinishReason.STOP, timing=finals[0].timing,
+                     usage=Usage.summed([f.usage for f in finals if f.usage is not None]))
+        for f in finals:
+            if f.finish_reason is not FinishReason.STOP:
+                last = Delta(token_ids=[], finish_reason=f.finish_reason, usage=last.usage, error=f.error)
+                raise abnormal_end(f.finish_reason, f.error)
+        vectors = [truncate(f.embedding, width) for f in finals]
+        headers["Server-Timing"] = server_timing(ctx.arrival, last.timing, time.monotonic())
+        headers.update(quota.headers)       # X-RateLimit-*
+        status = 200
+        await record_usage(ctx, status, last, 0, withhold=True)
+        return web.Response(body=response_body(vectors, f"{model}@{label}", last.usage.prompt_tokens, encoding),
+                            headers=headers, content_type="application/json")
+    except ApiError as err:
+        status = err.status
+        raise
+    finally:
+        obs.finish(status, usage=last.usage if last is not None else None,
+                   timing=last.timing if last is not None else None)
+        if status != 200:
+            await record_usage(ctx, status, last, 0)
+        record_outcome(state, route.target, last, status, None)
+        record_slo_for(ctx, status, obs=obs)
+        request[keys.LOG_FIELDS].update(model=model, version=label, inputs=len(gens), outcome_status=status,
+                                        prompt_tokens=last.usage.prompt_tokens if last and last.usage else 0)
+
+
+async def _admit_and_collect(state, ctx: GenerationContext, gens: list[GenerationRequest], quota) -> list[Delta]:
+    """Each input through the engine's admission queue, at most a batch's worth queued at once; the
+    first refusal or failure withdraws the rest. Returns each input's final delta, in order."""
+    queue = state.tenancy.queue_for(ctx.model, ctx.engine)
+    shares = SharedLease(quota, len(gens)).shares
+    window = asyncio.Semaphore(max(1, ctx.engine.info.max_batch_size))
+
+    async def one(gen: GenerationRequest, share) -> Delta:
+        async with window:
+            stream = await queue.admit(gen, deadline=ctx.deadline, lease=share)
+            try:
+                return await stream.collect()
+            finally:
+                stream.cancel()             # a no-op once finished; aborts when we are cancelled
+
+    tasks = [asyncio.ensure_future(one(g, s)) for g, s in zip(gens, shares)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        # Admission releases the share of every input it saw (refused, withdrawn or ended); the inputs
+        # still waiting for the window never reached it and give theirs back here, once all are done.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for share in shares:
+            share.release(None)
+        raise
