@@ -170,7 +170,9 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                 info = engine.info
                 label = f"{info.version}+simulated" if info.simulated else info.version
                 row.update(root=f"{listing.id}@{label}", version=label, backend=info.backend,
-                           max_model_len=info.max_model_len, simulated=info.simulated)
+                           max_model_len=info.max_model_len, simulated=info.simulated, task=info.task)
+                if info.task == "embed":
+                    row.update(dimensions=info.dimensions, min_dimensions=info.min_dimensions)
         rows.append(row)
         if listing.kind == "model":       # `loaded`: in the default version's engine now (AdapterHost engines)
             rows += [{"id": f"{listing.id}:{a.name}", "object": "model", "created": created, "owned_by": "inferd",

@@ -134,6 +134,14 @@ async def test_batches_and_usage_are_in_the_metrics(served):
     assert "inferd_embedding_compute_seconds_count" in text
 
 
+async def test_the_model_list_says_which_models_embed_and_their_width(served):
+    _, url, _, http = served
+    async with http.get(url + "/v1/models") as resp:
+        rows = {r["id"]: r for r in (await resp.json())["data"]}
+    assert (rows["emb"]["task"], rows["emb"]["dimensions"], rows["emb"]["min_dimensions"]) == ("embed", DIMS, 32)
+    assert rows["chat"]["task"] == "generate" and "dimensions" not in rows["chat"]
+
+
 async def test_the_openapi_document_lists_the_endpoint(served):
     _, url, _, http = served
     async with http.get(url + "/openapi.json") as resp:
