@@ -105,3 +105,19 @@ def test_adapters_must_be_signed_by_the_models_trusted_keys_else_the_servers(tmp
                                                 "trtllm": {"engine_dir": str(tmp_path / "eng")}, **extra}, tmp_path)
         server = msgspec.structs.replace(server, trusted_keys=(str(keys["release"]),))
         assert build_engine(name, model, server)._loras._trusted == expected
+
+
+def test_a_sim_embedding_model_is_a_unary_engine_with_the_configured_policy():
+    from inferd.engine.unary import DeadlineAware, FixedWindow, UnaryEngine
+
+    name, model, server = model_and_server({"backend": "sim", "task": "embed", "max_batch_size": 5,
+                                            "max_num_tokens": 300, "batching": {"latency_target_ms": 40},
+                                            "sim": {"profile": "tiny", "max_model_len": 128}})
+    engine = build_engine(name, model, server)
+    assert isinstance(engine, UnaryEngine) and isinstance(engine.policy, DeadlineAware)
+    assert engine.policy.target_s == pytest.approx(0.040) and engine.limits.max_requests == 5
+    assert (engine.info.task, engine.info.max_model_len, engine.info.simulated) == ("embed", 128, True)
+    name, model, server = model_and_server({"backend": "sim", "task": "embed",
+                                            "batching": {"policy": "window", "window_ms": 7}})
+    assert build_engine(name, model, server).policy.window_s == pytest.approx(0.007)
+    assert isinstance(build_engine(name, model, server).policy, FixedWindow)

@@ -47,3 +47,11 @@ def test_an_slo_matches_its_model_or_alias_and_its_class():
     assert not matches(s, outcome(priority=PriorityClass.BATCH))
     assert matches(slo("availability"), outcome(requested="chat", model="small"))
     assert not matches(slo("availability"), outcome(requested="big", model="big"))
+
+
+def test_latency_judges_whole_answers_only():
+    s = slo("latency", 50)
+    assert judge(s, outcome(latency_s=0.049)) is True
+    assert judge(s, outcome(latency_s=0.051)) is False
+    assert judge(s, outcome(status=504, latency_s=0.01)) is None        # availability's business
+    assert judge(s, outcome(latency_s=None)) is None
