@@ -147,3 +147,13 @@ async def test_the_openapi_document_lists_the_endpoint(served):
     async with http.get(url + "/openapi.json") as resp:
         spec = json.loads(await resp.text())
     assert "/v1/embeddings" in spec["paths"]
+
+
+async def test_the_tenants_content_policy_applies_to_inputs(tmp_path):
+    policy = '[tenants.local]\npolicy = "strict"\n[policies.strict.input]\nwords = ["forbidden phrase"]\n'
+    path = write_config(tmp_path / "c.toml", {"emb": SIM_EMBED}, policy)
+    async with running(path) as (_, url), aiohttp.ClientSession() as http:
+        status, got = await post(http, url, {"model": "emb", "input": ["fine", "a forbidden phrase here"]})
+        ok, _ = await post(http, url, {"model": "emb", "input": ["fine", "also fine"]})
+    assert status == 400 and (got["error"]["code"], got["error"]["param"]) == ("content_filter", "input")
+    assert "forbidden" not in got["error"]["message"] and ok == 200
