@@ -3,11 +3,15 @@
 One `forward` is one engine step over a packed continuous batch: every linear layer runs once over
 all T scheduled tokens (QKV and gate/up fused at load), attention reads each sequence's context
 through its block table, and the LM head runs only on each sequence's last token.
+
+`encode_hidden` runs the same layers over whole sequences with dense causal attention and no KV
+cache, and returns every token's final hidden state (what an embedding model pools).
 """
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from inferd.engine.reference.dense_attention import causal_attention
 from inferd.engine.reference.kv_cache import AttentionPlan, KVCacheError, PagedKVCache, paged_attention
 from inferd.engine.reference.lora import LoraWeights, lora_groups
 from inferd.engine.reference.weights import Checkpoint
@@ -29,7 +34,11 @@ class ModelConfigError(ValueError):
 
 
 class ForwardBatchError(ValueError):
-    """A ForwardBatch is inconsistent (lengths, positions, slots, token ids)."""
+    """A ForwardBatch (or a batch to encode) is inconsistent (lengths, positions, slots, token ids)."""
+
+
+# attend(layer index, q [T, heads, D] scaled, k [T, kv_heads, D] rotated, v [T, kv_heads, D]) -> [T, heads, D]
+Attend = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class Llama3RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
@@ -269,17 +278,47 @@ class LlamaModel:
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> np.ndarray:
         """Run one step; returns float32 [num_seqs, vocab]: the logits of each sequence's last token."""
-        c = self.config
         plan = self._plan(batch, kv)
-        tokens = plan.num_tokens
+
+        def attend(index: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            kv.write(index, batch.slot_mapping, k, v)
+            return paged_attention(kv, index, q, plan)
+
+        x = self._layers(np.asarray(batch.token_ids, dtype=np.int64), batch.positions, attend,
+                         lora_groups(batch.loras, batch.query_lens))   # base matmuls for all rows, deltas per adapter
+        last = _rms_norm(x[plan.last_rows], self.final_norm, self.config.rms_norm_eps)
+        return last @ self.lm_head.T
+
+    def encode_hidden(self, batch: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each sequence's final hidden states (after the last RMSNorm, as transformers' LlamaModel returns
+        them): float32 [len_i, hidden] per sequence. One packed pass, causal attention within each sequence."""
+        c = self.config
+        if not batch or any(len(ids) == 0 for ids in batch):
+            raise ForwardBatchError("a batch to encode needs at least one sequence, each of at least one token")
+        lengths = [len(ids) for ids in batch]
+        token_ids = np.concatenate([np.asarray(ids) for ids in batch])
+        if not np.issubdtype(token_ids.dtype, np.integer) or token_ids.min() < 0 or token_ids.max() >= c.vocab_size:
+            raise ForwardBatchError(f"token ids must be integers in [0, {c.vocab_size})")
+        positions = np.concatenate([np.arange(n) for n in lengths])
+
+        def attend(index: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return causal_attention(q, k, v, lengths)
+
+        x = _rms_norm(self._layers(token_ids.astype(np.int64), positions, attend, []), self.final_norm, c.rms_norm_eps)
+        return np.split(x, np.cumsum(lengths)[:-1])
+
+    def _layers(self, token_ids: np.ndarray, positions: np.ndarray, attend: Attend,
+                lora: list[tuple[LoraWeights, slice | np.ndarray]]) -> np.ndarray:
+        """The decoder layers over packed tokens; returns the residual stream [T, hidden] before the final norm."""
+        c = self.config
+        tokens = token_ids.size
         heads, kv_heads, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_end, k_end = heads * hd, (heads + kv_heads) * hd
-        angles = np.asarray(batch.positions, dtype=np.float32)[:, None] * self._inv_freq
+        angles = np.asarray(positions, dtype=np.float32)[:, None] * self._inv_freq
         cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]   # [T, 1, D/2]
         half = hd // 2
 
-        x = self.embed[np.asarray(batch.token_ids, dtype=np.int64)]
-        lora = lora_groups(batch.loras, batch.query_lens)   # base matmuls for all rows, deltas per adapter
+        x = self.embed[token_ids]
         for index, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = _linear(h, layer.wqkv, layer.bqkv)
@@ -290,8 +329,8 @@ class LlamaModel:
             rotated = np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)
             q = rotated[:, :heads]
             q *= self._scale
-            kv.write(index, batch.slot_mapping, rotated[:, heads:], qkv[:, k_end:].reshape(tokens, kv_heads, hd))
-            attn = paged_attention(kv, index, q, plan).reshape(tokens, q_end)
+            attn = attend(index, q, rotated[:, heads:], qkv[:, k_end:].reshape(tokens, kv_heads, hd))
+            attn = attn.reshape(tokens, q_end)
             out = _linear(attn, layer.wo, layer.bo)
             for adapter, rows in lora:
                 adapter.add(index, "o", attn, out, rows)
@@ -306,9 +345,7 @@ class LlamaModel:
             for adapter, rows in lora:
                 adapter.add(index, "down", act, out, rows)
             x += out
-
-        last = _rms_norm(x[plan.last_rows], self.final_norm, c.rms_norm_eps)
-        return last @ self.lm_head.T
+        return x
 
     def _plan(self, batch: ForwardBatch, kv: PagedKVCache) -> AttentionPlan:
         c = self.config
