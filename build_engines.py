@@ -2,6 +2,7 @@
 """Build engine artifacts into engines/<name>/<version>/ (see inferd.engine.artifacts).
 
   python build_engines.py --target reference --synthetic tiny|small
+  python build_engines.py --target reference --synthetic tiny-embed|embed     (embedding models)
   python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
   python build_engines.py --target trtllm ...      (options come from inferd.engine.build.trtllm)
   ... --sign inferd-signing.key                    also sign the artifact's manifest (docs/artifacts.md)
@@ -45,7 +46,8 @@ def build_parser(trtllm: ModuleType | None) -> argparse.ArgumentParser:
                         help="where artifacts go (default: ./engines)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC_SPECS),
-                        help="deterministic random-weight Llama with a trained byte-level BPE tokenizer")
+                        help="deterministic random-weight Llama with a trained byte-level BPE tokenizer "
+                             "(tiny-embed, embed: embedding models, with an [embedding] table in the manifest)")
     source.add_argument("--hf-dir", type=Path, help="an existing Hugging Face Llama checkpoint directory")
     parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind)")
     parser.add_argument("--sign", type=Path, metavar="PRIVATE_KEY_FILE",

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny synthetic artifact (built once per session) and its tokenizer.
+"""Shared fixtures: tiny synthetic artifacts (built once per session): a generative one with its tokenizer,
+and an embedding one.
 
 The artifact is read-only for tests: copy it (shutil.copytree) before altering anything.
 """
@@ -14,7 +15,8 @@ from inferd.engine.tokenization import HFTokenizer
 
 @pytest.fixture(scope="session")
 def tiny_engines_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An engines/ tree holding the tiny artifact (resolve_artifact(root, "tiny") finds it)."""
+    """An engines/ tree holding the tiny artifact (resolve_artifact(root, "tiny") finds it), and
+    tiny-embed once the tiny_embed_artifact fixture has built it."""
     root = tmp_path_factory.mktemp("engines")
     build_synthetic("tiny", root, progress=lambda message: None)
     return root
@@ -30,3 +32,10 @@ def tiny_artifact(tiny_engines_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_artifact: Path) -> HFTokenizer:
     return HFTokenizer.from_dir(tiny_artifact)
+
+
+@pytest.fixture(scope="session")
+def tiny_embed_artifact(tiny_engines_root: Path) -> Path:
+    """engines/tiny-embed/<version>: shaped like tiny, an embedding model (last-token pooling, normalized,
+    Matryoshka down to 16 of its 64 dimensions) whose tokenizer appends EOS."""
+    return build_synthetic("tiny-embed", tiny_engines_root, progress=lambda message: None)

@@ -111,6 +111,18 @@ def test_a_signer_field_that_lies_about_its_key_is_refused(artifact: Path, key_p
         verify_signed_artifact(artifact)
 
 
+def test_a_signed_embedding_artifact_verifies_with_its_embedding_table_and_an_edit_to_it_is_caught(
+        tiny_embed_artifact: Path, tmp_path: Path, key_pair, trusted) -> None:
+    artifact = Path(shutil.copytree(tiny_embed_artifact, tmp_path / "copy"))
+    signed(artifact, key_pair[0])
+    manifest, _ = verify_signed_artifact(artifact, trusted)
+    assert (manifest.embedding.pooling, manifest.embedding.matryoshka_min_dimensions) == ("last", 16)
+    text = (artifact / "manifest.toml").read_text()
+    (artifact / "manifest.toml").write_text(text.replace('pooling = "last"', 'pooling = "mean"'))
+    with pytest.raises(ArtifactError, match="does not match its signature"):
+        verify_signed_artifact(artifact, trusted)
+
+
 def test_signing_changes_neither_the_version_nor_the_files(artifact: Path, key_pair) -> None:
     before = {p.name: p.read_bytes() for p in artifact.iterdir()}
     signed(artifact, key_pair[0])

@@ -1,7 +1,10 @@
 """Artifacts for the reference (NumPy) engine: HF-layout Llama checkpoints.
 
-- `build_synthetic("tiny" | "small", engines_root)`: deterministic random weights plus a real
-  byte-level BPE tokenizer trained here; rebuilding gives byte-identical files and the same version.
+- `build_synthetic(kind, engines_root)` for a kind of SYNTHETIC_SPECS ("tiny", "small"; the embedding
+  models "tiny-embed", "embed"): deterministic random weights plus a real byte-level BPE tokenizer
+  trained here; rebuilding gives byte-identical files and the same version. An embedding kind's
+  manifest has an `[embedding]` table; with last-token pooling its tokenizer also appends EOS, the
+  token whose state is the embedding (as gte-Qwen's tokenizer does).
 - `pack_hf(hf_dir, name, engines_root)`: copy an existing HF Llama checkpoint into an artifact.
 """
 from __future__ import annotations
@@ -15,8 +18,17 @@ from pathlib import Path
 import msgspec
 import numpy as np
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer, processors
 
-from inferd.engine import Architecture, ArtifactError, DefaultSampling, Progress, publish_artifact, staging_dir
+from inferd.engine import (
+    Architecture,
+    ArtifactError,
+    DefaultSampling,
+    EmbeddingSpec,
+    Progress,
+    publish_artifact,
+    staging_dir,
+)
 from inferd.engine.build.tokenizer_train import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -43,6 +55,7 @@ class SyntheticSpec(msgspec.Struct, frozen=True, kw_only=True):
     tie_word_embeddings: bool
     corpus_lines: int          # tokenizer training corpus size
     seed: int = 0
+    embedding: EmbeddingSpec | None = None    # an embedding model (None: a generative one)
 
 
 SYNTHETIC_SPECS = {
@@ -54,6 +67,16 @@ SYNTHETIC_SPECS = {
     "small": SyntheticSpec(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
                            intermediate_size=1408, max_position_embeddings=2048, rope_theta=500000.0,
                            tie_word_embeddings=True, corpus_lines=30000),
+    # Embedding models, pooled from the final hidden states. For tests, shaped like "tiny":
+    "tiny-embed": SyntheticSpec(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                intermediate_size=128, max_position_embeddings=512, rope_theta=10000.0,
+                                tie_word_embeddings=False, corpus_lines=2000,
+                                embedding=EmbeddingSpec(pooling="last", matryoshka_min_dimensions=16)),
+    # ~13M parameters, 384-wide like the small sentence embedders; builds in a few seconds.
+    "embed": SyntheticSpec(vocab_size=8192, hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2,
+                           intermediate_size=1024, max_position_embeddings=512, rope_theta=10000.0,
+                           tie_word_embeddings=True, corpus_lines=30000,
+                           embedding=EmbeddingSpec(pooling="mean", matryoshka_min_dimensions=64)),
 }
 
 
@@ -113,6 +136,14 @@ def random_weights(spec: SyntheticSpec) -> dict[str, np.ndarray]:
         rng = np.random.Generator(np.random.PCG64(seed))
         tensors[name] = (rng.standard_normal(shape, dtype=np.float32) * _tensor_std(name, spec)).astype(np.float32)
     return tensors
+
+
+def _append_eos(tokenizer: Tokenizer) -> None:
+    """Post-process as BOS ... EOS, so a last-token-pooling embedder pools the state at EOS."""
+    bos, eos = (tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A {EOS_TOKEN}", pair=f"{BOS_TOKEN} $A $B {EOS_TOKEN}",
+        special_tokens=[(BOS_TOKEN, bos), (EOS_TOKEN, eos)])
 
 
 def _llama_config(spec: SyntheticSpec, bos_id: int, eos_ids: list[int]) -> dict:
@@ -202,6 +233,8 @@ def build_synthetic(kind: str, engines_root: Path, progress: Progress | None = N
     if tokenizer.get_vocab_size() != spec.vocab_size:
         raise ArtifactError(f"tokenizer training reached {tokenizer.get_vocab_size()} tokens, "
                             f"not {spec.vocab_size}; enlarge the corpus")
+    if spec.embedding is not None and spec.embedding.pooling == "last":
+        _append_eos(tokenizer)
     bos_id = tokenizer.token_to_id(BOS_TOKEN)
     eos_ids = [tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(IM_END)]
     n_params = num_parameters(spec)
@@ -218,7 +251,8 @@ def build_synthetic(kind: str, engines_root: Path, progress: Progress | None = N
         say(f"{kind}: hashing and publishing")
         path = publish_artifact(staging, engines_root, name=kind, target="reference", source=f"synthetic:{kind}",
                                 architecture=architecture_from_config(config, n_params),
-                                sampling=sampling_from_generation_config(generation), progress=say)
+                                sampling=sampling_from_generation_config(generation), embedding=spec.embedding,
+                                progress=say)
     say(f"{kind}: ready at {path}")
     return path
 

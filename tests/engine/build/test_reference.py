@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from inferd.engine.artifacts import ArtifactError, read_manifest, resolve_artifact, verify_artifact
+from inferd.engine.artifacts import ArtifactError, EmbeddingSpec, read_manifest, resolve_artifact, verify_artifact
 from inferd.engine.build.reference import SYNTHETIC_SPECS, build_synthetic, num_parameters, pack_hf, random_weights
 from inferd.engine.signing import fingerprint, generate_key_pair, load_public_key, verify_signed_artifact
 from inferd.engine.tokenization import HFTokenizer
@@ -80,6 +80,49 @@ def test_small_spec_is_a_20_to_50m_llama3_shaped_model() -> None:
     assert 20e6 < num_parameters(spec) < 50e6
     assert spec.hidden_size // spec.num_heads == 64 and spec.tie_word_embeddings
     assert (spec.vocab_size, spec.max_position_embeddings, spec.rope_theta) == (8192, 2048, 500000.0)
+
+
+def test_rebuilding_tiny_embed_gives_byte_identical_files_and_the_same_version(tiny_embed_artifact: Path,
+                                                                              tmp_path: Path) -> None:
+    rebuilt = build_synthetic("tiny-embed", tmp_path, progress=quiet)
+    assert rebuilt.name == tiny_embed_artifact.name
+    match, mismatch, errors = filecmp.cmpfiles(tiny_embed_artifact, rebuilt, ARTIFACT_FILES + ["manifest.toml"],
+                                               shallow=False)
+    assert (mismatch, errors) == ([], [])
+
+
+def test_tiny_embed_is_a_last_token_embedding_model_whose_tokenizer_ends_inputs_with_eos(
+        tiny_embed_artifact: Path, tiny_artifact: Path) -> None:
+    manifest = verify_artifact(tiny_embed_artifact)
+    assert manifest.embedding == EmbeddingSpec(pooling="last", normalize=True, matryoshka_min_dimensions=16)
+    assert manifest.architecture.hidden_size == 64 and read_manifest(tiny_artifact).embedding is None
+    tokenizer = HFTokenizer.from_dir(tiny_embed_artifact)
+    ids = tokenizer.encode("hello world")
+    assert (ids[0], ids[-1]) == (tokenizer.bos_token_id, tokenizer.eos_token_ids[0])
+    assert ids[1:-1] == HFTokenizer.from_dir(tiny_artifact).encode("hello world")[1:]
+
+
+def test_embed_spec_is_a_384_wide_mean_pooled_model() -> None:
+    spec = SYNTHETIC_SPECS["embed"]
+    assert 10e6 < num_parameters(spec) < 15e6
+    assert (spec.vocab_size, spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads) == (
+        8192, 384, 6, 6, 2)
+    assert (spec.intermediate_size, spec.max_position_embeddings, spec.rope_theta) == (1024, 512, 10000.0)
+    assert spec.tie_word_embeddings
+    assert spec.embedding == EmbeddingSpec(pooling="mean", matryoshka_min_dimensions=64)
+
+
+def test_cli_builds_the_embed_model_with_its_embedding_table(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """About a second on 2 cores: the tokenizer trains on the same corpus as small's."""
+    assert load_build_engines().main(["--engines-root", str(tmp_path), "--synthetic", "embed"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    manifest = verify_artifact(path)
+    assert (manifest.name, manifest.embedding.pooling, manifest.embedding.matryoshka_min_dimensions) == (
+        "embed", "mean", 64)
+    assert manifest.architecture.num_parameters == num_parameters(SYNTHETIC_SPECS["embed"])
+    tokenizer = HFTokenizer.from_dir(path)
+    assert tokenizer.encode("hello world")[-1] not in tokenizer.eos_token_ids     # mean pooling: no EOS added
 
 
 def test_unknown_synthetic_kind_is_rejected_by_name(tmp_path: Path) -> None:
