@@ -189,7 +189,7 @@ def check_adapter(name: str, source: str | Path, base_dir: Path) -> None:
     its signature, which preflight checks with adapter_signing).
     Raises AdapterLoadError, its `file` a full path when it names one. A base whose config.json does not
     load is the base artifact's own error, left to its load: nothing is checked then."""
-    from inferd.engine.reference.model import LlamaConfig, ModelConfigError
+    from inferd.engine.reference.config import LlamaConfig, ModelConfigError
 
     try:
         config = LlamaConfig.from_json(Path(base_dir) / "config.json")

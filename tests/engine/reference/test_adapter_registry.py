@@ -8,7 +8,7 @@ import pytest
 
 from inferd.engine.adapters import AdapterBusy, AdapterLoadError, UnknownAdapter
 from inferd.engine.reference.adapter_registry import AdapterRegistry
-from inferd.engine.reference.model import LlamaConfig
+from inferd.engine.reference.config import LlamaConfig
 
 
 class Clock:

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from inferd.engine.reference.kv_cache import PagedKVCache
-from inferd.engine.reference.model import (ForwardBatch, ForwardBatchError, LlamaConfig, LlamaModel,
-                                           ModelConfigError)
+from inferd.engine.reference.model import ForwardBatch, ForwardBatchError, LlamaModel
 
 # The `parity` extra (in `test`) installs both, so CI runs this module. A GPU node's pytest (the
 # `gpu-test` extra beside TensorRT-LLM's own torch/transformers) may lack them or have transformers 4.x,
@@ -142,41 +141,6 @@ def test_bf16_checkpoint_matches_hf_loading_it_as_float32(tmp_path: Path):
     ours = step(model, kv, [(Sequence(kv, [3, 0, 1], prompt), len(prompt))])
 
     np.testing.assert_allclose(ours[0], hf_logits(hf, prompt)[-1], atol=1e-3)
-
-
-def test_transformers4_rope_fields_parse_like_transformers5():
-    legacy_scaling = {k: v for k, v in LLAMA3.items() if k != "rope_type"} | {"type": "llama3"}
-    v4 = LlamaConfig.from_dict({**BASE, "rope_theta": 50000.0, "rope_scaling": legacy_scaling})
-    v5 = LlamaConfig.from_dict({**BASE, "rope_parameters": {"rope_theta": 50000.0, **LLAMA3}})
-    assert v4 == v5 and v5.rope_scaling is not None and v5.rope_theta == 50000.0
-
-
-def test_no_rope_scaling_means_default_rope():
-    config = LlamaConfig.from_dict({**BASE, "rope_scaling": None})
-    assert config.rope_scaling is None and config.rope_theta == 10000.0
-    assert config.head_dim == 16 and config.num_key_value_heads == 4
-
-
-@pytest.mark.parametrize("change, field", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
-    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "rope_parameters.rope_type"),
-    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_parameters.low_freq_factor"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"num_key_value_heads": 3}, "num_key_value_heads"),
-    ({"model_type": "mistral"}, "model_type"),
-    ({"hidden_size": "64"}, "hidden_size"),
-    ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
-])
-def test_unsupported_configs_raise_naming_the_field(change, field):
-    with pytest.raises(ModelConfigError) as info:
-        LlamaConfig.from_dict({**BASE, **change})
-    assert info.value.field == field
-
-
-def test_from_json_reports_an_unreadable_file(tmp_path: Path):
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ModelConfigError, match="cannot read"):
-        LlamaConfig.from_json(tmp_path / "config.json")
 
 
 @pytest.fixture(scope="module")
