@@ -85,7 +85,11 @@ class Estimator:
         tenant v is served up to w_v/w_t of `t`'s own backlog (VTC), or everything older (FCFS)."""
         rate = self.rate()
         queues, queued_cost = backlog.fifos, backlog.cost
-        own = sum(x.est_cost for x in queues.get(t.tenant, ()) if x.seq < t.seq)
+        mine = queues.get(t.tenant)
+        if not mine or mine[-1].seq < t.seq:     # a newcomer: all of its tenant's queue is ahead of it (O(1))
+            own = queued_cost.get(t.tenant, 0.0) if mine else 0.0
+        else:
+            own = sum(x.est_cost for x in mine if x.seq < t.seq)
         work = 0.0
         if not own_only:
             w_t = tenants.get(t.tenant).weight
@@ -101,6 +105,11 @@ class Estimator:
         if rate is None:
             return 0.0, 0.0
         return (own + work) / rate, own / rate
+
+    def queued_wait(self, cost: float) -> float:
+        """Seconds to serve `cost` of queued work at the measured rate (0 when none is measured)."""
+        rate = self.rate()
+        return cost / rate if rate else 0.0
 
     def retry_after(self, drain_s: float, fraction: float) -> float:
         """Retry-After: the time for enough of the queue to drain (`fraction` of `drain_s`; 0 = all of

@@ -98,26 +98,63 @@ class AdmissionQueue:
         this queue's clock. Raises AdmissionRejected, or the engine's InvalidRequest / EngineUnavailable.
         `lease` (from Quota.acquire) is released when the request ends or is refused. Cancelling the
         caller removes the request from the queue (or aborts it if it was just released)."""
+        return await self.admitted(self.enter(request, deadline=deadline, priority=priority, lease=lease))
+
+    def enter(self, request: GenerationRequest, *, deadline: float, priority: PriorityClass | None = None,
+              lease: Lease | None = None, follow_up: bool = False) -> Ticket:
+        """`admit`'s synchronous half: refuse `request` (raises, releasing `lease`), queue it, or release it
+        to the engine at once. `follow_up`: a further part of a request whose first part was entered (an
+        embeddings request's inputs): it is not held to the queue bounds or the early refusal again, so a
+        request that was let in is never refused partway for room (deadlines and TTLs still apply); the
+        caller bounds how many it keeps queued. A ticket entered must be awaited with `admitted` or given
+        back with `withdraw`."""
         try:
-            t = self._enter(request, deadline, priority, lease)
+            t = self._enter(request, deadline, priority, lease, follow_up)
+            if t.future is None:        # released at once: nothing queued, engine has room
+                t.stream = self._submit(t)
         except BaseException:
             if lease is not None:
                 lease.release(None)
             raise
-        if t.future is None:            # released at once: nothing queued, engine has room
-            return self._submit(t)
+        return t
+
+    async def admitted(self, t: Ticket) -> AdmittedStream:
+        """`admit`'s waiting half: the stream of a ticket `enter` returned, once it is released."""
+        if t.future is None:
+            return t.stream
         try:
             return await t.future
         except asyncio.CancelledError:
-            if t.state == QUEUED:
-                self._remove(t)
-                self._settle(t, None)
-            elif t.future.done() and not t.future.cancelled() and t.future.exception() is None:
-                t.future.result().cancel()
+            self.withdraw(t)
             raise
 
+    def withdraw(self, t: Ticket) -> None:
+        """The caller gives `t` up: out of the queue if still queued, its stream cancelled if released.
+        Idempotent."""
+        if t.state == QUEUED:
+            self._remove(t)
+            self._settle(t, None)
+            if t.future is not None and not t.future.done():
+                t.future.cancel()
+        elif t.stream is not None:
+            t.stream.cancel()
+        elif t.future is not None and t.future.done() and not t.future.cancelled() and t.future.exception() is None:
+            t.future.result().cancel()
+
+    def precheck(self, tenant: str) -> None:
+        """Raise 429 queue_full now if `tenant`'s queue is at its bound: for a caller about to do
+        expensive work (tokenizing many inputs) before it enters."""
+        cfg = self.tenants.get(tenant)
+        backlog = self._backlog
+        q = backlog.fifos.get(tenant)
+        if q and (len(q) >= cfg.max_queued_requests or backlog.tokens[tenant] >= cfg.max_queued_tokens):
+            self._stats.rejected(self.tenants.label(tenant), "queue_full")
+            raise AdmissionRejected(f"tenant {tenant!r} has too many requests queued", status=429,
+                                    reason="queue_full", retry_after_s=self._estimate.retry_after(
+                                        self._estimate.queued_wait(backlog.cost[tenant]), 1 / len(q)))
+
     def _enter(self, request: GenerationRequest, deadline: float, priority: PriorityClass | None,
-               lease: Lease | None) -> Ticket:
+               lease: Lease | None, follow_up: bool = False) -> Ticket:
         if self._closing:
             raise AdmissionRejected.draining()
         now = self._clock()
@@ -133,7 +170,8 @@ class AdmissionQueue:
             self._reject(t, "deadline", 504, None, "the request's deadline passed before it could start")
         backlog = self._backlog
         q = backlog.fifos.get(t.tenant)
-        if q and (len(q) >= cfg.max_queued_requests or backlog.tokens[t.tenant] + t.tokens > cfg.max_queued_tokens):
+        if q and not follow_up and (len(q) >= cfg.max_queued_requests
+                                    or backlog.tokens[t.tenant] + t.tokens > cfg.max_queued_tokens):
             overflow = max(1 / len(q), (backlog.tokens[t.tenant] + t.tokens - cfg.max_queued_tokens)
                            / max(1, backlog.tokens[t.tenant]))
             wait, _ = self._wait(t, own_only=True)
@@ -146,15 +184,15 @@ class AdmissionQueue:
                 and self._gate.fits(self.engine.capacity(), t, light, self.policy)):
             self._lift(t.tenant)
             return t
-        if self.policy.early_refusal:
+        if self.policy.early_refusal and not follow_up:
             wait, own = self._wait(t)
             budget = (t.expires - now) * self.policy.early_refusal_fraction
             if wait > budget:
                 reason = "deadline" if t.deadline <= t.expires else "ttl"
                 self._reject(t, reason, 429 if own >= wait / 2 else 503, wait - budget,
                              f"estimated queue wait {wait:.2f}s exceeds the request's {budget:.2f}s budget")
-        if (backlog.requests >= self.policy.max_queued_requests
-                or backlog.total_tokens + t.tokens > self.policy.max_queued_tokens):
+        if not follow_up and (backlog.requests >= self.policy.max_queued_requests
+                              or backlog.total_tokens + t.tokens > self.policy.max_queued_tokens):
             self._make_room(t)
         self._enqueue(t)
         return t

@@ -47,7 +47,7 @@ class AdmissionRejected(Exception):
 
 class Ticket:
     __slots__ = ("request", "tenant", "cls", "prompt", "tokens", "est_cost", "deadline", "expires",
-                 "arrived", "seq", "future", "timer", "state", "lease")
+                 "arrived", "seq", "future", "timer", "state", "lease", "stream")
 
     def __init__(self, request: GenerationRequest, cls: PriorityClass, est_cost: float, deadline: float,
                  expires: float, arrived: float, seq: int, lease: Lease | None) -> None:
@@ -65,3 +65,4 @@ class Ticket:
         self.timer: asyncio.TimerHandle | None = None
         self.state = QUEUED
         self.lease = lease
+        self.stream: Any = None         # its AdmittedStream when `enter` released it at once

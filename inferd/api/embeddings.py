@@ -97,6 +97,10 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
             record_outcome(state, route.target, None, 503, None)
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
         width = check_dimensions(req.dimensions, engine.info.dimensions, engine.info.min_dimensions, req.model)
+        try:        # the tenant's queue full: 429 now, before tokenizing what could not be queued
+            tenancy.queue_for(model, engine).precheck(tenant)
+        except AdmissionRejected as exc:
+            raise rejection_error(exc, tenancy.quota.headers(tenant)) from None
         ids = await _tokenize(engine, items, len(body), deadline)
         text = prepared(items)
         await check_input(state, tenant, text, engine, model, request[keys.REQUEST_ID], deadline)
@@ -196,29 +200,47 @@ async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamR
 
 
 async def _admit_and_collect(state, ctx: GenerationContext, gens: list[GenerationRequest], quota) -> list[Delta]:
-    """Each input through the engine's admission queue, at most a batch's worth queued at once; the
-    first refusal or failure withdraws the rest. Returns each input's final delta, in order."""
-    queue = state.tenancy.queue_for(ctx.model, ctx.engine)
+    """Each input through the engine's admission queue, at most a batch's worth queued at once.
+
+    The first input enters as any request does (queue bounds, early refusal: a refusal comes before
+    anything is computed); the others follow it in (admission's `follow_up`), so a request that was let
+    in is never refused partway for room, and only deadlines can end it early. The first failure
+    withdraws the rest. Returns each input's final delta, in order."""
+    try:
+        queue = state.tenancy.queue_for(ctx.model, ctx.engine)
+    except AdmissionRejected:
+        quota.release(None)
+        raise
     shares = SharedLease(quota, len(gens)).shares
     window = asyncio.Semaphore(max(1, ctx.engine.info.max_batch_size))
+    tickets: list = [None] * len(gens)
+    try:
+        tickets[0] = queue.enter(gens[0], deadline=ctx.deadline, lease=shares[0])
+    except BaseException:
+        for share in shares[1:]:
+            share.release(None)
+        raise
 
-    async def one(gen: GenerationRequest, share) -> Delta:
+    async def one(i: int) -> Delta:
         async with window:
-            stream = await queue.admit(gen, deadline=ctx.deadline, lease=share)
+            if tickets[i] is None:
+                tickets[i] = queue.enter(gens[i], deadline=ctx.deadline, lease=shares[i], follow_up=True)
+            stream = await queue.admitted(tickets[i])
             try:
                 return await stream.collect()
             finally:
                 stream.cancel()             # a no-op once finished; aborts when we are cancelled
 
-    tasks = [asyncio.ensure_future(one(g, s)) for g, s in zip(gens, shares)]
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(gens))]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
         for task in tasks:
             task.cancel()
-        # Admission releases the share of every input it saw (refused, withdrawn or ended); the inputs
-        # still waiting for the window never reached it and give theirs back here, once all are done.
         await asyncio.gather(*tasks, return_exceptions=True)
-        for share in shares:
+        for ticket in tickets:              # e.g. the first, if its task was cancelled before it ran
+            if ticket is not None:
+                queue.withdraw(ticket)
+        for share in shares:                # inputs that never entered give their share back
             share.release(None)
         raise

@@ -136,6 +136,33 @@ async def test_tenant_queue_bound_is_429_queue_full(make_queue):
         t.cancel()
 
 
+async def test_follow_ups_of_an_entered_request_pass_the_bounds_and_precheck_refuses_up_front(make_queue):
+    q, engine = make_queue(tenants={"a": TenantConfig(max_queued_requests=2)})
+    await occupy(q, engine)
+    first = q.enter(req("a"), deadline=far())           # the request's first part: bounds apply
+    more = [q.enter(req("a"), deadline=far(), follow_up=True) for _ in range(4)]    # never refused for room
+    assert q.snapshot()["tenants"]["a"]["queued"] == 5
+    with pytest.raises(AdmissionRejected) as exc:
+        q.precheck("a")                                 # a new request: refused before any work
+    assert exc.value.status == 429 and exc.value.reason == "queue_full" and exc.value.retry_after_s > 0
+    with pytest.raises(AdmissionRejected):
+        q.enter(req("a"), deadline=far())
+    q.precheck("b")                                     # other tenants are not affected
+    for t in [first, *more]:
+        q.withdraw(t)
+        q.withdraw(t)                                   # idempotent
+    assert q.snapshot()["tenants"]["a"]["queued"] == 0
+    q.precheck("a")
+
+
+async def test_a_withdrawn_released_ticket_aborts_its_engine_request(make_queue):
+    q, engine = make_queue()
+    t = q.enter(req("a"), deadline=far())               # room: released to the engine at once
+    assert engine.submitted and t.stream is not None
+    q.withdraw(t)
+    assert (await t.stream.collect()).finish_reason is FinishReason.ABORT
+
+
 async def test_tenant_queued_tokens_bound_is_429_queue_full_and_leaves_other_tenants_alone(make_queue):
     # each request holds prompt 16 + max_tokens 8 = 24 tokens while queued; the bound is 50
     q, engine = make_queue(tenants={"a": TenantConfig(max_queued_tokens=50)})

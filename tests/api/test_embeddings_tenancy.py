@@ -55,3 +55,16 @@ async def test_quota_refuses_embeddings_with_429_and_every_request_is_a_ledger_r
             rows = [json.loads(line) for line in (await resp.text()).splitlines()]
     assert [(r["endpoint"], r["status"], r["tenant"]) for r in rows] == [("embeddings", 200, "acme")] * 2
     assert rows[0]["prompt_tokens"] == ok.usage.prompt_tokens and rows[0]["completion_tokens"] == 0
+
+
+async def test_a_request_let_in_is_not_refused_partway_by_its_tenants_queue_bound(tmp_path):
+    # Eight inputs are in flight at once (the batch size) but a batch holds only a few (16 tokens), so
+    # several wait in admission, beyond the tenant's queue bound of one: the first input is held to the
+    # bound, the rest follow it in.
+    async with node(tmp_path, model={**EMBED, "max_num_tokens": 16, "sim": {**EMBED["sim"], "time_scale": 5.0}},
+                    tenants={"acme": {"max_queued_requests": 1}}) as n:
+        acme = n.key("acme")
+        await refresh(n)
+        got = await n.sdk(acme).embeddings.create(model="sim", input=[f"input {i}" for i in range(40)])
+        assert len(got.data) == 40
+        assert n.tenancy.queue_for("sim", n.daemon.state.engines["sim"]).snapshot()["queued"] == 0
