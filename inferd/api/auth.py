@@ -28,7 +28,8 @@ from inferd.tenancy import AuthError, InsufficientScope, Principal
 PERMISSION = "permission_error"
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("inferd_principal", Principal)
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})   # counted per tenant
+# Inference requests, counted per tenant (inferd_tenant_requests_total)
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 CERTIFICATE_SCOPES = frozenset({"inference"})
 # getpeercert() attribute names -> the short names RFC 4514 (and openssl) write.
 _RDN_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",

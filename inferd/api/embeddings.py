@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import time
 
 import msgspec
@@ -42,6 +43,17 @@ from inferd.models import VersionLease
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
+# Build the response body off the loop above this many floats (2,048 vectors of 4,096 floats take
+# a third of a second to encode; every stream on the node would stall that long).
+OFF_LOOP_FLOATS = 1 << 16
+
+
+class _InputFailed(Exception):
+    """One input ended without a vector (a deadline, an engine error): the request ends with it."""
+
+    def __init__(self, final: Delta) -> None:
+        super().__init__(final.finish_reason)
+        self.final = final
 
 
 async def create_embedding(request: web.Request) -> web.StreamResponse:
@@ -89,7 +101,7 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)
-        check_model_allowed(tenancy, tenant, req.model, model)
+        allowed = check_model_allowed(tenancy, tenant, req.model, model)
         if engine.info.task != "embed" or route.lora is not None:
             raise invalid(f"model: `{req.model}` is not an embedding model; /v1/embeddings needs one "
                           f"(see GET /v1/models).", param="model", code="model_not_embedding")
@@ -102,6 +114,7 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         except AdmissionRejected as exc:
             raise rejection_error(exc, tenancy.quota.headers(tenant)) from None
         ids = await _tokenize(engine, items, len(body), deadline)
+        _check_limits(tenancy, tenant, allowed, ids)
         text = prepared(items)
         await check_input(state, tenant, text, engine, model, request[keys.REQUEST_ID], deadline)
     except ApiError as err:
@@ -145,6 +158,24 @@ async def _tokenize(engine: Engine, items: list[str | list[int]], body_bytes: in
     return ids
 
 
+def _check_limits(tenancy, tenant: str, allowed: str, ids: list[list[int]]) -> None:
+    """The tenant's per-request limits, as generation's `apply_limits`: max_prompt_tokens per input (each
+    is a prompt), and a request whose tokens could never fit its tokens-per-minute bucket (a 429 would
+    only make the client retry forever)."""
+    cfg = tenancy.tenants.get(tenant)
+    if cfg.max_prompt_tokens is not None:
+        for i, row in enumerate(ids):
+            if len(row) > cfg.max_prompt_tokens:
+                tenancy.count_rejection(tenant, "limit")
+                raise invalid(f"input[{i}]: {len(row)} tokens; this tenant's limit is {cfg.max_prompt_tokens}.",
+                              param=f"input[{i}]", code="prompt_too_long")
+    total = sum(map(len, ids))
+    if cfg.tokens_per_minute is not None and total > cfg.tokens_per_minute:
+        tenancy.count_rejection(tenant, "limit")
+        raise invalid(f"input: {total} tokens in all exceeds this tenant's {cfg.tokens_per_minute} tokens per "
+                      f"minute; split the request.", param="input", code="request_too_large")
+
+
 def _too_long(i: int, size: str, limit: int) -> ApiError:
     return invalid(f"input[{i}]: {size}; this model's context is {limit} tokens.", param=f"input[{i}]",
                    code="context_length_exceeded")
@@ -157,10 +188,11 @@ async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamR
     if engine.info.simulated:
         headers["X-Inferd-Simulated"] = "true"
     obs = state.metrics.start_request(model, ctx.arrival, engine)
-    gens = [GenerationRequest(request_id=f"emb-{ctx.request_id}-{i}", prompt_token_ids=tuple(ids),
-                              sampling=ctx.sampling[0], tenant=ctx.tenant, deadline=ctx.deadline)
+    eid = "emb-" + secrets.token_hex(12)       # the engine's request ids: ours, never the client's X-Request-Id
+    gens = [GenerationRequest(request_id=f"{eid}-{i}", prompt_token_ids=tuple(ids), sampling=ctx.sampling[0],
+                              tenant=ctx.tenant, deadline=ctx.deadline)
             for i, ids in enumerate(ctx.prompt_ids)]
-    status, last = CLIENT_GONE, None
+    status, last, engine_down = CLIENT_GONE, None, False
     try:
         try:
             quota = charge(state.tenancy, ctx.tenant, gens)
@@ -170,21 +202,25 @@ async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamR
         except InvalidRequest as exc:
             raise invalid(str(exc), param=exc.param) from None
         except EngineUnavailable as exc:
+            engine_down = True
             raise unavailable(f"The engine serving `{model}` is unavailable: {exc}", code="engine_unavailable") \
                 from None
+        except _InputFailed as exc:
+            last = exc.final
+            raise abnormal_end(last.finish_reason, last.error) from None
         last = Delta(token_ids=[], finish_reason=FinishReason.STOP, timing=finals[0].timing,
                      usage=Usage.summed([f.usage for f in finals if f.usage is not None]))
-        for f in finals:
-            if f.finish_reason is not FinishReason.STOP:
-                last = Delta(token_ids=[], finish_reason=f.finish_reason, usage=last.usage, error=f.error)
-                raise abnormal_end(f.finish_reason, f.error)
-        vectors = [truncate(f.embedding, width) for f in finals]
+
+        def body() -> bytes:
+            vectors = [truncate(f.embedding, width) for f in finals]
+            return response_body(vectors, f"{model}@{label}", last.usage.prompt_tokens, encoding)
+
+        data = await asyncio.to_thread(body) if len(finals) * width > OFF_LOOP_FLOATS else body()
         headers["Server-Timing"] = server_timing(ctx.arrival, last.timing, time.monotonic())
         headers.update(quota.headers)       # X-RateLimit-*
         status = 200
         await record_usage(ctx, status, last, 0, withhold=True)
-        return web.Response(body=response_body(vectors, f"{model}@{label}", last.usage.prompt_tokens, encoding),
-                            headers=headers, content_type="application/json")
+        return web.Response(body=data, headers=headers, content_type="application/json")
     except ApiError as err:
         status = err.status
         raise
@@ -193,7 +229,8 @@ async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamR
                    timing=last.timing if last is not None else None)
         if status != 200:
             await record_usage(ctx, status, last, 0)
-        record_outcome(state, route.target, last, status, None)
+        if last is not None or engine_down:     # what the version did; admission's refusals are no failure of it
+            record_outcome(state, route.target, last, status, None)
         record_slo_for(ctx, status, obs=obs)
         request[keys.LOG_FIELDS].update(model=model, version=label, inputs=len(gens), outcome_status=status,
                                         prompt_tokens=last.usage.prompt_tokens if last and last.usage else 0)
@@ -205,7 +242,8 @@ async def _admit_and_collect(state, ctx: GenerationContext, gens: list[Generatio
     The first input enters as any request does (queue bounds, early refusal: a refusal comes before
     anything is computed); the others follow it in (admission's `follow_up`), so a request that was let
     in is never refused partway for room, and only deadlines can end it early. The first failure
-    withdraws the rest. Returns each input's final delta, in order."""
+    withdraws the rest (an input that ends without a vector raises _InputFailed). Returns each input's final
+    delta, in order."""
     try:
         queue = state.tenancy.queue_for(ctx.model, ctx.engine)
     except AdmissionRejected:
@@ -227,9 +265,12 @@ async def _admit_and_collect(state, ctx: GenerationContext, gens: list[Generatio
                 tickets[i] = queue.enter(gens[i], deadline=ctx.deadline, lease=shares[i], follow_up=True)
             stream = await queue.admitted(tickets[i])
             try:
-                return await stream.collect()
+                final = await stream.collect()
             finally:
                 stream.cancel()             # a no-op once finished; aborts when we are cancelled
+            if final.finish_reason is not FinishReason.STOP:
+                raise _InputFailed(final)   # the rest are withdrawn: the request has failed
+            return final
 
     tasks = [asyncio.ensure_future(one(i)) for i in range(len(gens))]
     try:

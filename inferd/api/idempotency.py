@@ -104,7 +104,9 @@ async def settle(request: web.BaseRequest, state, response: web.StreamResponse |
     body = None
     if response is not None and response.status == 200 and not capture.overflow:
         body = response.body if isinstance(response, web.Response) else b"".join(capture.chunks)
-        if not isinstance(response, web.Response) and not body.endswith(DONE_FRAME):
+        if isinstance(body, bytes) and len(body) > MAX_STORED_BYTES:
+            body = None         # served, not kept (a large embeddings response, say)
+        elif not isinstance(response, web.Response) and not body.endswith(DONE_FRAME):
             body = None         # a stream that ended in an error frame (a bug, its ledger row not recorded)
     try:
         if not isinstance(body, bytes):

@@ -157,3 +157,43 @@ async def test_the_tenants_content_policy_applies_to_inputs(tmp_path):
         ok, _ = await post(http, url, {"model": "emb", "input": ["fine", "also fine"]})
     assert status == 400 and (got["error"]["code"], got["error"]["param"]) == ("content_filter", "input")
     assert "forbidden" not in got["error"]["message"] and ok == 200
+
+
+BREAKER = SIM_EMBED.replace("max_batch_size = 8", "max_batch_size = 4").replace("time_scale = 0.01", "time_scale = 1.0") \
+    + "[MODEL.breaker]\nmin_requests = 5\nwindow_s = 30\ncooldown_s = 30\n"
+
+
+async def test_admission_refusals_under_overload_do_not_open_the_breaker(tmp_path):
+    path = write_config(tmp_path / "c.toml", {"emb": BREAKER}, "[admission]\nmax_queued_requests = 2\n")
+    async with running(path) as (_, url), aiohttp.ClientSession() as http:
+        flood = await asyncio.gather(*[post(http, url, {"model": "emb", "input": [f"t {i} " * 30 for i in range(8)]})
+                                       for _ in range(12)])
+        status, got = await post(http, url, {"model": "emb", "input": "afterwards"})
+    assert {s for s, _ in flood} == {200, 503}          # some were refused: node_full
+    assert status == 200, got                           # ... which says nothing against the version
+
+
+async def test_clients_sharing_an_x_request_id_do_not_collide(served):
+    _, url, _, http = served
+    headers = {"X-Request-Id": "trace-123"}
+
+    async def one(i: int) -> int:
+        async with http.post(url + "/v1/embeddings", json={"model": "emb", "input": [f"text {i}"] * 3},
+                             headers=headers) as resp:
+            return resp.status
+
+    assert await asyncio.gather(*[one(i) for i in range(6)]) == [200] * 6
+
+
+async def test_tenant_limits_apply_per_input_and_to_the_whole_request(tmp_path):
+    limits = '[tenants.local]\nmax_prompt_tokens = 20\ntokens_per_minute = 60\n'   # "a few words": 9 tokens
+    path = write_config(tmp_path / "c.toml", {"emb": SIM_EMBED}, limits)
+    async with running(path) as (_, url), aiohttp.ClientSession() as http:
+        long_one = await post(http, url, {"model": "emb", "input": ["short", "word " * 10]})     # 42 tokens
+        too_many = await post(http, url, {"model": "emb", "input": ["a few words"] * 7})
+        fine = await post(http, url, {"model": "emb", "input": ["a few words"] * 3})
+    assert long_one[0] == 400 and long_one[1]["error"]["param"] == "input[1]"
+    assert long_one[1]["error"]["code"] == "prompt_too_long"
+    assert too_many[0] == 400 and (too_many[1]["error"]["param"], too_many[1]["error"]["code"]) == (
+        "input", "request_too_large")
+    assert fine[0] == 200

@@ -117,9 +117,12 @@ class UnaryEngine(Engine):
         to make (the sim) does it at construction, so its info is known before start, as the sim's is."""
         enc = self.encoder = loaded.encoder
         self.tokenizer = enc.tokenizer
+        # An input is at most a batch's tokens (max_num_tokens) as well as the model's context: the
+        # forming batch is what admission sees as this engine's room, and a longer input would never fit.
         self.info = EngineInfo(
             backend=self._backend, model_name=loaded.model_name, version=loaded.version,
-            max_model_len=enc.max_model_len, block_size=1, num_kv_blocks=self.limits.max_tokens,
+            max_model_len=min(enc.max_model_len, self.limits.max_tokens), block_size=1,
+            num_kv_blocks=self.limits.max_tokens,
             max_batch_size=self.limits.max_requests, max_num_tokens=self.limits.max_tokens,
             simulated=self._simulated, hardware=self._hardware, task="embed", dimensions=enc.dimensions,
             min_dimensions=enc.matryoshka_min_dimensions)
@@ -140,7 +143,7 @@ class UnaryEngine(Engine):
             self._task.cancel()
             try:
                 await self._task
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):     # the batcher's own failure was logged there
                 pass
         for req in list(self._requests.values()):
             self._finish(req, Delta(token_ids=[], finish_reason=FinishReason.ABORT, usage=self._usage(req)))
@@ -181,7 +184,7 @@ class UnaryEngine(Engine):
         req = self._requests.get(request_id)
         if req is None:
             return
-        if req not in self._running:            # still forming: leaves the batch-to-be
+        if req.pending in self._pending:        # still forming: leaves the batch-to-be
             self._pending.remove(req.pending)
             self._pending_tokens -= req.pending.tokens
             self._wake.set()
@@ -211,6 +214,20 @@ class UnaryEngine(Engine):
 
     # -- the batcher -------------------------------------------------------------------
     async def _batcher(self) -> None:
+        try:
+            await self._batch_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception:   # noqa: BLE001 — a bug: fail what is in flight rather than leave it hanging
+            log.exception("embedding batcher failed", extra={"event": "embed_batcher_failed"})
+            for req in list(self._requests.values()):
+                self._finish(req, Delta(token_ids=[], finish_reason=FinishReason.ERROR, usage=self._usage(req),
+                                        error="the engine failed"))
+            self._pending.clear()
+            self._pending_tokens = 0
+            raise
+
+    async def _batch_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             now = time.monotonic()
@@ -241,8 +258,7 @@ class UnaryEngine(Engine):
             self._pending_tokens -= p.tokens
             req = self._requests[p.request_id]
             self._finish(req, Delta(token_ids=[], finish_reason=FinishReason.DEADLINE, usage=self._usage(req)))
-        if self.deadline_drop_observer is not None:
-            self.deadline_drop_observer(len(dropped))
+        self._notify(self.deadline_drop_observer, len(dropped))
 
     def _timed_encode(self, batch: Sequence[Sequence[int]]) -> tuple[np.ndarray, float]:
         started = time.perf_counter()
@@ -256,6 +272,8 @@ class UnaryEngine(Engine):
         try:
             vectors, seconds = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._timed_encode, [r.prompt for r in batch])
+            if len(vectors) != len(batch):
+                raise RuntimeError(f"the encoder returned {len(vectors)} vectors for {len(batch)} inputs")
         except Exception:   # noqa: BLE001 — a bug or a bad input fails this batch, not the engine
             log.exception("embedding batch failed", extra={"event": "embed_batch_failed", "size": len(batch)})
             for req in batch:
@@ -285,12 +303,16 @@ class UnaryEngine(Engine):
             wait_s=max(0.0, closed_at - min(r.pending.arrived for r in batch))))
 
     def _observe(self, record: BatchRecord) -> None:
-        for observer, value in ((self.step_observer, record.compute_s), (self.batch_observer, record)):
-            if observer is not None:
-                try:
-                    observer(value)
-                except Exception:   # noqa: BLE001 — metrics never fail a batch
-                    log.exception("batch observer failed")
+        self._notify(self.step_observer, record.compute_s)
+        self._notify(self.batch_observer, record)
+
+    @staticmethod
+    def _notify(observer: Callable | None, value: object) -> None:
+        if observer is not None:
+            try:
+                observer(value)
+            except Exception:   # noqa: BLE001 — metrics never fail a batch
+                log.exception("batch observer failed")
 
     def _finish(self, req: _Request, delta: Delta) -> None:
         if self._requests.pop(req.pending.request_id, None) is None:

@@ -159,3 +159,46 @@ async def test_closing_aborts_what_is_waiting_and_refuses_new_work(make_engine):
     assert (await stream.collect()).finish_reason is FinishReason.ABORT
     with pytest.raises(EngineUnavailable):
         engine.submit(req("b"))
+
+
+async def test_an_encoder_returning_too_few_vectors_fails_the_batch_not_the_engine(make_engine):
+    enc = FakeEncoder()
+    real = enc.encode
+    enc.encode = lambda batch: real(batch)[:-1]
+    engine, _ = await make_engine(FixedWindow(0.0), encoder=enc)
+    final = await engine.submit(req("a")).collect()
+    assert final.finish_reason is FinishReason.ERROR and engine.healthy
+
+
+async def test_a_failing_batcher_fails_what_waits_and_the_engine_turns_unhealthy(make_engine):
+    class Broken:
+        name = "broken"
+
+        def plan(self, *args):
+            raise RuntimeError("a bug in a policy")
+
+    engine, _ = await make_engine(Broken())
+    final = await engine.submit(req("a")).collect()
+    assert final.finish_reason is FinishReason.ERROR
+    assert not engine.healthy
+    await engine.close()                        # does not raise the batcher's error
+
+
+async def test_a_raising_drop_observer_does_not_stop_the_batcher(make_engine):
+    engine, _ = await make_engine(DeadlineAware(target_s=0.05, margin_s=0.001))
+    engine.compute.observe(10, 0.010)
+
+    def boom(n):
+        raise RuntimeError("metrics bug")
+
+    engine.deadline_drop_observer = boom
+    late = await engine.submit(req("late", deadline=time.monotonic() + 0.001)).collect()
+    assert late.finish_reason is FinishReason.DEADLINE
+    assert (await engine.submit(req("ok")).collect()).finish_reason is FinishReason.STOP
+
+
+async def test_an_input_is_at_most_a_batchs_tokens(make_engine):
+    engine, _ = await make_engine(max_batch_tokens=32)          # the model's context is 64
+    assert engine.info.max_model_len == 32
+    with pytest.raises(InvalidRequest):
+        engine.submit(req("long", (1,) * 33))
