@@ -42,7 +42,7 @@ def test_a_tiny_run_accounts_for_every_request_and_renders_the_table_and_verdict
     verdict = result["verdict"]
     assert verdict["lowest_load"] == 0.5
     assert isinstance(verdict["never_worse_than_none"], bool)
-    assert verdict["window_misses_at"] in (None, 0.5, 2.0)
+    assert verdict["window_misses_at"] in (None, 0.5, 2.0) and verdict["window_collapses_at"] in (None, 0.5, 2.0)
 
     bench = load_bench()
     text = bench.render(result, bench.parse_args(ARGS))
