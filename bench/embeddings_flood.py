@@ -2,7 +2,7 @@
 floods POST /v1/embeddings on the same node.
 
     .venv/bin/python bench/embeddings_flood.py [--seconds 10] [--chat-clients 8] [--flood-clients 16]
-        [--inputs 64] [--input-tokens 100] [--encoding base64|float] [--honor-retry-after]
+        [--inputs 64] [--input-tokens 100] [--encoding base64|float] [--ignore-retry-after]
         [--bulk-max-queued N] [--py-spy DIR]
 
 The issue's promise: "embeddings and generation on the same node never starve each other". Setup:
@@ -20,7 +20,8 @@ The issue's promise: "embeddings and generation on the same node never starve ea
      carrying content) and the end-to-end time.
   4. `flood`: the same, while --flood-clients closed-loop clients of tenant `bulk` send /v1/embeddings
      requests of --inputs inputs of ~--input-tokens tokens each, as fast as they are answered; a
-     refusal is retried at once unless --honor-retry-after.
+     429/503 is retried after its Retry-After (as the official SDKs do), or at once with
+     --ignore-retry-after (a misbehaving client: the daemon then spends its CPU refusing).
   Each phase runs --settle s unmeasured (clients fall out of step, the flood reaches its steady
   state), then --seconds measured; every loop stops itself at its end time.
 It prints JSON and a summary: chat TTFT and end-to-end p50/p99 and request count per phase, the p99
@@ -428,8 +429,9 @@ def main() -> None:
     parser.add_argument("--flood-clients", type=int, default=16)
     parser.add_argument("--inputs", type=int, default=64, help="inputs per embeddings request")
     parser.add_argument("--input-tokens", type=int, default=100, help="about this many tokens per input")
-    parser.add_argument("--honor-retry-after", action="store_true",
-                        help="flood clients wait out a 429/503's Retry-After (default: retry at once)")
+    parser.add_argument("--ignore-retry-after", dest="honor_retry_after", action="store_false",
+                        help="flood clients retry a 429/503 at once (default: after its Retry-After, as the "
+                             "official SDKs do)")
     parser.add_argument("--bulk-max-queued", type=int, default=None,
                         help="tenant bulk's max_queued_requests (default: the config default)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR",
