@@ -69,7 +69,7 @@ class Run:
     mean_wait_ms: float = 0.0
     mean_compute_ms: float = 0.0
     batch_late: int = 0         # members the engine itself answered after their deadline
-    compute_line: tuple[float, float] = (0.0, 0.0)   # the engine's fitted (s per batch, s per token) at the end
+    compute_points: list = field(default_factory=list)   # the engine's measured (tokens, s) at the end
     sizes: dict[int, int] = field(default_factory=dict)
 
 
@@ -172,7 +172,7 @@ async def run_one(policy: str, schedule, args) -> Run:
             await asyncio.wait(list(outstanding.values()), timeout=1.0)
     finally:
         gc.unfreeze()
-        compute_line = engine.compute.line
+        compute_points = engine.compute.points
         await engine.close()
     run.goodput = run.good / args.duration_s
     if latencies:
@@ -188,7 +188,7 @@ async def run_one(policy: str, schedule, args) -> Run:
         run.batch_late = sum(r.late for r in records)
         for r in records:
             run.sizes[r.size] = run.sizes.get(r.size, 0) + 1
-    run.compute_line = compute_line
+    run.compute_points = compute_points
     return run
 
 
@@ -281,16 +281,15 @@ def render(result: dict, args) -> str:
     if args.detail:
         lines += ["", f"{'load':>5} {'policy':>8} | {'batches':>7} {'mean':>5} {'max':>4} {'wait ms':>7} "
                       f"{'compute ms':>10} | {'late':>5} {'dropped':>7} {'unfin':>6} | {'lag p99/max ms':>14} | "
-                      f"compute line (ms/batch, us/tok)"]
+                      f"compute model (tokens: ms)"]
         for level in result["levels"]:
             for p in POLICIES:
                 r = level["runs"][p]
-                a, b = r["compute_line"]
                 lines.append(f"{level['load']:>5.2f} {p:>8} | {r['batches']:>7} {r['mean_batch']:>5.1f} "
                              f"{r['max_batch']:>4} {r['mean_wait_ms']:>7.1f} {r['mean_compute_ms']:>10.1f} | "
                              f"{r['late']:>5} {r['dropped']:>7} {r['unfinished']:>6} | "
                              f"{r['submit_lag_p99_ms']:>6.2f}/{r['submit_lag_max_ms']:>7.2f} | "
-                             f"{a * 1000:.2f}, {b * 1e6:.2f}")
+                             + " ".join(f"{t:.0f}:{sec * 1000:.1f}" for t, sec in r["compute_points"]))
     return "\n".join(lines)
 
 

@@ -1,17 +1,21 @@
-"""A unary engine's compute time per batch shape, measured: seconds ~ a + b * tokens.
+"""A unary engine's compute time per batch shape, measured: seconds as a function of the batch's tokens.
 
-Batched encoders cost a fixed part per batch (reading the weights, launching kernels) plus a part
-per token (the dense layers' FLOPs); attention's quadratic share is small at embedding lengths and is
-absorbed by the fit. The line is an exponentially weighted least-squares fit over measured batches,
-so it follows the hardware as it warms, throttles or shares the machine. Before anything is measured
-it uses the backend's prior (the sim profile's roofline; zero for the reference engine, whose warmup
-measures it before the first request).
+The shape is a roofline's: flat while reading the weights dominates (small batches cost about the same
+whatever their size), then rising with the tokens once the dense layers' FLOPs do (on a CPU the flat
+part is short). A straight line fitted to whatever batches happened to run gets both ends wrong, so the
+model keeps one point per power-of-two range of token counts, each an exponentially weighted mean of the
+(tokens, seconds) measured there, and interpolates between neighbouring points. Below the smallest
+point it answers that point's time (flat: a small batch costs no less than the weights' read); above
+the largest it extends the slope of the two largest (or, with one point, scales it by tokens): both err
+towards longer estimates. Before anything is measured it uses the backend's prior (the sim profile's
+roofline; none for the reference engine, whose warmup measures several shapes before the first request).
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
-DECAY = 0.97            # weight of the past per new measurement (about the last 30 batches count)
+ALPHA = 0.2             # weight of a new measurement in its range's mean
 
 
 class ComputeModel:
@@ -19,35 +23,39 @@ class ComputeModel:
 
     def __init__(self, prior: Callable[[int, int], float] | None = None) -> None:
         self._prior = prior
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._ranges: dict[int, list[float]] = {}     # tokens.bit_length() -> [mean tokens, mean seconds]
+        self._xs: list[float] = []
+        self._ys: list[float] = []
         self.measured = 0
-        self._fixed = 0.0       # a: seconds per batch
-        self._per_token = 0.0   # b: seconds per token
 
     def observe(self, tokens: int, seconds: float) -> None:
-        d = DECAY
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + tokens
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + tokens * tokens
-        self._xy = self._xy * d + tokens * seconds
+        point = self._ranges.get(tokens.bit_length())
+        if point is None:
+            self._ranges[tokens.bit_length()] = [float(tokens), seconds]
+        else:
+            point[0] += ALPHA * (tokens - point[0])
+            point[1] += ALPHA * (seconds - point[1])
+        points = sorted(self._ranges.values())
+        self._xs, self._ys = [p[0] for p in points], [p[1] for p in points]
         self.measured += 1
-        mx, my = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mx * mx
-        if var > 1e-9 * max(1.0, mx * mx):
-            slope = (self._xy / self._w - mx * my) / var
-        else:               # one shape seen so far: all of it per token (errs towards longer estimates)
-            slope = my / mx if mx > 0 else 0.0
-        slope = max(0.0, slope)
-        self._per_token, self._fixed = slope, max(0.0, my - slope * mx)
 
     def estimate(self, requests: int, tokens: int) -> float:
         """Seconds a batch of `requests` inputs holding `tokens` tokens is expected to take."""
-        if not self.measured:
+        xs, ys = self._xs, self._ys
+        if not xs:
             return self._prior(requests, tokens) if self._prior is not None else 0.0
-        return self._fixed + self._per_token * tokens
+        if tokens <= xs[0]:
+            return ys[0]
+        if tokens >= xs[-1]:
+            if len(xs) == 1:
+                return ys[0] * tokens / xs[0]
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) if xs[-1] > xs[-2] else 0.0
+            return ys[-1] + slope * (tokens - xs[-1])
+        k = bisect.bisect_right(xs, tokens)
+        x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0) if x1 > x0 else max(y0, y1)
 
     @property
-    def line(self) -> tuple[float, float]:
-        """(seconds per batch, seconds per token) as fitted (zeros before any measurement)."""
-        return self._fixed, self._per_token
+    def points(self) -> list[tuple[float, float]]:
+        """The measured (tokens, seconds) points, by tokens."""
+        return list(zip(self._xs, self._ys))

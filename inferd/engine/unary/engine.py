@@ -110,7 +110,8 @@ class UnaryEngine(Engine):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"inferd-{self._backend}-embed")
         if getattr(self, "info", None) is None:
             self.adopt(await asyncio.get_running_loop().run_in_executor(self._executor, self._load))
-        self._task = asyncio.get_running_loop().create_task(self._batcher(), name=f"embed-batcher-{self.info.model_name}")
+        self._task = asyncio.get_running_loop().create_task(self._batcher(),
+                                                            name=f"embed-batcher-{self.info.model_name}")
 
     def adopt(self, loaded: LoadedEncoder) -> None:
         """Take a loaded encoder: `start` does this with `load()`'s; a backend whose encoder costs nothing
@@ -128,11 +129,13 @@ class UnaryEngine(Engine):
             min_dimensions=enc.matryoshka_min_dimensions)
 
     async def warmup(self) -> None:
-        """Two batch shapes, one request and a full batch, so the compute line is measured before the
-        first request is batched by it."""
+        """Batches of 1, 2, 4, ... requests up to a full one, so the compute model has measured the
+        shapes it will be asked about before the first request is batched by it."""
         loop = asyncio.get_running_loop()
         length = max(1, min(self.info.max_model_len, self.limits.max_tokens // self.limits.max_requests))
-        for n in (1, self.limits.max_requests):
+        sizes = sorted({min(1 << k, self.limits.max_requests)
+                        for k in range(self.limits.max_requests.bit_length() + 1)})
+        for n in sizes:
             batch = [[(i + 7) % self.tokenizer.vocab_size] * length for i in range(n)]
             _, seconds = await loop.run_in_executor(self._executor, self._timed_encode, batch)
             self.compute.observe(n * length, seconds)
@@ -232,12 +235,14 @@ class UnaryEngine(Engine):
         while True:
             now = time.monotonic()
             plan = self.policy.plan(self._pending, now, self.compute.estimate, self.limits, self.arrival_rate(now))
+            launch = [self._pending[i] for i in plan.launch]      # before the drops move the indices
             if plan.drop:
                 self._drop_hopeless(plan.drop)
-            if plan.launch:
-                batch = [self._requests[p.request_id] for p in self._pending[:plan.launch]]
-                del self._pending[:plan.launch]
-                self._pending_tokens -= sum(r.pending.tokens for r in batch)
+            if launch:
+                taken = {id(p) for p in launch}
+                self._pending = [p for p in self._pending if id(p) not in taken]
+                batch = [self._requests[p.request_id] for p in launch]
+                self._pending_tokens -= sum(p.tokens for p in launch)
                 await self._run_batch(batch, now)
                 continue
             self._wake.clear()

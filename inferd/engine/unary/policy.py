@@ -4,14 +4,19 @@ A batch closes when it reaches the size cap (requests or tokens), when its oldes
 Wmax, or when waiting longer would make a request in it miss its deadline. Wmax is derived, not set:
 the latency target (the route's SLO) minus the estimated compute time of the batch as it stands minus
 a margin, clamped to a configured floor and ceiling; it shrinks as the batch grows, so the oldest
-request's expected latency (wait + compute) stays within the target. Two more rules make it
-deadline-aware rather than a timer:
+request's expected latency (wait + compute) stays within the target. What makes it deadline-aware
+rather than a timer:
 
-- a request that cannot finish by its deadline even if started now, alone, is dropped before it costs
-  compute (its answer would come too late to be of use), and a batch takes requests only while its
-  estimated compute still lets every member meet its deadline;
-- an idle engine does not wait for company that is not coming: when the measured arrival rate says
-  no other request is expected before the batch would close anyway, it launches now.
+- each request is due at the earlier of its deadline and its arrival + the target, less the margin;
+  a batch takes requests (in arrival order) only while its estimated compute lets every member be on
+  time. A request already too late for its target rides along without holding the batch back, and one
+  that cannot meet its *deadline* even if started now, alone, is dropped before it costs compute (its
+  answer would come too late to be of use);
+- under overload the most urgent requests are the ones a big batch cannot save: when skipping the first
+  few lets a batch serve more requests on time than it gives up, it skips them (they stay pending, or
+  are dropped once hopeless) instead of collapsing every batch to the one urgent request;
+- an idle engine does not wait for company it does not need: when a batch of the current size already
+  computes requests faster than they arrive, waiting would only add latency, so it launches.
 
 The fixed-window and no-batching policies exist as baselines (bench/unary_batching.py compares all
 three). Nothing here touches asyncio or an engine, so every rule is tested with plain numbers.
@@ -23,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Estimate = Callable[[int, int], float]      # (requests, tokens) -> seconds of compute
+MAX_SKIP = 16                               # how many of the most urgent requests a batch may skip
 
 
 @dataclass(slots=True)
@@ -43,27 +49,23 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What to do now: drop these (hopeless), launch the first `launch` of the rest, else look again
-    at `wake_at` (or when something arrives)."""
+    """What to do now: drop these (hopeless), launch these as one batch, else look again at `wake_at`
+    (or when something arrives). Indices into the pending sequence, ascending."""
 
-    drop: tuple[int, ...] = ()      # indices into the pending sequence, ascending
-    launch: int = 0
+    drop: tuple[int, ...] = ()
+    launch: tuple[int, ...] = ()
     wake_at: float | None = None
 
 
-def _head(pending: Sequence[Pending], skip: frozenset[int], limits: Limits) -> list[int]:
-    """Indices of the longest prefix (in arrival order, skipping `skip`) within the size caps.
-    The first request always fits: one longer than the token cap runs alone."""
-    chosen: list[int] = []
+def _head(pending: Sequence[Pending], limits: Limits) -> tuple[int, ...]:
+    """The longest prefix within the size caps. The first request always fits: one longer than the token
+    cap runs alone."""
     tokens = 0
-    for i, p in enumerate(pending):
-        if i in skip:
-            continue
-        if chosen and (len(chosen) >= limits.max_requests or tokens + p.tokens > limits.max_tokens):
-            break
-        chosen.append(i)
+    for n, p in enumerate(pending):
+        if n and (n >= limits.max_requests or tokens + p.tokens > limits.max_tokens):
+            return tuple(range(n))
         tokens += p.tokens
-    return chosen
+    return tuple(range(len(pending)))
 
 
 class NoBatching:
@@ -73,7 +75,7 @@ class NoBatching:
 
     def plan(self, pending: Sequence[Pending], now: float, estimate: Estimate, limits: Limits,
              arrival_rate: float) -> Plan:
-        return Plan(launch=1 if pending else 0)
+        return Plan(launch=(0,) if pending else ())
 
 
 class FixedWindow:
@@ -88,11 +90,19 @@ class FixedWindow:
              arrival_rate: float) -> Plan:
         if not pending:
             return Plan()
-        head = _head(pending, frozenset(), limits)
+        head = _head(pending, limits)
         if len(head) < len(pending) or len(head) >= limits.max_requests:
-            return Plan(launch=len(head))               # full
+            return Plan(launch=head)                    # full
         close = pending[0].arrived + self.window_s
-        return Plan(launch=len(head)) if now >= close else Plan(wake_at=close)
+        return Plan(launch=head) if now >= close else Plan(wake_at=close)
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    members: tuple[int, ...]
+    tokens: int
+    due: float                      # the earliest `due` among its members (inf: none binds)
+    cut: bool                       # something was left out: by a cap or by a member's due
 
 
 class DeadlineAware:
@@ -114,30 +124,48 @@ class DeadlineAware:
              arrival_rate: float) -> Plan:
         if not pending:
             return Plan()
-        # Hopeless: even started now and alone it would finish after its deadline.
+        m = self.margin_s
         drop = tuple(i for i, p in enumerate(pending)
-                     if p.deadline is not None and now + estimate(1, p.tokens) > p.deadline)
-        skip = frozenset(drop)
-        chosen: list[int] = []
-        tokens = 0
-        due = math.inf                  # the earliest deadline among the chosen, less the margin
-        for i in _head(pending, skip, limits):
-            p = pending[i]
-            p_due = min(due, p.deadline - self.margin_s) if p.deadline is not None else due
-            # Grow only while every member can still finish in time (the first one always goes).
-            if chosen and now + estimate(len(chosen) + 1, tokens + p.tokens) > p_due:
-                break
-            chosen.append(i)
-            tokens += p.tokens
-            due = p_due
-        if not chosen:
+                     if p.deadline is not None and now + estimate(1, p.tokens) > p.deadline - m)
+        dropped = set(drop)
+        order = [i for i in range(len(pending)) if i not in dropped]
+        if not order:
             return Plan(drop=drop)
-        rest = len(pending) - len(drop)
-        if len(chosen) < rest or len(chosen) >= limits.max_requests:
-            return Plan(drop=drop, launch=len(chosen))  # full (by size, tokens or the deadlines)
-        oldest = pending[chosen[0]].arrived
-        close = min(oldest + self.max_wait(len(chosen), tokens, estimate),
-                    due - estimate(len(chosen), tokens))                 # the latest start that meets `due`
-        if now >= close or arrival_rate * (close - now) < 1.0:
-            return Plan(drop=drop, launch=len(chosen))  # time is up, or nobody is expected to join
+        best, skipped = self._grow(pending, order, 0, now, estimate, limits), 0
+        if best.cut and len(best.members) < limits.max_requests:    # held back by an urgent member?
+            for j in range(1, min(len(order), MAX_SKIP + 1)):
+                batch = self._grow(pending, order, j, now, estimate, limits)
+                if len(batch.members) - j > len(best.members) - skipped:
+                    best, skipped = batch, j
+        n, tokens = len(best.members), best.tokens
+        if skipped or best.cut or n >= limits.max_requests:
+            return Plan(drop=drop, launch=best.members)             # full, or the urgent ones skipped
+        close = min(pending[best.members[0]].arrived + self.max_wait(n, tokens, estimate),
+                    best.due - estimate(n, tokens))                 # the latest start that meets `due`
+        compute = estimate(n, tokens)
+        keeping_up = compute <= 0 or n / compute >= arrival_rate
+        if now >= close or keeping_up:
+            return Plan(drop=drop, launch=best.members)             # time is up, or waiting buys nothing
         return Plan(drop=drop, wake_at=close)
+
+    def _grow(self, pending: Sequence[Pending], order: Sequence[int], start: int, now: float, estimate: Estimate,
+              limits: Limits) -> _Batch:
+        """The longest run of `order[start:]` within the caps whose every member is due after the batch's
+        estimated end. A member already too late for its target does not hold the batch back; its
+        deadline (it is not hopeless: those were dropped) always does."""
+        members: list[int] = []
+        tokens, due = 0, math.inf
+        for i in order[start:]:
+            p = pending[i]
+            if members and (len(members) >= limits.max_requests or tokens + p.tokens > limits.max_tokens):
+                return _Batch(tuple(members), tokens, due, True)
+            own = p.deadline - self.margin_s if p.deadline is not None else math.inf
+            target = p.arrived + self.target_s - self.margin_s
+            if now + estimate(1, p.tokens) <= target:
+                own = min(own, target)
+            if members and now + estimate(len(members) + 1, tokens + p.tokens) > min(due, own):
+                return _Batch(tuple(members), tokens, due, True)
+            members.append(i)
+            tokens += p.tokens
+            due = min(due, own)
+        return _Batch(tuple(members), tokens, due, False)
