@@ -19,6 +19,17 @@ class Backlog:
         self.requests = 0
         self.total_tokens = 0
         self.by_class = [0] * len(CLASSES_BY_RANK)    # requests queued per priority class (by rank)
+        # Places held for the parts of requests let in but not entered yet (AdmissionQueue.enter's
+        # `hold`): they count against the bounds like queued requests.
+        self.held: dict[str, int] = {}
+        self.held_total = 0
+
+    def hold(self, tenant: str, n: int) -> None:
+        """Hold `n` places for `tenant` (negative: give them back)."""
+        self.held[tenant] = self.held.get(tenant, 0) + n
+        self.held_total += n
+        if not self.held[tenant]:
+            del self.held[tenant]
 
     def append(self, t: Ticket) -> None:
         q = self.fifos.get(t.tenant)
@@ -62,6 +73,8 @@ class Backlog:
                 for v in reversed(self.fifos[n]):
                     if need_requests <= 0 and need_tokens <= 0:
                         break
+                    if v.grouped:           # a part of a request already let in: never refused partway
+                        continue
                     victims.append(v)
                     need_requests -= 1
                     need_tokens -= v.tokens

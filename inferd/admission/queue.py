@@ -101,15 +101,25 @@ class AdmissionQueue:
         return await self.admitted(self.enter(request, deadline=deadline, priority=priority, lease=lease))
 
     def enter(self, request: GenerationRequest, *, deadline: float, priority: PriorityClass | None = None,
-              lease: Lease | None = None, follow_up: bool = False) -> Ticket:
+              lease: Lease | None = None, hold: int = 0, rest_cost: float = 0.0, follow_up: bool = False,
+              from_hold: bool = False) -> Ticket:
         """`admit`'s synchronous half: refuse `request` (raises, releasing `lease`), queue it, or release it
-        to the engine at once. `follow_up`: a further part of a request whose first part was entered (an
-        embeddings request's inputs): it is not held to the queue bounds or the early refusal again, so a
-        request that was let in is never refused partway for room (deadlines and TTLs still apply); the
-        caller bounds how many it keeps queued. A ticket entered must be awaited with `admitted` or given
-        back with `withdraw`."""
+        to the engine at once. A ticket entered must be awaited with `admitted` or given back with `withdraw`.
+
+        A request of several parts (an embeddings request's inputs) enters its first part with `hold`:
+        the places its other parts will take at most at once, held now and judged with it against the
+        queue bounds, and `rest_cost`, their cost, judged with it by the early refusal. So it is refused
+        whole, up front, before anything is computed. Its other parts then enter as `follow_up`s, taking a
+        held place while the caller has one (`from_hold`); they are not judged again, and are never shed
+        for higher classes: a request let in is never refused partway for room (deadlines and TTLs still
+        apply). The caller gives back the places it did not take with `release_hold`."""
         try:
-            t = self._enter(request, deadline, priority, lease, follow_up)
+            t = self._enter(request, deadline, priority, lease, hold, rest_cost, follow_up)
+            if follow_up and from_hold:
+                self._backlog.hold(t.tenant, -1)
+            elif hold:
+                self._backlog.hold(t.tenant, hold)
+            t.grouped = follow_up or hold > 0
             if t.future is None:        # released at once: nothing queued, engine has room
                 t.stream = self._submit(t)
         except BaseException:
@@ -117,6 +127,16 @@ class AdmissionQueue:
                 lease.release(None)
             raise
         return t
+
+    def cost_of(self, requests) -> float:
+        """What `requests` would cost in the fair order (for `enter`'s `rest_cost`)."""
+        return sum(self._estimate.cost(r, self.policy) for r in requests)
+
+    def release_hold(self, tenant: str, n: int) -> None:
+        """Give back `n` places `enter(hold=...)` held that no follow-up took."""
+        if n > 0:
+            self._backlog.hold(tenant, -n)
+            self._wake.set()
 
     async def admitted(self, t: Ticket) -> AdmittedStream:
         """`admit`'s waiting half: the stream of a ticket `enter` returned, once it is released."""
@@ -147,14 +167,15 @@ class AdmissionQueue:
         cfg = self.tenants.get(tenant)
         backlog = self._backlog
         q = backlog.fifos.get(tenant)
-        if q and (len(q) >= cfg.max_queued_requests or backlog.tokens[tenant] >= cfg.max_queued_tokens):
+        if q and (len(q) + backlog.held.get(tenant, 0) >= cfg.max_queued_requests
+                  or backlog.tokens[tenant] >= cfg.max_queued_tokens):
             self._stats.rejected(self.tenants.label(tenant), "queue_full")
             raise AdmissionRejected(f"tenant {tenant!r} has too many requests queued", status=429,
                                     reason="queue_full", retry_after_s=self._estimate.retry_after(
                                         self._estimate.queued_wait(backlog.cost[tenant]), 1 / len(q)))
 
     def _enter(self, request: GenerationRequest, deadline: float, priority: PriorityClass | None,
-               lease: Lease | None, follow_up: bool = False) -> Ticket:
+               lease: Lease | None, hold: int = 0, rest_cost: float = 0.0, follow_up: bool = False) -> Ticket:
         if self._closing:
             raise AdmissionRejected.draining()
         now = self._clock()
@@ -170,10 +191,13 @@ class AdmissionQueue:
             self._reject(t, "deadline", 504, None, "the request's deadline passed before it could start")
         backlog = self._backlog
         q = backlog.fifos.get(t.tenant)
-        if q and not follow_up and (len(q) >= cfg.max_queued_requests
-                                    or backlog.tokens[t.tenant] + t.tokens > cfg.max_queued_tokens):
-            overflow = max(1 / len(q), (backlog.tokens[t.tenant] + t.tokens - cfg.max_queued_tokens)
-                           / max(1, backlog.tokens[t.tenant]))
+        held = backlog.held.get(t.tenant, 0)
+        if (q or held) and not follow_up and (
+                len(q or ()) + held + hold >= cfg.max_queued_requests
+                or backlog.tokens.get(t.tenant, 0) + t.tokens * (1 + hold) > cfg.max_queued_tokens):
+            queued_tokens = backlog.tokens.get(t.tenant, 0)
+            overflow = max(1 / max(1, len(q or ()) + held), (queued_tokens + t.tokens - cfg.max_queued_tokens)
+                           / max(1, queued_tokens))
             wait, _ = self._wait(t, own_only=True)
             self._reject(t, "queue_full", 429, self._estimate.retry_after(wait, overflow),
                          f"tenant {t.tenant!r} has too many requests queued")
@@ -186,14 +210,15 @@ class AdmissionQueue:
             return t
         if self.policy.early_refusal and not follow_up:
             wait, own = self._wait(t)
+            wait += self._estimate.queued_wait(rest_cost)       # the request's other parts after it
             budget = (t.expires - now) * self.policy.early_refusal_fraction
             if wait > budget:
                 reason = "deadline" if t.deadline <= t.expires else "ttl"
                 self._reject(t, reason, 429 if own >= wait / 2 else 503, wait - budget,
                              f"estimated queue wait {wait:.2f}s exceeds the request's {budget:.2f}s budget")
-        if not follow_up and (backlog.requests >= self.policy.max_queued_requests
-                              or backlog.total_tokens + t.tokens > self.policy.max_queued_tokens):
-            self._make_room(t)
+        if not follow_up and (backlog.requests + backlog.held_total + hold >= self.policy.max_queued_requests
+                              or backlog.total_tokens + t.tokens * (1 + hold) > self.policy.max_queued_tokens):
+            self._make_room(t, hold)
         self._enqueue(t)
         return t
 
@@ -259,12 +284,13 @@ class AdmissionQueue:
             return self._estimate.retry_after(self._wait(t)[0], 0.0)
         return max(MIN_RETRY_S, max(self._clock(), t.expires) - t.arrived)
 
-    def _make_room(self, t: Ticket) -> None:
-        """Node full: shed queued work of lower classes if that frees enough; else refuse the newcomer (503)."""
+    def _make_room(self, t: Ticket, hold: int = 0) -> None:
+        """Node full: shed queued work of lower classes if that frees enough for `t` and the places it
+        holds; else refuse the newcomer (503)."""
         backlog, policy = self._backlog, self.policy
-        need_tokens = backlog.total_tokens + t.tokens - policy.max_queued_tokens
-        victims = backlog.shed_for(t, backlog.requests + 1 - policy.max_queued_requests, need_tokens,
-                                   self._order.counter)
+        need_tokens = backlog.total_tokens + t.tokens * (1 + hold) - policy.max_queued_tokens
+        need_requests = backlog.requests + backlog.held_total + 1 + hold - policy.max_queued_requests
+        victims = backlog.shed_for(t, need_requests, need_tokens, self._order.counter)
         if victims is None:
             overflow = max(1 / max(1, backlog.requests), need_tokens / max(1, backlog.total_tokens))
             rate = self._estimate.rate()
@@ -379,8 +405,8 @@ class AdmissionQueue:
             ahead = backlog.total_cost() + self._estimate.typical_cost(policy)
             wait = min(ahead / rate, UNKNOWN_WAIT_S) if rate else UNKNOWN_WAIT_S
         full = backlog.requests >= policy.max_queued_requests or backlog.total_tokens >= policy.max_queued_tokens
-        return QueueLoad(queued=tuple(backlog.by_class), wait_s=wait * self._time_scale, cost_per_s=self._estimate.rate() or 0.0,
-                         full=full)
+        return QueueLoad(queued=tuple(backlog.by_class), wait_s=wait * self._time_scale,
+                         cost_per_s=self._estimate.rate() or 0.0, full=full)
 
     def pressure(self) -> tuple[int, float]:
         """(requests queued, seconds the longest-waiting of them has waited): overload degradation's

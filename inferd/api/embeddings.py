@@ -239,30 +239,36 @@ async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamR
 async def _admit_and_collect(state, ctx: GenerationContext, gens: list[GenerationRequest], quota) -> list[Delta]:
     """Each input through the engine's admission queue, at most a batch's worth queued at once.
 
-    The first input enters as any request does (queue bounds, early refusal: a refusal comes before
-    anything is computed); the others follow it in (admission's `follow_up`), so a request that was let
-    in is never refused partway for room, and only deadlines can end it early. The first failure
-    withdraws the rest (an input that ends without a vector raises _InputFailed). Returns each input's final
-    delta, in order."""
+    The first input enters holding the places the others will take at once, and with their cost: the
+    queue bounds and the early refusal judge the whole request, before anything is computed. The others
+    follow it in (admission's `follow_up`), so a request let in is never refused partway for room, and
+    only deadlines can end it early. The first failure withdraws the rest (an input that ends without a
+    vector raises _InputFailed). Returns each input's final delta, in order."""
     try:
         queue = state.tenancy.queue_for(ctx.model, ctx.engine)
     except AdmissionRejected:
         quota.release(None)
         raise
     shares = SharedLease(quota, len(gens)).shares
-    window = asyncio.Semaphore(max(1, ctx.engine.info.max_batch_size))
+    size = max(1, ctx.engine.info.max_batch_size)
+    window = asyncio.Semaphore(size)
     tickets: list = [None] * len(gens)
+    held = min(len(gens), size) - 1         # places for the inputs in flight beside the first
     try:
-        tickets[0] = queue.enter(gens[0], deadline=ctx.deadline, lease=shares[0])
+        tickets[0] = queue.enter(gens[0], deadline=ctx.deadline, lease=shares[0], hold=held,
+                                 rest_cost=queue.cost_of(gens[1:]))
     except BaseException:
         for share in shares[1:]:
             share.release(None)
         raise
 
     async def one(i: int) -> Delta:
+        nonlocal held
         async with window:
             if tickets[i] is None:
-                tickets[i] = queue.enter(gens[i], deadline=ctx.deadline, lease=shares[i], follow_up=True)
+                tickets[i] = queue.enter(gens[i], deadline=ctx.deadline, lease=shares[i], follow_up=True,
+                                         from_hold=held > 0)
+                held = max(0, held - 1)
             stream = await queue.admitted(tickets[i])
             try:
                 final = await stream.collect()
@@ -278,10 +284,14 @@ async def _admit_and_collect(state, ctx: GenerationContext, gens: list[Generatio
     except BaseException:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for ticket in tickets:              # e.g. the first, if its task was cancelled before it ran
-            if ticket is not None:
-                queue.withdraw(ticket)
-        for share in shares:                # inputs that never entered give their share back
-            share.release(None)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:                            # even if cancelled again while the inputs wind down
+            for ticket in tickets:          # e.g. the first, if its task was cancelled before it ran
+                if ticket is not None:
+                    queue.withdraw(ticket)
+            for share in shares:            # inputs that never entered give their share back
+                share.release(None)
         raise
+    finally:
+        queue.release_hold(ctx.tenant, held)

@@ -4,6 +4,7 @@ import asyncio
 import pytest
 
 from inferd.admission.queue import UNKNOWN_WAIT_S, AdmissionRejected, QueueLoad
+from inferd.admission.ticket import QUEUED
 from inferd.config.tenants import PriorityClass, TenantConfig, TenantRegistry
 from inferd.tenancy.quota import Quota
 from inferd.types import FinishReason
@@ -153,6 +154,52 @@ async def test_follow_ups_of_an_entered_request_pass_the_bounds_and_precheck_ref
         q.withdraw(t)                                   # idempotent
     assert q.snapshot()["tenants"]["a"]["queued"] == 0
     q.precheck("a")
+
+
+async def test_a_request_of_several_parts_is_judged_whole_with_the_places_it_holds(make_queue):
+    q, engine = make_queue(tenants={"a": TenantConfig(max_queued_requests=4)}, max_queued_requests=6)
+    await occupy(q, engine)
+    first = q.enter(req("a"), deadline=far(), hold=3)          # 1 queued + 3 held: the tenant's bound
+    with pytest.raises(AdmissionRejected) as exc:
+        q.precheck("a")
+    assert exc.value.reason == "queue_full"
+    with pytest.raises(AdmissionRejected):
+        q.enter(req("a"), deadline=far())
+    parts = [q.enter(req("a"), deadline=far(), follow_up=True, from_hold=True) for _ in range(3)]
+    assert q.snapshot()["tenants"]["a"]["queued"] == 4
+    with pytest.raises(AdmissionRejected) as exc:              # the node: 4 queued + 2 held for b is 6
+        q.enter(req("b"), deadline=far(), hold=2)
+    assert exc.value.reason == "node_full"
+    for t in [first, *parts]:
+        q.withdraw(t)
+    b = q.enter(req("b"), deadline=far(), hold=2)
+    q.release_hold("b", 2)
+    q.precheck("a")
+    q.withdraw(b)
+
+
+async def test_a_request_holding_more_than_its_tenant_may_queue_is_refused_unless_it_is_alone(make_queue):
+    q, engine = make_queue(tenants={"a": TenantConfig(max_queued_requests=2)})
+    await occupy(q, engine)
+    alone = q.enter(req("a"), deadline=far(), hold=5)          # nothing of a's queued or held: it goes
+    with pytest.raises(AdmissionRejected):
+        q.enter(req("a"), deadline=far(), hold=5)
+    q.withdraw(alone)
+    q.release_hold("a", 5)
+
+
+async def test_parts_of_a_request_are_never_shed_for_a_higher_class(make_queue):
+    tenants = {"bat": TenantConfig(priority=PriorityClass.BATCH),
+               "int": TenantConfig(priority=PriorityClass.INTERACTIVE)}
+    q, engine = make_queue(tenants=tenants, max_queued_requests=2)
+    await occupy(q, engine)
+    first = q.enter(req("bat"), deadline=far(), hold=1)
+    part = q.enter(req("bat"), deadline=far(), follow_up=True, from_hold=True)
+    with pytest.raises(AdmissionRejected) as exc:              # nothing it may shed: refused itself
+        q.enter(req("int"), deadline=far())
+    assert exc.value.reason == "node_full" and first.state == part.state == QUEUED
+    for t in (first, part):
+        q.withdraw(t)
 
 
 async def test_a_withdrawn_released_ticket_aborts_its_engine_request(make_queue):

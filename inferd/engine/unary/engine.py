@@ -135,6 +135,7 @@ class UnaryEngine(Engine):
         length = max(1, min(self.info.max_model_len, self.limits.max_tokens // self.limits.max_requests))
         sizes = sorted({min(1 << k, self.limits.max_requests)
                         for k in range(self.limits.max_requests.bit_length() + 1)})
+        await loop.run_in_executor(self._executor, self._timed_encode, [[1] * length])   # cold: not measured
         for n in sizes:
             batch = [[(i + 7) % self.tokenizer.vocab_size] * length for i in range(n)]
             _, seconds = await loop.run_in_executor(self._executor, self._timed_encode, batch)
@@ -258,8 +259,9 @@ class UnaryEngine(Engine):
         """Requests that cannot meet their deadline even if run now: answered at once (DEADLINE)
         instead of spending compute on an answer that would come too late."""
         dropped = [self._pending[i] for i in indices]
+        gone = {id(p) for p in dropped}
+        self._pending = [p for p in self._pending if id(p) not in gone]
         for p in dropped:
-            self._pending.remove(p)
             self._pending_tokens -= p.tokens
             req = self._requests[p.request_id]
             self._finish(req, Delta(token_ids=[], finish_reason=FinishReason.DEADLINE, usage=self._usage(req)))

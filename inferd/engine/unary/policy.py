@@ -12,9 +12,11 @@ rather than a timer:
   time. A request already too late for its target rides along without holding the batch back, and one
   that cannot meet its *deadline* even if started now, alone, is dropped before it costs compute (its
   answer would come too late to be of use);
-- under overload the most urgent requests are the ones a big batch cannot save: when skipping the first
-  few lets a batch serve more requests on time than it gives up, it skips them (they stay pending, or
-  are dropped once hopeless) instead of collapsing every batch to the one urgent request;
+- under overload the most urgent requests are the ones a big batch cannot save: when a batch was held
+  back by a member's due and skipping the first few lets it serve more requests on time than it gives
+  up, it skips them (they stay pending, or are dropped once hopeless) instead of collapsing every batch
+  to the one urgent request (a batch cut by the size caps skips nothing: a long input is not passed
+  over for ever);
 - an idle engine does not wait for company it does not need: when a batch of the current size already
   computes requests faster than they arrive, waiting would only add latency, so it launches.
 
@@ -102,7 +104,7 @@ class _Batch:
     members: tuple[int, ...]
     tokens: int
     due: float                      # the earliest `due` among its members (inf: none binds)
-    cut: bool                       # something was left out: by a cap or by a member's due
+    cut: str | None                 # why something was left out: "cap" (size) or "due"; None: nothing was
 
 
 class DeadlineAware:
@@ -132,7 +134,7 @@ class DeadlineAware:
         if not order:
             return Plan(drop=drop)
         best, skipped = self._grow(pending, order, 0, now, estimate, limits), 0
-        if best.cut and len(best.members) < limits.max_requests:    # held back by an urgent member?
+        if best.cut == "due":                                       # held back by an urgent member?
             for j in range(1, min(len(order), MAX_SKIP + 1)):
                 batch = self._grow(pending, order, j, now, estimate, limits)
                 if len(batch.members) - j > len(best.members) - skipped:
@@ -155,17 +157,17 @@ class DeadlineAware:
         deadline (it is not hopeless: those were dropped) always does."""
         members: list[int] = []
         tokens, due = 0, math.inf
-        for i in order[start:]:
-            p = pending[i]
+        for k in range(start, len(order)):
+            p = pending[order[k]]
             if members and (len(members) >= limits.max_requests or tokens + p.tokens > limits.max_tokens):
-                return _Batch(tuple(members), tokens, due, True)
+                return _Batch(tuple(members), tokens, due, "cap")
             own = p.deadline - self.margin_s if p.deadline is not None else math.inf
             target = p.arrived + self.target_s - self.margin_s
             if now + estimate(1, p.tokens) <= target:
                 own = min(own, target)
             if members and now + estimate(len(members) + 1, tokens + p.tokens) > min(due, own):
-                return _Batch(tuple(members), tokens, due, True)
-            members.append(i)
+                return _Batch(tuple(members), tokens, due, "due")
+            members.append(order[k])
             tokens += p.tokens
             due = min(due, own)
-        return _Batch(tuple(members), tokens, due, False)
+        return _Batch(tuple(members), tokens, due, None)

@@ -106,3 +106,9 @@ def test_a_request_already_late_for_its_target_rides_along_without_holding_the_b
     pending = [pend(0, 0.900)] + [pend(i, 1.0) for i in range(1, 4)]     # the first missed its target long ago
     plan = policy.plan(pending, 1.0, EST, LIMITS, arrival_rate=1e6)
     assert plan.launch == (0, 1, 2, 3) and plan.drop == ()
+
+
+def test_a_long_input_cut_by_the_size_caps_is_not_skipped_for_ever():
+    policy = DeadlineAware(target_s=10.0, margin_s=0.0)
+    pending = [pend(0, 1.0, tokens=90)] + [pend(i, 1.0, tokens=20) for i in range(1, 5)]
+    assert policy.plan(pending, 1.0, EST, LIMITS, arrival_rate=1e6).launch == (0,)
