@@ -161,18 +161,21 @@ class AdmissionQueue:
         elif t.future is not None and t.future.done() and not t.future.cancelled() and t.future.exception() is None:
             t.future.result().cancel()
 
-    def precheck(self, tenant: str) -> None:
-        """Raise 429 queue_full now if `tenant`'s queue is at its bound: for a caller about to do
-        expensive work (tokenizing many inputs) before it enters."""
+    def precheck(self, tenant: str, hold: int = 0) -> None:
+        """Raise 429 queue_full now if `tenant`'s queue has no room for a request that will `hold` places
+        beside its own (what `enter` will judge): for a caller about to do expensive work (tokenizing
+        many inputs) before it enters."""
         cfg = self.tenants.get(tenant)
         backlog = self._backlog
         q = backlog.fifos.get(tenant)
-        if q and (len(q) + backlog.held.get(tenant, 0) >= cfg.max_queued_requests
-                  or backlog.tokens[tenant] >= cfg.max_queued_tokens):
+        held = backlog.held.get(tenant, 0)
+        if (q or held) and (len(q or ()) + held + hold >= cfg.max_queued_requests
+                            or backlog.tokens.get(tenant, 0) >= cfg.max_queued_tokens):
             self._stats.rejected(self.tenants.label(tenant), "queue_full")
             raise AdmissionRejected(f"tenant {tenant!r} has too many requests queued", status=429,
                                     reason="queue_full", retry_after_s=self._estimate.retry_after(
-                                        self._estimate.queued_wait(backlog.cost[tenant]), 1 / len(q)))
+                                        self._estimate.queued_wait(backlog.cost.get(tenant, 0.0)),
+                                        1 / max(1, len(q or ()) + held)))
 
     def _enter(self, request: GenerationRequest, deadline: float, priority: PriorityClass | None,
                lease: Lease | None, hold: int = 0, rest_cost: float = 0.0, follow_up: bool = False) -> Ticket:

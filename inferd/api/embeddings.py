@@ -110,7 +110,7 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
             raise unavailable(f"The engine serving `{model}` is not available right now.", code="engine_unavailable")
         width = check_dimensions(req.dimensions, engine.info.dimensions, engine.info.min_dimensions, req.model)
         try:        # the tenant's queue full: 429 now, before tokenizing what could not be queued
-            tenancy.queue_for(model, engine).precheck(tenant)
+            tenancy.queue_for(model, engine).precheck(tenant, hold=_held_places(engine, len(items)))
         except AdmissionRejected as exc:
             raise rejection_error(exc, tenancy.quota.headers(tenant)) from None
         ids = await _tokenize(engine, items, len(body), deadline)
@@ -236,6 +236,11 @@ async def _run(ctx: GenerationContext, encoding: str, width: int) -> web.StreamR
                                         prompt_tokens=last.usage.prompt_tokens if last and last.usage else 0)
 
 
+def _held_places(engine: Engine, inputs: int) -> int:
+    """Queue places a request of `inputs` inputs holds beside its first: those in flight with it."""
+    return min(inputs, max(1, engine.info.max_batch_size)) - 1
+
+
 async def _admit_and_collect(state, ctx: GenerationContext, gens: list[GenerationRequest], quota) -> list[Delta]:
     """Each input through the engine's admission queue, at most a batch's worth queued at once.
 
@@ -250,10 +255,9 @@ async def _admit_and_collect(state, ctx: GenerationContext, gens: list[Generatio
         quota.release(None)
         raise
     shares = SharedLease(quota, len(gens)).shares
-    size = max(1, ctx.engine.info.max_batch_size)
-    window = asyncio.Semaphore(size)
+    window = asyncio.Semaphore(max(1, ctx.engine.info.max_batch_size))
     tickets: list = [None] * len(gens)
-    held = min(len(gens), size) - 1         # places for the inputs in flight beside the first
+    held = _held_places(ctx.engine, len(gens))
     try:
         tickets[0] = queue.enter(gens[0], deadline=ctx.deadline, lease=shares[0], hold=held,
                                  rest_cost=queue.cost_of(gens[1:]))

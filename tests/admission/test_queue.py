@@ -165,6 +165,14 @@ async def test_a_request_of_several_parts_is_judged_whole_with_the_places_it_hol
     assert exc.value.reason == "queue_full"
     with pytest.raises(AdmissionRejected):
         q.enter(req("a"), deadline=far())
+    q.withdraw(first)
+    q.release_hold("a", 3)
+    one = q.enter(req("a"), deadline=far())
+    q.precheck("a", hold=2)                                    # 1 queued + 3 of the next: room
+    with pytest.raises(AdmissionRejected):
+        q.precheck("a", hold=3)                                # 1 queued + 4 would pass the bound
+    q.withdraw(one)
+    first = q.enter(req("a"), deadline=far(), hold=3)
     parts = [q.enter(req("a"), deadline=far(), follow_up=True, from_hold=True) for _ in range(3)]
     assert q.snapshot()["tenants"]["a"]["queued"] == 4
     with pytest.raises(AdmissionRejected) as exc:              # the node: 4 queued + 2 held for b is 6
