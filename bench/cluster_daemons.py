@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-from daemon_process import spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import create_key, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 
 KEY = "5e" * 32
 MODEL = """
@@ -186,13 +184,7 @@ def _keys(workdir: Path) -> str:
     keys_file = workdir / "keys.jsonl"
     cfg = workdir / "keys.toml"
     cfg.write_text(f'[auth]\nmode = "api_key"\nkeys_file = "{keys_file}"\n[tenants.acme]\n')
-    out = subprocess.run([sys.executable, "-m", "inferd", "keys", "create", "--tenant", "acme", "--scope",
-                          "inference", "--scope", "admin", "--config", str(cfg)],
-                         capture_output=True, text=True, timeout=60)
-    found = re.search(r"\binf_\S+", out.stdout)
-    if found is None:
-        raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
-    return found.group()
+    return create_key(cfg, "acme", "inference", "admin")
 
 
 async def cluster_tpm_ratio(seconds: float = 65.0, warmup: float = 35.0, shared: bool = True) -> dict:

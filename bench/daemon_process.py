@@ -6,10 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 
 def pin(cpu: int) -> None:
@@ -72,3 +76,37 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def daemon_or_bench(args, prefix: str, start: Callable[[Path], tuple[subprocess.Popen, dict]],
+                    bench: Callable[[dict, int], Coroutine[Any, Any, dict]], client_cpu: int = 1) -> dict | None:
+    """The main of a script that is both the bench and (`--role daemon`, re-run by `start`) its daemon.
+
+    As the daemon: serve `args.config` (returns None when it exits). As the bench: pin this process to
+    `client_cpu`, `start(workdir)` the daemon in a temporary directory, run `bench(started, pid)` and
+    stop the daemon whatever happens; returns its results with the inferd the daemon imported."""
+    if args.role == "daemon":
+        run_daemon(args.config)
+        return None
+    pin(client_cpu)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        proc, started = start(Path(tmp))
+        try:
+            results = asyncio.run(bench(started, proc.pid))
+        finally:
+            stop(proc)
+    results["inferd"] = str(Path(started["inferd"]).parent)
+    return results
+
+
+def create_key(config: Path, tenant: str, *scopes: str, cwd: Path | None = None) -> str:
+    """A new API key for `tenant` (scopes: inference by default), made as an operator would, with
+    `inferd keys create` against `config`'s keys file."""
+    argv = [sys.executable, "-m", "inferd", "keys", "create", "--tenant", tenant, "--config", str(config)]
+    for scope in scopes:
+        argv += ["--scope", scope]
+    out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60)
+    found = re.search(r"\binf_\S+", out.stdout)
+    if found is None:
+        raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
+    return found.group()

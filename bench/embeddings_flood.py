@@ -39,14 +39,12 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import cpu_seconds, create_key, daemon_or_bench, spawn  # noqa: E402 (bench/ is this script's own directory)
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 RATIO_GOAL = 1.5            # the p99 TTFT ratio flood/alone this bench calls "not starved"
@@ -133,15 +131,8 @@ def start_daemon(workdir: Path, bulk_max_queued: int | None) -> tuple[subprocess
                            capture_output=True, text=True, timeout=60)
     if check.returncode != 0:
         raise RuntimeError(f"check-config failed: {check.stdout}{check.stderr}")
-    keys = {}
-    for name, tenant, scope in (("chat", "chat", "inference"), ("bulk", "bulk", "inference"),
-                                ("metrics", "chat", "metrics")):
-        out = subprocess.run([sys.executable, "-m", "inferd", "keys", "create", "--tenant", tenant, "--scope", scope,
-                              "--config", str(config)], cwd=workdir, capture_output=True, text=True, timeout=60)
-        found = re.search(r"\binf_\S+", out.stdout)
-        if found is None:
-            raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
-        keys[name] = found.group()
+    keys = {name: create_key(config, tenant, scope, cwd=workdir) for name, tenant, scope in (
+        ("chat", "chat", "inference"), ("bulk", "bulk", "inference"), ("metrics", "chat", "metrics"))}
     proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], workdir, "daemon.log", SERVER_CPU)
     return proc, {**started, "keys": keys, "check_config": check.stdout.strip().splitlines()[-1:]}
 
@@ -439,17 +430,17 @@ def main() -> None:
     parser.add_argument("--encoding", default="base64", choices=("base64", "float"),
                         help="encoding_format of the flood (the OpenAI SDK sends base64 by default)")
     args = parser.parse_args()
-    if args.role == "daemon":
-        run_daemon(args.config)
+    started: dict = {}
+
+    def start(work: Path) -> tuple[subprocess.Popen, dict]:
+        proc, info = start_daemon(work, args.bulk_max_queued)
+        started.update(info)
+        return proc, info
+
+    results = daemon_or_bench(args, "inferd-embflood-", start,
+                              lambda info, pid: run_bench(args, info["port"], info["keys"], pid), CLIENT_CPU)
+    if results is None:
         return
-    pin(CLIENT_CPU)
-    with tempfile.TemporaryDirectory(prefix="inferd-embflood-") as tmp:
-        proc, started = start_daemon(Path(tmp), args.bulk_max_queued)
-        try:
-            results = asyncio.run(run_bench(args, started["port"], started["keys"], proc.pid))
-        finally:
-            stop(proc)
-    results["inferd"] = str(Path(started["inferd"]).parent)
     results["check_config"] = started["check_config"]
     results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                        if k not in ("role", "config")}

@@ -25,15 +25,12 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import cpu_seconds, create_key, daemon_or_bench, spawn  # noqa: E402 (bench/ is this script's own directory)
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 
@@ -113,14 +110,7 @@ def start_daemon(workdir: Path, engine: str) -> tuple[subprocess.Popen, dict]:
         build_synthetic("small", engines, progress=lambda message: None)
     config = workdir / "inferd.toml"
     config.write_text(CONFIG.format(engines=engines, model=MODELS[engine]))
-    keys = {}
-    for tenant in ("a", "b"):
-        out = subprocess.run([sys.executable, "-m", "inferd", "keys", "create", "--tenant", tenant,
-                              "--config", str(config)], cwd=workdir, capture_output=True, text=True, timeout=60)
-        found = re.search(r"\binf_\S+", out.stdout)
-        if found is None:
-            raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
-        keys[tenant] = found.group()
+    keys = {tenant: create_key(config, tenant, cwd=workdir) for tenant in ("a", "b")}
     proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], workdir, "daemon.log", SERVER_CPU)
     return proc, {**started, "keys": keys}
 
@@ -204,17 +194,10 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=2)
     parser.add_argument("--engine", default="reference", choices=tuple(MODELS))
     args = parser.parse_args()
-    if args.role == "daemon":
-        run_daemon(args.config)
+    results = daemon_or_bench(args, "inferd-oversized-", lambda work: start_daemon(work, args.engine),
+                              lambda started, pid: run_bench(args, started["port"], started["keys"], pid), CLIENT_CPU)
+    if results is None:
         return
-    pin(CLIENT_CPU)
-    with tempfile.TemporaryDirectory(prefix="inferd-oversized-") as tmp:
-        proc, started = start_daemon(Path(tmp), args.engine)
-        try:
-            results = asyncio.run(run_bench(args, started["port"], started["keys"], proc.pid))
-        finally:
-            stop(proc)
-    results["inferd"] = str(Path(started["inferd"]).parent)
     print(json.dumps(results, indent=2))
     print(f"\n{args.engine} engine, inferd from {results['inferd']}; tenant b, small completions (p50 / p99 ms):")
     print(f"  alone                               {results['alone']['b_p50_ms']:8.1f} / "
