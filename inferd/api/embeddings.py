@@ -101,7 +101,7 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
         model, engine = route.target.model, state.registry.table.engine(route.target)
         lease.hold(route.target)
-        allowed = check_model_allowed(tenancy, tenant, req.model, model)
+        check_model_allowed(tenancy, tenant, req.model, model)
         if engine.info.task != "embed" or route.lora is not None:
             raise invalid(f"model: `{req.model}` is not an embedding model; /v1/embeddings needs one "
                           f"(see GET /v1/models).", param="model", code="model_not_embedding")
@@ -114,7 +114,7 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         except AdmissionRejected as exc:
             raise rejection_error(exc, tenancy.quota.headers(tenant)) from None
         ids = await _tokenize(engine, items, len(body), deadline)
-        _check_limits(tenancy, tenant, allowed, ids)
+        _check_limits(tenancy, tenant, ids)
         text = prepared(items)
         await check_input(state, tenant, text, engine, model, request[keys.REQUEST_ID], deadline)
     except ApiError as err:
@@ -158,7 +158,7 @@ async def _tokenize(engine: Engine, items: list[str | list[int]], body_bytes: in
     return ids
 
 
-def _check_limits(tenancy, tenant: str, allowed: str, ids: list[list[int]]) -> None:
+def _check_limits(tenancy, tenant: str, ids: list[list[int]]) -> None:
     """The tenant's per-request limits, as generation's `apply_limits`: max_prompt_tokens per input (each
     is a prompt), and a request whose tokens could never fit its tokens-per-minute bucket (a 429 would
     only make the client retry forever)."""
