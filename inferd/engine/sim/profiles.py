@@ -22,6 +22,9 @@ import re
 import msgspec
 
 GiB = 1024 ** 3
+# Seconds a load takes beyond reading the weights: creating the CUDA context, allocating the KV pool,
+# deserializing the engine and capturing its CUDA graphs (small next to the weights of a 7B+ model).
+LOAD_SETUP_S = 0.5
 
 
 class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +54,11 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
     interconnect_bandwidth: float = 300e9   # achieved NVLink bytes/s per GPU
     runtime_reserved_bytes: float = 3 * GiB  # activations, CUDA graphs, workspace
     kv_cache_memory_fraction: float = 0.9    # of the memory left after weights + runtime
+    # bytes/s the weights reach one GPU at when the model loads: the slower of the storage read and the
+    # host-to-device copy (PCIe Gen5 x16 carries ~50 GB/s, so in practice the disk). 2 GB/s is a datacenter
+    # NVMe read, a little under its sequential peak (~3-7 GB/s); with tensor parallelism each GPU reads
+    # its shard at once, so this is each GPU's share of the disk. Only load_time_s() uses it.
+    load_bandwidth: float = 2.0e9
     # -- synthetic output --
     eos_probability: float = 0.0      # chance per generated token of emitting EOS (0 = never)
 
@@ -70,6 +78,11 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
         if blocks < 1:
             raise ValueError(f"profile {self.name!r}: weights do not leave room for a single KV block")
         return blocks
+
+    def load_time_s(self) -> float:
+        """Seconds from starting a load to the model being ready to warm up: this GPU's share of the
+        weights read at `load_bandwidth`, plus a fixed setup (LOAD_SETUP_S). Step timing ignores it."""
+        return self.weight_bytes_per_gpu / self.load_bandwidth + LOAD_SETUP_S
 
     def step_time(self, num_tokens: int, kv_tokens: int, attention_pairs: int) -> float:
         """Seconds one step takes on the simulated hardware.

@@ -14,7 +14,7 @@ import pytest
 
 from inferd.engine.base import EngineUnavailable
 from inferd.engine.sim.engine import SimEngine
-from inferd.engine.sim.profiles import PROFILES, SimTokenizer, get_profile
+from inferd.engine.sim.profiles import LOAD_SETUP_S, PROFILES, SimTokenizer, get_profile
 from inferd.engine.stream import merge_deltas
 from inferd.engine.validation import failure_message
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
@@ -64,6 +64,26 @@ def test_llama3_8b_bf16_decode_steps_match_published_latency() -> None:
     profile = PROFILES["llama3-8b-h100"]
     assert 5e-3 <= profile.decode_step_time(1, 512) <= 7e-3       # ~150 tok/s for a single stream
     assert 6e-3 <= profile.decode_step_time(64, 512) <= 8e-3
+
+
+def test_load_time_is_the_weights_on_one_gpu_over_the_load_bandwidth_plus_a_fixed_setup() -> None:
+    profile = PROFILES["llama3-8b-h100"]
+    assert profile.load_time_s() == pytest.approx(8.03e9 * 2 / 2.0e9 + LOAD_SETUP_S)   # ~8.5 s from an NVMe
+    faster = msgspec.structs.replace(profile, load_bandwidth=4.0e9)
+    assert faster.load_time_s() - LOAD_SETUP_S == pytest.approx((profile.load_time_s() - LOAD_SETUP_S) / 2)
+    # fp8 halves the bytes to read; with tensor parallelism each GPU reads only its shard
+    assert PROFILES["llama3-8b-h100-fp8"].load_time_s() == pytest.approx(8.03e9 / 2.0e9 + LOAD_SETUP_S)
+    assert PROFILES["llama3-70b-4xh100"].load_time_s() == pytest.approx(70.6e9 * 2 / 4 / 2.0e9 + LOAD_SETUP_S)
+    for p in PROFILES.values():
+        assert p.load_time_s() > LOAD_SETUP_S
+
+
+def test_load_bandwidth_changes_no_step_timing_or_kv_pool() -> None:
+    for profile in PROFILES.values():
+        slow_disk = msgspec.structs.replace(profile, load_bandwidth=1.0)
+        assert slow_disk.decode_step_time(8, 512) == profile.decode_step_time(8, 512)
+        assert slow_disk.step_time(2048, 2048, 2048 * 1024) == profile.step_time(2048, 2048, 2048 * 1024)
+        assert slow_disk.num_kv_blocks(16) == profile.num_kv_blocks(16)
 
 
 @pytest.mark.slow
