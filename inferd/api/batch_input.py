@@ -1,8 +1,9 @@
 """A Batch API input file: JSON lines, each one request, checked line by line; errors name the line.
 
-Each line is `{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
-"body": {...}}`: custom_id a non-empty string unique in the file, body a request that endpoint accepts
-(decoded and checked by the same code as a live request, inferd.api.openai), not streamed. `parse_lines`
+Each line is `{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" |
+"/v1/embeddings", "body": {...}}`: custom_id a non-empty string unique in the file, body a request that
+endpoint accepts (decoded and checked by the same code as a live request, inferd.api.openai and
+inferd.api.embedding_format), not streamed. `parse_lines`
 is pure and CPU-bound: callers run it off the event loop. `check_models` (on the loop) checks that every
 model named routes on this server and that the tenant may use it.
 """
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import msgspec
 
+from inferd.api import embedding_format
 from inferd.api.errors import ApiError, invalid
 from inferd.api.openai import decode, prepare
 from inferd.api.state import ServerState
 from inferd.api.versioned import route_request
 
-URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 MAX_LINES = 50_000                  # OpenAI's limit per batch
 MAX_CUSTOM_ID = 512
 _FIELDS = ("custom_id", "method", "url", "body")
@@ -95,7 +97,10 @@ def _parse_line(n: int, raw: bytes) -> BatchLine:
     encoded = msgspec.json.encode(body)
     kind = URLS[url]
     try:
-        prepare(kind, decode(kind, encoded))
+        if kind == "embedding":
+            embedding_format.inputs(embedding_format.decode(encoded))
+        else:
+            prepare(kind, decode(kind, encoded))
     except ApiError as err:
         param = f"body.{err.param}" if err.param else "body"
         raise InputError(f"line {n}: {param}: {err.message}", n, param) from None

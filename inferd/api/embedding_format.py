@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from inferd.api.errors import invalid
-from inferd.api.openai import Prepared
+from inferd.api.openai import Prepared, _validation_error
 
 # OpenAI's limit on inputs per request. Admission sees each input as a request, but one HTTP request
 # keeps at most a batch's worth of them in the queue at a time (inferd.api.embeddings), so a long
@@ -32,6 +32,21 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     user: str | None = None
+
+
+_decoder = msgspec.json.Decoder(EmbeddingRequest)
+
+
+def decode(body: bytes) -> EmbeddingRequest:
+    """Bytes -> typed request, or a 400 whose message and `param` name the offending field."""
+    if not body:
+        raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        return _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 def inputs(req: EmbeddingRequest) -> list[str | list[int]]:

@@ -17,7 +17,6 @@ import math
 import secrets
 import time
 
-import msgspec
 from aiohttp import web
 
 from inferd.api import appkeys as keys
@@ -27,10 +26,9 @@ from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.completions import CLIENT_GONE, version_label
 from inferd.api.context import GenerationContext
-from inferd.api.embedding_format import (EmbeddingRequest, check_dimensions, inputs, prepared, response_body,
-                                         truncate)
+from inferd.api.embedding_format import check_dimensions, decode, inputs, prepared, response_body, truncate
 from inferd.api.errors import ApiError, invalid, unavailable
-from inferd.api.openai import _validation_error
+from inferd.api.internal import batch_caller
 from inferd.api.responses import abnormal_end, server_timing
 from inferd.api.safety import check_input
 from inferd.api.slo_outcomes import record_slo, record_slo_for
@@ -38,11 +36,11 @@ from inferd.api.tokenize import OFF_LOOP_BYTES, POOL, chars_per_token
 from inferd.api.usage import check_ledger, record_usage
 from inferd.api.versioned import check_breaker, record_outcome, route_request
 from inferd.admission import AdmissionRejected
+from inferd.config import PriorityClass
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
-_decoder = msgspec.json.Decoder(EmbeddingRequest)
 # Build the response body off the loop above this many floats (2,048 vectors of 4,096 floats take
 # a third of a second to encode; every stream on the node would stall that long).
 OFF_LOOP_FLOATS = 1 << 16
@@ -68,17 +66,6 @@ async def create_embedding(request: web.Request) -> web.StreamResponse:
         await idempotency.settle(request, state, response)
 
 
-def _decode(body: bytes) -> EmbeddingRequest:
-    if not body:
-        raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
-    try:
-        return _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
-
-
 async def _embed(request: web.Request, state, lease: VersionLease) -> web.StreamResponse:
     model, engine, route, tenant = "other", None, None, ""
     try:
@@ -86,12 +73,13 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
             raise unavailable("The server is draining; retry on another node.", code="draining")
         check_ledger(state)
         tenancy = state.tenancy
-        tenant = authenticate(request, "inference").tenant
+        batch = batch_caller(request, state.batch_secret)   # a batch line from our own runner
+        tenant = batch[0] if batch is not None else authenticate(request, "inference").tenant
         precheck_quota(tenancy, tenant)
         check_json_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
-        req = _decode(body)
+        req = decode(body)
         items = inputs(req)
         deadline = request_deadline(request, req, tenancy, tenant, server, request[keys.ARRIVAL])
         replayed = await idempotency.claim(request, state, tenant, body, deadline)
@@ -120,11 +108,11 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
     except ApiError as err:
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
-            record_slo(state, route, tenant, err.status)
+            record_slo(state, route, tenant, err.status, batch=batch is not None)
         raise
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=text, route=route, model=model,
                             engine=engine, prompt_ids=ids, sampling=[SamplingParams(max_tokens=0)] * len(ids),
-                            deadline=deadline, body=body)
+                            deadline=deadline, body=body, batch_id=batch[1] if batch is not None else None)
     with state.track():
         return await _run(ctx, req.encoding_format or "float", width)
 
@@ -258,8 +246,9 @@ async def _admit_and_collect(state, ctx: GenerationContext, gens: list[Generatio
     window = asyncio.Semaphore(max(1, ctx.engine.info.max_batch_size))
     tickets: list = [None] * len(gens)
     held = _held_places(ctx.engine, len(gens))
+    priority = PriorityClass.BATCH if ctx.batch_id is not None else None     # Batch API lines: the batch class
     try:
-        tickets[0] = queue.enter(gens[0], deadline=ctx.deadline, lease=shares[0], hold=held,
+        tickets[0] = queue.enter(gens[0], deadline=ctx.deadline, priority=priority, lease=shares[0], hold=held,
                                  rest_cost=queue.cost_of(gens[1:]))
     except BaseException:
         for share in shares[1:]:
@@ -270,8 +259,8 @@ async def _admit_and_collect(state, ctx: GenerationContext, gens: list[Generatio
         nonlocal held
         async with window:
             if tickets[i] is None:
-                tickets[i] = queue.enter(gens[i], deadline=ctx.deadline, lease=shares[i], follow_up=True,
-                                         from_hold=held > 0)
+                tickets[i] = queue.enter(gens[i], deadline=ctx.deadline, priority=priority, lease=shares[i],
+                                         follow_up=True, from_hold=held > 0)
                 held = max(0, held - 1)
             stream = await queue.admitted(tickets[i])
             try:

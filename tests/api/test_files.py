@@ -31,7 +31,7 @@ async def test_an_uploaded_batch_file_reads_back_lists_and_deletes(tmp_path):
     (jsonl(chat_line("a"), chat_line("b"), chat_line("a")), "line 3: custom_id 'a' is already used on line 1"),
     (jsonl(chat_line("a"), chat_line("b", model="no-such-model")), "line 2: body.model"),
     (jsonl(chat_line("a", temperature="hot")), "line 1: body.temperature"),
-    (jsonl({**chat_line("a"), "url": "/v1/embeddings"}), "line 1: url must be one of"),
+    (jsonl({**chat_line("a"), "url": "/v1/moderations"}), "line 1: url must be one of"),
     (jsonl({**chat_line("a"), "method": "GET"}), "line 1: method must be"),
     (jsonl(chat_line("a", stream=True)), "line 1: body.stream"),
     (jsonl({"custom_id": "a", "method": "POST", "url": "/v1/completions"}), "line 1: missing required field 'body'"),
