@@ -22,6 +22,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 COLD, LOADING, WARMING, HOT, DRAINING = "cold", "loading", "warming", "hot", "draining"
+# Slack on the minimum residency: a caller that waits exactly the Retry-After it was given must find the
+# version of age, whatever the float rounding of `now - loaded_at`.
+AGE_SLACK_S = 1e-6
 STATES = (COLD, LOADING, WARMING, HOT, DRAINING)
 
 
@@ -100,15 +103,16 @@ class Residency:
 
     def _evictable(self, v: Resident, now: float) -> bool:
         return (v.state == HOT and not v.pinned and v.in_flight == 0
-                and now - v.loaded_at >= self.min_residency_s)
+                and now - v.loaded_at + AGE_SLACK_S >= self.min_residency_s)
 
     def _no_room(self, now: float) -> NoRoom:
         """Why nothing can be evicted now, and the soonest something could be."""
         hot = [v for v in self.versions.values() if v.state == HOT and not v.pinned]
-        young = [self.min_residency_s - (now - v.loaded_at) for v in hot if now - v.loaded_at < self.min_residency_s]
+        young = [self.min_residency_s - (now - v.loaded_at) for v in hot
+                 if now - v.loaded_at + AGE_SLACK_S < self.min_residency_s]
         if young:
             return NoRoom(max(0.0, min(young)), "min_residency")
-        if any(v.in_flight for v in hot):
+        if any(v.in_flight for v in hot) or any(v.state == DRAINING for v in self.versions.values()):
             return NoRoom(math.inf, "in_flight")
         return NoRoom(math.inf, "loading")     # the budget is held by loads under way
 
@@ -157,4 +161,5 @@ class Residency:
         """A request on `key` ended. True when `key` is draining and now idle: unload it."""
         r = self.versions[key]
         r.in_flight -= 1
+        r.last_used = self.clock()          # recency is when it was last busy, not when that began
         return r.state == DRAINING and r.in_flight == 0

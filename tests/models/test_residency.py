@@ -115,3 +115,35 @@ def test_a_failed_load_frees_its_bytes_and_transitions_are_checked():
     assert r.state("a") == COLD and r.used_bytes() == 0
     with pytest.raises(ValueError):
         r.hot("a")
+
+
+def test_waiting_exactly_the_retry_after_finds_the_version_of_age():
+    r, clock = resident(min_residency_s=30.1)
+    clock.now = 1234.567
+    load(r, "a")
+    clock.now += 0.3
+    load(r, "b")
+    for _ in range(3):
+        clock.now += 0.7
+        plan = r.plan_load("c")
+        assert isinstance(plan, NoRoom)
+    clock.now += plan.retry_after_s
+    assert isinstance(r.plan_load("c"), LoadPlan)
+
+
+def test_recency_counts_from_when_a_request_ended_and_draining_is_said_as_in_flight():
+    r, clock = resident(min_residency_s=0)
+    load(r, "a")
+    load(r, "b")
+    r.acquire("a")                  # a's request starts first and ends last
+    clock.now += 1
+    r.acquire("b")
+    r.release("b")
+    clock.now += 1
+    r.release("a")
+    assert r.plan_load("c") == LoadPlan(("b",))
+    r.acquire("a")
+    assert not r.evicting("a")
+    r.acquire("b")
+    plan = r.plan_load("c")
+    assert isinstance(plan, NoRoom) and plan.reason == "in_flight"
