@@ -45,9 +45,11 @@ from inferd.config.tracing import TracingConfig
 __all__ = [
     "served_adapters",
     "AUDIT_FILE", "AdmissionConfig", "CacheConfig", "Arm", "AuthConfig", "BreakerConfig", "DegradeConfig", "CLASSES_BY_RANK", "CLUSTER_RESTART_ONLY", "ClusterConfig",
-    "BatchingConfig", "Config", "ConfigError", "DEFAULT_LATENCY_TARGET_MS", "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InputRules", "InsecureBindError",
+    "BatchingConfig", "Config", "ConfigError", "DEFAULT_LATENCY_TARGET_MS",
+    "DB_FILE", "DEFAULT_REFERENCE_KV_BLOCKS", "DEFAULT_STATE_DIR", "InputRules", "InsecureBindError",
     "KEYS_FILE", "ModelConfig", "OutputRules", "PolicyConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
-    "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets", "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
+    "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
+    "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
     "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",

@@ -66,7 +66,8 @@ def slo_errors(name: str, slo: SloConfig, known_models: Collection[str], path: s
         elif not (0.0 < slo.threshold_ms < math.inf):
             errors.append(f"{p}.threshold_ms: must be a positive number of milliseconds, got {slo.threshold_ms}")
     elif slo.threshold_ms is not None:
-        errors.append(f"{p}.threshold_ms: only for sli = 'ttft', 'itl' or 'latency' ({slo.sli!r} has no latency threshold)")
+        errors.append(f"{p}.threshold_ms: only for sli = 'ttft', 'itl' or 'latency' "
+                      f"({slo.sli!r} has no latency threshold)")
     if not (MIN_WINDOW_DAYS <= slo.window_days <= 366):
         errors.append(f"{p}.window_days: must be between {MIN_WINDOW_DAYS:g} (the longest burn-rate window) and "
                       f"366, got {slo.window_days}")

@@ -159,8 +159,8 @@ async def test_the_tenants_content_policy_applies_to_inputs(tmp_path):
     assert "forbidden" not in got["error"]["message"] and ok == 200
 
 
-BREAKER = SIM_EMBED.replace("max_batch_size = 8", "max_batch_size = 4").replace("time_scale = 0.01", "time_scale = 1.0") \
-    + "[MODEL.breaker]\nmin_requests = 5\nwindow_s = 30\ncooldown_s = 30\n"
+BREAKER = (SIM_EMBED.replace("max_batch_size = 8", "max_batch_size = 4").replace("time_scale = 0.01", "time_scale = 1.0")
+           + "[MODEL.breaker]\nmin_requests = 5\nwindow_s = 30\ncooldown_s = 30\n")
 
 
 async def test_admission_refusals_under_overload_do_not_open_the_breaker(tmp_path):
