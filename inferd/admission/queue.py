@@ -165,17 +165,23 @@ class AdmissionQueue:
         """Raise 429 queue_full now if `tenant`'s queue has no room for a request that will `hold` places
         beside its own (what `enter` will judge): for a caller about to do expensive work (tokenizing
         many inputs) before it enters."""
-        cfg = self.tenants.get(tenant)
         backlog = self._backlog
         q = backlog.fifos.get(tenant)
         held = backlog.held.get(tenant, 0)
-        if (q or held) and (len(q or ()) + held + hold >= cfg.max_queued_requests
-                            or backlog.tokens.get(tenant, 0) >= cfg.max_queued_tokens):
+        if self._tenant_full(tenant, 1 + hold, 1):
             self._stats.rejected(self.tenants.label(tenant), "queue_full")
             raise AdmissionRejected(f"tenant {tenant!r} has too many requests queued", status=429,
                                     reason="queue_full", retry_after_s=self._estimate.retry_after(
                                         self._estimate.queued_wait(backlog.cost.get(tenant, 0.0)),
                                         1 / max(1, len(q or ()) + held)))
+
+    def _tenant_full(self, tenant: str, places: int, tokens: int) -> bool:
+        """`tenant`'s queue (with the places it holds) has no room for `places` more requests of `tokens`
+        tokens in all. A tenant with nothing queued or held always has room: its first request goes."""
+        backlog, cfg = self._backlog, self.tenants.get(tenant)
+        queued = len(backlog.fifos.get(tenant) or ()) + backlog.held.get(tenant, 0)
+        return queued > 0 and (queued + places > cfg.max_queued_requests
+                               or backlog.tokens.get(tenant, 0) + tokens > cfg.max_queued_tokens)
 
     def _enter(self, request: GenerationRequest, deadline: float, priority: PriorityClass | None,
                lease: Lease | None, hold: int = 0, rest_cost: float = 0.0, follow_up: bool = False) -> Ticket:
@@ -195,9 +201,7 @@ class AdmissionQueue:
         backlog = self._backlog
         q = backlog.fifos.get(t.tenant)
         held = backlog.held.get(t.tenant, 0)
-        if (q or held) and not follow_up and (
-                len(q or ()) + held + hold >= cfg.max_queued_requests
-                or backlog.tokens.get(t.tenant, 0) + t.tokens * (1 + hold) > cfg.max_queued_tokens):
+        if not follow_up and self._tenant_full(t.tenant, 1 + hold, t.tokens * (1 + hold)):
             queued_tokens = backlog.tokens.get(t.tenant, 0)
             overflow = max(1 / max(1, len(q or ()) + held), (queued_tokens + t.tokens - cfg.max_queued_tokens)
                            / max(1, queued_tokens))

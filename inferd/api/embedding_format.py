@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from inferd.api.errors import invalid
-from inferd.api.openai import Prepared, _validation_error
+from inferd.api.openai import Prepared, decode_with
 
 # OpenAI's limit on inputs per request. Admission sees each input as a request, but one HTTP request
 # keeps at most a batch's worth of them in the queue at a time (inferd.api.embeddings), so a long
@@ -39,14 +39,7 @@ _decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 def decode(body: bytes) -> EmbeddingRequest:
     """Bytes -> typed request, or a 400 whose message and `param` name the offending field."""
-    if not body:
-        raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
-    try:
-        return _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    return decode_with(_decoder, body)
 
 
 def inputs(req: EmbeddingRequest) -> list[str | list[int]]:

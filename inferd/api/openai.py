@@ -169,10 +169,15 @@ _FIELD = re.compile(r"field `([^`]*)`")
 
 def decode(kind: str, body: bytes) -> CompletionRequest | ChatCompletionRequest:
     """Bytes -> typed request, or a 400 whose message and `param` name the offending field."""
+    return decode_with(_decoders[kind], body)
+
+
+def decode_with(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """`decode` with any request struct's decoder (the embeddings route's, say)."""
     if not body:
         raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
     try:
-        return _decoders[kind].decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
