@@ -1,6 +1,7 @@
 """Oversized-prompt benchmark: another tenant's latency while two clients send prompts far past the context.
 
     .venv/bin/python bench/oversized.py [--engine reference|sim] [--seconds 8] [--prompt-kb 900] [--long-kb 30]
+                                        [--refused-bytes-per-s N]   # 0: the refusal pacer off
 
 Phases (each bounded by --seconds; the script stops itself and the daemon):
   0. `--engine reference` (default): builds the synthetic `small` model (a real byte-level BPE
@@ -15,7 +16,9 @@ Phases (each bounded by --seconds; the script stops itself and the daemon):
      (English-like words, some 200k tokens) in a loop: far past the context, so refused with 400.
   4. `long`: the same, with --long-kb prompts instead: short enough in characters that the daemon
      must tokenize them to find out (then 400 too: ~7k tokens); what the tokenizer pool bounds.
-It prints JSON and a summary: b's p50/p99 per phase, the ratio to `alone` (the goal for
+The daemon paces a tenant whose requests keep being refused (inferd.tenancy.refusals, the server's
+defaults unless --refused-bytes-per-s is given; 0 turns it off, to see what the rest of the request
+path achieves alone). It prints JSON and a summary: b's p50/p99 per phase, the ratio to `alone` (the goal for
 `oversized`: p50 <= 1.5x), the attackers' request count, statuses and mean time per request, and the
 daemon's peak RSS. Loopback only. Run it against another checkout with PYTHONPATH=that/checkout.
 """
@@ -40,7 +43,7 @@ host = "127.0.0.1"
 port = 0
 engines_root = "{engines}"
 log_level = "info"
-
+{pacing}
 [auth]
 mode = "api_key"
 keys_file = "keys.jsonl"
@@ -102,14 +105,15 @@ def text_of(kb: int, seed: int) -> str:
     return " ".join(words)
 
 
-def start_daemon(workdir: Path, engine: str) -> tuple[subprocess.Popen, dict]:
+def start_daemon(workdir: Path, engine: str, refused_bytes_per_s: float | None) -> tuple[subprocess.Popen, dict]:
     from inferd.engine.build.reference import build_synthetic
 
     engines = workdir / "engines"
     if engine == "reference":
         build_synthetic("small", engines, progress=lambda message: None)
     config = workdir / "inferd.toml"
-    config.write_text(CONFIG.format(engines=engines, model=MODELS[engine]))
+    pacing = "" if refused_bytes_per_s is None else f"refused_bytes_per_s = {refused_bytes_per_s}\n"
+    config.write_text(CONFIG.format(engines=engines, model=MODELS[engine], pacing=pacing))
     keys = {tenant: create_key(config, tenant, cwd=workdir) for tenant in ("a", "b")}
     proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], workdir, "daemon.log", SERVER_CPU)
     return proc, {**started, "keys": keys}
@@ -193,13 +197,17 @@ def main() -> None:
     parser.add_argument("--long-kb", type=int, default=30)
     parser.add_argument("--attackers", type=int, default=2)
     parser.add_argument("--engine", default="reference", choices=tuple(MODELS))
+    parser.add_argument("--refused-bytes-per-s", type=float, default=None,
+                        help="server.refused_bytes_per_s (default: the daemon's; 0: no pacing of refused requests)")
     args = parser.parse_args()
-    results = daemon_or_bench(args, "inferd-oversized-", lambda work: start_daemon(work, args.engine),
+    results = daemon_or_bench(args, "inferd-oversized-", lambda work: start_daemon(work, args.engine, args.refused_bytes_per_s),
                               lambda started, pid: run_bench(args, started["port"], started["keys"], pid), CLIENT_CPU)
     if results is None:
         return
     print(json.dumps(results, indent=2))
-    print(f"\n{args.engine} engine, inferd from {results['inferd']}; tenant b, small completions (p50 / p99 ms):")
+    pacing = "default" if args.refused_bytes_per_s is None else f"{args.refused_bytes_per_s:g} B/s"
+    print(f"\n{args.engine} engine, inferd from {results['inferd']}, refusal pacing {pacing}; "
+          f"tenant b, small completions (p50 / p99 ms):")
     print(f"  alone                               {results['alone']['b_p50_ms']:8.1f} / "
           f"{results['alone']['b_p99_ms']:8.1f}            daemon CPU {results['alone']['daemon_cpu']:.0%}")
     for name, what in (("oversized", f"{args.prompt_kb} KB prompts"), ("long", f"{args.long_kb} KB prompts")):

@@ -1,7 +1,8 @@
 """Tenant limits, quota, deadline and the fair admission queue for one generation request.
 
 The order on the request path (completions.py), cheapest refusals first:  authenticate ->
-`precheck_quota` (RPM and concurrency, nothing charged) -> read and decode the body -> `request_deadline`
+`precheck_quota` (RPM and concurrency, nothing charged) -> `pace_refusals` (a tenant whose requests keep
+being refused waits its turn, inferd.tenancy.refusals) -> read and decode the body -> `request_deadline`
 -> Idempotency-Key (api/idempotency.py: a replay or a 409/422 ends here) -> route ->
 `check_model_allowed` -> the prompt's length bound -> tokenize (api/tokenize.py)
 -> context checks -> `apply_limits` -> `charge` (quota buckets and concurrency) -> spillover to a peer
@@ -26,7 +27,7 @@ from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, i
 from inferd.api.openai import Prepared
 from inferd.config import PriorityClass, ServerConfig
 from inferd.engine import Engine
-from inferd.tenancy import BudgetExceeded, LimitExceeded, QuotaExceeded, Tenancy
+from inferd.tenancy import BudgetExceeded, LimitExceeded, Paced, QuotaExceeded, Tenancy, Turn
 from inferd.types import GenerationRequest, SamplingParams, Usage
 
 RATE_LIMIT = "rate_limit_error"
@@ -46,6 +47,25 @@ def precheck_quota(tenancy: Tenancy, tenant: str) -> None:
         tenancy.quota.precheck(tenant)
     except QuotaExceeded as exc:
         raise quota_error(exc) from None
+
+
+async def pace_refusals(tenancy: Tenancy, tenant: str, request: web.BaseRequest) -> Turn:
+    """Before the body is read: a tenant over its refused-bytes burst waits for its turn (a timer, no CPU),
+    or gets 429 `refusals_paced` when that is further than a request may wait. The caller reports a
+    refusal to the returned Turn and closes it when the request has passed or failed its checks."""
+    try:
+        turn, wait_s = tenancy.refusals.enter(tenant, request.content_length)
+    except Paced as exc:
+        tenancy.count_rejection(tenant, "refusals_paced")
+        raise ApiError(429, str(exc), type=RATE_LIMIT, code="refusals_paced",
+                       headers={"Retry-After": retry_after_header(exc.retry_after_s)}) from None
+    if wait_s > 0:
+        try:
+            await asyncio.sleep(wait_s)
+        except BaseException:           # the client left while waiting: its reservation goes back
+            turn.close()
+            raise
+    return turn
 
 
 def quota_error(exc: QuotaExceeded) -> ApiError:

@@ -17,7 +17,8 @@ from aiohttp import web
 from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api import idempotency
-from inferd.api.admit import admit, apply_limits, charge, check_model_allowed, precheck_quota, request_deadline
+from inferd.api.admit import (admit, apply_limits, charge, check_model_allowed, pace_refusals, precheck_quota,
+                              request_deadline)
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.cached import cache_plan, lookup, replay, store
@@ -45,6 +46,7 @@ from inferd.cluster import FORWARDED_HEADER
 from inferd.config import PriorityClass
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
+from inferd.tenancy import NO_TURN
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
@@ -100,6 +102,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
 async def _generate_routed(request: web.Request, kind: str, state: ServerState,
                            lease: VersionLease) -> web.StreamResponse:
     model, engine, route, tenant = "other", None, None, ""
+    turn, body = NO_TURN, b""
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
@@ -116,6 +119,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         else:
             tenant = authenticate(request, "inference").tenant   # 401/403 before anything about the body
             precheck_quota(tenancy, tenant)     # 429 over RPM/concurrency before reading, let alone tokenizing
+            turn = await pace_refusals(tenancy, tenant, request)    # a tenant sending invalid requests waits
         check_json_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
@@ -164,7 +168,10 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
             record_slo(state, route, tenant, err.status, batch=batch is not None, forwarded=forwarded)
+        turn.refused(err.status, len(body) or request.content_length or 0)
         raise
+    finally:
+        turn.close()
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
                             body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None,

@@ -21,7 +21,8 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api import idempotency
-from inferd.api.admit import SharedLease, charge, check_model_allowed, precheck_quota, rejection_error, request_deadline
+from inferd.api.admit import (SharedLease, charge, check_model_allowed, pace_refusals, precheck_quota, rejection_error,
+                              request_deadline)
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.completions import CLIENT_GONE, version_label
@@ -39,6 +40,7 @@ from inferd.admission import AdmissionRejected
 from inferd.config import PriorityClass
 from inferd.engine import Engine, EngineUnavailable, InvalidRequest
 from inferd.models import VersionLease
+from inferd.tenancy import NO_TURN
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
 # Build the response body off the loop above this many floats (2,048 vectors of 4,096 floats take
@@ -68,6 +70,7 @@ async def create_embedding(request: web.Request) -> web.StreamResponse:
 
 async def _embed(request: web.Request, state, lease: VersionLease) -> web.StreamResponse:
     model, engine, route, tenant = "other", None, None, ""
+    turn, body = NO_TURN, b""
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
@@ -76,6 +79,8 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         batch = batch_caller(request, state.batch_secret)   # a batch line from our own runner
         tenant = batch[0] if batch is not None else authenticate(request, "inference").tenant
         precheck_quota(tenancy, tenant)
+        if batch is None:
+            turn = await pace_refusals(tenancy, tenant, request)    # a tenant sending invalid requests waits
         check_json_content_type(request)
         server = state.config.server
         body = await read_body(request, server.max_body_bytes)
@@ -109,7 +114,10 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
             record_slo(state, route, tenant, err.status, batch=batch is not None)
+        turn.refused(err.status, len(body) or request.content_length or 0)
         raise
+    finally:
+        turn.close()
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=text, route=route, model=model,
                             engine=engine, prompt_ids=ids, sampling=[SamplingParams(max_tokens=0)] * len(ids),
                             deadline=deadline, body=body, batch_id=batch[1] if batch is not None else None)

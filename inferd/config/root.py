@@ -66,6 +66,10 @@ class ServerConfig(ConfigTable):
     idle_timeout_s: float = 15.0           # an open connection with no request in progress (keep-alive)
     max_connections: int = 1024            # open connections serving any route
     probe_connections: int = 8             # beyond max_connections: accepted for /healthz, /readyz only
+    # A tenant's requests refused as invalid, paced (inferd.tenancy.refusals): debt in body bytes paid off at
+    # this rate (0: off), pacing only once the debt is over the burst.
+    refused_bytes_per_s: float = 1_048_576.0
+    refused_burst_bytes: int = 8_388_608
     # Issue 10: HTTPS (inferd.config.tls); plain HTTP on a non-loopback host only when explicitly allowed.
     tls: TlsConfig | None = None
     allow_plaintext_non_loopback: bool = False
@@ -190,8 +194,11 @@ def _server_errors(s: ServerConfig) -> list[str]:
     for key in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
         if getattr(s, key) == float("inf"):
             errors.append(f"server.{key}: must be finite (it is what cuts a slow client), got inf")
-    if s.probe_connections < 0:
-        errors.append(f"server.probe_connections: must be >= 0, got {s.probe_connections}")
+    for key in ("probe_connections", "refused_bytes_per_s", "refused_burst_bytes"):
+        if not getattr(s, key) >= 0:   # `not >=` also rejects NaN
+            errors.append(f"server.{key}: must be >= 0, got {getattr(s, key)}")
+    if s.refused_bytes_per_s == float("inf"):
+        errors.append("server.refused_bytes_per_s: must be finite (0 turns pacing off), got inf")
     if s.drain_grace_s < 0:
         errors.append(f"server.drain_grace_s: must be >= 0, got {s.drain_grace_s}")
     if not s.engines_root:

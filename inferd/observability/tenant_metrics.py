@@ -31,7 +31,8 @@ class TenancyCollector:
         T, Q = ("tenant",), ("model", "version")
         rejections = CounterMetricFamily("inferd_tenant_rejections", "Requests refused, by tenant and reason "
                                          "(quota_rpm, quota_tpm, concurrency, queue_full, node_full, deadline, "
-                                         "ttl, draining, limit, model_not_allowed, budget_exceeded)",
+                                         "ttl, draining, limit, model_not_allowed, budget_exceeded, "
+                                         "refusals_paced)",
                                          labels=(*T, "reason"))
         admitted = CounterMetricFamily("inferd_tenant_admitted", "Requests released to an engine", labels=T)
         prompt = CounterMetricFamily("inferd_tenant_prompt_tokens", "Prompt tokens of admitted requests", labels=T)
@@ -108,6 +109,16 @@ class TenancyCollector:
             in_flight.add_metric((label,), row.get("in_flight", 0))
         yield from (rejections, admitted, prompt, output, wait, ttft, queued, queued_tok, in_flight, remaining,
                     vtc, class_queued, class_tokens, class_age, running, throughput)
+        refused_bytes = CounterMetricFamily("inferd_tenant_refused_body_bytes", "Body bytes of requests refused "
+                                            "as invalid (400/403/404/413/415/422): the refusal pacer's debt",
+                                            labels=T)
+        delayed = CounterMetricFamily("inferd_tenant_paced_requests", "Requests that waited for their turn "
+                                      "because their tenant was over its refused-bytes burst", labels=T)
+        for label, n in snap["paced"]["refused_bytes"].items():
+            refused_bytes.add_metric((label,), n)
+        for label, n in snap["paced"]["delayed"].items():
+            delayed.add_metric((label,), n)
+        yield from (refused_bytes, delayed)
         keys = CounterMetricFamily("inferd_keys_reload", "Keys-file re-reads (1 s poll or SIGHUP) that changed "
                                    "keys (success) or found the file malformed, old keys kept (error)",
                                    labels=("result",))

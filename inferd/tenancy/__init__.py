@@ -6,9 +6,10 @@ from inferd.tenancy.keys import AuthError, InsufficientScope, KeyFileError, Prin
 from inferd.tenancy.keys_cli import keys_main
 from inferd.tenancy.node import Tenancy
 from inferd.tenancy.quota import Lease, LimitExceeded, QuotaExceeded
+from inferd.tenancy.refusals import NO_TURN, Paced, Turn
 
 __all__ = [
     "AuthError", "BudgetExceeded", "Budgets", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded",
-    "Principal", "QuotaExceeded", "Tenancy", "budgeted", "keys_main", "load_authenticator", "load_spend",
+    "NO_TURN", "Paced", "Principal", "QuotaExceeded", "Tenancy", "Turn", "budgeted", "keys_main", "load_authenticator", "load_spend",
     "period_start",
 ]

@@ -27,6 +27,7 @@ from inferd.tenancy.key_reload import AuditSink, KeyReloader
 from inferd.tenancy.keys import Authenticator, KeyStore, load_authenticator
 from inferd.tenancy.keys_file import KeyFileError
 from inferd.tenancy.quota import Quota
+from inferd.tenancy.refusals import MAX_WAIT_S, Pacer
 
 if TYPE_CHECKING:
     from inferd.config import Config
@@ -57,6 +58,8 @@ class Tenancy:
         self.authenticator = authenticator or load_authenticator(config.auth, Path("."))
         self.quota = Quota(self.tenants, clock=quota_clock)
         self.budgets = Budgets(self.tenants)         # spend loaded from the ledger by the daemon at start
+        self.refusals = Pacer(0, 0, clock=quota_clock)   # refused requests paced (front-end fairness)
+        self._pace(config)
         self._queues: dict[int, _Queue] = {}          # id(engine) -> its queue
         self._rejections: dict[str, dict[str, int]] = {}   # per label: refusals made before quota/admission
         self._closed = False
@@ -117,6 +120,7 @@ class Tenancy:
         self.tenants = TenantRegistry(config.tenants)
         self.quota.set_tenants(self.tenants)
         self.budgets.tenants = self.tenants
+        self._pace(config)
         for entry in self._queues.values():
             entry.queue.set_tenants(self.tenants)
             entry.queue.policy = config.admission
@@ -126,6 +130,11 @@ class Tenancy:
             self._background(self._swap_authenticator(config))
         else:
             self._background(self.refresh_keys("SIGHUP"))
+
+    def _pace(self, config: Config) -> None:
+        s = config.server
+        # A paced request waits with its body unread: well inside the listener's body timeout.
+        self.refusals.configure(s.refused_bytes_per_s, s.refused_burst_bytes, min(MAX_WAIT_S, s.body_timeout_s / 2))
 
     async def check_keys(self, config: Config) -> Authenticator | None:
         """Before a reload applies anything: re-read the keys file now (new and revoked keys take
@@ -175,12 +184,23 @@ class Tenancy:
         row = self._rejections.setdefault(self.tenants.label(tenant), {})
         row[reason] = row.get(reason, 0) + 1
 
+    def _by_label(self, counts: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tenant, n in counts.items():
+            label = self.tenants.label(tenant)
+            out[label] = out.get(label, 0) + n
+        return out
+
     def metrics_snapshot(self) -> dict:
         """Everything the per-tenant Prometheus series show (inferd.observability.tenant_metrics reads it at
-        scrape time): `quota` (Quota.snapshot), `rejections` (label -> reason -> n, made here), and `queues`:
+        scrape time): `quota` (Quota.snapshot), `rejections` (label -> reason -> n, made here), `paced`
+        (label -> refused body bytes and requests delayed by the refusal pacer), and `queues`:
         one (model, version, AdmissionQueue.snapshot()) per engine; `keys_reloads`: result -> n, the keys
         file re-reads that changed keys ("success") or found the file malformed ("error")."""
         queues = [(e.model, e.engine.info.version, e.queue.snapshot()) for e in self._queues.values()]
         budgets = {self.tenants.label(t): used for t, used in self.budgets.snapshot().items()}
-        return {"quota": self.quota.snapshot(), "rejections": {k: dict(v) for k, v in self._rejections.items()},
+        pacer = self.refusals
+        paced = {"refused_bytes": self._by_label(pacer.refused_bytes), "delayed": self._by_label(pacer.delayed)}
+        return {"paced": paced, "quota": self.quota.snapshot(),
+                "rejections": {k: dict(v) for k, v in self._rejections.items()},
                 "queues": queues, "keys_reloads": dict(self.keys.counts), "budgets": budgets}

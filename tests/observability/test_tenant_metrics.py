@@ -27,6 +27,7 @@ def two_queue_snapshot() -> dict:
         "quota": {"acme": {"rejections": {"quota_rpm": 2}, "in_flight": 3, "remaining_requests": 5.0,
                            "remaining_tokens": None}},
         "rejections": {"acme": {"model_not_allowed": 1}, "other": {"queue_full": 4}},
+        "paced": {"refused_bytes": {"acme": 900_000}, "delayed": {"acme": 2}},
         "queues": [
             ("small", "v1", {"tenants": {"acme": queue_tenant(rejections={"quota_rpm": 1}, admitted=2,
                                                               prompt_tokens=10, queue_wait_sum_s=0.5,
@@ -49,6 +50,9 @@ def test_tenant_series_sum_quota_tenancy_and_every_queue_per_tenant():
     assert value(rejections, "inferd_tenant_rejections_total", tenant="acme", reason="model_not_allowed") == 1
     assert value(rejections, "inferd_tenant_rejections_total", tenant="other", reason="queue_full") == 4
     assert value(f["inferd_tenant_admitted"], "inferd_tenant_admitted_total", tenant="acme") == 3
+    bytes_ = f["inferd_tenant_refused_body_bytes"]
+    assert value(bytes_, "inferd_tenant_refused_body_bytes_total", tenant="acme") == 900_000
+    assert value(f["inferd_tenant_paced_requests"], "inferd_tenant_paced_requests_total", tenant="acme") == 2
     assert value(f["inferd_tenant_prompt_tokens"], "inferd_tenant_prompt_tokens_total", tenant="acme") == 15
     wait = f["inferd_admission_queue_wait_seconds"]
     assert value(wait, "inferd_admission_queue_wait_seconds_count", tenant="acme") == 3
