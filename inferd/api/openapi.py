@@ -58,7 +58,7 @@ _ERROR_TEXT = {
     "413": "Body larger than server.max_body_bytes",
     "415": "Content-Type is not application/json",
     "422": "The adapter's files could not be loaded: the message names the file and the tensor",
-    "429": "Tenant over quota or its queue full (Retry-After)",
+    "429": "Tenant over quota, its queue full, or its refused requests paced (Retry-After)",
     "500": "Server error (never caused by the request's content)",
     "503": "Draining, overloaded or engine unavailable (Retry-After)",
     "504": "The request's deadline passed before it could start",
