@@ -20,15 +20,17 @@ here goes through HTTP, admission or an engine. What it models, on one device:
   slow each other (compute is not what this bench is about: at the default rate a model uses a few
   percent of its slots). A request counts as in flight (Residency.acquire/release) from the moment it
   reaches a hot model until it finishes, so a model with work is never evicted.
-- A request for a model that is not hot is a cold start: it joins the model's load if one is queued or
-  under way (concurrent requests share one load), else queues one. At arrival the daemon's estimate of
-  when the model will be hot (the load under way, the loads queued ahead, and, when the device is free,
-  `plan_load`'s NoRoom.retry_after_s) decides: if it fits the request's deadline (`--timeout-s` after
-  arrival, a client's or gateway's timeout) the request waits, else it is refused at once (503 with
-  Retry-After; NoRoom with an unknown retry_after, reason "in_flight", is refused too). A waiting
-  request whose deadline passes before its model is hot times out (504): nothing waits forever. When
-  the device is free the head of the load queue is planned again: LoadPlan -> evict, load; NoRoom ->
-  re-plan after retry_after_s, or at the next release when that is unknown.
+- A request for a model that is not hot is a cold start, decided as the daemon decides it
+  (inferd.models.lifecycle): it joins the model's load if one is queued or under way (concurrent
+  requests share one load); else, with the device idle and nothing the policy may evict
+  (`plan_load` -> NoRoom), it is refused at once (503 with NoRoom's Retry-After) and nothing is
+  queued; else its load is queued. It then waits if the estimate of when the model will be hot (the
+  load under way, the loads queued ahead, its own) fits its deadline (`--timeout-s` after arrival, a
+  client's or gateway's timeout), else it is refused at once (503, Retry-After the estimate) and the
+  load still happens, so that retrying then finds the model hot. When the device is free the head of
+  the load queue is planned: LoadPlan -> evict, load; NoRoom -> the load is dropped and its waiters
+  get 503 (a wait on "when something may be evictable" could slip for ever, as every request on a
+  hot model resets it). A waiting request whose deadline passes times out (504): nothing waits for ever.
 - A request is good when its first token (model hot, a slot, the prefill) comes within `--slo-s` of
   its arrival: a hit meets it, a cold start (8.5 s of load) never does. Goodput = good / duration.
 
@@ -73,7 +75,6 @@ from inferd.models.residency import HOT, LoadPlan, NoRoom, Residency
 
 POLICIES = ("lru", "hysteresis")     # plain LRU (min_residency_s = 0), LRU + minimum residency
 LABELS = {"lru": "plain LRU", "hysteresis": "LRU+hysteresis"}
-RETRY_FLOOR_S = 1e-3                  # a NoRoom with retry_after ~0 is re-planned this much later, not in a loop
 
 
 @dataclass(slots=True)
@@ -140,11 +141,10 @@ class Sim:
         self.events: list = []
         self.seq = itertools.count()
         self.waiters: dict[int, list[Request]] = {m: [] for m in range(args.models)}
+        self.wanted: set[int] = set()            # queued loads a refused request asked for (no waiter needed)
         self.load_queue: deque[int] = deque()
         self.loading: int | None = None
         self.busy_until = 0.0
-        self.retry_at: float | None = None       # the queue head's re-plan, when NoRoom said when
-        self.blocked_unknown = False             # the queue head's NoRoom had no retry_after: re-plan on release
         self.free = {m: args.concurrency for m in range(args.models)}
         self.fifo: dict[int, deque[Request]] = {m: deque() for m in range(args.models)}
         self.requests: list[Request] = []
@@ -152,7 +152,6 @@ class Sim:
         self.evictions: list[float] = []
         self.victim_ages: list[float] = []       # how long each victim had been hot
         self.refusals: dict[str, int] = {}
-        self.zero_retries = 0                    # NoRoom with retry_after ~0 that still would not evict
         self.max_queue = 0
 
     def at(self, t: float, kind: str, payload=None) -> None:
@@ -162,7 +161,7 @@ class Sim:
         for rid, (t, m) in enumerate(schedule):
             self.at(t, "arrive", Request(rid, t, m, t + self.args.timeout_s))
         handlers = {"arrive": self.arrive, "load_done": self.load_done, "finish": self.finish,
-                    "timeout": self.timeout, "pump": self.retry}
+                    "timeout": self.timeout}
         while self.events:
             self.now, _, kind, payload = heapq.heappop(self.events)
             handlers[kind](payload)
@@ -176,35 +175,32 @@ class Sim:
             self.admit(req)
             return
         req.cold = True
-        ready = self.estimate_ready(req.model)
-        if ready > req.deadline:
-            req.outcome = "refused"
-            reason = "unknown_retry" if math.isinf(ready) else "deadline"
-            self.refusals[reason] = self.refusals.get(reason, 0) + 1
-            return
-        self.waiters[req.model].append(req)
-        if req.model != self.loading and req.model not in self.load_queue:
-            self.load_queue.append(req.model)
-            self.max_queue = max(self.max_queue, len(self.load_queue))
-        self.at(req.deadline, "timeout", req)
+        m = req.model
+        if m != self.loading and m not in self.load_queue:
+            if self.loading is None and not self.load_queue and isinstance(self.res.plan_load(m), NoRoom):
+                self.refuse(req, "no_room")     # nothing can be evicted now: 503 at once, no load queued
+                return
+            self.load_queue.append(m)           # loads even if this request cannot wait for it, so that
+            self.max_queue = max(self.max_queue, len(self.load_queue))   # its Retry-After is honest
+        if self.estimate_ready(m) > req.deadline:
+            self.refuse(req, "deadline")
+            self.wanted.add(m)
+        else:
+            self.waiters[m].append(req)
+            self.at(req.deadline, "timeout", req)
         self.pump()
 
+    def refuse(self, req: Request, reason: str) -> None:
+        req.outcome = "refused"
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
     def estimate_ready(self, m: int) -> float:
-        """When `m` would be hot, as the daemon would estimate it at this request's arrival."""
-        load = self.work.load_s
+        """When `m` (loading or queued) would be hot, as the daemon would estimate it at this request's
+        arrival: the load under way, then every load queued ahead, then its own."""
         if m == self.loading:
             return self.busy_until
-        if self.loading is not None:
-            head = self.busy_until
-        elif self.load_queue:
-            head = self.retry_at if self.retry_at is not None else math.inf
-        else:
-            plan = self.res.plan_load(m)
-            if isinstance(plan, LoadPlan):
-                return self.now + load
-            return self.now + plan.retry_after_s + load
-        ahead = self.load_queue.index(m) if m in self.load_queue else len(self.load_queue)
-        return head + ahead * load + load
+        head = self.busy_until if self.loading is not None else self.now
+        return head + (self.load_queue.index(m) + 1) * self.work.load_s
 
     def admit(self, req: Request) -> None:
         """`req` reaches its hot model: in flight from now (never evicted under it), a slot or the FIFO."""
@@ -232,8 +228,6 @@ class Sim:
                 self.res.release(m)
             else:
                 self.start(nxt)
-        if self.blocked_unknown:
-            self.pump()
 
     def timeout(self, req: Request) -> None:
         if req.outcome or req not in self.waiters[req.model]:
@@ -243,33 +237,29 @@ class Sim:
         self.pump()                              # the queue head may have nobody left waiting for it
 
     # -- the device's load queue -------------------------------------------------------------
-    def retry(self, _payload) -> None:
-        self.retry_at = None
-        self.pump()
-
     def pump(self) -> None:
         """Start the next load when the device is free and the policy finds room."""
         if self.loading is not None:
             return
-        while self.load_queue and not self.waiters[self.load_queue[0]]:
-            self.load_queue.popleft()            # everyone waiting for it gave up: do not load it
-            self.retry_at, self.blocked_unknown = None, False
-        if not self.load_queue:
-            return
-        m = self.load_queue[0]
-        plan = self.res.plan_load(m)
-        if isinstance(plan, NoRoom):
-            if math.isinf(plan.retry_after_s):
-                self.retry_at, self.blocked_unknown = None, True
-            elif self.retry_at is None:
-                if plan.retry_after_s < 1e-9:
-                    self.zero_retries += 1
-                self.retry_at = self.now + max(plan.retry_after_s, RETRY_FLOOR_S)
-                self.blocked_unknown = False
-                self.at(self.retry_at, "pump")
+        while self.load_queue:
+            m = self.load_queue[0]
+            if not self.waiters[m] and m not in self.wanted:
+                self.load_queue.popleft()        # everyone waiting for it gave up: do not load it
+                continue
+            plan = self.res.plan_load(m)
+            if isinstance(plan, LoadPlan):
+                break
+            # The daemon's rule: a load whose turn comes with nothing evictable is dropped, and whoever
+            # waits for it gets 503 with NoRoom's Retry-After (never a wait on an estimate that can slip).
+            self.load_queue.popleft()
+            self.wanted.discard(m)
+            waiting, self.waiters[m] = self.waiters[m], []
+            for req in waiting:
+                self.refuse(req, "no_room")
+        else:
             return
         self.load_queue.popleft()
-        self.retry_at, self.blocked_unknown = None, False
+        self.wanted.discard(m)
         for victim in plan.evict:
             self.victim_ages.append(self.now - self.res.versions[victim].loaded_at)
             assert self.res.evicting(victim), "the policy chose a victim with requests in flight"
@@ -350,7 +340,6 @@ def figures(sim: Sim, schedule, args) -> dict:
         "max_evictions_in_a_minute": max(evictions_by_minute, default=0),
         "storm_minutes": len(storms),
         "min_victim_age_s": min(sim.victim_ages, default=None),
-        "zero_retries": sim.zero_retries,
     }
 
 
@@ -450,9 +439,9 @@ def render(result: dict, args) -> str:
                  + ("MET" if v["no_eviction_storm"]["hysteresis"] else "NOT MET") + " for LRU+hysteresis")
     for p in POLICIES:
         r = result["runs"][p]
-        if r["refusals"] or r["zero_retries"]:
-            lines.append(f"note: {LABELS[p]}: refusals by cause {r['refusals']}; NoRoom with retry_after ~0 that "
-                         f"still could not evict: {r['zero_retries']}")
+        if r["refusals"]:
+            lines.append(f"note: {LABELS[p]}: refusals by cause {r['refusals']} (no_room: nothing could be "
+                         f"evicted when its load's turn came; deadline: its load would not be done in time)")
     return "\n".join(lines)
 
 

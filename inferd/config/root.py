@@ -70,6 +70,11 @@ class ServerConfig(ConfigTable):
     # this rate (0: off), pacing only once the debt is over the burst.
     refused_bytes_per_s: float = 1_048_576.0
     refused_burst_bytes: int = 8_388_608
+    # Issue 17: model lifecycle (inferd.models.lifecycle). With a budget, versions load when first asked for
+    # (or pinned / prewarmed) and the least recently used idle ones are evicted to make room; None: every
+    # configured version loads at start and stays.
+    model_memory_bytes: int | None = None
+    min_residency_s: float = 60.0          # a version used this recently is not evicted (hysteresis)
     # Issue 10: HTTPS (inferd.config.tls); plain HTTP on a non-loopback host only when explicitly allowed.
     tls: TlsConfig | None = None
     allow_plaintext_non_loopback: bool = False
@@ -82,6 +87,9 @@ class SimConfig(ConfigTable):
     time_scale: float = 1.0
     max_model_len: int = 8192
     seed: int = 0
+    # Issue 17: start() takes the profile's load time (weights / load_bandwidth + setup) x time_scale, as a
+    # real load would; off by default so existing sim configs start at once.
+    simulate_load: bool = False
 
 
 class TrtllmConfig(ConfigTable):
@@ -119,6 +127,11 @@ class ModelConfig(ConfigTable):
     # Issue 16: embedding models (inferd.config.embeddings): what it serves, and its dynamic batcher
     task: Task | None = None                # "generate" | "embed"; default: the artifact's (reference), else generate
     batching: BatchingConfig | None = None
+    # Issue 17, with server.model_memory_bytes: never evicted (loaded at start), loaded at start if it fits,
+    # and the bytes it holds when loaded (default: estimated from its weights and KV pool)
+    pinned: bool = False
+    prewarm: bool = False
+    memory_bytes: int | None = None
 
 
 DEFAULT_REFERENCE_KV_BLOCKS = 2048
@@ -197,6 +210,10 @@ def _server_errors(s: ServerConfig) -> list[str]:
     for key in ("probe_connections", "refused_bytes_per_s", "refused_burst_bytes"):
         if not getattr(s, key) >= 0:   # `not >=` also rejects NaN
             errors.append(f"server.{key}: must be >= 0, got {getattr(s, key)}")
+    if s.model_memory_bytes is not None and s.model_memory_bytes <= 0:
+        errors.append(f"server.model_memory_bytes: must be > 0 bytes (omit it for no budget), got {s.model_memory_bytes}")
+    if not 0 <= s.min_residency_s < math.inf:
+        errors.append(f"server.min_residency_s: must be >= 0 seconds, got {s.min_residency_s}")
     if s.refused_bytes_per_s == float("inf"):
         errors.append("server.refused_bytes_per_s: must be finite (0 turns pacing off), got inf")
     if s.drain_grace_s < 0:
@@ -223,6 +240,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.block_size: must be a power of two, got {m.block_size}")
     if m.hardware is not None and not MODEL_NAME_RE.match(m.hardware):
         errors.append(f"{p}.hardware: a short label ({MODEL_NAME_RE.pattern}), got {m.hardware!r}")
+    if m.memory_bytes is not None and m.memory_bytes <= 0:
+        errors.append(f"{p}.memory_bytes: must be > 0 bytes, got {m.memory_bytes}")
     if not 0 <= m.keep_warm_s < math.inf:
         errors.append(f"{p}.keep_warm_s: must be >= 0 seconds, got {m.keep_warm_s}")
     if m.artifact is not None and not m.artifact:

@@ -156,6 +156,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             max_model_len=sim.max_model_len,
             seed=sim.seed,
             lora_adapters=tuple(model.lora_adapters),
+            simulate_load=sim.simulate_load,
         )
     if model.backend == "trtllm":
         try:

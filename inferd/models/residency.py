@@ -7,12 +7,17 @@ count on the same free bytes) until it is unloaded; a load measures the real foo
 the estimate.
 
 To load a cold version that does not fit, the least recently used hot versions are evicted, but only
-those that have been resident at least `min_residency_s` (hysteresis: two models alternating cannot
-evict each other on every request), have no request in flight, and are not pinned (`pinned` models,
-and versions in an active rollout, never leave). With `min_residency_s = 0` this is plain LRU. When
-nothing can go now, the refusal says how long until something can (the soonest an eligible version
-comes of age), so the caller answers 503 with an honest Retry-After, never a hang; a version larger
-than the budget less what is pinned can never load, and says so.
+those that have been idle (resident and unused: no request started or ended on them) for at least
+`min_residency_s`, have no request in flight, and are not pinned (`pinned` models, and versions in an
+active rollout, never leave). That is the hysteresis: a version loaded or used within the last
+`min_residency_s` stays, so two models alternating cannot evict each other on every request. It is
+counted from the last use rather than from the load because bench/lifecycle.py measured both: counted
+from the load, it protects a tail model loaded for one request and evicts an older popular one
+instead, and lost to plain LRU on hit rate and goodput; counted from the last use, it beat plain LRU
+on both. With `min_residency_s = 0` this is plain LRU. When nothing can go now, the refusal says how
+long until something could (the soonest an eligible version will have been idle long enough, if no
+request uses it meanwhile), so the caller answers 503 with a Retry-After, never a hang; a version
+larger than the budget less what is pinned can never load, and says so.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 
 COLD, LOADING, WARMING, HOT, DRAINING = "cold", "loading", "warming", "hot", "draining"
 # Slack on the minimum residency: a caller that waits exactly the Retry-After it was given must find the
-# version of age, whatever the float rounding of `now - loaded_at`.
+# version idle long enough (if nobody used it meanwhile), whatever the float rounding of `now - last_used`.
 AGE_SLACK_S = 1e-6
 STATES = (COLD, LOADING, WARMING, HOT, DRAINING)
 
@@ -50,7 +55,7 @@ class LoadPlan:
 @dataclass(frozen=True, slots=True)
 class NoRoom:
     retry_after_s: float                    # until an eligible version could be evicted (inf: unknown)
-    reason: str                             # "in_flight" | "min_residency" | "loading"
+    reason: str                             # "in_flight" | "min_residency" (used too recently) | "loading"
 
 
 @dataclass
@@ -103,13 +108,13 @@ class Residency:
 
     def _evictable(self, v: Resident, now: float) -> bool:
         return (v.state == HOT and not v.pinned and v.in_flight == 0
-                and now - v.loaded_at + AGE_SLACK_S >= self.min_residency_s)
+                and now - v.last_used + AGE_SLACK_S >= self.min_residency_s)
 
     def _no_room(self, now: float) -> NoRoom:
         """Why nothing can be evicted now, and the soonest something could be."""
         hot = [v for v in self.versions.values() if v.state == HOT and not v.pinned]
-        young = [self.min_residency_s - (now - v.loaded_at) for v in hot
-                 if now - v.loaded_at + AGE_SLACK_S < self.min_residency_s]
+        young = [self.min_residency_s - (now - v.last_used) for v in hot
+                 if v.in_flight == 0 and now - v.last_used + AGE_SLACK_S < self.min_residency_s]
         if young:
             return NoRoom(max(0.0, min(young)), "min_residency")
         if any(v.in_flight for v in hot) or any(v.state == DRAINING for v in self.versions.values()):

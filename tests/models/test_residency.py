@@ -58,7 +58,7 @@ def test_the_least_recently_used_old_enough_version_is_evicted():
     assert r.plan_load("c") == LoadPlan(("b",))
 
 
-def test_hysteresis_keeps_a_young_version_and_says_when_one_can_go():
+def test_hysteresis_keeps_a_recently_used_version_and_says_when_one_can_go():
     r, clock = resident(min_residency_s=60)
     load(r, "a")
     clock.now += 50
@@ -66,9 +66,26 @@ def test_hysteresis_keeps_a_young_version_and_says_when_one_can_go():
     clock.now += 5
     plan = r.plan_load("c")
     assert isinstance(plan, NoRoom) and plan.reason == "min_residency"
-    assert plan.retry_after_s == pytest.approx(5.0)  # a comes of age in 5 s
+    assert plan.retry_after_s == pytest.approx(5.0)  # a has been idle 60 s in 5 s
     clock.now += 5
     assert r.plan_load("c") == LoadPlan(("a",))
+
+
+def test_the_minimum_residency_counts_from_the_last_use_not_from_the_load():
+    r, clock = resident(min_residency_s=60)
+    load(r, "a")
+    clock.now += 1
+    load(r, "b")
+    clock.now += 100                                # both resident long enough, but...
+    r.acquire("a")
+    r.release("a")                                  # ...a was just used: only b may go
+    assert r.plan_load("c") == LoadPlan(("b",))
+    clock.now += 1
+    r.acquire("b")
+    r.release("b")
+    plan = r.plan_load("c")                         # both used within the last minute: none may go
+    assert isinstance(plan, NoRoom) and plan.reason == "min_residency"
+    assert plan.retry_after_s == pytest.approx(59.0)
 
 
 def test_plain_lru_evicts_at_once():

@@ -140,6 +140,10 @@ class ReferenceEngine(LoraHost, Engine):
         # deltas the thread handed over on its way out run before this continuation
         await asyncio.sleep(0)
 
+    def memory_bytes(self) -> int:
+        """What this version holds once loaded: its weights and its KV pool (issue 17's budget)."""
+        return self.model.weight_bytes() + sum(a.nbytes for a in (*self._kv.k, *self._kv.v))
+
     @property
     def num_preemptions(self) -> int:
         """Sequences preempted (and later recomputed) because the KV pool ran out, since start."""

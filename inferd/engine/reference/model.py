@@ -122,6 +122,13 @@ class LlamaModel:
         self._inv_freq = c.inv_freq()
         self._scale = np.float32(hd ** -0.5)
 
+    def weight_bytes(self) -> int:
+        """Bytes of the arrays this model holds (a tied LM head counted once)."""
+        arrays = {id(a): a for a in (self.embed, self.lm_head, self.final_norm)}
+        for layer in self.layers:
+            arrays.update((id(a), a) for a in vars(layer).values() if a is not None)
+        return sum(a.nbytes for a in arrays.values())
+
     @classmethod
     def from_pretrained(cls, path: Path) -> "LlamaModel":
         """Load an HF-layout directory: config.json + *.safetensors (sharded or not, f32/f16/bf16)."""

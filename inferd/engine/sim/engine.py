@@ -66,7 +66,7 @@ class SimEngine(Engine):
     def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
                  max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
                  model_name: str = "sim", max_model_len: int = 8192, seed: int = 0,
-                 lora_adapters: Iterable[str] = (), lora_rank: int = 16) -> None:
+                 lora_adapters: Iterable[str] = (), lora_rank: int = 16, simulate_load: bool = False) -> None:
         self.profile = get_profile(profile)
         self._adapters = SimAdapters(lora_adapters, self.profile, rank=lora_rank)
         for name, value in (("block_size", block_size), ("max_batch_size", max_batch_size),
@@ -89,6 +89,8 @@ class SimEngine(Engine):
                                max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True,
                                hardware=self.profile.name)
         self.time_scale = float(time_scale)
+        # What start() takes, like reading the weights and building the KV pool (issue 17's cold starts).
+        self.load_s = self.profile.load_time_s() * self.time_scale if simulate_load else 0.0
         self._rng = random.Random(seed)
         self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,
                                        max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
@@ -106,6 +108,8 @@ class SimEngine(Engine):
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.load_s > 0 and self._task is None:
+            await asyncio.sleep(self.load_s)
         if self._task is None and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="sim-engine-steps")
             self._task.add_done_callback(self._loop_ended)

@@ -1,0 +1,89 @@
+"""How many bytes a model version holds once loaded, known before loading it (issue 17's memory budget).
+
+Estimated from what is on disk and in the config, without loading anything:
+- `memory_bytes` in the model's table, when set, is the answer (an operator who measured it knows best);
+- sim: the profile's weights (per GPU) + its runtime reserve + the KV pool the config gives it;
+- reference: the parameters its config.json implies, as the float32 arrays the engine holds, + the KV
+  pool (float32 K and V for every layer, `num_kv_blocks` x `block_size` slots);
+- trtllm: the engine files' size (the weights). Its KV pool is a fraction of whatever GPU memory is
+  free, which no estimate made before loading can know: set `memory_bytes` for a trtllm model under
+  a budget.
+After a load the engine may say what it really holds (`measured_bytes`), and that replaces the estimate.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from inferd.config import ModelConfig, ServerConfig, SimConfig, artifact_name
+
+FLOAT32 = 4
+DEFAULT_REFERENCE_KV_BLOCKS = 2048
+
+
+class FootprintError(Exception):
+    """The footprint cannot be estimated (no artifact, an unreadable config.json)."""
+
+
+def estimate_bytes(name: str, model: ModelConfig, server: ServerConfig, artifact: Path | None = None) -> int:
+    """Bytes version `model` of served model `name` will hold. `artifact`: its resolved directory (reference,
+    trtllm); blocking file reads: call off the loop."""
+    if model.memory_bytes is not None:
+        return model.memory_bytes
+    if model.backend == "sim":
+        return _sim_bytes(model)
+    if artifact is None:
+        raise FootprintError(f"models.{name}: no artifact to estimate its memory from; set memory_bytes")
+    if model.backend == "reference":
+        return _reference_bytes(model, artifact)
+    return sum(f.stat().st_size for f in artifact.rglob("*") if f.is_file())
+
+
+def _sim_bytes(model: ModelConfig) -> int:
+    from inferd.engine.sim import get_profile
+
+    sim = model.sim or SimConfig()
+    profile = get_profile(sim.profile)
+    blocks = model.num_kv_blocks or profile.num_kv_blocks(model.block_size)
+    kv = blocks * model.block_size * profile.kv_bytes_per_token_per_gpu
+    return int(profile.weight_bytes_per_gpu + profile.runtime_reserved_bytes + kv)
+
+
+def _reference_bytes(model: ModelConfig, artifact: Path) -> int:
+    try:
+        c = json.loads((artifact / "config.json").read_text())
+        hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+        head_dim = c.get("head_dim") or hidden // heads
+        inter = c["intermediate_size"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        raise FootprintError(f"{artifact / 'config.json'}: cannot estimate the model's size: {exc}") from None
+    attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    per_layer = attention + 3 * hidden * inter + 2 * hidden
+    embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
+    params = layers * per_layer + embeddings + hidden
+    blocks = model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS
+    kv = 2 * layers * blocks * model.block_size * kv_heads * head_dim
+    return FLOAT32 * (params + kv)
+
+
+def measured_bytes(engine: object) -> int | None:
+    """What a loaded engine says it holds, when it can say (`memory_bytes()`), else None."""
+    measure = getattr(engine, "memory_bytes", None)
+    if measure is None:
+        return None
+    try:
+        return int(measure())
+    except Exception:  # noqa: BLE001 - a measurement that fails leaves the estimate in place
+        return None
+
+
+def artifact_dir(name: str, model: ModelConfig, server: ServerConfig, version: str) -> Path | None:
+    """The artifact directory a version of `model` loads from (None: it has none, a sim)."""
+    if model.backend == "sim":
+        return None
+    if model.backend == "trtllm" and model.trtllm is not None and model.trtllm.engine_dir:
+        return Path(model.trtllm.engine_dir)
+    from inferd.engine import resolve_artifact
+
+    return resolve_artifact(Path(server.engines_root), artifact_name(name, model), version)
