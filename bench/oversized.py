@@ -200,7 +200,8 @@ def main() -> None:
     parser.add_argument("--refused-bytes-per-s", type=float, default=None,
                         help="server.refused_bytes_per_s (default: the daemon's; 0: no pacing of refused requests)")
     args = parser.parse_args()
-    results = daemon_or_bench(args, "inferd-oversized-", lambda work: start_daemon(work, args.engine, args.refused_bytes_per_s),
+    results = daemon_or_bench(args, "inferd-oversized-",
+                              lambda work: start_daemon(work, args.engine, args.refused_bytes_per_s),
                               lambda started, pid: run_bench(args, started["port"], started["keys"], pid), CLIENT_CPU)
     if results is None:
         return

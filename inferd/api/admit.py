@@ -54,7 +54,7 @@ async def pace_refusals(tenancy: Tenancy, tenant: str, request: web.BaseRequest)
     or gets 429 `refusals_paced` when that is further than a request may wait. The caller reports a
     refusal to the returned Turn and closes it when the request has passed or failed its checks."""
     try:
-        turn, wait_s = tenancy.refusals.enter(tenant, request.content_length)
+        turn, wait_s = tenancy.refusals.enter(tenant, request.content_length, tenancy.config.server.max_body_bytes)
     except Paced as exc:
         tenancy.count_rejection(tenant, "refusals_paced")
         raise ApiError(429, str(exc), type=RATE_LIMIT, code="refusals_paced",
@@ -65,7 +65,20 @@ async def pace_refusals(tenancy: Tenancy, tenant: str, request: web.BaseRequest)
         except BaseException:           # the client left while waiting: its reservation goes back
             turn.close()
             raise
+        turn.waited()
     return turn
+
+
+def refused_bytes(request: web.BaseRequest, status: int, body: bytes, limit: int) -> int:
+    """What a refused request cost the node in body bytes: what was read; else, refused before its body
+    was read (which aiohttp then reads and drops), its Content-Length up to the limit, and for a 413 of a
+    body without one, the limit it went past."""
+    if body:
+        return len(body)
+    length = request.content_length
+    if length is None:
+        return limit if status == 413 else 0
+    return min(length, limit)
 
 
 def quota_error(exc: QuotaExceeded) -> ApiError:

@@ -18,7 +18,7 @@ from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api import idempotency
 from inferd.api.admit import (admit, apply_limits, charge, check_model_allowed, pace_refusals, precheck_quota,
-                              request_deadline)
+                              refused_bytes, request_deadline)
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.cached import cache_plan, lookup, replay, store
@@ -168,7 +168,10 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
             record_slo(state, route, tenant, err.status, batch=batch is not None, forwarded=forwarded)
-        turn.refused(err.status, len(body) or request.content_length or 0)
+        turn.refused(err.status, refused_bytes(request, err.status, body, state.config.server.max_body_bytes))
+        raise
+    except (asyncio.CancelledError, ConnectionError):     # its client left before the answer
+        turn.refused(CLIENT_GONE, len(body))
         raise
     finally:
         turn.close()

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api import idempotency
-from inferd.api.admit import (SharedLease, charge, check_model_allowed, pace_refusals, precheck_quota, rejection_error,
-                              request_deadline)
+from inferd.api.admit import (SharedLease, charge, check_model_allowed, pace_refusals, precheck_quota,
+                              refused_bytes, rejection_error, request_deadline)
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.completions import CLIENT_GONE, version_label
@@ -114,7 +114,10 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         state.metrics.count_rejected(model, err.status, engine)
         if route is not None:
             record_slo(state, route, tenant, err.status, batch=batch is not None)
-        turn.refused(err.status, len(body) or request.content_length or 0)
+        turn.refused(err.status, refused_bytes(request, err.status, body, state.config.server.max_body_bytes))
+        raise
+    except (asyncio.CancelledError, ConnectionError):     # its client left before the answer
+        turn.refused(CLIENT_GONE, len(body))
         raise
     finally:
         turn.close()

@@ -10,6 +10,6 @@ from inferd.tenancy.refusals import NO_TURN, Paced, Turn
 
 __all__ = [
     "AuthError", "BudgetExceeded", "Budgets", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded",
-    "NO_TURN", "Paced", "Principal", "QuotaExceeded", "Tenancy", "Turn", "budgeted", "keys_main", "load_authenticator", "load_spend",
-    "period_start",
+    "NO_TURN", "Paced", "Principal", "QuotaExceeded", "Tenancy", "Turn", "budgeted", "keys_main",
+    "load_authenticator", "load_spend", "period_start",
 ]

@@ -6,6 +6,8 @@ for its (short) turn.
 """
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.api.test_tenancy import metric, node, post
@@ -98,3 +100,31 @@ async def test_embeddings_refusals_count_and_pace_the_same_tenant(tmp_path):
             assert resp.status == 429 and (await resp.json())["error"]["code"] == "refusals_paced"
         got = await n.sdk(b).embeddings.create(model="sim", input="fine")
         assert len(got.data) == 1
+
+
+async def test_a_client_that_sends_a_body_and_leaves_before_the_answer_is_charged_for_it(tmp_path):
+    from tests.api.test_tokenize import CountedEncode
+
+    async with node(tmp_path, tenants=TENANTS, refused_bytes_per_s=RATE, refused_burst_bytes=BURST) as n:
+        (a,) = await n.inference_keys("a")
+        frozen(n)
+        encode = CountedEncode(n.daemon.state.engines["sim"].tokenizer, block_over=10_000)
+        body = b'{"model": "sim", "max_tokens": 2, "prompt": "' + b"word " * 40_000 + b'"}'
+        host, port = n.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + a.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        await encode.blocked_reached(1)          # its prompt is being tokenized: the body was read
+        writer.close()                           # and the client leaves (send and forget)
+
+        async def charged() -> None:
+            while n.tenancy.refusals.refused_bytes.get("a", 0) < len(body):
+                await asyncio.sleep(0.01)        # the handler's cancellation reaches it on the loop
+
+        try:
+            await asyncio.wait_for(charged(), 5)
+        finally:
+            encode.release.set()
+        assert n.tenancy.refusals.refused_bytes["a"] == len(body)
+        assert n.tenancy.refusals.debt_s("a") == pytest.approx(len(body) / RATE)
