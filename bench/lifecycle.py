@@ -23,14 +23,15 @@ here goes through HTTP, admission or an engine. What it models, on one device:
 - A request for a model that is not hot is a cold start, decided as the daemon decides it
   (inferd.models.lifecycle): it joins the model's load if one is queued or under way (concurrent
   requests share one load); else, with the device idle and nothing the policy may evict
-  (`plan_load` -> NoRoom), it is refused at once (503 with NoRoom's Retry-After) and nothing is
-  queued; else its load is queued. It then waits if the estimate of when the model will be hot (the
+  (`plan_load` -> NoRoom) but for versions serving requests, it is refused at once (503 with NoRoom's
+  Retry-After) and nothing is queued; else its load is queued. It then waits if the estimate of when the model will be hot (the
   load under way, the loads queued ahead, its own) fits its deadline (`--timeout-s` after arrival, a
   client's or gateway's timeout), else it is refused at once (503, Retry-After the estimate) and the
   load still happens, so that retrying then finds the model hot. When the device is free the head of
-  the load queue is planned: LoadPlan -> evict, load; NoRoom -> the load is dropped and its waiters
-  get 503 (a wait on "when something may be evictable" could slip for ever, as every request on a
-  hot model resets it). A waiting request whose deadline passes times out (504): nothing waits for ever.
+  the load queue is planned: LoadPlan -> evict, load; NoRoom because every candidate has requests in
+  flight -> planned again when one ends; other NoRoom -> the load is dropped and its waiters get 503
+  (a wait on "when something may be evictable" could slip for ever, as every request on a hot model
+  resets it). A waiting request whose deadline passes times out (504): nothing waits for ever.
 - A request is good when its first token (model hot, a slot, the prefill) comes within `--slo-s` of
   its arrival: a hit meets it, a cold start (8.5 s of load) never does. Goodput = good / duration.
 
@@ -177,8 +178,9 @@ class Sim:
         req.cold = True
         m = req.model
         if m != self.loading and m not in self.load_queue:
-            if self.loading is None and not self.load_queue and isinstance(self.res.plan_load(m), NoRoom):
-                self.refuse(req, "no_room")     # nothing can be evicted now: 503 at once, no load queued
+            plan = self.res.plan_load(m) if self.loading is None and not self.load_queue else None
+            if isinstance(plan, NoRoom) and plan.reason != "in_flight":
+                self.refuse(req, "no_room")     # nothing may be evicted now: 503 at once, no load queued
                 return
             self.load_queue.append(m)           # loads even if this request cannot wait for it, so that
             self.max_queue = max(self.max_queue, len(self.load_queue))   # its Retry-After is honest
@@ -220,6 +222,8 @@ class Sim:
         m = req.model
         self.free[m] += 1
         self.res.release(m)
+        if self.loading is None and self.load_queue:
+            self.pump()                          # a load waiting for requests in flight to end
         queue = self.fifo[m]
         while queue and self.free[m] > 0:
             nxt = queue.popleft()
@@ -249,6 +253,8 @@ class Sim:
             plan = self.res.plan_load(m)
             if isinstance(plan, LoadPlan):
                 break
+            if plan.reason == "in_flight":
+                return                           # the next request to end may free a version: plan again then
             # The daemon's rule: a load whose turn comes with nothing evictable is dropped, and whoever
             # waits for it gets 503 with NoRoom's Retry-After (never a wait on an estimate that can slip).
             self.load_queue.popleft()

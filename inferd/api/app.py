@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from inferd.api import admin, batches, files, ops
+from inferd.api import admin, admin_models, batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.completions import create_chat_completion, create_completion
@@ -57,6 +57,7 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", ops.openapi)
     admin.add_routes(app)
+    admin_models.add_routes(app)    # issue 17: the model lifecycle under a memory budget
     files.add_routes(app)      # the Batch API: its input and output files
     batches.add_routes(app)
     return app

@@ -23,6 +23,7 @@ from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.cached import cache_plan, lookup, replay, store
 from inferd.api.choices import Choices, ChoicesSender, merged_final
+from inferd.api.cold_start import early_stream, end_early, wait_for_model
 from inferd.api.context import GenerationContext
 from inferd.api.degrade import DEGRADED_HEADER, Degradation, degrade
 from inferd.api.errors import ApiError, invalid, unavailable
@@ -102,7 +103,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
 async def _generate_routed(request: web.Request, kind: str, state: ServerState,
                            lease: VersionLease) -> web.StreamResponse:
     model, engine, route, tenant = "other", None, None, ""
-    turn, body = NO_TURN, b""
+    turn, body, early, prepared = NO_TURN, b"", None, None
     try:
         if state.draining:
             raise unavailable("The server is draining; retry on another node.", code="draining")
@@ -133,6 +134,9 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             return replayed
         # A forwarded request is served by the version its origin routed it to.
         pinned = request.headers.get(VERSION_HEADER) if forwarded else None
+        # A model that is not loaded (a memory budget: issue 17) loads first, or 503 with Retry-After.
+        early = early_stream(state, request, request[keys.REQUEST_ID], prepared.stream)
+        await wait_for_model(state, pinned or req.model, deadline, early)
         route = route_request(state, pinned or req.model, tenant, req.user, request[keys.REQUEST_ID])
         if not forwarded:     # the origin already applied the breakers and degradation it routed by
             route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
@@ -169,6 +173,9 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
         if route is not None:
             record_slo(state, route, tenant, err.status, batch=batch is not None, forwarded=forwarded)
         turn.refused(err.status, refused_bytes(request, err.status, body, state.config.server.max_body_bytes))
+        if early is not None and early.prepared is not None:     # its headers went out while its model loaded
+            request[keys.LOG_FIELDS]["outcome_status"] = err.status
+            return await end_early(early, err, kind, req.model, prepared.include_usage)
         raise
     except (asyncio.CancelledError, ConnectionError):     # its client left before the answer
         turn.refused(CLIENT_GONE, len(body))
@@ -178,7 +185,7 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
     ctx = GenerationContext(request=request, state=state, tenant=tenant, prepared=prepared, route=route,
                             model=model, engine=engine, prompt_ids=prompt_ids, sampling=sampling, deadline=deadline,
                             body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None,
-                            degraded=degraded.header, policy=policy)
+                            degraded=degraded.header, policy=policy, early=early)
     with state.track():
         return await (_run(ctx) if state.tracing is None else _traced(ctx))     # off: one test, no OpenTelemetry
 
@@ -246,8 +253,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
             obs.finish(spilled.status)
             return spilled
     # A stream kept waiting in admission gets its headers and pings meanwhile (inferd.api.waiting).
-    queued = QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream and hit is None \
-        else None
+    queued = ctx.early if ctx.early is not None and ctx.early.prepared is not None else \
+        QueuedStream(request, headers, state.config.server.heartbeat_interval_s) if p.stream and hit is None else None
     if hit is not None:
         admitting = replay(ctx, cid, hit, lease)
     else:

@@ -13,6 +13,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.openai import Prepared
 from inferd.api.state import ServerState
+from inferd.api.waiting import QueuedStream
 from inferd.engine import Engine
 from inferd.models import Route
 from inferd.safety import Policy
@@ -38,6 +39,7 @@ class GenerationContext:
     batch_id: str | None = None     # a line of this batch, sent by the Batch API's runner (inferd.api.internal)
     degraded: str = ""              # what overload degradation did to it (X-Inferd-Degraded; inferd.api.degrade)
     policy: Policy | None = None    # the tenant's content policy (inferd.safety), when it has one
+    early: QueuedStream | None = None   # a stream whose headers went out while its model loaded (issue 17)
 
     @property
     def kind(self) -> str:

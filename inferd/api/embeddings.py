@@ -25,6 +25,7 @@ from inferd.api.admit import (SharedLease, charge, check_model_allowed, pace_ref
                               refused_bytes, rejection_error, request_deadline)
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
+from inferd.api.cold_start import wait_for_model
 from inferd.api.completions import CLIENT_GONE, version_label
 from inferd.api.context import GenerationContext
 from inferd.api.embedding_format import check_dimensions, decode, inputs, prepared, response_body, truncate
@@ -90,6 +91,7 @@ async def _embed(request: web.Request, state, lease: VersionLease) -> web.Stream
         replayed = await idempotency.claim(request, state, tenant, body, deadline)
         if replayed is not None:
             return replayed
+        await wait_for_model(state, req.model, deadline, None)     # not loaded (issue 17): load, or 503
         route = route_request(state, req.model, tenant, req.user, request[keys.REQUEST_ID])
         route = check_breaker(state, route, tenant, req.user, request[keys.REQUEST_ID])
         model, engine = route.target.model, state.registry.table.engine(route.target)

@@ -60,7 +60,7 @@ _ERROR_TEXT = {
     "422": "The adapter's files could not be loaded: the message names the file and the tensor",
     "429": "Tenant over quota, its queue full, or its refused requests paced (Retry-After)",
     "500": "Server error (never caused by the request's content)",
-    "503": "Draining, overloaded or engine unavailable (Retry-After)",
+    "503": "Draining, overloaded, engine unavailable, or its model cannot be loaded now (Retry-After)",
     "504": "The request's deadline passed before it could start",
 }
 _GENERATE_ERRORS = ("400", "401", "403", "404", "413", "415", "429", "500", "503", "504")
@@ -295,6 +295,14 @@ def document() -> dict:
             "/admin/shadow": _get("Admin: shadow traffic per version", *_ADMIN_ERRORS),
             "/admin/usage": _usage_op(),
             "/admin/adapters": _adapters_op(),
+            "/admin/models": _get("Admin: configured versions under the memory budget, their state and bytes "
+                                  "(404 without [server] model_memory_bytes)", *_ADMIN_ERRORS, "404"),
+            "/admin/models/{name}/{action}": {"post": {
+                "summary": "Admin: load a model version ahead of traffic, or unload it (audited)",
+                "parameters": [_path_param("name", {"type": "string", "minLength": 1}),
+                               _path_param("action", {"type": "string", "enum": ["load", "unload"]})],
+                "responses": {"200": {"description": "The version's state after it", "content": _json_content({})},
+                              **_errors(*_ADMIN_ERRORS, "404", "409")}}},
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
             **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.openapi_batches)

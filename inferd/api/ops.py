@@ -29,7 +29,7 @@ async def readyz(request: web.Request) -> web.Response:
         reasons.append("engines are still starting")
     if state.draining:
         reasons.append("draining")
-    if not state.engines:
+    if not state.engines and state.lifecycle is None:
         reasons.append("no models loaded")
     reasons += [f"model {name}: engine unhealthy" for name, e in state.engines.items() if not e.healthy]
     if state.ledger_failing():

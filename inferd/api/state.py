@@ -16,7 +16,8 @@ from inferd.cache import ResponseCache
 from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.engine import Engine
-from inferd.models import ControlPlane, ModelRegistry, ShadowDispatcher, VersionManager, registry_from_engines
+from inferd.models import (ControlPlane, ModelLifecycle, ModelRegistry, ShadowDispatcher, VersionManager,
+                           registry_from_engines)
 from inferd.observability import Metrics, Tracing
 from inferd.safety import Policies
 from inferd.slo import SloTracker
@@ -73,6 +74,8 @@ class ServerState:
         self.versions: VersionManager | None = None      # acquire/release, load failures
         self.control: ControlPlane | None = None         # rollouts, shadow stats, audit
         self.shadows: ShadowDispatcher | None = None
+        self.lifecycle: ModelLifecycle | None = None     # issue 17: with [server] model_memory_bytes only
+        self.metrics.watch_lifecycle(lambda: self.lifecycle)
         # Issue 4 (inferd.tenancy.node): keys, tenants, quota, one admission queue per engine. The daemon sets
         # it (reading the keys file at startup); an embedder gets one built from `config` on first use.
         self._tenancy: Tenancy | None = None
@@ -134,7 +137,8 @@ class ServerState:
     def ready(self) -> bool:
         """Serving: every engine started, warmed and healthy, not draining, and the usage ledger not
         failing (readyz)."""
-        if not self.started or self.draining or not self.engines or self.ledger_failing():
+        # Under a memory budget (issue 17) a node with every model cold still serves: they load when asked for.
+        if not self.started or self.draining or (not self.engines and self.lifecycle is None) or self.ledger_failing():
             return False
         return all(engine.healthy for engine in self.engines.values())
 

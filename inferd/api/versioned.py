@@ -173,6 +173,8 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                            max_model_len=info.max_model_len, simulated=info.simulated, task=info.task)
                 if info.task == "embed":
                     row.update(dimensions=info.dimensions, min_dimensions=info.min_dimensions)
+        if listing.kind == "model" and state.lifecycle is not None:   # issue 17: cold, loading, hot, ...
+            row["residency"] = state.lifecycle.residency_of(listing.id)
         rows.append(row)
         if listing.kind == "model":       # `loaded`: in the default version's engine now (AdapterHost engines)
             rows += [{"id": f"{listing.id}:{a.name}", "object": "model", "created": created, "owned_by": "inferd",
@@ -191,4 +193,8 @@ def versions_status(state: ServerState) -> dict:
         out["refused"] = dict(state.versions.failures)
     if state.control is not None and (breakers := state.control.breakers.open_versions()):
         out["breakers"] = breakers          # versions resting (open) or being probed (half_open)
+    if state.lifecycle is not None:        # issue 17: what the memory budget holds
+        snap = state.lifecycle.snapshot()
+        out["residency"] = {"budget_bytes": snap["budget_bytes"], "used_bytes": snap["used_bytes"],
+                            "versions": {k: v["state"] for k, v in snap["versions"].items()}}
     return out

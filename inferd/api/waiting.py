@@ -40,10 +40,13 @@ class QueuedStream:
         went away, or this handler was cancelled) cancels `admitting`, which withdraws the request."""
         task = asyncio.ensure_future(admitting)
         try:
-            await asyncio.wait({task}, timeout=min(QUEUED_HEADERS_AFTER_S, self._heartbeat_s))
+            if self.prepared is None:       # else its headers went out already, while its model loaded
+                await asyncio.wait({task}, timeout=min(QUEUED_HEADERS_AFTER_S, self._heartbeat_s))
             if not task.done():
-                resp = sse_response(self._headers)
-                self.prepared = (resp, await resp.prepare(self._request))
+                if self.prepared is None:
+                    resp = sse_response(self._headers)
+                    self.prepared = (resp, await resp.prepare(self._request))
+                resp = self.prepared[0]
                 while not task.done():
                     await asyncio.wait({task}, timeout=self._heartbeat_s)
                     if not task.done():

@@ -32,7 +32,7 @@ from inferd.cluster import ClusterKeyError
 from inferd.config import Config, InsecureBindError, check_auth_binding, check_tls_binding
 from inferd.daemon.bind import bind_listener
 from inferd.daemon.listener import GuardedRunner
-from inferd.daemon.reload import Reloader
+from inferd.daemon.reload import Reloader, routes_changed, unloaded_hook
 from inferd.daemon.sdnotify import Notifier
 from inferd.daemon.services import open_store, start_services
 from inferd.daemon.synthetic_build import build_synthetic_artifact
@@ -41,6 +41,7 @@ from inferd.engine import Engine
 from inferd.models import (
     ControlPlane,
     EngineConfigError,
+    ModelLifecycle,
     ModelRegistry,
     ShadowDispatcher,
     VersionManager,
@@ -242,10 +243,18 @@ class Daemon:
         control = ControlPlane(cfg, registry, versions)
         stack.callback(control.close)     # last out: the audit log sees every record before it closes
         stack.push_async_callback(versions.close_all)
-        await versions.load_all(version_specs(cfg))
-        if not registry.table.versions:
-            first = next(iter(versions.failures.values()), "no models configured")
-            raise EngineConfigError(next(iter(cfg.models), "?"), first.partition(": ")[2] or first)
+        lifecycle = None
+        if cfg.server.model_memory_bytes is None:       # every version now, for good
+            await versions.load_all(version_specs(cfg))
+            if not registry.table.versions:
+                first = next(iter(versions.failures.values()), "no models configured")
+                raise EngineConfigError(next(iter(cfg.models), "?"), first.partition(": ")[2] or first)
+        else:       # a memory budget (issue 17): cold until asked for, except pinned and prewarmed ones
+            lifecycle = ModelLifecycle(versions, cfg, audit=control.audit,
+                                       active_rollout_versions=control.rollouts.active_versions,
+                                       on_change=lambda: routes_changed(state), on_unloaded=unloaded_hook(state))
+            await lifecycle.configure(cfg)
+            state.lifecycle = lifecycle
         defaults = versions.defaults(cfg)
         registry.configure(defaults=defaults, aliases=routes_from_config(cfg, defaults))
         control.configure_rollouts(cfg)
@@ -256,6 +265,8 @@ class Daemon:
         state.engines = versions.default_engines(registry.table.defaults)
         self.state, self.control = state, control
         self.reloader = Reloader(state, control, versions, tls=self.tls)
+        if lifecycle is not None:
+            await lifecycle.start()
         ticker = asyncio.ensure_future(control.tick_loop())
         stack.callback(ticker.cancel)
         return state

@@ -198,9 +198,13 @@ class Reloader:
             k: getattr(new.server, k) for k in ("drain_grace_s", "request_timeout_s")})
         _refresh_engines(state, versions)
 
-        # New versions load in the background of serving.
+        # New versions load in the background of serving; under a memory budget they stay cold until asked for.
         wanted = version_specs(new)
+        lifecycle = getattr(state, "lifecycle", None)
         to_load = [s for s in wanted if (s.model, s.requested) not in versions.loaded]
+        if lifecycle is not None:
+            await lifecycle.configure(new)
+            to_load = []
         loaded = await versions.load_all(to_load)
         failed = tuple(s.label for s in to_load if (s.model, s.requested) not in versions.loaded)
 
@@ -218,6 +222,8 @@ class Reloader:
             task.add_done_callback(self._retiring.discard)
         control.start_on_load(new)
         _refresh_engines(state, versions)
+        if lifecycle is not None:
+            await lifecycle.start()         # pinned and prewarmed versions the new config adds
         control.audit.append(SYSTEM_ACTOR, "config.reload", target="config", before=before_routes,
                              after=_routes_summary(control), reason="SIGHUP",
                              detail={"loaded": [str(k) for k in loaded], "failed": list(failed),
@@ -245,6 +251,9 @@ class Reloader:
         self.control.breakers.forget(key)
         if tenancy is not None:
             await tenancy.retire(engine)
+        lifecycle = getattr(self.state, "lifecycle", None)
+        if lifecycle is not None:
+            lifecycle.retired(key)
 
     async def wait_retired(self) -> None:
         """Tests and shutdown: wait until every retired version has unloaded."""
@@ -260,3 +269,19 @@ def _routes_summary(control: ControlPlane) -> dict:
 
 def _refresh_engines(state, versions: VersionManager) -> None:
     state.engines = versions.default_engines(versions.registry.table.defaults)
+
+
+def routes_changed(state) -> None:
+    """The lifecycle loaded or unloaded a version (issue 17): the config's routes over what is loaded now."""
+    control = state.control
+    control.registry.swap(lambda t: control.final_table(t, state.config))
+    control.start_on_load(state.config)
+    _refresh_engines(state, state.versions)
+
+
+def unloaded_hook(state):
+    """What goes with a version the lifecycle unloaded: its admission queue and its breaker."""
+    async def unloaded(key: ModelVersion, engine) -> None:
+        state.control.breakers.forget(key)
+        await state.tenancy.retire(engine)
+    return unloaded

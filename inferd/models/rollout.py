@@ -280,6 +280,10 @@ class RolloutManager:
         del self._rollouts[name]
         self._rewatch()
 
+    def active_versions(self) -> set[ModelVersion]:
+        """The stable and candidate versions of every rollout under way (the lifecycle never evicts them)."""
+        return {key for r in self._rollouts.values() if r.active for key in (r.stable, r.candidate)}
+
     def overlay(self, table: RoutingTable) -> RoutingTable:
         """Re-apply every rollout's weights to a freshly loaded table. A reload does
         `registry.swap(lambda t: manager.overlay(t.with_routes(...)))`: one swap, no gap."""

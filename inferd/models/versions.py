@@ -79,6 +79,7 @@ class VersionManager:
         self._warm: dict[ModelVersion, tuple[asyncio.Task, ModelConfig]] = {}   # retired, kept loaded a while
         self._configs: dict[ModelVersion, ModelConfig] = {}                     # what each was loaded with
         self.step_observer: Callable[[str, Engine], None] | None = None
+        self.usage_observer: Callable[[ModelVersion, int], None] | None = None   # +1 acquire, -1 release
 
     # -- loading ---------------------------------------------------------------------------
     async def load(self, spec: VersionSpec) -> ModelVersion | None:
@@ -211,8 +212,12 @@ class VersionManager:
     def acquire(self, key: ModelVersion) -> None:
         """A request resolved to `key`: keep its engine until `release`. Call right after routing."""
         self._in_use[key] = self._in_use.get(key, 0) + 1
+        if self.usage_observer is not None:
+            self.usage_observer(key, 1)
 
     def release(self, key: ModelVersion) -> None:
+        if self.usage_observer is not None:
+            self.usage_observer(key, -1)
         n = self._in_use.get(key, 0) - 1
         if n > 0:
             self._in_use[key] = n

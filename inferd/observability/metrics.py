@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
 from inferd.observability.breaker_metrics import BreakerCollector
+from inferd.observability.lifecycle_metrics import LifecycleCollector
 from inferd.observability.embedding_metrics import EmbeddingMetrics
 from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
@@ -192,6 +193,8 @@ class Metrics:
         r.register(SloCollector(lambda: (tracker.snapshot() if (tracker := self.slos()) is not None else ())))
         self.breakers: Callable[[], Any] = lambda: None
         r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
+        self.lifecycle: Callable[[], Any] = lambda: None
+        r.register(LifecycleCollector(lambda: self.lifecycle()))     # issue 17: set by watch_lifecycle
         self.cache_lookups_total = Counter(
             "inferd_response_cache_lookups", "Cacheable requests by what the response cache did (hit, miss, "
             "refresh: Cache-Control no-cache)", ("result",), registry=r)
@@ -308,6 +311,10 @@ class Metrics:
     def watch_breakers(self, source: Callable[[], Any]) -> None:
         """`source()` returns the control plane's inferd.models.Breakers (or None); read at every scrape."""
         self.breakers = source
+
+    def watch_lifecycle(self, source: Callable[[], Any]) -> None:
+        """`source()` returns the daemon's inferd.models.ModelLifecycle (or None); read at every scrape."""
+        self.lifecycle = source
 
     def count_cache_lookup(self, result: str) -> None:
         self.cache_lookups_total.labels(result).inc()

@@ -108,7 +108,8 @@ async def test_a_client_that_sends_a_body_and_leaves_before_the_answer_is_charge
     async with node(tmp_path, tenants=TENANTS, refused_bytes_per_s=RATE, refused_burst_bytes=BURST) as n:
         (a,) = await n.inference_keys("a")
         frozen(n)
-        encode = CountedEncode(n.daemon.state.engines["sim"].tokenizer, block_over=10_000)
+        tok = n.daemon.state.engines["sim"].tokenizer        # shared by every sim engine of its vocabulary:
+        encode = CountedEncode(tok, block_over=10_000)       # put back below, or later tests block on it
         body = b'{"model": "sim", "max_tokens": 2, "prompt": "' + b"word " * 40_000 + b'"}'
         host, port = n.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -126,5 +127,6 @@ async def test_a_client_that_sends_a_body_and_leaves_before_the_answer_is_charge
             await asyncio.wait_for(charged(), 5)
         finally:
             encode.release.set()
+            tok.encode = encode._encode
         assert n.tenancy.refusals.refused_bytes["a"] == len(body)
         assert n.tenancy.refusals.debt_s("a") == pytest.approx(len(body) / RATE)

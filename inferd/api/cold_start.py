@@ -1,0 +1,58 @@
+"""A request for a model that is not loaded (issue 17): wait for its load, or 503 with when to retry.
+
+Only with a memory budget (`state.lifecycle`, inferd.models.lifecycle). The request path calls
+`wait_for_model` after the cheap refusals and before routing: the prompt is tokenized by the version
+that will serve it, so nothing about the prompt can be judged before it is loaded. A streamed request
+that waits gets its SSE headers and `: ping` heartbeats meanwhile (inferd.api.waiting), so a proxy
+does not cut it; whatever ends it after that is an `error` frame and `[DONE]` (`end_early`).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import time
+
+from aiohttp import web
+
+from inferd import __version__
+from inferd.api.errors import UNAVAILABLE, ApiError
+from inferd.api.responses import ChunkEncoder, Identity
+from inferd.api.state import ServerState
+from inferd.api.waiting import QueuedStream
+from inferd.models import LifecycleError
+
+
+def early_stream(state: ServerState, request: web.BaseRequest, request_id: str, stream: bool) -> QueuedStream | None:
+    """The response a streamed request sends early if its model must load first (None: nothing to wait for)."""
+    if not stream or state.lifecycle is None:
+        return None
+    return QueuedStream(request, {"X-Request-Id": request_id}, state.config.server.heartbeat_interval_s)
+
+
+async def wait_for_model(state: ServerState, model_field: str, deadline: float, early: QueuedStream | None) -> None:
+    """Return once the version `model_field` asks for is loaded (at once when it is, or when the daemon has
+    no budget); else ApiError 503 `model_loading` / `no_room_for_model` / `model_load_failed` /
+    `model_does_not_fit` with Retry-After."""
+    lifecycle = state.lifecycle
+    if lifecycle is None:
+        return
+    key = lifecycle.key_for(model_field, state.registry.table)
+    if key is None:
+        return
+    ensuring = lifecycle.ensure(key, deadline)
+    try:
+        await (early.wait(ensuring) if early is not None else ensuring)
+    except LifecycleError as exc:
+        headers = {}
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        raise ApiError(exc.status, str(exc), type=UNAVAILABLE, param="model", code=exc.code,
+                       headers=headers) from None
+
+
+async def end_early(early: QueuedStream, err: ApiError, kind: str, model: str,
+                    include_usage: bool) -> web.StreamResponse:
+    """A streamed request refused after its headers went out while its model loaded."""
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    ident = Identity(kind, prefix + secrets.token_hex(12), int(time.time()), model, f"inferd-{__version__}")
+    return await early.end_with(err, ChunkEncoder(ident, include_usage))

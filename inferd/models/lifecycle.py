@@ -1,0 +1,399 @@
+"""Model versions under a node's memory budget (issue 17): loaded when asked for, evicted when idle.
+
+Only with `[server] model_memory_bytes`; without it every configured version loads at start and stays
+(VersionManager alone). With it, each configured version is registered `cold` with its footprint
+(inferd.models.footprint, estimated off the loop), and:
+
+- at start, `pinned` versions load (they never leave), then `prewarm` ones while they fit;
+- a request for a cold version (`ensure`) starts its load, or joins the one under way: concurrent
+  requests share one load. Loads run one at a time (the device lock; one device per node for now), off
+  the event loop as VersionManager does them (verify and warm in threads). When a load's turn comes,
+  the policy (inferd.models.residency) names the least recently used idle versions to evict, or says
+  there is no room. When only requests in flight stand in the way, the load waits for one to end (up
+  to BUSY_WAIT_S); otherwise (versions used too recently, pinned ones) every request waiting for that
+  load gets 503 `no_room_for_model` with the policy's Retry-After, never a wait on an estimate that
+  the next request on a hot model can push back;
+- a request waits only when the load's estimated end (measured load times, else the footprint at
+  ~1 GB/s; the sim's own load time) fits its deadline; otherwise 503 `model_loading` with that estimate
+  as Retry-After, and the load goes on, so the retry finds the model hot;
+- a load that fails (a corrupt artifact, an engine that does not start) leaves the others serving and
+  is answered 503 `model_load_failed` naming the reason, for FAILED_LOAD_COOLDOWN_S before it is tried
+  again;
+- evicting a version stops routing to it in the same synchronous step as the decision (no request can
+  start on it after), then unloads it; `unload` (the admin route) drains its requests first.
+
+Versions in an active rollout count as pinned. Every load, failure and eviction is audited
+(`model.load`, `model.load_failed`, `model.evict`, `model.unload`) and counted for /metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from inferd.config import Config
+from inferd.models.footprint import FootprintError, artifact_dir, estimate_bytes, measured_bytes
+from inferd.models.residency import COLD, HOT, LoadPlan, NeverFits, Residency
+from inferd.models.versions import VersionManager, VersionSpec, version_specs
+from inferd.observability import SYSTEM_ACTOR, get_logger
+from inferd.types import ModelVersion
+
+log = get_logger("inferd.lifecycle")
+
+SpecKey = tuple[str, str]                # (model, requested): VersionManager.loaded's keys
+FAILED_LOAD_COOLDOWN_S = 30.0
+UNKNOWN_RETRY_S = 5.0                    # Retry-After when nothing will be evictable at a known time
+BUSY_WAIT_S = 30.0                       # a load waits this long for requests in flight to end
+LOAD_BYTES_PER_S = 1e9                   # a first load's estimate, before one was measured
+LOAD_SETUP_S = 1.0
+LOAD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+
+
+class LifecycleError(Exception):
+    """A request for a version that is not hot and cannot be served now: 503 (409 for the admin's misuse)."""
+
+    def __init__(self, message: str, code: str, retry_after_s: float | None = None, status: int = 503) -> None:
+        super().__init__(message)
+        self.busy = False           # no room only because requests are in flight on what could go
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.status = status
+
+
+class Histogram:
+    """Cumulative bucket counts, a sum and a count: what Prometheus reads at scrape time."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+
+class ModelLifecycle:
+    def __init__(self, versions: VersionManager, config: Config, *, audit: Any,
+                 active_rollout_versions: Callable[[], set[ModelVersion]] = set,
+                 on_change: Callable[[], None] = lambda: None,
+                 on_unloaded: Callable[[ModelVersion, Any], Awaitable[None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`on_change`: a version became routable or stopped being (refresh the routes); `on_unloaded(mv,
+        engine)`: a version is gone (close its admission queue, forget its breaker)."""
+        server = config.server
+        self.versions = versions
+        self.config = config
+        self.audit = audit
+        self._rollout_versions = active_rollout_versions
+        self._on_change = on_change
+        self._on_unloaded = on_unloaded
+        self.clock = clock
+        self._keys: dict[ModelVersion, SpecKey] = {}  # loaded versions -> the configured version they are
+        self.residency = Residency(server.model_memory_bytes or 0, server.min_residency_s, clock=clock)
+        self.specs: dict[SpecKey, VersionSpec] = {}
+        self._loads: dict[SpecKey, asyncio.Task] = {}
+        self._queue: list[SpecKey] = []               # loads waiting for the device, in order
+        self._loading_since: dict[SpecKey, float] = {}
+        self._device = asyncio.Lock()
+        self._released = asyncio.Event()              # a request on a loaded version ended
+        self._load_s: dict[SpecKey, float] = {}       # measured, the last load of each
+        self._failed: dict[SpecKey, tuple[float, str]] = {}   # until, why
+        self.load_seconds = Histogram(LOAD_BUCKETS)
+        self.cold_waits = Histogram(WAIT_BUCKETS)
+        self.loads: dict[str, int] = {}               # result -> n
+        self.evictions: dict[str, int] = {}           # reason -> n
+        versions.usage_observer = self._used
+
+    # -- configuration ------------------------------------------------------------------------
+    async def configure(self, config: Config) -> None:
+        """Register every version of `config` (footprints estimated off the loop); forget cold ones it
+        no longer lists (loaded ones are retired by the reload, and forgotten once unloaded)."""
+        self.config = config
+        self.residency.budget_bytes = config.server.model_memory_bytes or 0
+        self.residency.min_residency_s = config.server.min_residency_s
+        specs = {(s.model, s.requested): s for s in version_specs(config)}
+        sizes = await asyncio.to_thread(self._estimates, list(specs.values()))
+        for key, spec in specs.items():
+            self.residency.register(key, sizes[key], pinned=spec.config.pinned)
+        for key in [k for k in self.specs if k not in specs]:
+            if self.residency.state(key) == COLD and key not in self._loads:
+                del self.residency.versions[key]
+        self.specs = specs
+
+    def _estimates(self, specs: Iterable[VersionSpec]) -> dict[SpecKey, int]:
+        out = {}
+        for s in specs:
+            try:
+                path = artifact_dir(s.model, s.config, self.config.server, s.requested)
+                out[(s.model, s.requested)] = estimate_bytes(s.model, s.config, self.config.server, path)
+            except (FootprintError, OSError, ValueError) as exc:
+                # Loading it will fail the same way and say so; meanwhile it cannot take the whole budget.
+                log.warning("footprint_unknown", model=s.model, version=s.requested, error=str(exc))
+                out[(s.model, s.requested)] = 0
+        return out
+
+    async def start(self) -> None:
+        """Pinned versions load now (they never leave), then prewarmed ones while they fit."""
+        for pinned in (True, False):
+            for key, spec in self.specs.items():
+                if spec.config.pinned == pinned and (pinned or spec.config.prewarm):
+                    try:
+                        await self.ensure(key, math.inf, evict=pinned, reason="pinned" if pinned else "prewarm")
+                    except LifecycleError as exc:
+                        log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc))
+
+    # -- requests ------------------------------------------------------------------------------
+    def spec_key(self, name: str) -> SpecKey | None:
+        """`model` (its default version) or `model@version` (a configured or loaded version id)."""
+        model, _, version = name.partition("@")
+        if not version:
+            m = self.config.models.get(model)
+            return (model, m.version) if m is not None else None
+        for key in self.specs:
+            loaded = self.versions.loaded.get(key)
+            if key[0] == model and (key[1] == version or (loaded is not None and loaded.version == version)):
+                return key
+        return None
+
+    def key_for(self, model_field: str, table: Any) -> SpecKey | None:
+        """The configured version a request's `model` asks for, when it is not hot (None: hot, or not a
+        version this lifecycle manages; routing then answers as it always does)."""
+        base = model_field.partition(":")[0].removesuffix("+simulated")
+        if "@" in base or base in self.config.models:
+            key = self.spec_key(base)
+            return self._unless_hot(key) if key is not None else None
+        split = table.split_for(base) if base in table.aliases else None
+        if split is not None:
+            if any(table.is_ready(a.target) for a in split.arms if a.weight > 0):
+                return None
+            arm = max(split.arms, key=lambda a: a.weight).target
+            return self.key_for(f"{arm.model}@{arm.version}", table)
+        return None
+
+    def _unless_hot(self, key: SpecKey) -> SpecKey | None:
+        r = self.residency.versions.get(key)
+        return None if r is None or r.state == HOT else key
+
+    async def ensure(self, key: SpecKey, deadline: float, *, evict: bool = True, reason: str = "request",
+                     actor: str = SYSTEM_ACTOR) -> None:
+        """Return once `key` is hot; or LifecycleError: it cannot be by `deadline` (time.monotonic)."""
+        waited_from = self.clock()
+        while self.residency.state(key) != HOT:
+            task = self._loads.get(key) or self._start_load(key, evict, reason, actor)
+            ready_in = self._ready_in(key)
+            if self.clock() + ready_in > deadline:
+                raise LifecycleError(f"The model `{key[0]}` is loading; it should be ready in about "
+                                     f"{math.ceil(ready_in)} s.", "model_loading", ready_in)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self.clock()))
+            except asyncio.TimeoutError:
+                raise LifecycleError(f"The model `{key[0]}` is still loading.", "model_loading",
+                                     self._ready_in(key)) from None
+        if reason == "request":
+            self.cold_waits.observe(self.clock() - waited_from)
+
+    def _start_load(self, key: SpecKey, evict: bool, reason: str, actor: str) -> asyncio.Task:
+        failed = self._failed.get(key)
+        if failed is not None and self.clock() < failed[0]:
+            raise LifecycleError(f"The model `{key[0]}` failed to load: {failed[1]}", "model_load_failed",
+                                 failed[0] - self.clock())
+        if not self._device.locked() and not self._queue:
+            try:
+                self._plan(key, evict)      # refused now (no room, never fits) rather than after queueing
+            except LifecycleError as exc:
+                if not exc.busy:            # busy: requests in flight will end, and the load waits for that
+                    raise
+        self._queue.append(key)
+        # A fresh context: the load is the node's, not the request's that started it (its log lines, its id).
+        loop = asyncio.get_running_loop()
+        task = contextvars.Context().run(loop.create_task, self._load(key, evict, reason, actor), name=f"load-{key[0]}")
+        self._loads[key] = task
+        task.add_done_callback(lambda t, k=key: self._loaded(k, t))
+        return task
+
+    def _loaded(self, key: SpecKey, task: asyncio.Task) -> None:
+        self._loads.pop(key, None)
+        if key in self._queue:
+            self._queue.remove(key)
+        if not task.cancelled():
+            task.exception()                # retrieved: waiters have their own copy; none may be left
+
+    def _plan(self, key: SpecKey, evict: bool) -> LoadPlan:
+        residency = self.residency
+        in_rollouts = {self._keys.get(mv) for mv in self._rollout_versions()}
+        for k, r in residency.versions.items():     # a rollout's versions stay while it runs
+            spec = self.specs.get(k)
+            r.pinned = k in in_rollouts or (spec is not None and spec.config.pinned)
+        try:
+            plan = residency.plan_load(key)
+        except NeverFits as exc:
+            raise LifecycleError(f"The model `{key[0]}` does not fit this node's memory budget: {exc}.",
+                                 "model_does_not_fit") from None
+        if isinstance(plan, LoadPlan) and (evict or not plan.evict):
+            return plan
+        retry = plan.retry_after_s if not isinstance(plan, LoadPlan) else math.inf
+        retry = UNKNOWN_RETRY_S if math.isinf(retry) else max(1.0, retry)
+        err = LifecycleError(f"No room to load the model `{key[0]}`: the models loaded here are in use; "
+                             f"retry after {math.ceil(retry)} s or on another node.", "no_room_for_model", retry)
+        err.busy = evict and not isinstance(plan, LoadPlan) and plan.reason == "in_flight"
+        raise err
+
+    async def _room(self, key: SpecKey, evict: bool) -> LoadPlan:
+        """The plan for `key`'s load; while every version that could make room is serving requests, wait
+        for one of them to end (up to BUSY_WAIT_S), then plan again."""
+        give_up = self.clock() + BUSY_WAIT_S
+        while True:
+            try:
+                return self._plan(key, evict)
+            except LifecycleError as exc:
+                if not exc.busy or self.clock() >= give_up:
+                    raise
+            self._released.clear()
+            try:
+                await asyncio.wait_for(self._released.wait(), max(0.0, give_up - self.clock()))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _load(self, key: SpecKey, evict: bool, reason: str, actor: str) -> None:
+        async with self._device:
+            self._queue.remove(key)
+            plan = await self._room(key, evict)
+            victims = [v for v in plan.evict]
+            gone = [self._stop(v) for v in victims]     # synchronous with the decision: no request starts on them
+            for victim, mv in zip(victims, gone):
+                await self._unload(victim, mv, "lru", SYSTEM_ACTOR)
+            self.residency.loading(key)
+            t0 = self._loading_since[key] = self.clock()
+            try:
+                mv = await self.versions.load(self.specs[key])
+            finally:
+                self._loading_since.pop(key, None)
+            seconds = self.clock() - t0
+            if mv is None:
+                self.residency.failed(key)
+                why = self.versions.failures.get(self.specs[key].label, "unknown error")
+                self._failed[key] = (self.clock() + FAILED_LOAD_COOLDOWN_S, why)
+                self._count(self.loads, "failed")
+                self.audit.append(actor, "model.load_failed", target=f"{key[0]}@{key[1]}", reason=reason,
+                                  detail={"error": why})
+                raise LifecycleError(f"The model `{key[0]}` failed to load: {why}", "model_load_failed",
+                                     FAILED_LOAD_COOLDOWN_S)
+            self._failed.pop(key, None)
+            self._keys[mv] = key
+            engine = self.versions.registry.table.engine(mv)
+            self.residency.warming(key, measured_bytes(engine))
+            self.residency.hot(key)
+            self._load_s[key] = seconds
+            self.load_seconds.observe(seconds)
+            self._count(self.loads, "success")
+            self._on_change()
+            self.audit.append(actor, "model.load", target=str(mv), reason=reason,
+                              detail={"seconds": round(seconds, 3), "bytes": self.residency.versions[key].footprint,
+                                      "evicted": [str(m) for m in gone]})
+            log.info("model_loaded", model=key[0], version=mv.version, reason=reason, seconds=round(seconds, 3),
+                     evicted=[str(m) for m in gone])
+
+    def _ready_in(self, key: SpecKey) -> float:
+        """Seconds until `key`'s load (under way or queued) should be done."""
+        now = self.clock()
+        ahead = self._queue[: self._queue.index(key)] if key in self._queue else []
+        running = [k for k in self._loading_since if k != key]
+        left = sum(max(0.0, self._estimate_s(k) - (now - self._loading_since[k])) for k in running)
+        left += sum(self._estimate_s(k) for k in ahead)
+        if key in self._loading_since:
+            return left + max(0.1, self._estimate_s(key) - (now - self._loading_since[key]))
+        return left + self._estimate_s(key)
+
+    def _estimate_s(self, key: SpecKey) -> float:
+        measured = self._load_s.get(key)
+        if measured is not None:
+            return measured
+        spec = self.specs[key]
+        sim = spec.config.sim
+        if spec.config.backend == "sim" and sim is not None and sim.simulate_load:
+            from inferd.engine.sim import get_profile
+
+            return get_profile(sim.profile).load_time_s() * sim.time_scale + 0.1
+        return LOAD_SETUP_S + self.residency.versions[key].footprint / LOAD_BYTES_PER_S
+
+    # -- evictions -------------------------------------------------------------------------------
+    def _stop(self, key: SpecKey) -> ModelVersion | None:
+        self.residency.evicting(key)
+        mv = self.versions.loaded.get(key)
+        if mv is not None:
+            self.versions.stop_routing(mv)
+        return mv
+
+    async def _unload(self, key: SpecKey, mv: ModelVersion | None, reason: str, actor: str) -> None:
+        if mv is not None:
+            engine = self.versions.registry.table.engine(mv)
+            await self.versions.unload_when_idle(mv)
+            self._keys.pop(mv, None)
+            if self._on_unloaded is not None:
+                await self._on_unloaded(mv, engine)
+        self.residency.unloaded(key)
+        self._count(self.evictions, reason)
+        self._on_change()
+        self.audit.append(actor, "model.evict" if reason == "lru" else "model.unload",
+                          target=str(mv) if mv else f"{key[0]}@{key[1]}", reason=reason)
+        log.info("model_unloaded", model=key[0], version=mv.version if mv else key[1], reason=reason)
+
+    async def unload(self, key: SpecKey, actor: str) -> None:
+        """The admin's unload: refused for pinned and loading versions; drains in-flight requests first."""
+        r = self.residency.versions[key]
+        if r.pinned or any(self._keys.get(mv) == key for mv in self._rollout_versions()):
+            raise LifecycleError(f"`{key[0]}@{key[1]}` is pinned (or in a rollout) and is never unloaded.",
+                                 "model_pinned", status=409)
+        if r.state != HOT:
+            raise LifecycleError(f"`{key[0]}@{key[1]}` is {r.state}, not loaded.", f"model_{r.state}", status=409)
+        await self._unload(key, self._stop(key), "admin", actor)
+
+    # -- use -------------------------------------------------------------------------------------
+    def _used(self, mv: ModelVersion, delta: int) -> None:
+        key = self._keys.get(mv)
+        if key is not None and self.residency.versions[key].state != COLD:
+            if delta > 0:
+                self.residency.acquire(key)
+            else:
+                self.residency.release(key)
+                self._released.set()
+
+    def retired(self, mv: ModelVersion) -> None:
+        """A reload retired `mv` and it has unloaded: its bytes are free; forgotten if the config dropped it."""
+        key = self._keys.pop(mv, None)
+        if key is None:
+            return
+        if self.residency.state(key) != COLD:
+            self.residency.unloaded(key)
+        if key not in self.specs:
+            del self.residency.versions[key]
+
+    @staticmethod
+    def _count(counts: dict[str, int], label: str) -> None:
+        counts[label] = counts.get(label, 0) + 1
+
+    def residency_of(self, model: str) -> str | None:
+        """The state of `model`'s default version (None: not a configured model)."""
+        m = self.config.models.get(model)
+        r = self.residency.versions.get((model, m.version)) if m is not None else None
+        return r.state if r is not None else None
+
+    def snapshot(self) -> dict:
+        """Per configured version: state, bytes, pinned; the budget and what it holds (readyz, metrics)."""
+        versions = {}
+        for key, r in self.residency.versions.items():
+            mv = self.versions.loaded.get(key)
+            versions[f"{key[0]}@{key[1]}"] = {
+                "model": key[0], "version": mv.version if mv else key[1], "state": r.state, "bytes": r.footprint,
+                "pinned": r.pinned, "in_flight": r.in_flight}
+        return {"budget_bytes": self.residency.budget_bytes, "used_bytes": self.residency.used_bytes(),
+                "versions": versions}
