@@ -35,6 +35,7 @@ from inferd.engine.base import (
     blocks_for,
 )
 from inferd.engine.engines_cli import keygen_main, sign_main, verify_main
+from inferd.engine.loading import run_load
 from inferd.engine.signing import (
     SigningKeyError,
     fingerprint,
@@ -59,7 +60,7 @@ __all__ = [
     "blocks_for", "check_adapter_signature", "failure_message", "fingerprint", "keygen_main", "load_private_key",
     "load_public_key",
     "load_trusted_keys", "merge_deltas", "publish_artifact", "read_manifest", "resolve_adapter_source",
-    "resolve_artifact", "seed64",
+    "resolve_artifact", "run_load", "seed64",
     "sign_artifact", "sign_main", "staging_dir", "validate_request", "verify_artifact", "verify_main",
     "verify_signed_artifact",
 ]

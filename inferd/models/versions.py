@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from inferd.config import Config, ModelConfig, ServerConfig, Split, artifact_name, split_from_config
-from inferd.engine import Engine
+from inferd.engine import Engine, run_load
 from inferd.models.factory import EngineConfigError
 from inferd.models.registry import ModelRegistry
 from inferd.observability import get_logger
@@ -96,11 +96,11 @@ class VersionManager:
                 if revived is not None:
                     return revived
             if uses_artifact(model):
-                path, signer = await asyncio.to_thread(self._verified_artifact, spec)
+                path, signer = await run_load(self._verified_artifact, spec)
                 version = path.name
                 model = msgspec.structs.replace(model, version=version, verify=False)  # verified just now
             elif model.trusted_keys and model.trtllm is not None and model.trtllm.engine_dir:
-                path, signer = await asyncio.to_thread(self._verified_artifact, spec, Path(model.trtllm.engine_dir))
+                path, signer = await run_load(self._verified_artifact, spec, Path(model.trtllm.engine_dir))
                 model = msgspec.structs.replace(model, verify=False)
             revived = self._revive(spec, version or (spec.requested if spec.requested != "latest" else None))
             if revived is not None:

@@ -27,6 +27,7 @@ from inferd.engine import (
     RequestStream,
     failure_message,
     read_manifest,
+    run_load,
     validate_request,
     verify_artifact,
 )
@@ -89,7 +90,7 @@ class ReferenceEngine(LoraHost, Engine):
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self._load)
+        await run_load(self._load)       # low priority: versions already serving come first
         self._thread = threading.Thread(target=self._run, name=f"inferd-ref-{self.info.model_name}", daemon=True)
         self._thread.start()
 

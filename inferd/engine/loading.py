@@ -1,0 +1,44 @@
+"""Where model loads do their blocking work: one thread, at the lowest CPU priority.
+
+A load verifies every file's sha256, reads and converts the weights and allocates the KV pool. Run in
+asyncio's default executor at normal priority, that work took the CPU from the versions already
+serving (bench/lifecycle_stall.py: the reference engine's TTFT p99 x2.4 while another version loaded,
+on the one CPU they share). Here the thread is `nice` 19 (Linux: per thread), so the scheduler gives
+the serving threads the CPU whenever they want it and the load the rest; hashing, file reads and
+NumPy's conversions release the GIL, so the load does not hold them up there either. One thread:
+loads are one at a time anyway (inferd.models.lifecycle), and a second would only compete with the first.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+LOAD_NICE = 19
+T = TypeVar("T")
+_pool: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOAD_NICE)
+    except (AttributeError, OSError):       # not Linux, or not allowed: a load at normal priority
+        pass
+
+
+def load_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(1, thread_name_prefix="inferd-load", initializer=_lower_priority)
+        return _pool
+
+
+async def run_load(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` on the load thread."""
+    return await asyncio.get_running_loop().run_in_executor(load_pool(), functools.partial(fn, *args))
