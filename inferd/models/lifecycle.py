@@ -36,6 +36,7 @@ from typing import Any
 
 from inferd.config import Config
 from inferd.models.footprint import FootprintError, artifact_dir, estimate_bytes, measured_bytes
+from inferd.models.lifecycle_types import Histogram, LifecycleError
 from inferd.models.residency import COLD, HOT, LoadPlan, NeverFits, Residency
 from inferd.models.versions import VersionManager, VersionSpec, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
@@ -51,34 +52,6 @@ LOAD_BYTES_PER_S = 1e9                   # a first load's estimate, before one w
 LOAD_SETUP_S = 1.0
 LOAD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
-
-
-class LifecycleError(Exception):
-    """A request for a version that is not hot and cannot be served now: 503 (409 for the admin's misuse)."""
-
-    def __init__(self, message: str, code: str, retry_after_s: float | None = None, status: int = 503) -> None:
-        super().__init__(message)
-        self.busy = False           # no room only because requests are in flight on what could go
-        self.code = code
-        self.retry_after_s = retry_after_s
-        self.status = status
-
-
-class Histogram:
-    """Cumulative bucket counts, a sum and a count: what Prometheus reads at scrape time."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
 
 
 class ModelLifecycle:
@@ -274,12 +247,13 @@ class ModelLifecycle:
             self.residency.loading(key)
             t0 = self._loading_since[key] = self.clock()
             try:
-                mv = await self.versions.load(self.specs[key])
+                mv = await self.versions.load(self.specs[key], lambda engine: self.residency.warming(
+                    key, measured_bytes(engine)))
             finally:
                 self._loading_since.pop(key, None)
             seconds = self.clock() - t0
             if mv is None:
-                self.residency.failed(key)
+                self.residency.failed(key)          # from loading or warming
                 why = self.versions.failures.get(self.specs[key].label, "unknown error")
                 self._failed[key] = (self.clock() + FAILED_LOAD_COOLDOWN_S, why)
                 self._count(self.loads, "failed")
@@ -289,8 +263,6 @@ class ModelLifecycle:
                                      FAILED_LOAD_COOLDOWN_S)
             self._failed.pop(key, None)
             self._keys[mv] = key
-            engine = self.versions.registry.table.engine(mv)
-            self.residency.warming(key, measured_bytes(engine))
             self.residency.hot(key)
             self._load_s[key] = seconds
             self.load_seconds.observe(seconds)

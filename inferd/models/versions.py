@@ -82,8 +82,9 @@ class VersionManager:
         self.usage_observer: Callable[[ModelVersion, int], None] | None = None   # +1 acquire, -1 release
 
     # -- loading ---------------------------------------------------------------------------
-    async def load(self, spec: VersionSpec) -> ModelVersion | None:
-        """Verify, build, start and warm one version; ready (routable) on success, None on failure."""
+    async def load(self, spec: VersionSpec, started: Callable[[Engine], None] | None = None) -> ModelVersion | None:
+        """Verify, build, start and warm one version; ready (routable) on success, None on failure.
+        `started(engine)`: called between start and warmup (the lifecycle's `warming`)."""
         t0 = time.monotonic()
         key: ModelVersion | None = None
         engine: Engine | None = None
@@ -120,6 +121,8 @@ class VersionManager:
                 engine.info = msgspec.structs.replace(engine.info, hardware=model.hardware)
             if self.step_observer is not None:  # after start: the engine's labels come from its info
                 self.step_observer(spec.model, engine)
+            if started is not None:
+                started(engine)
             await engine.warmup()
             if not engine.healthy:
                 raise EngineConfigError(spec.model, f"version {version} is unhealthy after warmup")
