@@ -46,6 +46,7 @@ SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
 # Served model names appear in URLs, metric labels and `name@version` routing: keep them plain.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+PREWARM_AT_RE = re.compile(r"^(?:[01]\d|2[0-3]):[0-5]\d$")
 
 
 class ServerConfig(ConfigTable):
@@ -131,6 +132,7 @@ class ModelConfig(ConfigTable):
     # and the bytes it holds when loaded (default: estimated from its weights and KV pool)
     pinned: bool = False
     prewarm: bool = False
+    prewarm_at: tuple[str, ...] = ()        # "HH:MM" (UTC), every day: loaded ahead of the traffic it expects
     memory_bytes: int | None = None
 
 
@@ -240,6 +242,9 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.block_size: must be a power of two, got {m.block_size}")
     if m.hardware is not None and not MODEL_NAME_RE.match(m.hardware):
         errors.append(f"{p}.hardware: a short label ({MODEL_NAME_RE.pattern}), got {m.hardware!r}")
+    for i, at in enumerate(m.prewarm_at):
+        if not PREWARM_AT_RE.match(at):
+            errors.append(f"{p}.prewarm_at[{i}]: expected a UTC time of day as HH:MM, got {at!r}")
     if m.memory_bytes is not None and m.memory_bytes <= 0:
         errors.append(f"{p}.memory_bytes: must be > 0 bytes, got {m.memory_bytes}")
     if not 0 <= m.keep_warm_s < math.inf:

@@ -267,6 +267,8 @@ class Daemon:
         self.reloader = Reloader(state, control, versions, tls=self.tls)
         if lifecycle is not None:
             await lifecycle.start()
+            schedule = asyncio.ensure_future(lifecycle.prewarm_schedule())     # [models.X] prewarm_at
+            stack.callback(schedule.cancel)
         ticker = asyncio.ensure_future(control.tick_loop())
         stack.callback(ticker.cancel)
         return state

@@ -48,6 +48,7 @@ SpecKey = tuple[str, str]                # (model, requested): VersionManager.lo
 FAILED_LOAD_COOLDOWN_S = 30.0
 UNKNOWN_RETRY_S = 5.0                    # Retry-After when nothing will be evictable at a known time
 BUSY_WAIT_S = 30.0                       # a load waits this long for requests in flight to end
+SCHEDULE_RECHECK_S = 60.0                # the prewarm schedule is read again at least this often
 LOAD_BYTES_PER_S = 1e9                   # a first load's estimate, before one was measured
 LOAD_SETUP_S = 1.0
 LOAD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
@@ -123,6 +124,29 @@ class ModelLifecycle:
                         await self.ensure(key, math.inf, evict=pinned, reason="pinned" if pinned else "prewarm")
                     except LifecycleError as exc:
                         log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc))
+
+    async def prewarm_schedule(self, wall: Callable[[], float] = time.time,
+                               sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """Forever: load each version at its `prewarm_at` times (UTC, daily), evicting if need be. The
+        schedule is read again at least every SCHEDULE_RECHECK_S, so a reload's new times apply."""
+        while True:
+            due = next_prewarm(self.specs, wall())
+            if due is None:
+                await sleep(SCHEDULE_RECHECK_S)
+                continue
+            at, keys = due
+            wait = at - wall()
+            if wait > SCHEDULE_RECHECK_S:
+                await sleep(SCHEDULE_RECHECK_S)
+                continue
+            await sleep(max(0.0, wait))
+            for key in keys:
+                if key not in self.specs:
+                    continue
+                try:
+                    await self.ensure(key, self.clock() + self.config.server.request_timeout_s, reason="schedule")
+                except LifecycleError as exc:
+                    log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc), reason="schedule")
 
     # -- requests ------------------------------------------------------------------------------
     def spec_key(self, name: str) -> SpecKey | None:
@@ -369,3 +393,21 @@ class ModelLifecycle:
                 "pinned": r.pinned, "in_flight": r.in_flight}
         return {"budget_bytes": self.residency.budget_bytes, "used_bytes": self.residency.used_bytes(),
                 "versions": versions}
+
+
+def next_prewarm(specs: dict[SpecKey, VersionSpec], now: float) -> tuple[float, list[SpecKey]] | None:
+    """The next `prewarm_at` time after `now` (a Unix time) and the versions due then; None: none scheduled."""
+    day = now - now % 86400
+    best: float | None = None
+    keys: list[SpecKey] = []
+    for key, spec in specs.items():
+        for at in spec.config.prewarm_at:
+            hh, mm = at.split(":")
+            t = day + int(hh) * 3600 + int(mm) * 60
+            if t <= now:
+                t += 86400
+            if best is None or t < best:
+                best, keys = t, [key]
+            elif t == best and key not in keys:
+                keys.append(key)
+    return None if best is None else (best, keys)

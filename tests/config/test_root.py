@@ -206,3 +206,17 @@ def test_check_config_names_every_bad_key_and_exits_one(write_config, capsys):
     assert "server.port: expected int, got str" in err
     assert "server.bogus: unknown key" in err
     assert "models.small.max_batch_size: must be > 0, got -2" in err
+
+
+def test_memory_budget_keys_are_checked_and_each_bad_one_named():
+    errors = errors_of({"server": {"model_memory_bytes": 0, "min_residency_s": -1},
+                        "models": {"m": {"backend": "sim", "memory_bytes": -5, "prewarm_at": ["8:00", "24:00", "07:30"]}}})
+    assert "server.model_memory_bytes: must be > 0 bytes (omit it for no budget), got 0" in errors
+    assert "server.min_residency_s: must be >= 0 seconds, got -1.0" in errors
+    assert "models.m.memory_bytes: must be > 0 bytes, got -5" in errors
+    assert "models.m.prewarm_at[0]: expected a UTC time of day as HH:MM, got '8:00'" in errors
+    assert "models.m.prewarm_at[1]: expected a UTC time of day as HH:MM, got '24:00'" in errors
+    assert not any("prewarm_at[2]" in e for e in errors)
+    cfg = parse_config({"server": {"model_memory_bytes": 10 ** 9},
+                        "models": {"m": {"backend": "sim", "pinned": True, "prewarm_at": ["07:30"]}}})
+    assert cfg.server.model_memory_bytes == 10 ** 9 and cfg.models["m"].prewarm_at == ("07:30",)

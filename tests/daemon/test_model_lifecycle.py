@@ -26,7 +26,8 @@ def lifecycle_config(tmp_path: Path, models: dict[str, dict], *, budget: int = 2
     for name, m in models.items():
         scale = m.get("time_scale", 1.0)
         text += (f'[models.{name}]\nbackend = "{m.get("backend", "sim")}"\nmemory_bytes = {m.get("bytes", 100)}\n'
-                 f'pinned = {str(m.get("pinned", False)).lower()}\nprewarm = {str(m.get("prewarm", False)).lower()}\n')
+                 f'pinned = {str(m.get("pinned", False)).lower()}\nprewarm = {str(m.get("prewarm", False)).lower()}\n'
+                 f'prewarm_at = {json.dumps(m.get("prewarm_at", []))}\n')
         if m.get("backend", "sim") == "sim":
             text += (f'[models.{name}.sim]\nprofile = "tiny"\nsimulate_load = true\ntime_scale = {scale}\n'
                      f'max_model_len = 512\n')
@@ -201,3 +202,26 @@ async def test_admin_loads_ahead_of_traffic_and_unloads_and_both_are_audited(tmp
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [(r["action"], r["reason"]) for r in audit if r["action"].startswith("model.")] == [
         ("model.load", "admin"), ("model.unload", "admin")]
+
+
+class _Stop(Exception):
+    pass
+
+
+async def test_prewarm_and_a_prewarm_schedule_load_ahead_of_traffic(tmp_path):
+    models = {"early": {"prewarm": True}, "daily": {"prewarm_at": ["08:00"]}, "c": {}}
+    async with serve(lifecycle_config(tmp_path, models)) as n:
+        assert n.states() == {"early": "hot", "daily": "cold", "c": "cold"}
+        now, slept = [8 * 3600 - 5.0], []          # 07:59:55 UTC
+
+        async def sleep(seconds: float) -> None:
+            slept.append(seconds)
+            if len(slept) > 1:
+                raise _Stop                         # the day's load is done; the next is tomorrow
+            now[0] += seconds
+
+        with pytest.raises(_Stop):
+            await n.lifecycle.prewarm_schedule(wall=lambda: now[0], sleep=sleep)
+        assert slept == [5.0, 60.0] and n.states()["daily"] == "hot"
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in audit if r["action"] == "model.load"] == ["prewarm", "schedule"]
