@@ -209,8 +209,8 @@ def test_check_config_names_every_bad_key_and_exits_one(write_config, capsys):
 
 
 def test_memory_budget_keys_are_checked_and_each_bad_one_named():
-    errors = errors_of({"server": {"model_memory_bytes": 0, "min_residency_s": -1},
-                        "models": {"m": {"backend": "sim", "memory_bytes": -5, "prewarm_at": ["8:00", "24:00", "07:30"]}}})
+    bad = {"backend": "sim", "memory_bytes": -5, "prewarm_at": ["8:00", "24:00", "07:30"]}
+    errors = errors_of({"server": {"model_memory_bytes": 0, "min_residency_s": -1}, "models": {"m": bad}})
     assert "server.model_memory_bytes: must be > 0 bytes (omit it for no budget), got 0" in errors
     assert "server.min_residency_s: must be >= 0 seconds, got -1.0" in errors
     assert "models.m.memory_bytes: must be > 0 bytes, got -5" in errors

@@ -225,3 +225,27 @@ async def test_prewarm_and_a_prewarm_schedule_load_ahead_of_traffic(tmp_path):
         assert slept == [5.0, 60.0] and n.states()["daily"] == "hot"
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [r["reason"] for r in audit if r["action"] == "model.load"] == ["prewarm", "schedule"]
+
+
+async def test_trtllm_versions_load_and_unload_as_engines_of_the_double(tiny_artifact, tmp_path):
+    from tests.trtllm_double.harness import make_engine_dir, use_double
+
+    with use_double() as controls:
+        controls.step_time_s = 0.002
+        text = lifecycle_config(tmp_path, {}, budget=100).read_text()
+        for name in ("a", "b"):
+            engine_dir = make_engine_dir(tmp_path / f"engine-{name}", tiny_artifact)
+            text += (f'[models.{name}]\nbackend = "trtllm"\nmemory_bytes = 100\nverify = false\n'
+                     f'[models.{name}.trtllm]\nengine_dir = "{engine_dir}"\nkv_cache_max_tokens = 1024\n')
+        path = tmp_path / "inferd.toml"
+        path.write_text(text)
+        async with serve(path) as n:
+            assert n.states() == {"a": "cold", "b": "cold"} and controls.calls == []
+            await n.complete("a")
+            table = n.daemon.state.registry.table
+            (llm_a,) = [table.engine(k)._llm for k in table.versions if k.model == "a"]
+            assert [c for c, _ in controls.calls].count("LLM") == 1
+            await n.complete("b")                   # room for one: a's engine is shut down for b's
+            assert n.states() == {"a": "cold", "b": "hot"}
+            assert llm_a._executor.is_shutdown()
+            assert [c for c, _ in controls.calls].count("LLM") == 2
