@@ -24,8 +24,8 @@ here goes through HTTP, admission or an engine. What it models, on one device:
   (inferd.models.lifecycle): it joins the model's load if one is queued or under way (concurrent
   requests share one load); else, with the device idle and nothing the policy may evict
   (`plan_load` -> NoRoom) but for versions serving requests, it is refused at once (503 with NoRoom's
-  Retry-After) and nothing is queued; else its load is queued. It then waits if the estimate of when the model will be hot (the
-  load under way, the loads queued ahead, its own) fits its deadline (`--timeout-s` after arrival, a
+  Retry-After) and nothing is queued; else its load is queued. It then waits if the estimate of when
+  the model will be hot (the load under way, the loads queued ahead, its own) fits its deadline (`--timeout-s` after arrival, a
   client's or gateway's timeout), else it is refused at once (503, Retry-After the estimate) and the
   load still happens, so that retrying then finds the model hot. When the device is free the head of
   the load queue is planned: LoadPlan -> evict, load; NoRoom because every candidate has requests in

@@ -32,7 +32,7 @@ def early_stream(state: ServerState, request: web.BaseRequest, request_id: str, 
 async def wait_for_model(state: ServerState, model_field: str, deadline: float, early: QueuedStream | None) -> None:
     """Return once the version `model_field` asks for is loaded (at once when it is, or when the daemon has
     no budget); else ApiError 503 `model_loading` / `no_room_for_model` / `model_load_failed` /
-    `model_does_not_fit` with Retry-After."""
+    `model_does_not_fit` / `model_unloading` / `model_not_configured`, with Retry-After when one is known."""
     lifecycle = state.lifecycle
     if lifecycle is None:
         return

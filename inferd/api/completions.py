@@ -187,7 +187,13 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
                             body=body, forwarded=forwarded, batch_id=batch[1] if batch is not None else None,
                             degraded=degraded.header, policy=policy, early=early)
     with state.track():
-        return await (_run(ctx) if state.tracing is None else _traced(ctx))     # off: one test, no OpenTelemetry
+        try:
+            return await (_run(ctx) if state.tracing is None else _traced(ctx))     # off: one test, no OpenTelemetry
+        except ApiError as err:     # refused (quota, say) after its headers went out while its model loaded
+            if early is None or early.prepared is None:
+                raise
+            request[keys.LOG_FIELDS]["outcome_status"] = err.status
+            return await end_early(early, err, kind, req.model, prepared.include_usage)
 
 
 async def _traced(ctx: GenerationContext) -> web.StreamResponse:
@@ -247,7 +253,8 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
         raise
     plan = cache_plan(ctx)              # the response cache (inferd.api.cached): a hit runs nothing
     hit = lookup(ctx, plan, headers)
-    if hit is None and lease is not None and wants_spill(ctx):     # a peer with room serves it (inferd.api.spill)
+    early_out = ctx.early is not None and ctx.early.prepared is not None      # while its model loaded
+    if hit is None and lease is not None and not early_out and wants_spill(ctx):   # a peer with room (api.spill)
         spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
         if spilled is not None:     # the peer that served it judges it against the SLOs
             obs.finish(spilled.status)

@@ -213,7 +213,8 @@ def _server_errors(s: ServerConfig) -> list[str]:
         if not getattr(s, key) >= 0:   # `not >=` also rejects NaN
             errors.append(f"server.{key}: must be >= 0, got {getattr(s, key)}")
     if s.model_memory_bytes is not None and s.model_memory_bytes <= 0:
-        errors.append(f"server.model_memory_bytes: must be > 0 bytes (omit it for no budget), got {s.model_memory_bytes}")
+        errors.append("server.model_memory_bytes: must be > 0 bytes (omit it for no budget), "
+                      f"got {s.model_memory_bytes}")
     if not 0 <= s.min_residency_s < math.inf:
         errors.append(f"server.min_residency_s: must be >= 0 seconds, got {s.min_residency_s}")
     if s.refused_bytes_per_s == float("inf"):

@@ -211,12 +211,16 @@ class Reloader:
         # Phase 2: the final routes, rollout weights on top; then retire what left the config.
         control.registry.swap(lambda t: control.final_table(t, new))
         keep = {versions.loaded[(s.model, s.requested)] for s in wanted if (s.model, s.requested) in versions.loaded}
+        # (a version still `loading` is the lifecycle's, loading on demand: not this reload's to retire)
         gone = [k for k in control.registry.table.versions
-                if k not in keep and control.registry.table.state(k) != "retired"]
+                if k not in keep and control.registry.table.state(k) not in ("retired", "loading")]
         for key in gone:
             self.versions.stop_routing(key)       # now: the next request cannot reach it
+            if lifecycle is not None:
+                lifecycle.retiring(key)           # its bytes stay counted until it unloads
             model = new.models.get(key.model) or old.models.get(key.model)
-            warm_s = model.keep_warm_s if model is not None else 0.0
+            # Under a memory budget the lifecycle decides what stays loaded: no warm spares beside it.
+            warm_s = model.keep_warm_s if model is not None and lifecycle is None else 0.0
             task = asyncio.get_running_loop().create_task(self._unload(key, warm_s))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)

@@ -37,7 +37,7 @@ from typing import Any
 from inferd.config import Config
 from inferd.models.footprint import FootprintError, artifact_dir, estimate_bytes, measured_bytes
 from inferd.models.lifecycle_types import Histogram, LifecycleError
-from inferd.models.residency import COLD, HOT, LoadPlan, NeverFits, Residency
+from inferd.models.residency import COLD, DRAINING, HOT, LoadPlan, NeverFits, Residency
 from inferd.models.versions import VersionManager, VersionSpec, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
 from inferd.types import ModelVersion
@@ -49,6 +49,7 @@ FAILED_LOAD_COOLDOWN_S = 30.0
 UNKNOWN_RETRY_S = 5.0                    # Retry-After when nothing will be evictable at a known time
 BUSY_WAIT_S = 30.0                       # a load waits this long for requests in flight to end
 SCHEDULE_RECHECK_S = 60.0                # the prewarm schedule is read again at least this often
+LOADED_HOLD_S = 1.0                      # a version just loaded is not evicted before its waiters route to it
 LOAD_BYTES_PER_S = 1e9                   # a first load's estimate, before one was measured
 LOAD_SETUP_S = 1.0
 LOAD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
@@ -72,6 +73,8 @@ class ModelLifecycle:
         self._on_unloaded = on_unloaded
         self.clock = clock
         self._keys: dict[ModelVersion, SpecKey] = {}  # loaded versions -> the configured version they are
+        self._same: dict[SpecKey, SpecKey] = {}       # a key whose load found its version loaded under another
+        self._loading_specs: dict[SpecKey, VersionSpec] = {}   # as they were when their load started
         self.residency = Residency(server.model_memory_bytes or 0, server.min_residency_s, clock=clock)
         self.specs: dict[SpecKey, VersionSpec] = {}
         self._loads: dict[SpecKey, asyncio.Task] = {}
@@ -99,7 +102,7 @@ class ModelLifecycle:
         for key, spec in specs.items():
             self.residency.register(key, sizes[key], pinned=spec.config.pinned)
         for key in [k for k in self.specs if k not in specs]:
-            if self.residency.state(key) == COLD and key not in self._loads:
+            if self.residency.state(key) == COLD and key not in self._loads:     # else: when it unloads
                 del self.residency.versions[key]
         self.specs = specs
 
@@ -121,7 +124,8 @@ class ModelLifecycle:
             for key, spec in self.specs.items():
                 if spec.config.pinned == pinned and (pinned or spec.config.prewarm):
                     try:
-                        await self.ensure(key, math.inf, evict=pinned, reason="pinned" if pinned else "prewarm")
+                        await self.ensure(key, self.clock() + self.config.server.request_timeout_s, evict=pinned,
+                                          reason="pinned" if pinned else "prewarm")
                     except LifecycleError as exc:
                         log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc))
 
@@ -145,7 +149,7 @@ class ModelLifecycle:
                     continue
                 try:
                     await self.ensure(key, self.clock() + self.config.server.request_timeout_s, reason="schedule")
-                except LifecycleError as exc:
+                except Exception as exc:  # noqa: BLE001 - the schedule outlives any one load
                     log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc), reason="schedule")
 
     # -- requests ------------------------------------------------------------------------------
@@ -177,14 +181,23 @@ class ModelLifecycle:
         return None
 
     def _unless_hot(self, key: SpecKey) -> SpecKey | None:
-        r = self.residency.versions.get(key)
-        return None if r is None or r.state == HOT else key
+        return None if key not in self.residency.versions or self._hot(key) else key
+
+    def _hot(self, key: SpecKey) -> bool:
+        """`key` is served now: hot itself, or its version is loaded under another key ("latest" and its id)."""
+        if self.residency.state(key) == HOT:
+            return True
+        same = self._same.get(key)
+        return same is not None and same in self.residency.versions and self.residency.state(same) == HOT
 
     async def ensure(self, key: SpecKey, deadline: float, *, evict: bool = True, reason: str = "request",
                      actor: str = SYSTEM_ACTOR) -> None:
         """Return once `key` is hot; or LifecycleError: it cannot be by `deadline` (time.monotonic)."""
         waited_from = self.clock()
-        while self.residency.state(key) != HOT:
+        while not self._hot(key):
+            if self.residency.state(key) == DRAINING:
+                raise LifecycleError(f"The model `{key[0]}` is being unloaded; retry in a moment.",
+                                     "model_unloading", 1.0)
             task = self._loads.get(key) or self._start_load(key, evict, reason, actor)
             ready_in = self._ready_in(key)
             if self.clock() + ready_in > deadline:
@@ -210,15 +223,20 @@ class ModelLifecycle:
                 if not exc.busy:            # busy: requests in flight will end, and the load waits for that
                     raise
         self._queue.append(key)
+        self._loading_specs[key] = self.specs[key]
         # A fresh context: the load is the node's, not the request's that started it (its log lines, its id).
         loop = asyncio.get_running_loop()
-        task = contextvars.Context().run(loop.create_task, self._load(key, evict, reason, actor), name=f"load-{key[0]}")
+        task = contextvars.Context().run(loop.create_task, self._load(key, evict, reason, actor),
+                                         name=f"load-{key[0]}")
         self._loads[key] = task
         task.add_done_callback(lambda t, k=key: self._loaded(k, t))
         return task
 
     def _loaded(self, key: SpecKey, task: asyncio.Task) -> None:
         self._loads.pop(key, None)
+        self._loading_specs.pop(key, None)
+        if key not in self.specs and key in self.residency.versions and self.residency.state(key) == COLD:
+            del self.residency.versions[key]        # a reload dropped it while it loaded
         if key in self._queue:
             self._queue.remove(key)
         if not task.cancelled():
@@ -261,33 +279,45 @@ class ModelLifecycle:
                 pass
 
     async def _load(self, key: SpecKey, evict: bool, reason: str, actor: str) -> None:
+        spec = self._loading_specs[key]
         async with self._device:
             self._queue.remove(key)
+            if key not in self.specs:
+                raise LifecycleError(f"`{key[0]}@{key[1]}` is no longer configured here.", "model_not_configured")
+            if self.residency.state(key) != COLD:   # unloading still (an admin's drain): not a load's to touch
+                raise LifecycleError(f"The model `{key[0]}` is being unloaded; retry in a moment.",
+                                     "model_unloading", 1.0)
             plan = await self._room(key, evict)
-            victims = [v for v in plan.evict]
+            victims = list(plan.evict)
             gone = [self._stop(v) for v in victims]     # synchronous with the decision: no request starts on them
             for victim, mv in zip(victims, gone):
                 await self._unload(victim, mv, "lru", SYSTEM_ACTOR)
             self.residency.loading(key)
             t0 = self._loading_since[key] = self.clock()
             try:
-                mv = await self.versions.load(self.specs[key], lambda engine: self.residency.warming(
-                    key, measured_bytes(engine)))
+                mv = await self.versions.load(spec, lambda engine: self.residency.warming(key, measured_bytes(engine)))
+            except Exception as exc:  # noqa: BLE001 - e.g. the daemon closing every engine under it
+                log.error("model_load_error", model=key[0], version=key[1], error=str(exc))
+                mv = None
             finally:
                 self._loading_since.pop(key, None)
             seconds = self.clock() - t0
             if mv is None:
-                self.residency.failed(key)          # from loading or warming
-                why = self.versions.failures.get(self.specs[key].label, "unknown error")
-                self._failed[key] = (self.clock() + FAILED_LOAD_COOLDOWN_S, why)
-                self._count(self.loads, "failed")
-                self.audit.append(actor, "model.load_failed", target=f"{key[0]}@{key[1]}", reason=reason,
-                                  detail={"error": why})
-                raise LifecycleError(f"The model `{key[0]}` failed to load: {why}", "model_load_failed",
-                                     FAILED_LOAD_COOLDOWN_S)
+                self._failed_load(key, spec, reason, actor)
             self._failed.pop(key, None)
+            other = self._keys.get(mv)
+            if other is not None and other != key:      # "latest" resolved to a version loaded as its id
+                self.residency.failed(key)              # one engine, counted once: under `other`
+                self._same[key] = other
+                self._on_change()
+                return
+            self._same.pop(key, None)
             self._keys[mv] = key
             self.residency.hot(key)
+            if key not in self.specs:               # a reload dropped it while it loaded: it goes at once
+                await self._unload(key, self._stop(key), "config", SYSTEM_ACTOR)
+                raise LifecycleError(f"`{key[0]}@{key[1]}` is no longer configured here.", "model_not_configured")
+            self._hold(key)
             self._load_s[key] = seconds
             self.load_seconds.observe(seconds)
             self._count(self.loads, "success")
@@ -297,6 +327,28 @@ class ModelLifecycle:
                                       "evicted": [str(m) for m in gone]})
             log.info("model_loaded", model=key[0], version=mv.version, reason=reason, seconds=round(seconds, 3),
                      evicted=[str(m) for m in gone])
+
+    def _failed_load(self, key: SpecKey, spec: VersionSpec, reason: str, actor: str) -> None:
+        self.residency.failed(key)          # from loading or warming
+        why = self.versions.failures.get(spec.label, "unknown error")
+        self._failed[key] = (self.clock() + FAILED_LOAD_COOLDOWN_S, why)
+        self._count(self.loads, "failed")
+        self.audit.append(actor, "model.load_failed", target=f"{key[0]}@{key[1]}", reason=reason,
+                          detail={"error": why})
+        raise LifecycleError(f"The model `{key[0]}` failed to load: {why}", "model_load_failed",
+                             FAILED_LOAD_COOLDOWN_S)
+
+    def _hold(self, key: SpecKey) -> None:
+        """Keep a version just loaded from eviction for LOADED_HOLD_S: the requests that waited for it resume
+        a loop turn or two later, and the next load (plain LRU: min_residency_s = 0) must not take it first."""
+        self.residency.hold(key)
+
+        def let_go() -> None:
+            r = self.residency.versions.get(key)
+            if r is not None and r.in_flight > 0:
+                self.residency.hold(key, False)
+                self._released.set()
+        asyncio.get_running_loop().call_later(LOADED_HOLD_S, let_go)
 
     def _ready_in(self, key: SpecKey) -> float:
         """Seconds until `key`'s load (under way or queued) should be done."""
@@ -313,7 +365,7 @@ class ModelLifecycle:
         measured = self._load_s.get(key)
         if measured is not None:
             return measured
-        spec = self.specs[key]
+        spec = self._loading_specs.get(key) or self.specs[key]
         sim = spec.config.sim
         if spec.config.backend == "sim" and sim is not None and sim.simulate_load:
             from inferd.engine.sim import get_profile
@@ -337,6 +389,7 @@ class ModelLifecycle:
             if self._on_unloaded is not None:
                 await self._on_unloaded(mv, engine)
         self.residency.unloaded(key)
+        self._released.set()                # a load waiting for room plans again
         self._count(self.evictions, reason)
         self._on_change()
         self.audit.append(actor, "model.evict" if reason == "lru" else "model.unload",
@@ -363,6 +416,12 @@ class ModelLifecycle:
                 self.residency.release(key)
                 self._released.set()
 
+    def retiring(self, mv: ModelVersion) -> None:
+        """A reload stopped routing to `mv`: it still holds its bytes until it unloads, but may not be evicted."""
+        key = self._keys.get(mv)
+        if key is not None and self.residency.state(key) == HOT:
+            self.residency.evicting(key)
+
     def retired(self, mv: ModelVersion) -> None:
         """A reload retired `mv` and it has unloaded: its bytes are free; forgotten if the config dropped it."""
         key = self._keys.pop(mv, None)
@@ -370,6 +429,7 @@ class ModelLifecycle:
             return
         if self.residency.state(key) != COLD:
             self.residency.unloaded(key)
+            self._released.set()
         if key not in self.specs:
             del self.residency.versions[key]
 
@@ -389,8 +449,8 @@ class ModelLifecycle:
         for key, r in self.residency.versions.items():
             mv = self.versions.loaded.get(key)
             versions[f"{key[0]}@{key[1]}"] = {
-                "model": key[0], "version": mv.version if mv else key[1], "state": r.state, "bytes": r.footprint,
-                "pinned": r.pinned, "in_flight": r.in_flight}
+                "model": key[0], "configured": key[1], "version": mv.version if mv else key[1], "state": r.state,
+                "bytes": r.footprint, "pinned": r.pinned, "in_flight": r.in_flight}
         return {"budget_bytes": self.residency.budget_bytes, "used_bytes": self.residency.used_bytes(),
                 "versions": versions}
 

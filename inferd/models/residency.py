@@ -162,6 +162,10 @@ class Residency:
         r.in_flight += 1
         r.last_used = self.clock()
 
+    def hold(self, key: Hashable, held: bool = True) -> None:
+        """Keep `key` from eviction as a request would (`held=False`: let it go), without counting as a use."""
+        self.versions[key].in_flight += 1 if held else -1
+
     def release(self, key: Hashable) -> bool:
         """A request on `key` ended. True when `key` is draining and now idle: unload it."""
         r = self.versions[key]

@@ -28,14 +28,15 @@ class LifecycleCollector:
         if lifecycle is None:
             return
         snap = lifecycle.snapshot()
+        # `version` is the configured one ("latest" or an id), so a series does not change name on each load
         residency = GaugeMetricFamily("inferd_model_residency", "1 for the state each configured version is in",
                                       labels=("model", "version", "state"))
         held = GaugeMetricFamily("inferd_model_memory_bytes", "Bytes a version holds against the budget "
                                  "(estimated until loaded, then measured); 0 when cold", labels=("model", "version"))
         for row in snap["versions"].values():
             for s in STATES:
-                residency.add_metric((row["model"], row["version"], s), 1.0 if row["state"] == s else 0.0)
-            held.add_metric((row["model"], row["version"]), row["bytes"] if row["state"] != "cold" else 0)
+                residency.add_metric((row["model"], row["configured"], s), 1.0 if row["state"] == s else 0.0)
+            held.add_metric((row["model"], row["configured"]), row["bytes"] if row["state"] != "cold" else 0)
         budget = GaugeMetricFamily("inferd_model_memory_budget_bytes", "server.model_memory_bytes")
         budget.add_metric((), snap["budget_bytes"])
         used = GaugeMetricFamily("inferd_model_memory_used_bytes", "Bytes held by versions not cold")
@@ -44,7 +45,8 @@ class LifecycleCollector:
         for result, n in lifecycle.loads.items():
             loads.add_metric((result,), n)
         evictions = CounterMetricFamily("inferd_model_evictions", "Versions unloaded, by reason (lru: to make "
-                                        "room for a load; admin: POST /admin/models/.../unload)", labels=("reason",))
+                                        "room for a load; admin: POST /admin/models/.../unload; config: a reload "
+                                        "dropped it while it loaded)", labels=("reason",))
         for reason, n in lifecycle.evictions.items():
             evictions.add_metric((reason,), n)
         yield from (residency, held, budget, used, loads, evictions)

@@ -79,6 +79,14 @@ class serve:
 THREE = {"a": {}, "b": {}, "c": {}}
 
 
+async def until(condition, timeout: float = 10.0) -> None:
+    """A lifecycle state reached (the lifecycle has no event for each; its states change on the loop)."""
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(poll(), timeout)
+
+
 async def test_a_budget_for_two_of_three_serves_requests_alternating_between_all_three(tmp_path):
     async with serve(lifecycle_config(tmp_path, THREE)) as n:
         assert n.states() == {"a": "cold", "b": "cold", "c": "cold"}
@@ -196,7 +204,8 @@ async def test_admin_loads_ahead_of_traffic_and_unloads_and_both_are_audited(tmp
             assert resp.status == 404
         async with n.http.get(n.url + "/metrics") as resp:
             text = await resp.text()
-        assert 'inferd_model_residency{model="a",state="cold"' in text.replace(',version="latest"', "")
+        assert 'inferd_model_residency{model="a",state="cold",version="latest"} 1.0' in text
+        assert 'inferd_model_residency{model="a",state="hot",version="latest"} 0.0' in text
         assert 'inferd_model_evictions_total{reason="admin"} 1.0' in text
         assert 'inferd_model_load_seconds_count 1.0' in text
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
@@ -249,3 +258,87 @@ async def test_trtllm_versions_load_and_unload_as_engines_of_the_double(tiny_art
             assert n.states() == {"a": "cold", "b": "hot"}
             assert llm_a._executor.is_shutdown()
             assert [c for c, _ in controls.calls].count("LLM") == 2
+
+
+# -- regressions from review ---------------------------------------------------------------------------
+
+
+async def test_plain_lru_with_room_for_one_serves_two_models_asked_for_at_once(tmp_path):
+    # min_residency_s = 0: a version just loaded must still reach the requests that waited for it
+    path = lifecycle_config(tmp_path, {"a": {"time_scale": 0.2}, "b": {"time_scale": 0.2}}, budget=100)
+    async with serve(path) as n:
+        got = await asyncio.gather(*(n.post(m, **{"X-Request-Timeout": "8"}) for m in "abab"))
+        assert [r.status for r in got] == [200] * 4
+        assert n.lifecycle.loads["success"] <= 4
+
+
+async def test_a_request_for_a_version_being_unloaded_is_503_not_500(tmp_path):
+    async with serve(lifecycle_config(tmp_path, THREE)) as n:
+        await n.complete("a")
+        body = {"model": "a", "prompt": "hi", "max_tokens": 400, "stream": True}
+        async with n.http.post(n.url + "/v1/completions", json=body) as stream:
+            await stream.content.readline()                  # a stream on `a` is running
+            unload = asyncio.ensure_future(n.http.post(n.url + "/admin/models/a/unload"))
+            await until(lambda: n.states()["a"] == "draining")   # the admin's request reached the daemon
+            refused = await n.post("a")
+            assert refused.status == 503 and (await refused.json())["error"]["code"] == "model_unloading"
+            await stream.read()
+        async with await unload as resp:
+            assert resp.status == 200
+        assert (await n.post("a")).status == 200            # cold again: it loads
+
+
+async def test_a_reload_during_a_load_leaves_the_load_alone(tmp_path):
+    path = lifecycle_config(tmp_path, {"slow": {"time_scale": 3.0}, "b": {}}, budget=300)
+    async with serve(path) as n:
+        slow = asyncio.ensure_future(n.post("slow"))
+        await until(lambda: n.states()["slow"] == "loading")
+        result = await n.daemon.reloader.apply(load_config(path))      # the same file, SIGHUP'd
+        assert result.ok and result.retired == ()
+        assert (await slow).status == 200
+
+
+async def test_a_stream_refused_after_its_early_headers_ends_with_an_error_frame(tmp_path):
+    path = lifecycle_config(tmp_path, {"slow": {"time_scale": 4.0}, "b": {}},
+                            extra="[tenants.local]\ntokens_per_minute = 600\n")
+    async with serve(path) as n:
+        body = {"model": "slow", "prompt": "hi", "max_tokens": 300, "stream": True}
+
+        async def one() -> str:
+            async with n.http.post(n.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200                    # its headers went out while the model loaded
+                return (await asyncio.wait_for(resp.read(), 15)).decode()
+
+        texts = await asyncio.gather(one(), one())           # room in the tenant's TPM for one of them
+        refused = [t for t in texts if '"code":"quota_tpm"' in t]
+        assert len(refused) == 1 and refused[0].rstrip().endswith("data: [DONE]")
+
+
+async def test_a_version_a_reload_drops_is_not_kept_warm_beside_the_budget(tmp_path):
+    models = {"a": {}, "b": {}, "c": {}}
+    path = lifecycle_config(tmp_path, models, extra="")
+    path.write_text(path.read_text().replace("[models.a]\n", "[models.a]\nkeep_warm_s = 30\n"))
+    async with serve(path) as n:
+        await n.complete("a")
+        await n.complete("b")
+        dropped = tmp_path / "dropped.toml"
+        dropped.write_text(path.read_text().replace("[models.a]\nkeep_warm_s = 30\n", "[models.zz]\n")
+                           .replace("[models.a.sim]", "[models.zz.sim]"))
+        await n.daemon.reloader.apply(load_config(dropped))
+        await n.daemon.reloader.wait_retired()
+        await n.complete("c")
+        await n.complete("zz")
+        assert len(n.daemon.state.registry.table.versions) <= 2
+        assert n.lifecycle.snapshot()["used_bytes"] <= 200 and "a@latest" not in n.lifecycle.snapshot()["versions"]
+
+
+async def test_a_load_waiting_for_room_goes_as_soon_as_a_drain_frees_it(tmp_path):
+    async with serve(lifecycle_config(tmp_path, {"a": {}, "b": {}}, budget=100)) as n:
+        body = {"model": "a", "prompt": "hi", "max_tokens": 60, "stream": True}
+        async with n.http.post(n.url + "/v1/completions", json=body) as stream:
+            await stream.content.readline()                  # `a` is busy: b's load waits for it
+            b = asyncio.ensure_future(n.post("b", **{"X-Request-Timeout": "20"}))
+            await stream.read()
+        t0 = asyncio.get_running_loop().time()
+        assert (await b).status == 200
+        assert asyncio.get_running_loop().time() - t0 < 5    # not the 30 s a missed wake-up would cost
