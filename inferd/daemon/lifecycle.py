@@ -43,6 +43,7 @@ from inferd.models import (
     EngineConfigError,
     ModelLifecycle,
     ModelRegistry,
+    run_prewarm_schedule,
     ShadowDispatcher,
     VersionManager,
     build_engine,
@@ -267,7 +268,7 @@ class Daemon:
         self.reloader = Reloader(state, control, versions, tls=self.tls)
         if lifecycle is not None:
             await lifecycle.start()
-            schedule = asyncio.ensure_future(lifecycle.prewarm_schedule())     # [models.X] prewarm_at
+            schedule = asyncio.ensure_future(run_prewarm_schedule(lifecycle))     # [models.X] prewarm_at
             stack.callback(schedule.cancel)
         ticker = asyncio.ensure_future(control.tick_loop())
         stack.callback(ticker.cancel)

@@ -6,6 +6,7 @@ from inferd.models.control import ControlPlane, audit_path
 from inferd.models.errors import RoutingError
 from inferd.models.factory import SYNTHETIC_KINDS, EngineConfigError, build_engine, missing_synthetic
 from inferd.models.lifecycle import LifecycleError, ModelLifecycle
+from inferd.models.prewarm import run_schedule as run_prewarm_schedule
 from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutNotFound
 from inferd.models.routing import Route
@@ -23,5 +24,5 @@ __all__ = [
     "SYNTHETIC_KINDS", "BreakerOpen", "BreakerState", "Breakers", "ControlPlane", "EngineConfigError", "LifecycleError",
     "ModelLifecycle", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route", "RoutingError",
     "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic", "audit_path",
-    "registry_from_engines", "routes_from_config", "uses_artifact", "version_specs",
+    "registry_from_engines", "routes_from_config", "run_prewarm_schedule", "uses_artifact", "version_specs",
 ]

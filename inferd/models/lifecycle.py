@@ -37,6 +37,7 @@ from typing import Any
 from inferd.config import Config
 from inferd.models.footprint import FootprintError, artifact_dir, estimate_bytes, measured_bytes
 from inferd.models.lifecycle_types import Histogram, LifecycleError
+from inferd.models.load_times import LoadTimes
 from inferd.models.residency import COLD, DRAINING, HOT, LoadPlan, NeverFits, Residency
 from inferd.models.versions import VersionManager, VersionSpec, version_specs
 from inferd.observability import SYSTEM_ACTOR, get_logger
@@ -48,10 +49,7 @@ SpecKey = tuple[str, str]                # (model, requested): VersionManager.lo
 FAILED_LOAD_COOLDOWN_S = 30.0
 UNKNOWN_RETRY_S = 5.0                    # Retry-After when nothing will be evictable at a known time
 BUSY_WAIT_S = 30.0                       # a load waits this long for requests in flight to end
-SCHEDULE_RECHECK_S = 60.0                # the prewarm schedule is read again at least this often
 LOADED_HOLD_S = 1.0                      # a version just loaded is not evicted before its waiters route to it
-LOAD_BYTES_PER_S = 1e9                   # a first load's estimate, before one was measured
-LOAD_SETUP_S = 1.0
 LOAD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
@@ -79,10 +77,9 @@ class ModelLifecycle:
         self.specs: dict[SpecKey, VersionSpec] = {}
         self._loads: dict[SpecKey, asyncio.Task] = {}
         self._queue: list[SpecKey] = []               # loads waiting for the device, in order
-        self._loading_since: dict[SpecKey, float] = {}
+        self.times = LoadTimes(clock)                 # loads under way, measured load times: estimates
         self._device = asyncio.Lock()
         self._released = asyncio.Event()              # a request on a loaded version ended
-        self._load_s: dict[SpecKey, float] = {}       # measured, the last load of each
         self._failed: dict[SpecKey, tuple[float, str]] = {}   # until, why
         self.load_seconds = Histogram(LOAD_BUCKETS)
         self.cold_waits = Histogram(WAIT_BUCKETS)
@@ -128,29 +125,6 @@ class ModelLifecycle:
                                           reason="pinned" if pinned else "prewarm")
                     except LifecycleError as exc:
                         log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc))
-
-    async def prewarm_schedule(self, wall: Callable[[], float] = time.time,
-                               sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        """Forever: load each version at its `prewarm_at` times (UTC, daily), evicting if need be. The
-        schedule is read again at least every SCHEDULE_RECHECK_S, so a reload's new times apply."""
-        while True:
-            due = next_prewarm(self.specs, wall())
-            if due is None:
-                await sleep(SCHEDULE_RECHECK_S)
-                continue
-            at, keys = due
-            wait = at - wall()
-            if wait > SCHEDULE_RECHECK_S:
-                await sleep(SCHEDULE_RECHECK_S)
-                continue
-            await sleep(max(0.0, wait))
-            for key in keys:
-                if key not in self.specs:
-                    continue
-                try:
-                    await self.ensure(key, self.clock() + self.config.server.request_timeout_s, reason="schedule")
-                except Exception as exc:  # noqa: BLE001 - the schedule outlives any one load
-                    log.error("prewarm_failed", model=key[0], version=key[1], error=str(exc), reason="schedule")
 
     # -- requests ------------------------------------------------------------------------------
     def spec_key(self, name: str) -> SpecKey | None:
@@ -293,14 +267,14 @@ class ModelLifecycle:
             for victim, mv in zip(victims, gone):
                 await self._unload(victim, mv, "lru", SYSTEM_ACTOR)
             self.residency.loading(key)
-            t0 = self._loading_since[key] = self.clock()
+            t0 = self.times.started(key)
             try:
                 mv = await self.versions.load(spec, lambda engine: self.residency.warming(key, measured_bytes(engine)))
             except Exception as exc:  # noqa: BLE001 - e.g. the daemon closing every engine under it
                 log.error("model_load_error", model=key[0], version=key[1], error=str(exc))
                 mv = None
             finally:
-                self._loading_since.pop(key, None)
+                self.times.ended(key, None)
             seconds = self.clock() - t0
             if mv is None:
                 self._failed_load(key, spec, reason, actor)
@@ -318,7 +292,7 @@ class ModelLifecycle:
                 await self._unload(key, self._stop(key), "config", SYSTEM_ACTOR)
                 raise LifecycleError(f"`{key[0]}@{key[1]}` is no longer configured here.", "model_not_configured")
             self._hold(key)
-            self._load_s[key] = seconds
+            self.times.ended(key, seconds)
             self.load_seconds.observe(seconds)
             self._count(self.loads, "success")
             self._on_change()
@@ -352,26 +326,11 @@ class ModelLifecycle:
 
     def _ready_in(self, key: SpecKey) -> float:
         """Seconds until `key`'s load (under way or queued) should be done."""
-        now = self.clock()
-        ahead = self._queue[: self._queue.index(key)] if key in self._queue else []
-        running = [k for k in self._loading_since if k != key]
-        left = sum(max(0.0, self._estimate_s(k) - (now - self._loading_since[k])) for k in running)
-        left += sum(self._estimate_s(k) for k in ahead)
-        if key in self._loading_since:
-            return left + max(0.1, self._estimate_s(key) - (now - self._loading_since[key]))
-        return left + self._estimate_s(key)
+        return self.times.ready_in(key, self._queue, self._estimate_s)
 
     def _estimate_s(self, key: SpecKey) -> float:
-        measured = self._load_s.get(key)
-        if measured is not None:
-            return measured
         spec = self._loading_specs.get(key) or self.specs[key]
-        sim = spec.config.sim
-        if spec.config.backend == "sim" and sim is not None and sim.simulate_load:
-            from inferd.engine.sim import get_profile
-
-            return get_profile(sim.profile).load_time_s() * sim.time_scale + 0.1
-        return LOAD_SETUP_S + self.residency.versions[key].footprint / LOAD_BYTES_PER_S
+        return self.times.estimate(key, spec.config, self.residency.versions[key].footprint)
 
     # -- evictions -------------------------------------------------------------------------------
     def _stop(self, key: SpecKey) -> ModelVersion | None:
@@ -454,20 +413,3 @@ class ModelLifecycle:
         return {"budget_bytes": self.residency.budget_bytes, "used_bytes": self.residency.used_bytes(),
                 "versions": versions}
 
-
-def next_prewarm(specs: dict[SpecKey, VersionSpec], now: float) -> tuple[float, list[SpecKey]] | None:
-    """The next `prewarm_at` time after `now` (a Unix time) and the versions due then; None: none scheduled."""
-    day = now - now % 86400
-    best: float | None = None
-    keys: list[SpecKey] = []
-    for key, spec in specs.items():
-        for at in spec.config.prewarm_at:
-            hh, mm = at.split(":")
-            t = day + int(hh) * 3600 + int(mm) * 60
-            if t <= now:
-                t += 86400
-            if best is None or t < best:
-                best, keys = t, [key]
-            elif t == best and key not in keys:
-                keys.append(key)
-    return None if best is None else (best, keys)

@@ -16,6 +16,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from inferd.config.root import load_config
+from inferd.models import run_prewarm_schedule
 from tests.daemon.harness import running_daemon
 
 
@@ -230,7 +231,7 @@ async def test_prewarm_and_a_prewarm_schedule_load_ahead_of_traffic(tmp_path):
             now[0] += seconds
 
         with pytest.raises(_Stop):
-            await n.lifecycle.prewarm_schedule(wall=lambda: now[0], sleep=sleep)
+            await run_prewarm_schedule(n.lifecycle, wall=lambda: now[0], sleep=sleep)
         assert slept == [5.0, 60.0] and n.states()["daily"] == "hot"
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [r["reason"] for r in audit if r["action"] == "model.load"] == ["prewarm", "schedule"]

@@ -1,9 +1,9 @@
-"""inferd.models.lifecycle's pure parts; the lifecycle itself runs through the real daemon in
-tests/daemon/test_model_lifecycle.py."""
+"""inferd.models.prewarm's schedule arithmetic; the lifecycle itself, and a schedule firing, run through the
+real daemon in tests/daemon/test_model_lifecycle.py."""
 from __future__ import annotations
 
 from inferd.config.root import ModelConfig
-from inferd.models.lifecycle import next_prewarm
+from inferd.models.prewarm import next_prewarm
 from inferd.models.versions import VersionSpec
 
 DAY = 86400
