@@ -21,8 +21,8 @@ With `[cluster]`, step 1 also re-reads the cluster key file (one that cannot be 
 reload); the new key and settings apply with phase 1, the old key still accepted for key_grace_s.
 
 Settings that need a restart (listen address, engines_root, TLS on or off, the client CA, a loaded
-version's pool sizes, joining or leaving a cluster, the gossip address and node id, [store]) are logged as
-such and otherwise left as they were.
+version's pool sizes, joining or leaving a cluster, the gossip address and node id, [store], a memory
+budget turned on or off) are logged as such and otherwise left as they were.
 """
 from __future__ import annotations
 
@@ -67,6 +67,10 @@ async def read_config(path: str | Path, current: Config) -> Config:
     elif old_tls is not None and new_tls is not None:
         tls, kept_tls = _as_running(new_tls, old_tls, RESTART_ONLY_TLS, "server.tls")
         server, kept = msgspec.structs.replace(server, tls=tls), kept + kept_tls
+    if (current.server.model_memory_bytes is None) != (server.model_memory_bytes is None):
+        # a memory budget on or off (issue 17) changes how every version loads: a restart; a new size applies now
+        server = msgspec.structs.replace(server, model_memory_bytes=current.server.model_memory_bytes)
+        kept = [*kept, "server.model_memory_bytes"]
     cluster = new.cluster
     if (current.cluster is None) != (cluster is None):      # joining or leaving a cluster: a restart
         cluster, kept = current.cluster, [*kept, "cluster"]

@@ -343,3 +343,17 @@ async def test_a_load_waiting_for_room_goes_as_soon_as_a_drain_frees_it(tmp_path
         t0 = asyncio.get_running_loop().time()
         assert (await b).status == 200
         assert asyncio.get_running_loop().time() - t0 < 5    # not the 30 s a missed wake-up would cost
+
+
+async def test_a_reload_applies_a_new_budget_size_but_turning_it_off_needs_a_restart(tmp_path):
+    path = lifecycle_config(tmp_path, THREE)
+    async with serve(path) as n:
+        bigger = tmp_path / "bigger.toml"
+        bigger.write_text(path.read_text().replace("model_memory_bytes = 200", "model_memory_bytes = 300"))
+        assert (await n.daemon.reloader.reload(bigger)).ok
+        assert n.lifecycle.snapshot()["budget_bytes"] == 300
+        off = tmp_path / "off.toml"
+        off.write_text(path.read_text().replace("model_memory_bytes = 200\n", ""))
+        assert (await n.daemon.reloader.reload(off)).ok
+        assert n.daemon.state.config.server.model_memory_bytes == 300      # kept: a restart turns it off
+        assert n.states() == {"a": "cold", "b": "cold", "c": "cold"}       # and nothing was loaded for it
