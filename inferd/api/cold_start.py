@@ -15,11 +15,16 @@ import time
 from aiohttp import web
 
 from inferd import __version__
+from inferd.api import appkeys as keys
+from inferd.api.admit import quota_error
 from inferd.api.errors import UNAVAILABLE, ApiError
+from inferd.api.openai import Prepared
 from inferd.api.responses import ChunkEncoder, Identity
 from inferd.api.state import ServerState
+from inferd.api.spill import Outgoing, spill_cold
 from inferd.api.waiting import QueuedStream
 from inferd.models import LifecycleError
+from inferd.tenancy import QuotaExceeded
 
 
 def early_stream(state: ServerState, request: web.BaseRequest, request_id: str, stream: bool) -> QueuedStream | None:
@@ -48,6 +53,42 @@ async def wait_for_model(state: ServerState, model_field: str, deadline: float, 
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         raise ApiError(exc.status, str(exc), type=UNAVAILABLE, param="model", code=exc.code,
                        headers=headers) from None
+
+
+async def spill_cold_start(state: ServerState, request: web.Request, tenant: str, model_field: str,
+                           prepared: Prepared, body: bytes, deadline: float) -> web.StreamResponse | None:
+    """In a cluster: a request for a model not loaded here (and not loading) goes to a peer that has it
+    loaded, rather than this node evicting and loading (the peer's load hints say which versions it has).
+    The tenant is charged here, as for any spill, on an upper bound of its prompt (its characters; what
+    the peer reports it used is refunded). None: served here (no peer has it, or every one failed)."""
+    lifecycle, cluster = state.lifecycle, state.cluster
+    if lifecycle is None or cluster is None or not cluster.config.spillover or ":" in model_field:
+        return None
+    key = lifecycle.key_for(model_field, state.registry.table)
+    if key is None or lifecycle.loading_here(key):
+        return None
+    version = None if key[1] == "latest" else key[1]
+    if cluster.peer_with_model_hot(key[0], version) is None:
+        return None
+    try:
+        lease = state.tenancy.quota.acquire(tenant, prompt_tokens=_prompt_bound(prepared),
+                                            max_tokens=prepared.max_tokens or 0)
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
+    rid = request[keys.REQUEST_ID]
+    spilled = await spill_cold(Outgoing(request, tenant, rid, deadline, key[0], version, body), cluster, lease,
+                               {**lease.headers, "X-Request-Id": rid})
+    if spilled is None:
+        lease.release(None)
+    return spilled
+
+
+def _prompt_bound(p: Prepared) -> int:
+    """At least as many as the prompt's tokens: a token is never less than one character."""
+    if p.messages is not None:      # + a few for each message's role markers
+        return sum(len(m["content"]) + 8 for m in p.messages)
+    return sum(len(part.prompt_token_ids) if part.prompt_token_ids is not None else part.prompt_chars
+               for part in p.prompts())
 
 
 async def end_early(early: QueuedStream, err: ApiError, kind: str, model: str,

@@ -23,7 +23,7 @@ from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.cached import cache_plan, lookup, replay, store
 from inferd.api.choices import Choices, ChoicesSender, merged_final
-from inferd.api.cold_start import early_stream, end_early, wait_for_model
+from inferd.api.cold_start import early_stream, end_early, spill_cold_start, wait_for_model
 from inferd.api.context import GenerationContext
 from inferd.api.degrade import DEGRADED_HEADER, Degradation, degrade
 from inferd.api.errors import ApiError, invalid, unavailable
@@ -134,7 +134,12 @@ async def _generate_routed(request: web.Request, kind: str, state: ServerState,
             return replayed
         # A forwarded request is served by the version its origin routed it to.
         pinned = request.headers.get(VERSION_HEADER) if forwarded else None
-        # A model that is not loaded (a memory budget: issue 17) loads first, or 503 with Retry-After.
+        # A model that is not loaded (a memory budget: issue 17): a peer that has it serves it, or it loads
+        # here first, or 503 with Retry-After.
+        if not forwarded and batch is None:
+            spilled = await spill_cold_start(state, request, tenant, req.model, prepared, body, deadline)
+            if spilled is not None:
+                return spilled
         early = early_stream(state, request, request[keys.REQUEST_ID], prepared.stream)
         await wait_for_model(state, pinned or req.model, deadline, early)
         route = route_request(state, pinned or req.model, tenant, req.user, request[keys.REQUEST_ID])

@@ -93,7 +93,7 @@ async def spill(ctx: GenerationContext, lease: Lease, headers: dict[str, str]) -
             break
         tried.add(peer.node)
         try:
-            upstream = await _send(ctx, cluster, peer.http, ctx.body)
+            upstream = await _send(ctx, cluster, peer.http, ctx.body, ctx.engine.info.version)
         except _PeerFailed as exc:
             _count(cluster, "peer_failed")
             ctx.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
@@ -109,7 +109,42 @@ def _count(cluster: Cluster, outcome: str) -> None:
     cluster.spillovers[outcome] = cluster.spillovers.get(outcome, 0) + 1
 
 
-async def _send(ctx: GenerationContext, cluster: Cluster, base_url: str, body: bytes) -> aiohttp.ClientResponse:
+async def spill_cold(out: Outgoing, cluster: Cluster, lease: Lease,
+                     headers: dict[str, str]) -> web.StreamResponse | None:
+    """A request for a model that is not loaded here (issue 17) goes to a peer that has it loaded with room,
+    instead of this node loading it; None when no peer took it (load it here). As `spill` otherwise."""
+    tried: set[str] = set()
+    while len(tried) < MAX_PEERS_TRIED:
+        found = cluster.peer_with_model_hot(out.model, out.version, frozenset(tried))
+        if found is None:
+            break
+        peer, version = found
+        tried.add(peer.node)
+        try:
+            upstream = await _send(out, cluster, peer.http, out.body, version)
+        except _PeerFailed as exc:
+            _count(cluster, "peer_failed")
+            out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
+            continue
+        _count(cluster, "forwarded_cold")
+        out.request[keys.LOG_FIELDS]["served_by"] = peer.node
+        return await _relay(out, upstream, peer.node, lease, headers)
+    return None
+
+
+class Outgoing:
+    """What forwarding needs of a request that has no GenerationContext yet (a cold model's, issue 17)."""
+
+    __slots__ = ("request", "tenant", "request_id", "deadline", "model", "version", "body")
+
+    def __init__(self, request: web.Request, tenant: str, request_id: str, deadline: float, model: str,
+                 version: str | None, body: bytes) -> None:
+        self.request, self.tenant, self.request_id, self.deadline = request, tenant, request_id, deadline
+        self.model, self.version, self.body = model, version, body
+
+
+async def _send(ctx: GenerationContext | Outgoing, cluster: Cluster, base_url: str, body: bytes,
+                version: str) -> aiohttp.ClientResponse:
     request = ctx.request
     principal = request.get(PRINCIPAL)
     remaining = ctx.deadline - time.monotonic()
@@ -120,7 +155,7 @@ async def _send(ctx: GenerationContext, cluster: Cluster, base_url: str, body: b
                               body_sha256=hashlib.sha256(body).digest(), expires=time.time() + TOKEN_TTL_S)
     headers = {"Content-Type": "application/json", FORWARDED_HEADER: cluster.sign(ident),
                "X-Request-Id": ctx.request_id, "X-Request-Timeout": f"{remaining:.3f}",
-               VERSION_HEADER: f"{ctx.model}@{ctx.engine.info.version}"}
+               VERSION_HEADER: f"{ctx.model}@{version}"}
     trace = request.get(keys.TRACE)        # the peer's spans join this request's trace
     headers.update(trace.headers() if trace is not None else
                    {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers})
@@ -137,7 +172,7 @@ async def _send(ctx: GenerationContext, cluster: Cluster, base_url: str, body: b
     return upstream
 
 
-async def _relay(ctx: GenerationContext, upstream: aiohttp.ClientResponse, node: str, lease: Lease,
+async def _relay(ctx: GenerationContext | Outgoing, upstream: aiohttp.ClientResponse, node: str, lease: Lease,
                  headers: dict[str, str]) -> web.StreamResponse:
     """Pass the peer's response through; release the lease with the usage it reports."""
     usage = None

@@ -140,6 +140,26 @@ class Cluster:
                 best, best_key = m, key
         return best
 
+    def peer_with_model_hot(self, model: str, version: str | None,
+                            exclude: frozenset[str] = frozenset()) -> tuple[Member, str] | None:
+        """For a model this node does not have loaded (issue 17): the alive peer whose fresh hint says it
+        has `model` loaded and ready with a free slot and a short queue (`version`: that version only;
+        None: any, the node's default being "latest"), and the version it has. Best as peer_with_room."""
+        best, best_key = None, None
+        for m in self._alive():
+            if m.node in exclude:
+                continue
+            for hint, age in self.loads.versions(m.node):
+                if hint.model != model or (version is not None and hint.version != version):
+                    continue
+                if age > self.loads.max_age_s or not hint.ready or hint.free_slots <= 0 \
+                        or hint.est_wait_s >= self.config.spill_wait_s:
+                    continue
+                key = (hint.est_wait_s, -hint.free_slots)
+                if best_key is None or key < best_key:
+                    best, best_key = (m, hint.version), key
+        return best
+
     # -- forwarded requests' identity ----------------------------------------------------------
     def sign(self, ident: ForwardedIdentity) -> str:
         return sign_identity(self._key(), ident)

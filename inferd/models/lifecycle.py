@@ -154,6 +154,10 @@ class ModelLifecycle:
             return self.key_for(f"{arm.model}@{arm.version}", table)
         return None
 
+    def loading_here(self, key: SpecKey) -> bool:
+        """A load of `key` is under way or queued on this node."""
+        return key in self._loads
+
     def _unless_hot(self, key: SpecKey) -> SpecKey | None:
         return None if key not in self.residency.versions or self._hot(key) else key
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-SPILL_OUTCOMES = ("forwarded", "peer_failed", "no_peer", "ran_locally")
+SPILL_OUTCOMES = ("forwarded", "forwarded_cold", "peer_failed", "no_peer", "ran_locally")
 
 
 class ClusterCollector:
@@ -52,7 +52,8 @@ class ClusterCollector:
         yield HistogramMetricFamily("inferd_cluster_probe_rtt_seconds", "Round trip of acked direct probes",
                                     buckets=buckets, sum_value=stats.probe_rtt_sum_s)
         spills = CounterMetricFamily("inferd_cluster_spillovers", "Requests this node would have queued long or "
-                                     "refused, by what happened: forwarded to a peer, a peer failed before "
+                                     "refused, by what happened: forwarded to a peer, forwarded to a peer that "
+                                     "had loaded a model this node had not (forwarded_cold), a peer failed before "
                                      "answering, no peer had room, ran here after peers failed",
                                      labels=("outcome",))
         for outcome in SPILL_OUTCOMES:

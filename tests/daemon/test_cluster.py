@@ -251,3 +251,59 @@ async def test_a_daily_token_budget_holds_on_the_clusters_sum_even_after_a_node_
         await until(a_is_gone, "node 1 to see node 0 leave")
         status, body = await send(b_url)
         assert status == 429, "node 0's spend was forgotten when it left"
+
+
+BUDGET = """
+model_memory_bytes = 100
+min_residency_s = 0
+"""
+
+
+def budget_model(pinned: bool) -> str:
+    return sim_model(time_scale=1.0, max_batch_size=4).replace(
+        'backend = "sim"', f'backend = "sim"\nmemory_bytes = 100\npinned = {str(pinned).lower()}')
+
+
+async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_loading_it(tmp_path):
+    # issue 17: node 1 has `sim` loaded (pinned); node 0, under a budget, has it cold: it forwards, never loads
+    (tmp_path / "cluster.key").write_text(KEY)
+    async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as http:
+        nodes, seeds = [], ""
+        for i, pinned in enumerate((False, True)):
+            d = tmp_path / f"node{i}"
+            d.mkdir()
+            (d / "cluster.key").write_text(KEY)
+            path = write_config(d / "inferd.toml", {"sim": budget_model(pinned)}, CLUSTER.format(seeds=seeds))
+            path.write_text(path.read_text().replace("[server]\n", "[server]\n" + BUDGET, 1))
+            daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
+            nodes.append((daemon, url))
+            if i == 0:
+                host, port = daemon.state.cluster.gossip.address
+                seeds = f'"{host}:{port}"'
+        (a, a_url), (b, _) = nodes
+        assert a.state.lifecycle.snapshot()["versions"]["sim@latest"]["state"] == "cold"
+        await until(lambda: _has_hot(a), "node 0 to hear node 1 has sim loaded")
+        async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
+            assert (await resp.json())["usage"]["completion_tokens"] == 4
+        assert a.state.cluster.spillovers == {"forwarded_cold": 1}
+        assert a.state.lifecycle.loads == {}                     # nothing loaded here for it
+        assert a.state.lifecycle.snapshot()["versions"]["sim@latest"]["state"] == "cold"
+        async with http.get(a_url + "/metrics") as resp:
+            assert 'inferd_cluster_spillovers_total{outcome="forwarded_cold"} 1.0' in await resp.text()
+        # once no peer has it (node 1 leaves), node 0 loads it itself
+        await b.state.cluster.leave()
+        await until(lambda: _gone(a), "node 0 to hear node 1 left")
+        async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
+            assert resp.status == 200 and "X-Inferd-Node" in resp.headers
+            assert resp.headers["X-Inferd-Node"] == a.state.cluster.node_id
+        assert a.state.lifecycle.loads == {"success": 1}
+
+
+async def _has_hot(a) -> bool:
+    return a.state.cluster.peer_with_model_hot("sim", None) is not None
+
+
+async def _gone(a) -> bool:
+    return a.state.cluster.peer_with_model_hot("sim", None) is None
