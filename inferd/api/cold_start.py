@@ -8,6 +8,7 @@ does not cut it; whatever ends it after that is an `error` frame and `[DONE]` (`
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 import time
@@ -17,8 +18,8 @@ from aiohttp import web
 from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api.admit import quota_error
-from inferd.api.errors import UNAVAILABLE, ApiError
-from inferd.api.openai import Prepared
+from inferd.api.errors import CLIENT_GONE, UNAVAILABLE, ApiError
+from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
 from inferd.api.responses import ChunkEncoder, Identity
 from inferd.api.state import ServerState
 from inferd.api.spill import Outgoing, spill_cold
@@ -59,8 +60,11 @@ async def spill_cold_start(state: ServerState, request: web.Request, tenant: str
                            prepared: Prepared, body: bytes, deadline: float) -> web.StreamResponse | None:
     """In a cluster: a request for a model not loaded here (and not loading) goes to a peer that has it
     loaded, rather than this node evicting and loading (the peer's load hints say which versions it has).
-    The tenant is charged here, as for any spill, on an upper bound of its prompt (its characters; what
-    the peer reports it used is refunded). None: served here (no peer has it, or every one failed)."""
+    The tenant is charged here, as for any spill, on an estimate (the prompt's characters, an upper bound
+    of its tokens, and its max_tokens): the usage the peer reports settles it, refunding or taking the
+    difference. For a `"latest"` default the peer routes it as its own (its default, its rollout
+    weights), not to whichever version it happens to have. None: served here (no peer has it, or every
+    one failed)."""
     lifecycle, cluster = state.lifecycle, state.cluster
     if lifecycle is None or cluster is None or not cluster.config.spillover or ":" in model_field:
         return None
@@ -70,16 +74,27 @@ async def spill_cold_start(state: ServerState, request: web.Request, tenant: str
     version = None if key[1] == "latest" else key[1]
     if cluster.peer_with_model_hot(key[0], version) is None:
         return None
+    per_choice = prepared.max_tokens or (COMPLETIONS_DEFAULT_MAX_TOKENS if prepared.kind == "completion" else 0)
+    max_tokens = per_choice * len(prepared.prompts())
     try:
-        lease = state.tenancy.quota.acquire(tenant, prompt_tokens=_prompt_bound(prepared),
-                                            max_tokens=prepared.max_tokens or 0)
+        lease = state.tenancy.quota.acquire(tenant, prompt_tokens=_prompt_bound(prepared), max_tokens=max_tokens)
     except QuotaExceeded as exc:
         raise quota_error(exc) from None
     rid = request[keys.REQUEST_ID]
-    spilled = await spill_cold(Outgoing(request, tenant, rid, deadline, key[0], version, body), cluster, lease,
-                               {**lease.headers, "X-Request-Id": rid})
-    if spilled is None:
-        lease.release(None)
+    obs = state.metrics.start_request(key[0], request[keys.ARRIVAL])
+    spilled = None
+    try:
+        with state.track():         # a drain waits for it like any request in flight
+            spilled = await spill_cold(Outgoing(request, tenant, rid, deadline, key[0], version, body), cluster,
+                                       lease, {**lease.headers, "X-Request-Id": rid})
+    except (asyncio.CancelledError, ConnectionError):
+        obs.finish(CLIENT_GONE)
+        raise
+    finally:
+        if spilled is None:         # no peer took it, or its client left first: nothing was served
+            lease.release(None)
+    if spilled is not None:         # else it runs here, observed as any request
+        obs.finish(spilled.status)
     return spilled
 
 

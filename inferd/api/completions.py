@@ -26,9 +26,9 @@ from inferd.api.choices import Choices, ChoicesSender, merged_final
 from inferd.api.cold_start import early_stream, end_early, spill_cold_start, wait_for_model
 from inferd.api.context import GenerationContext
 from inferd.api.degrade import DEGRADED_HEADER, Degradation, degrade
-from inferd.api.errors import ApiError, invalid, unavailable
+from inferd.api.errors import CLIENT_GONE, ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
-from inferd.api.openai import Prepared, decode, prepare
+from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared, decode, prepare
 from inferd.api.responses import (OPENAI_FINISH, ChunkEncoder, Identity, RunningUsage, abnormal_end, completion_body,
                                   server_timing, stages)
 from inferd.api.safety import check_input, filter_output
@@ -50,8 +50,6 @@ from inferd.models import VersionLease
 from inferd.tenancy import NO_TURN
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
-CLIENT_GONE = 499              # status label for requests whose client left (nginx's convention)
 
 
 def version_label(engine: Engine) -> str:
@@ -260,7 +258,11 @@ async def _run(ctx: GenerationContext) -> web.StreamResponse:
     hit = lookup(ctx, plan, headers)
     early_out = ctx.early is not None and ctx.early.prepared is not None      # while its model loaded
     if hit is None and lease is not None and not early_out and wants_spill(ctx):   # a peer with room (api.spill)
-        spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
+        try:
+            spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
+        except (asyncio.CancelledError, ConnectionError):     # its client left before a peer answered
+            lease.release(None)
+            raise
         if spilled is not None:     # the peer that served it judges it against the SLOs
             obs.finish(spilled.status)
             return spilled

@@ -16,6 +16,7 @@ NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 UNAVAILABLE = "service_unavailable_error"
 TIMEOUT = "timeout_error"
+CLIENT_GONE = 499              # status label for requests whose client left (nginx's convention)
 
 
 class ApiError(Exception):

@@ -28,6 +28,7 @@ MAX_MESSAGES = 2048
 MAX_STOP_CHARS = 256
 # A list of prompts in /v1/completions becomes one engine request per prompt (LangChain sends up to 20).
 MAX_PROMPTS = 64
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)

@@ -118,10 +118,10 @@ async def spill_cold(out: Outgoing, cluster: Cluster, lease: Lease,
         found = cluster.peer_with_model_hot(out.model, out.version, frozenset(tried))
         if found is None:
             break
-        peer, version = found
+        peer, _ = found
         tried.add(peer.node)
         try:
-            upstream = await _send(out, cluster, peer.http, out.body, version)
+            upstream = await _send(out, cluster, peer.http, out.body, out.version)
         except _PeerFailed as exc:
             _count(cluster, "peer_failed")
             out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
@@ -129,6 +129,7 @@ async def spill_cold(out: Outgoing, cluster: Cluster, lease: Lease,
         _count(cluster, "forwarded_cold")
         out.request[keys.LOG_FIELDS]["served_by"] = peer.node
         return await _relay(out, upstream, peer.node, lease, headers)
+    _count(cluster, "no_peer" if not tried else "ran_locally")
     return None
 
 
@@ -144,7 +145,7 @@ class Outgoing:
 
 
 async def _send(ctx: GenerationContext | Outgoing, cluster: Cluster, base_url: str, body: bytes,
-                version: str) -> aiohttp.ClientResponse:
+                version: str | None) -> aiohttp.ClientResponse:
     request = ctx.request
     principal = request.get(PRINCIPAL)
     remaining = ctx.deadline - time.monotonic()
@@ -154,8 +155,9 @@ async def _send(ctx: GenerationContext | Outgoing, cluster: Cluster, base_url: s
                               origin=cluster.node_id, request_id=ctx.request_id,
                               body_sha256=hashlib.sha256(body).digest(), expires=time.time() + TOKEN_TTL_S)
     headers = {"Content-Type": "application/json", FORWARDED_HEADER: cluster.sign(ident),
-               "X-Request-Id": ctx.request_id, "X-Request-Timeout": f"{remaining:.3f}",
-               VERSION_HEADER: f"{ctx.model}@{version}"}
+               "X-Request-Id": ctx.request_id, "X-Request-Timeout": f"{remaining:.3f}"}
+    if version is not None:     # None: the peer routes it as its own (a cold model's default, issue 17)
+        headers[VERSION_HEADER] = f"{ctx.model}@{version}"
     trace = request.get(keys.TRACE)        # the peer's spans join this request's trace
     headers.update(trace.headers() if trace is not None else
                    {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers})
@@ -186,6 +188,8 @@ async def _relay(ctx: GenerationContext | Outgoing, upstream: aiohttp.ClientResp
             data = await upstream.read()        # one JSON body, from a peer that holds the cluster key
             done = True
             usage = _json_usage(data)
+            if usage is None and upstream.status >= 400:
+                usage = Usage(prompt_tokens=0, completion_tokens=0)    # refused there: nothing ran
             return web.Response(status=upstream.status, body=data, headers=out)
         resp = web.StreamResponse(status=upstream.status, headers=out)
         await resp.prepare(ctx.request)

@@ -289,6 +289,8 @@ class Quota:
             unused = lease.prompt_tokens + lease.max_tokens - used
             if unused > 0:
                 st.tpm.refund(unused, now)
+            elif unused < 0:        # charged on an estimate that fell short (a cold model's spill): the rest
+                st.tpm.take(-unused, now)
 
     def record_rejection(self, tenant: str, reason: str) -> None:
         """Count a rejection made elsewhere (admission) in the same per-tenant tally."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 from openai import AsyncOpenAI
 
 from inferd.cluster.identity import ForwardedIdentity, sign_identity
@@ -264,8 +265,10 @@ def budget_model(pinned: bool) -> str:
         'backend = "sim"', f'backend = "sim"\nmemory_bytes = 100\npinned = {str(pinned).lower()}')
 
 
-async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_loading_it(tmp_path):
-    # issue 17: node 1 has `sim` loaded (pinned); node 0, under a budget, has it cold: it forwards, never loads
+@contextlib.asynccontextmanager
+async def cold_here_hot_there(tmp_path: Path, tenants: str = ""):
+    """Two daemons under a budget serving `sim`: node 1 has it loaded (pinned), node 0 has it cold. Yields
+    ((node 0, its URL), node 1, a client session) once node 0 has heard node 1 has it loaded."""
     (tmp_path / "cluster.key").write_text(KEY)
     async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as http:
         nodes, seeds = [], ""
@@ -273,7 +276,8 @@ async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_lo
             d = tmp_path / f"node{i}"
             d.mkdir()
             (d / "cluster.key").write_text(KEY)
-            path = write_config(d / "inferd.toml", {"sim": budget_model(pinned)}, CLUSTER.format(seeds=seeds))
+            path = write_config(d / "inferd.toml", {"sim": budget_model(pinned)},
+                                CLUSTER.format(seeds=seeds) + tenants)
             path.write_text(path.read_text().replace("[server]\n", "[server]\n" + BUDGET, 1))
             daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
             nodes.append((daemon, url))
@@ -281,8 +285,14 @@ async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_lo
                 host, port = daemon.state.cluster.gossip.address
                 seeds = f'"{host}:{port}"'
         (a, a_url), (b, _) = nodes
-        assert a.state.lifecycle.snapshot()["versions"]["sim@latest"]["state"] == "cold"
         await until(lambda: _has_hot(a), "node 0 to hear node 1 has sim loaded")
+        yield (a, a_url), b, http
+
+
+async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_loading_it(tmp_path):
+    # issue 17: node 1 has `sim` loaded (pinned); node 0, under a budget, has it cold: it forwards, never loads
+    async with cold_here_hot_there(tmp_path) as ((a, a_url), b, http):
+        assert a.state.lifecycle.snapshot()["versions"]["sim@latest"]["state"] == "cold"
         async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
             assert resp.status == 200
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
@@ -291,14 +301,60 @@ async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_lo
         assert a.state.lifecycle.loads == {}                     # nothing loaded here for it
         assert a.state.lifecycle.snapshot()["versions"]["sim@latest"]["state"] == "cold"
         async with http.get(a_url + "/metrics") as resp:
-            assert 'inferd_cluster_spillovers_total{outcome="forwarded_cold"} 1.0' in await resp.text()
+            text = await resp.text()
+        assert 'inferd_cluster_spillovers_total{outcome="forwarded_cold"} 1.0' in text
+        assert any(line.startswith("inferd_requests_total{") and 'status="200"' in line   # counted where it arrived
+                   for line in text.splitlines())
         # once no peer has it (node 1 leaves), node 0 loads it itself
         await b.state.cluster.leave()
         await until(lambda: _gone(a), "node 0 to hear node 1 left")
         async with http.post(a_url + "/v1/completions", json=SHORT) as resp:
-            assert resp.status == 200 and "X-Inferd-Node" in resp.headers
+            assert resp.status == 200
             assert resp.headers["X-Inferd-Node"] == a.state.cluster.node_id
         assert a.state.lifecycle.loads == {"success": 1}
+
+
+async def test_a_cold_forward_settles_the_tenants_tokens_with_what_the_peer_reports(tmp_path):
+    # this node's own bucket (not a share of the cluster's), so its level says exactly what was charged
+    tenants = "shared_quotas = false\n[tenants.local]\ntokens_per_minute = 100000\nmax_concurrent_requests = 4\n"
+    async with cold_here_hot_there(tmp_path, tenants) as ((a, a_url), b, http):
+        quota = a.state.tenancy.quota
+        frozen = time.monotonic()
+        quota._clock = lambda: frozen                    # no refill while it runs: levels are exact
+        level = lambda: quota._get("local").tpm.level(frozen)      # noqa: E731
+        full = level()
+        # refused by the peer (past the context): nothing ran, nothing stays charged
+        async with http.post(a_url + "/v1/completions", json={"model": "sim", "prompt": "x" * 9000,
+                                                                 "max_tokens": 2}) as resp:
+            assert resp.status == 400
+        assert level() == full
+        # a chat whose template adds tokens beyond its characters: charged what the peer says it used
+        body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        async with http.post(a_url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            used = (await resp.json())["usage"]["total_tokens"]
+        assert level() == full - used
+        assert quota._get("local").in_flight == 0
+
+
+async def test_a_client_leaving_a_cold_forward_gives_its_concurrency_slot_back(tmp_path):
+    tenants = "\n[tenants.local]\nmax_concurrent_requests = 4\n"
+    async with cold_here_hot_there(tmp_path, tenants) as ((a, a_url), b, http):
+        quota = a.state.tenancy.quota
+        task = asyncio.ensure_future(http.post(a_url + "/v1/completions", json={**LONG, "max_tokens": 400}))
+        await until(lambda: _forwarding(a), "node 0 to forward the request")
+        task.cancel()                                     # a non-stream answer: nothing came back yet
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await until(lambda: _slot_back(quota), "node 0 to give the tenant's slot back")
+
+
+async def _forwarding(a) -> bool:
+    return a.state.tenancy.quota._get("local").in_flight == 1
+
+
+async def _slot_back(quota) -> bool:
+    return quota._get("local").in_flight == 0
 
 
 async def _has_hot(a) -> bool:

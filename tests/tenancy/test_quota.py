@@ -49,6 +49,14 @@ def test_bucket_refund_never_exceeds_capacity():
     assert b.level(0.0) == 100
 
 
+def test_a_lease_that_used_more_than_it_was_charged_pays_the_rest(clock):
+    # a cold model's spill is charged on an estimate before it is tokenized; the peer's usage settles it
+    q = make_quota(clock, tokens_per_minute=1000)
+    lease = q.acquire("acme", prompt_tokens=10, max_tokens=0)
+    lease.release(Usage(prompt_tokens=30, completion_tokens=20))
+    assert q.headers("acme")["X-RateLimit-Remaining-Tokens"] == "950"
+
+
 def test_rpm_rejects_with_retry_after_when_a_request_refills(clock):
     q = make_quota(clock, requests_per_minute=2)
     q.acquire("acme", prompt_tokens=1, max_tokens=1)
