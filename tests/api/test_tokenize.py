@@ -22,6 +22,19 @@ CONTEXT = 512                                   # the sim engine's max_model_len
 OVERSIZED = "x" * (CONTEXT * MAX_CHARS_PER_TOKEN)   # at least CONTEXT tokens, whatever the tokenizer
 
 
+_WRAPPED: list = []
+
+
+@pytest.fixture(autouse=True)
+def _unwrap_tokenizers():
+    """Put every wrapped encode back after the test: the sim engines share one tokenizer per vocabulary
+    size, so a wrapper left behind (its loop closed) would answer a later test's long prompt with a 500."""
+    yield
+    while _WRAPPED:
+        wrapper = _WRAPPED.pop()
+        wrapper.tok.encode = wrapper._encode
+
+
 class CountedEncode:
     """Wraps a tokenizer's encode: records every text; texts longer than `block_over` wait for `release`."""
 
@@ -33,7 +46,9 @@ class CountedEncode:
         self._loop = asyncio.get_running_loop()
         self._encode = tok.encode
         self._block_over = block_over
+        self.tok = tok
         tok.encode = self
+        _WRAPPED.append(self)
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> list[int]:
         self.texts.append(text)
