@@ -22,7 +22,7 @@ from inferd.api.errors import CLIENT_GONE, UNAVAILABLE, ApiError
 from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
 from inferd.api.responses import ChunkEncoder, Identity
 from inferd.api.state import ServerState
-from inferd.api.spill import Outgoing, spill_cold
+from inferd.api.spill import Outgoing, forward
 from inferd.api.waiting import QueuedStream
 from inferd.models import LifecycleError
 from inferd.tenancy import QuotaExceeded
@@ -72,7 +72,7 @@ async def spill_cold_start(state: ServerState, request: web.Request, tenant: str
     if key is None or lifecycle.loading_here(key):
         return None
     version = None if key[1] == "latest" else key[1]
-    if cluster.peer_with_model_hot(key[0], version) is None:
+    if cluster.peer_with_room(key[0], version) is None:
         return None
     per_choice = prepared.max_tokens or (COMPLETIONS_DEFAULT_MAX_TOKENS if prepared.kind == "completion" else 0)
     max_tokens = per_choice * len(prepared.prompts())
@@ -85,8 +85,8 @@ async def spill_cold_start(state: ServerState, request: web.Request, tenant: str
     spilled = None
     try:
         with state.track():         # a drain waits for it like any request in flight
-            spilled = await spill_cold(Outgoing(request, tenant, rid, deadline, key[0], version, body), cluster,
-                                       lease, {**lease.headers, "X-Request-Id": rid})
+            spilled = await forward(Outgoing(request, tenant, rid, deadline, key[0], version, body), cluster,
+                                    lease, {**lease.headers, "X-Request-Id": rid}, "forwarded_cold")
     except (asyncio.CancelledError, ConnectionError):
         obs.finish(CLIENT_GONE)
         raise

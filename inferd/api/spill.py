@@ -85,56 +85,14 @@ def wants_spill(ctx: GenerationContext) -> bool:
 async def spill(ctx: GenerationContext, lease: Lease, headers: dict[str, str]) -> web.StreamResponse | None:
     """Serve `ctx` on a peer with room; its response, or None when no peer took it (run it here). The
     lease (charged here) is released with the usage the peer reports."""
-    cluster = ctx.state.cluster
-    tried: set[str] = set()
-    while len(tried) < MAX_PEERS_TRIED:
-        peer = cluster.peer_with_room(ctx.model, ctx.engine.info.version, frozenset(tried))
-        if peer is None:
-            break
-        tried.add(peer.node)
-        try:
-            upstream = await _send(ctx, cluster, peer.http, ctx.body, ctx.engine.info.version)
-        except _PeerFailed as exc:
-            _count(cluster, "peer_failed")
-            ctx.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
-            continue
-        _count(cluster, "forwarded")
-        ctx.request[keys.LOG_FIELDS]["served_by"] = peer.node
-        return await _relay(ctx, upstream, peer.node, lease, headers)
-    _count(cluster, "no_peer" if not tried else "ran_locally")
-    return None
-
-
-def _count(cluster: Cluster, outcome: str) -> None:
-    cluster.spillovers[outcome] = cluster.spillovers.get(outcome, 0) + 1
-
-
-async def spill_cold(out: Outgoing, cluster: Cluster, lease: Lease,
-                     headers: dict[str, str]) -> web.StreamResponse | None:
-    """A request for a model that is not loaded here (issue 17) goes to a peer that has it loaded with room,
-    instead of this node loading it; None when no peer took it (load it here). As `spill` otherwise."""
-    tried: set[str] = set()
-    while len(tried) < MAX_PEERS_TRIED:
-        found = cluster.peer_with_model_hot(out.model, out.version, frozenset(tried))
-        if found is None:
-            break
-        peer, _ = found
-        tried.add(peer.node)
-        try:
-            upstream = await _send(out, cluster, peer.http, out.body, out.version)
-        except _PeerFailed as exc:
-            _count(cluster, "peer_failed")
-            out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
-            continue
-        _count(cluster, "forwarded_cold")
-        out.request[keys.LOG_FIELDS]["served_by"] = peer.node
-        return await _relay(out, upstream, peer.node, lease, headers)
-    _count(cluster, "no_peer" if not tried else "ran_locally")
-    return None
+    out = Outgoing(ctx.request, ctx.tenant, ctx.request_id, ctx.deadline, ctx.model, ctx.engine.info.version,
+                   ctx.body)
+    return await forward(out, ctx.state.cluster, lease, headers, "forwarded")
 
 
 class Outgoing:
-    """What forwarding needs of a request that has no GenerationContext yet (a cold model's, issue 17)."""
+    """What forwarding needs of a request: a routed one's GenerationContext, or a cold model's (issue 17)
+    before it has one. `version` None: the peer routes it as its own."""
 
     __slots__ = ("request", "tenant", "request_id", "deadline", "model", "version", "body")
 
@@ -144,27 +102,53 @@ class Outgoing:
         self.model, self.version, self.body = model, version, body
 
 
-async def _send(ctx: GenerationContext | Outgoing, cluster: Cluster, base_url: str, body: bytes,
-                version: str | None) -> aiohttp.ClientResponse:
-    request = ctx.request
+async def forward(out: Outgoing, cluster: Cluster, lease: Lease, headers: dict[str, str],
+                  outcome: str) -> web.StreamResponse | None:
+    """Send `out` to the best peer with room for its model (and version), trying another if one fails
+    before answering; the peer's response, counted as `outcome`, or None when none took it."""
+    tried: set[str] = set()
+    while len(tried) < MAX_PEERS_TRIED:
+        peer = cluster.peer_with_room(out.model, out.version, frozenset(tried))
+        if peer is None:
+            break
+        tried.add(peer.node)
+        try:
+            upstream = await _send(out, cluster, peer.http)
+        except _PeerFailed as exc:
+            _count(cluster, "peer_failed")
+            out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
+            continue
+        _count(cluster, outcome)
+        out.request[keys.LOG_FIELDS]["served_by"] = peer.node
+        return await _relay(out, upstream, peer.node, lease, headers)
+    _count(cluster, "no_peer" if not tried else "ran_locally")
+    return None
+
+
+def _count(cluster: Cluster, outcome: str) -> None:
+    cluster.spillovers[outcome] = cluster.spillovers.get(outcome, 0) + 1
+
+
+async def _send(out: Outgoing, cluster: Cluster, base_url: str) -> aiohttp.ClientResponse:
+    request = out.request
     principal = request.get(PRINCIPAL)
-    remaining = ctx.deadline - time.monotonic()
+    remaining = out.deadline - time.monotonic()
     if remaining <= 0:
         raise _PeerFailed("deadline passed")
-    ident = ForwardedIdentity(tenant=ctx.tenant, key_id=principal.key_id if principal is not None else None,
-                              origin=cluster.node_id, request_id=ctx.request_id,
-                              body_sha256=hashlib.sha256(body).digest(), expires=time.time() + TOKEN_TTL_S)
+    ident = ForwardedIdentity(tenant=out.tenant, key_id=principal.key_id if principal is not None else None,
+                              origin=cluster.node_id, request_id=out.request_id,
+                              body_sha256=hashlib.sha256(out.body).digest(), expires=time.time() + TOKEN_TTL_S)
     headers = {"Content-Type": "application/json", FORWARDED_HEADER: cluster.sign(ident),
-               "X-Request-Id": ctx.request_id, "X-Request-Timeout": f"{remaining:.3f}"}
-    if version is not None:     # None: the peer routes it as its own (a cold model's default, issue 17)
-        headers[VERSION_HEADER] = f"{ctx.model}@{version}"
+               "X-Request-Id": out.request_id, "X-Request-Timeout": f"{remaining:.3f}"}
+    if out.version is not None:     # None: the peer routes it as its own (a cold model's default)
+        headers[VERSION_HEADER] = f"{out.model}@{out.version}"
     trace = request.get(keys.TRACE)        # the peer's spans join this request's trace
     headers.update(trace.headers() if trace is not None else
                    {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers})
     timeout = aiohttp.ClientTimeout(total=None, sock_read=remaining, sock_connect=cluster.config.forward_timeout_s)
     try:
         upstream = await asyncio.wait_for(
-            cluster.http.post(base_url.rstrip("/") + request.path, data=body, headers=headers, timeout=timeout),
+            cluster.http.post(base_url.rstrip("/") + request.path, data=out.body, headers=headers, timeout=timeout),
             min(remaining, cluster.config.forward_timeout_s))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _PeerFailed(type(exc).__name__) from None
@@ -174,7 +158,7 @@ async def _send(ctx: GenerationContext | Outgoing, cluster: Cluster, base_url: s
     return upstream
 
 
-async def _relay(ctx: GenerationContext | Outgoing, upstream: aiohttp.ClientResponse, node: str, lease: Lease,
+async def _relay(sent: Outgoing, upstream: aiohttp.ClientResponse, node: str, lease: Lease,
                  headers: dict[str, str]) -> web.StreamResponse:
     """Pass the peer's response through; release the lease with the usage it reports."""
     usage = None
@@ -183,7 +167,7 @@ async def _relay(ctx: GenerationContext | Outgoing, upstream: aiohttp.ClientResp
         out = {k: upstream.headers[k] for k in _PASSED_HEADERS if k in upstream.headers}
         out.update(headers)                  # X-RateLimit-* charged here, X-Request-Id
         out[NODE_HEADER] = node
-        ctx.request[keys.LOG_FIELDS]["outcome_status"] = upstream.status
+        sent.request[keys.LOG_FIELDS]["outcome_status"] = upstream.status
         if upstream.content_type != "text/event-stream":
             data = await upstream.read()        # one JSON body, from a peer that holds the cluster key
             done = True
@@ -192,7 +176,7 @@ async def _relay(ctx: GenerationContext | Outgoing, upstream: aiohttp.ClientResp
                 usage = Usage(prompt_tokens=0, completion_tokens=0)    # refused there: nothing ran
             return web.Response(status=upstream.status, body=data, headers=out)
         resp = web.StreamResponse(status=upstream.status, headers=out)
-        await resp.prepare(ctx.request)
+        await resp.prepare(sent.request)
         lines = _UsageFilter()
         async for chunk in upstream.content.iter_any():
             data = lines.feed(chunk)

@@ -55,6 +55,13 @@ class PeerLoads:
         entry = self._peers.get(node)
         return None if entry is None else self._clock() - entry.at
 
+    def fresh_versions(self, node: str, model: str, version: str | None) -> list[VersionLoad]:
+        """`node`'s fresh hints for `model`: at `version`, or (None) every version of it the node reported."""
+        if version is not None:
+            hint = self.fresh_version(node, model, version)
+            return [] if hint is None else [hint]
+        return [v for v, age in self.versions(node) if v.model == model and age <= self.max_age_s]
+
     def fresh_version(self, node: str, model: str, version: str) -> VersionLoad | None:
         entry = self._peers.get(node)
         found = entry.versions.get((model, version)) if entry is not None else None

@@ -124,40 +124,22 @@ class Cluster:
         log.info("cluster_member", node=member.node, state=member.state.name.lower(),
                  previous=previous.name.lower() if previous is not None else None, incarnation=member.incarnation)
 
-    def peer_with_room(self, model: str, version: str, exclude: frozenset[str] = frozenset()) -> Member | None:
+    def peer_with_room(self, model: str, version: str | None,
+                       exclude: frozenset[str] = frozenset()) -> Member | None:
         """The alive peer best placed to start a request for `model` at `version` now: its fresh hint says
         the version is ready with a free sequence slot and a queue shorter than spill_wait_s (shortest
-        estimated wait first, then most free slots). None when no peer has room."""
+        estimated wait first, then most free slots). `version` None: any version of `model` the peer has
+        loaded (a model cold on this node, issue 17). None when no peer has room."""
         best, best_key = None, None
         for m in self._alive():
             if m.node in exclude:
                 continue
-            hint = self.loads.fresh_version(m.node, model, version)
-            if hint is None or not hint.ready or hint.free_slots <= 0 or hint.est_wait_s >= self.config.spill_wait_s:
-                continue
-            key = (hint.est_wait_s, -hint.free_slots)
-            if best_key is None or key < best_key:
-                best, best_key = m, key
-        return best
-
-    def peer_with_model_hot(self, model: str, version: str | None,
-                            exclude: frozenset[str] = frozenset()) -> tuple[Member, str] | None:
-        """For a model this node does not have loaded (issue 17): the alive peer whose fresh hint says it
-        has `model` loaded and ready with a free slot and a short queue (`version`: that version only;
-        None: any, the node's default being "latest"), and the version it has. Best as peer_with_room."""
-        best, best_key = None, None
-        for m in self._alive():
-            if m.node in exclude:
-                continue
-            for hint, age in self.loads.versions(m.node):
-                if hint.model != model or (version is not None and hint.version != version):
-                    continue
-                if age > self.loads.max_age_s or not hint.ready or hint.free_slots <= 0 \
-                        or hint.est_wait_s >= self.config.spill_wait_s:
+            for hint in self.loads.fresh_versions(m.node, model, version):
+                if not hint.ready or hint.free_slots <= 0 or hint.est_wait_s >= self.config.spill_wait_s:
                     continue
                 key = (hint.est_wait_s, -hint.free_slots)
                 if best_key is None or key < best_key:
-                    best, best_key = (m, hint.version), key
+                    best, best_key = m, key
         return best
 
     # -- forwarded requests' identity ----------------------------------------------------------

@@ -358,8 +358,8 @@ async def _slot_back(quota) -> bool:
 
 
 async def _has_hot(a) -> bool:
-    return a.state.cluster.peer_with_model_hot("sim", None) is not None
+    return a.state.cluster.peer_with_room("sim", None) is not None
 
 
 async def _gone(a) -> bool:
-    return a.state.cluster.peer_with_model_hot("sim", None) is None
+    return a.state.cluster.peer_with_room("sim", None) is None
