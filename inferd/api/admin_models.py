@@ -12,13 +12,13 @@ Without `[server] model_memory_bytes` every version is loaded for good: these an
 """
 from __future__ import annotations
 
-import math
 import time
 
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
+from inferd.api.cold_start import lifecycle_error
+from inferd.api.errors import NOT_FOUND, ApiError
 from inferd.api.stored import json_response
 from inferd.models import LifecycleError, ModelLifecycle
 
@@ -64,8 +64,6 @@ async def control_model(request: web.Request) -> web.Response:
         else:
             await lifecycle.unload(key, actor)
     except LifecycleError as exc:
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))} if exc.retry_after_s else None
-        raise ApiError(exc.status, str(exc), type=UNAVAILABLE if exc.status == 503 else "invalid_request_error",
-                       code=exc.code, headers=headers) from None
+        raise lifecycle_error(exc) from None
     row = lifecycle.snapshot()["versions"][f"{key[0]}@{key[1]}"]
     return json_response({"model": name, "action": action, **row})

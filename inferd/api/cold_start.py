@@ -18,7 +18,7 @@ from aiohttp import web
 from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api.admit import quota_error
-from inferd.api.errors import CLIENT_GONE, UNAVAILABLE, ApiError
+from inferd.api.errors import CLIENT_GONE, INVALID_REQUEST, UNAVAILABLE, ApiError
 from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
 from inferd.api.responses import ChunkEncoder, Identity
 from inferd.api.state import ServerState
@@ -49,11 +49,15 @@ async def wait_for_model(state: ServerState, model_field: str, deadline: float, 
     try:
         await (early.wait(ensuring) if early is not None else ensuring)
     except LifecycleError as exc:
-        headers = {}
-        if exc.retry_after_s is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-        raise ApiError(exc.status, str(exc), type=UNAVAILABLE, param="model", code=exc.code,
-                       headers=headers) from None
+        raise lifecycle_error(exc, param="model") from None
+
+
+def lifecycle_error(exc: LifecycleError, param: str | None = None) -> ApiError:
+    """The lifecycle's refusal in the OpenAI envelope: 503 (with Retry-After when one is known), or the
+    admin's 409."""
+    headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))} if exc.retry_after_s else {}
+    return ApiError(exc.status, str(exc), type=UNAVAILABLE if exc.status == 503 else INVALID_REQUEST,
+                    param=param, code=exc.code, headers=headers)
 
 
 async def spill_cold_start(state: ServerState, request: web.Request, tenant: str, model_field: str,

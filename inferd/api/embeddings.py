@@ -26,10 +26,10 @@ from inferd.api.admit import (SharedLease, charge, check_model_allowed, pace_ref
 from inferd.api.auth import authenticate
 from inferd.api.body import check_json_content_type, read_body
 from inferd.api.cold_start import wait_for_model
-from inferd.api.completions import CLIENT_GONE, version_label
+from inferd.api.completions import version_label
 from inferd.api.context import GenerationContext
 from inferd.api.embedding_format import check_dimensions, decode, inputs, prepared, response_body, truncate
-from inferd.api.errors import ApiError, invalid, unavailable
+from inferd.api.errors import CLIENT_GONE, ApiError, invalid, unavailable
 from inferd.api.internal import batch_caller
 from inferd.api.responses import abnormal_end, server_timing
 from inferd.api.safety import check_input

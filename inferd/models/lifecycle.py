@@ -220,14 +220,17 @@ class ModelLifecycle:
         if not task.cancelled():
             task.exception()                # retrieved: waiters have their own copy; none may be left
 
-    def _plan(self, key: SpecKey, evict: bool) -> LoadPlan:
-        residency = self.residency
+    def _refresh_pins(self) -> None:
+        """Pinned: configured so, or a version of a rollout under way (it stays while the rollout runs)."""
         in_rollouts = {self._keys.get(mv) for mv in self._rollout_versions()}
-        for k, r in residency.versions.items():     # a rollout's versions stay while it runs
+        for k, r in self.residency.versions.items():
             spec = self.specs.get(k)
             r.pinned = k in in_rollouts or (spec is not None and spec.config.pinned)
+
+    def _plan(self, key: SpecKey, evict: bool) -> LoadPlan:
+        self._refresh_pins()
         try:
-            plan = residency.plan_load(key)
+            plan = self.residency.plan_load(key)
         except NeverFits as exc:
             raise LifecycleError(f"The model `{key[0]}` does not fit this node's memory budget: {exc}.",
                                  "model_does_not_fit") from None
@@ -361,8 +364,9 @@ class ModelLifecycle:
 
     async def unload(self, key: SpecKey, actor: str) -> None:
         """The admin's unload: refused for pinned and loading versions; drains in-flight requests first."""
+        self._refresh_pins()
         r = self.residency.versions[key]
-        if r.pinned or any(self._keys.get(mv) == key for mv in self._rollout_versions()):
+        if r.pinned:
             raise LifecycleError(f"`{key[0]}@{key[1]}` is pinned (or in a rollout) and is never unloaded.",
                                  "model_pinned", status=409)
         if r.state != HOT:
