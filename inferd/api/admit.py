@@ -1,13 +1,6 @@
-"""Tenant limits, quota, deadline and the fair admission queue for one generation request.
-
-The order on the request path (completions.py), cheapest refusals first:  authenticate ->
-`precheck_quota` (RPM and concurrency, nothing charged) -> `pace_refusals` (a tenant whose requests keep
-being refused waits its turn, inferd.tenancy.refusals) -> read and decode the body -> `request_deadline`
--> Idempotency-Key (api/idempotency.py: a replay or a 409/422 ends here) -> route ->
-`check_model_allowed` -> the prompt's length bound -> tokenize (api/tokenize.py)
--> context checks -> `apply_limits` -> `charge` (quota buckets and concurrency) -> spillover to a peer
-(api/spill.py, in a cluster) or `admit` (the engine's admission queue) -> stream. Everything here runs
-once per request; nothing per token.
+"""Quota, refusal pacing, deadline and the fair admission queue for one request: the checks the
+pipeline's stages (inferd.api.pipeline.run) call, in the order that module lists them. Everything here
+runs once per request; nothing per token.
 
 Errors leave as ApiError in the OpenAI envelope: 400/403 for tenant limits (retrying cannot help),
 429 for quota and the tenant's own queue, 503 for the node's queue, 504 for a deadline that passed
@@ -22,13 +15,13 @@ import msgspec
 from aiohttp import web
 
 from inferd.admission import AdmissionQueue, AdmissionRejected, AdmittedStream, Lease, retry_after_header
-from inferd.api.auth import PERMISSION, model_forbidden
-from inferd.api.errors import INVALID_REQUEST, TIMEOUT, UNAVAILABLE, ApiError, invalid
+from inferd.api.auth import model_forbidden
+from inferd.api.errors import TIMEOUT, UNAVAILABLE, ApiError, invalid
 from inferd.api.openai import Prepared
 from inferd.config import PriorityClass, ServerConfig
 from inferd.engine import Engine
-from inferd.tenancy import BudgetExceeded, LimitExceeded, Paced, QuotaExceeded, Tenancy, Turn
-from inferd.types import GenerationRequest, SamplingParams, Usage
+from inferd.tenancy import BudgetExceeded, Paced, QuotaExceeded, Tenancy, Turn
+from inferd.types import GenerationRequest, Usage
 
 RATE_LIMIT = "rate_limit_error"
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -97,32 +90,6 @@ def check_model_allowed(tenancy: Tenancy, tenant: str, requested: str, model: st
         return name
     tenancy.count_rejection(tenant, "model_not_allowed")
     raise model_forbidden(tenant, requested)
-
-
-def apply_limits(tenancy: Tenancy, tenant: str, allowed_name: str, p: Prepared, prompt_len: int,
-                 sampling: SamplingParams, max_model_len: int) -> SamplingParams:
-    """The tenant's per-request limits on top of the model's. A request that set no max_tokens gets
-    the tenant's cap (and what fits its tokens-per-minute bucket) instead of a refusal."""
-    cfg = tenancy.tenants.get(tenant)
-    want = sampling.max_tokens
-    if p.max_tokens is None:
-        if cfg.max_output_tokens is not None:
-            want = min(want, cfg.max_output_tokens)
-        if cfg.tokens_per_minute is not None:
-            want = min(want, max(1, cfg.tokens_per_minute - prompt_len))
-    try:
-        got = tenancy.quota.check_limits(tenant, model=allowed_name, prompt_tokens=prompt_len, max_tokens=want,
-                                         context_len=max_model_len)
-    except LimitExceeded as exc:
-        tenancy.count_rejection(tenant, "model_not_allowed" if exc.status == 403 else "limit")
-        param = exc.param
-        if param == "messages" and p.kind == "completion":
-            param = "prompt"
-        elif param == "max_tokens" and p.kind == "chat":
-            param = "max_completion_tokens"
-        raise ApiError(exc.status, f"{exc}.", type=PERMISSION if exc.status == 403 else INVALID_REQUEST,
-                       param=param, code=exc.code) from None
-    return sampling if got == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=got)
 
 
 def request_deadline(request: web.BaseRequest, p: Prepared, tenancy: Tenancy, tenant: str, server: ServerConfig,

@@ -18,8 +18,7 @@ from aiohttp import web
 from inferd.api import admin, admin_models, batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
-from inferd.api.completions import create_chat_completion, create_completion
-from inferd.api.embeddings import create_embedding
+from inferd.api.pipeline.run import create_chat_completion, create_completion, create_embedding
 from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
                                store_unavailable)
 from inferd.api.sse import Inflight

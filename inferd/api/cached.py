@@ -16,7 +16,7 @@ import msgspec
 from inferd.admission import Lease
 from inferd.api import appkeys as keys
 from inferd.api.admit import Admitted
-from inferd.api.context import GenerationContext
+from inferd.api.pipeline.context import RequestContext
 from inferd.api.versioned import adapter_info
 from inferd.cache import ReplayStream
 from inferd.types import Delta, FinishReason
@@ -29,7 +29,7 @@ class CachePlan(msgspec.Struct, frozen=True):
     read: bool                       # look it up (false under Cache-Control: no-cache)
 
 
-def cache_plan(ctx: GenerationContext) -> CachePlan | None:
+def cache_plan(ctx: RequestContext) -> CachePlan | None:
     """How `ctx` uses the cache, or None when it does not."""
     state = ctx.state
     cache = state.response_cache
@@ -53,11 +53,11 @@ def cache_plan(ctx: GenerationContext) -> CachePlan | None:
     return CachePlan((ctx.tenant, digest), "no-cache" not in control)
 
 
-def is_cache_hit(ctx: GenerationContext) -> bool:
+def is_cache_hit(ctx: RequestContext) -> bool:
     return bool(ctx.request.get(keys.CACHE_HIT))
 
 
-def lookup(ctx: GenerationContext, plan: CachePlan | None, headers: dict[str, str]) -> Delta | None:
+def lookup(ctx: RequestContext, plan: CachePlan | None, headers: dict[str, str]) -> Delta | None:
     """The stored generation for `plan`, counted and labelled (`X-Inferd-Cache`); None on a miss."""
     if plan is None:
         return None
@@ -72,7 +72,7 @@ def lookup(ctx: GenerationContext, plan: CachePlan | None, headers: dict[str, st
     return hit
 
 
-async def replay(ctx: GenerationContext, completion_id: str, hit: Delta, lease: Lease | None) -> Admitted:
+async def replay(ctx: RequestContext, completion_id: str, hit: Delta, lease: Lease | None) -> Admitted:
     """A hit, as admission would hand over a request: nothing runs, so the quota lease settles now."""
     ctx.request[keys.CACHE_HIT] = True
     if lease is not None:
@@ -80,7 +80,7 @@ async def replay(ctx: GenerationContext, completion_id: str, hit: Delta, lease: 
     return Admitted(streams=[ReplayStream(completion_id, hit)], headers=lease.headers if lease is not None else {})
 
 
-def store(ctx: GenerationContext, plan: CachePlan | None, status: int, whole: Delta | None) -> None:
+def store(ctx: RequestContext, plan: CachePlan | None, status: int, whole: Delta | None) -> None:
     """Keep a finished generation (stop or length, answered 200) for the next identical request."""
     if plan is None or status != 200 or whole is None or is_cache_hit(ctx):
         return

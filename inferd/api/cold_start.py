@@ -4,23 +4,20 @@ Only with a memory budget (`state.lifecycle`, inferd.models.lifecycle). The requ
 `wait_for_model` after the cheap refusals and before routing: the prompt is tokenized by the version
 that will serve it, so nothing about the prompt can be judged before it is loaded. A streamed request
 that waits gets its SSE headers and `: ping` heartbeats meanwhile (inferd.api.waiting), so a proxy
-does not cut it; whatever ends it after that is an `error` frame and `[DONE]` (`end_early`).
+does not cut it; whatever ends it after that is an `error` frame and `[DONE]` (the pipeline's runner).
 """
 from __future__ import annotations
 
 import asyncio
 import math
-import secrets
-import time
 
 from aiohttp import web
 
-from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api.admit import quota_error
 from inferd.api.errors import CLIENT_GONE, INVALID_REQUEST, UNAVAILABLE, ApiError
-from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
-from inferd.api.responses import ChunkEncoder, Identity
+from inferd.api.openai import Prepared
+from inferd.api.pipeline.sampling import charge_estimate
 from inferd.api.state import ServerState
 from inferd.api.spill import Outgoing, forward
 from inferd.api.waiting import QueuedStream
@@ -78,8 +75,7 @@ async def spill_cold_start(state: ServerState, request: web.Request, tenant: str
     version = None if key[1] == "latest" else key[1]
     if cluster.peer_with_room(key[0], version) is None:
         return None
-    per_choice = prepared.max_tokens or (COMPLETIONS_DEFAULT_MAX_TOKENS if prepared.kind == "completion" else 0)
-    max_tokens = per_choice * len(prepared.prompts())
+    max_tokens = charge_estimate(prepared)
     try:
         lease = state.tenancy.quota.acquire(tenant, prompt_tokens=_prompt_bound(prepared), max_tokens=max_tokens)
     except QuotaExceeded as exc:
@@ -108,11 +104,3 @@ def _prompt_bound(p: Prepared) -> int:
         return sum(len(m["content"]) + 8 for m in p.messages)
     return sum(len(part.prompt_token_ids) if part.prompt_token_ids is not None else part.prompt_chars
                for part in p.prompts())
-
-
-async def end_early(early: QueuedStream, err: ApiError, kind: str, model: str,
-                    include_usage: bool) -> web.StreamResponse:
-    """A streamed request refused after its headers went out while its model loaded."""
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    ident = Identity(kind, prefix + secrets.token_hex(12), int(time.time()), model, f"inferd-{__version__}")
-    return await early.end_with(err, ChunkEncoder(ident, include_usage))

@@ -10,6 +10,7 @@ import time
 import orjson
 
 from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
+from inferd.api.pipeline.timeline import Timeline
 from inferd.types import EngineTiming, FinishReason, Usage
 
 _dumps = orjson.dumps
@@ -103,13 +104,13 @@ class ChunkEncoder:
     """Builds the SSE frames of one streamed response (of its choice `index`)."""
 
     __slots__ = ("_ident", "_object", "_next_prefix", "_prefix", "_mid", "_tail", "_suffix", "_include_usage",
-                 "_index", "running", "_usage_comment", "hold_done", "arrival")
+                 "_index", "running", "_usage_comment", "hold_done", "timeline")
 
     def __init__(self, ident: Identity, include_usage: bool, *, index: int = 0,
                  running: RunningUsage | None = None, usage_comment: bool = False, hold_done: bool = False,
-                 arrival: float | None = None) -> None:
+                 timeline: Timeline | None = None) -> None:
         self._ident = ident
-        self.arrival = arrival          # set: the stream ends with a `: server-timing` comment (see done)
+        self.timeline = timeline        # set: the stream ends with a `: server-timing` comment (see done)
         self._include_usage = include_usage
         self._usage_comment = usage_comment     # a forwarded stream: tell the origin node its usage
         # The ledger records the request before `[DONE]`: the writer sends it once the row is committed.
@@ -135,7 +136,7 @@ class ChunkEncoder:
     def for_choice(self, index: int) -> ChunkEncoder:
         """The encoder of choice `index` of the same response (a list of prompts in /v1/completions)."""
         return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running,
-                            usage_comment=self._usage_comment, hold_done=self.hold_done, arrival=self.arrival)
+                            usage_comment=self._usage_comment, hold_done=self.hold_done, timeline=self.timeline)
 
     def content(self, text: str) -> bytes:
         prefix = self._next_prefix
@@ -164,11 +165,11 @@ class ChunkEncoder:
     def done(self, usage: Usage | None, timing: EngineTiming | None = None) -> bytes:
         """`[DONE]` (nothing when `hold_done`: the writer sends it later). Before it, SSE comments, which
         clients ignore: the per-stage breakdown a JSON response has in its Server-Timing header
-        (`: server-timing api;dur=...`, when `arrival` is set); for a stream a peer forwarded to us,
+        (`: server-timing api;dur=...`, when `timeline` is set); for a stream a peer forwarded to us,
         the usage, which the forwarding node takes out (inferd.api.spill)."""
         done = b"" if self.hold_done else DONE_FRAME
-        if self.arrival is not None:
-            done = b": server-timing " + server_timing(self.arrival, timing, time.monotonic()).encode() + b"\n\n" + done
+        if self.timeline is not None:
+            done = b": server-timing " + self.timeline.server_timing(timing, time.monotonic()).encode() + b"\n\n" + done
         if self._usage_comment and usage is not None:
             return usage_comment(usage) + done
         return done
@@ -187,29 +188,3 @@ USAGE_COMMENT = b": inferd-usage "
 
 def usage_comment(usage: Usage) -> bytes:
     return USAGE_COMMENT + b"%d %d\n\n" % (usage.prompt_tokens, usage.completion_tokens)
-
-
-def stages(arrival: float, timing: EngineTiming | None) -> dict[str, tuple[float, float]]:
-    """A request's stages as (start, end) monotonic seconds, those that happened: api (before the engine),
-    queue, prefill, decode. Server-Timing, the streams' closing comment and trace spans all use these."""
-    out: dict[str, tuple[float, float]] = {}
-    if timing is not None:
-        out["api"] = (arrival, timing.submitted)
-        if timing.first_scheduled is not None:
-            out["queue"] = (timing.submitted, timing.first_scheduled)
-            if timing.first_token is not None:
-                out["prefill"] = (timing.first_scheduled, timing.first_token)
-                if timing.finished is not None:
-                    out["decode"] = (timing.first_token, timing.finished)
-    return out
-
-
-def server_timing(arrival: float, timing: EngineTiming | None, now: float) -> str:
-    """`Server-Timing` (milliseconds): api (before the engine), queue, prefill, decode, total."""
-    parts = [f"{name};dur={_ms(end - start)}" for name, (start, end) in stages(arrival, timing).items()]
-    parts.append(f"total;dur={_ms(now - arrival)}")
-    return ", ".join(parts)
-
-
-def _ms(seconds: float) -> str:
-    return f"{max(seconds, 0.0) * 1000:.3f}"

@@ -8,7 +8,7 @@ asked for) and whatever the outcome. A node with no `[slos.*]` pays one truth te
 """
 from __future__ import annotations
 
-from inferd.api.context import GenerationContext
+from inferd.api.pipeline.context import RequestContext
 from inferd.api.spill import TRY_ELSEWHERE
 from inferd.api.state import ServerState
 from inferd.models import Route
@@ -33,7 +33,7 @@ def record_slo(state: ServerState, route: Route, tenant: str, status: int, *, ba
         latency_s=obs.latency if obs is not None else None))
 
 
-def record_slo_for(ctx: GenerationContext, status: int, *, streamed: bool = False,
+def record_slo_for(ctx: RequestContext, status: int, *, streamed: bool = False,
                    obs: RequestObservation | None = None) -> None:
     """record_slo for a request whose facts are all known (after tokenizing)."""
     state = ctx.state

@@ -27,7 +27,7 @@ from aiohttp import web
 from inferd.admission import Lease
 from inferd.api import appkeys as keys
 from inferd.api.auth import PRINCIPAL
-from inferd.api.context import GenerationContext
+from inferd.api.pipeline.context import RequestContext
 from inferd.api.errors import INVALID_REQUEST, ApiError
 from inferd.api.responses import USAGE_COMMENT
 from inferd.cluster import FORWARDED_HEADER, TOKEN_TTL_S, Cluster, ForwardedIdentity, Rejected
@@ -71,7 +71,7 @@ def _bad_identity(message: str) -> ApiError:
     return ApiError(401, message, type=INVALID_REQUEST, code="invalid_forwarded_identity")
 
 
-def wants_spill(ctx: GenerationContext) -> bool:
+def wants_spill(ctx: RequestContext) -> bool:
     """Would this node refuse the request or keep it waiting past spill_wait_s (and may it go elsewhere)?"""
     cluster = ctx.state.cluster
     if cluster is None or not cluster.config.spillover or ctx.forwarded or ctx.route.lora is not None:
@@ -82,7 +82,7 @@ def wants_spill(ctx: GenerationContext) -> bool:
     return load.full or load.wait_s > cluster.config.spill_wait_s
 
 
-async def spill(ctx: GenerationContext, lease: Lease, headers: dict[str, str]) -> web.StreamResponse | None:
+async def spill(ctx: RequestContext, lease: Lease, headers: dict[str, str]) -> web.StreamResponse | None:
     """Serve `ctx` on a peer with room; its response, or None when no peer took it (run it here). The
     lease (charged here) is released with the usage the peer reports."""
     out = Outgoing(ctx.request, ctx.tenant, ctx.request_id, ctx.deadline, ctx.model, ctx.engine.info.version,
@@ -91,7 +91,7 @@ async def spill(ctx: GenerationContext, lease: Lease, headers: dict[str, str]) -
 
 
 class Outgoing:
-    """What forwarding needs of a request: a routed one's GenerationContext, or a cold model's (issue 17)
+    """What forwarding needs of a request: a routed one's RequestContext, or a cold model's (issue 17)
     before it has one. `version` None: the peer routes it as its own."""
 
     __slots__ = ("request", "tenant", "request_id", "deadline", "model", "version", "body")

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from inferd.api.context import GenerationContext
+from inferd.api.pipeline.context import RequestContext
 from inferd.api.safety import input_text
 from inferd.observability import get_logger
 from inferd.store import StoreError, Transcript
@@ -21,14 +21,14 @@ log = get_logger("inferd.api")
 MAX_PENDING = 256
 
 
-def retention_s(ctx: GenerationContext) -> float:
+def retention_s(ctx: RequestContext) -> float:
     """How long `ctx`'s text may be kept: 0 unless its tenant has a retention period and there is a store."""
     if ctx.state.transcripts is None:
         return 0.0
     return ctx.state.tenancy.tenants.get(ctx.tenant).retention_s
 
 
-def keep(ctx: GenerationContext, recording: Any, seconds: float) -> None:
+def keep(ctx: RequestContext, recording: Any, seconds: float) -> None:
     """Write `ctx`'s prompt and what its client received (`recording.whole()`) in the background, to be
     kept `seconds` (retention_s(ctx); 0: not at all)."""
     whole = recording.whole() if recording is not None else None
@@ -47,7 +47,7 @@ def keep(ctx: GenerationContext, recording: Any, seconds: float) -> None:
     task.add_done_callback(pending.discard)
 
 
-async def _write(transcripts, record: Transcript, ctx: GenerationContext) -> None:
+async def _write(transcripts, record: Transcript, ctx: RequestContext) -> None:
     try:
         # The prompt's text (messages joined, token ids decoded) is built off the loop: it can be long.
         prompt = await asyncio.to_thread(input_text, ctx.prepared, ctx.engine)

@@ -13,7 +13,7 @@ import time
 
 from inferd.api.appkeys import CACHE_HIT
 from inferd.api.auth import PRINCIPAL
-from inferd.api.context import GenerationContext
+from inferd.api.pipeline.context import RequestContext
 from inferd.api.errors import store_unavailable
 from inferd.api.state import ServerState
 from inferd.config import price_for
@@ -25,7 +25,7 @@ log = get_logger("inferd.api")
 ENDPOINTS = {"completion": "completions", "chat": "chat.completions", "embedding": "embeddings"}
 
 
-def ledger_row(ctx: GenerationContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:
+def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:
     """The row for `ctx`, which ended with `status`: its final delta's usage and timing when it has one,
     else the prompt and the `delivered` output tokens (an abandoned or refused request)."""
     state, usage = ctx.state, last.usage if last is not None else None
@@ -68,7 +68,7 @@ def check_ledger(state: ServerState) -> None:
         raise store_unavailable(wait)
 
 
-async def record_usage(ctx: GenerationContext, status: int, last: Delta | None, delivered: int, *,
+async def record_usage(ctx: RequestContext, status: int, last: Delta | None, delivered: int, *,
                        withhold: bool = False) -> None:
     """Record `ctx`'s row and wait until it is committed. A store that fails (disk full) is logged and
     counted, and what was committed before stays. `withhold`: the row is of a response about to be

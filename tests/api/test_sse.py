@@ -50,8 +50,8 @@ async def test_raw_sse_frames_are_data_lines_ending_with_done(served):
     frames = body.split(b"\n\n")
     assert frames[-1] == b"" and frames[-2] == b"data: [DONE]"
     # the per-stage breakdown of Server-Timing, as a comment (clients skip it) just before [DONE]
-    assert re.fullmatch(rb": server-timing api;dur=[0-9.]+, queue;dur=[0-9.]+, prefill;dur=[0-9.]+, "
-                        rb"decode;dur=[0-9.]+, total;dur=[0-9.]+", frames[-3])
+    assert re.fullmatch(rb": server-timing api;dur=[0-9.]+, queue;dur=[0-9.]+, engine_queue;dur=[0-9.]+, "
+                        rb"prefill;dur=[0-9.]+, decode;dur=[0-9.]+, write;dur=[0-9.]+, total;dur=[0-9.]+", frames[-3])
     events = [json.loads(f.removeprefix(b"data: ")) for f in frames[:-3]]
     assert all(f.startswith(b"data: ") for f in frames[:-3])
     content, usage = events[:-1], events[-1]

@@ -1,0 +1,48 @@
+"""The stages of a completion or chat completion between routing and admission: what the body says,
+whether this model can take it, and its token ids and sampling, judged cheapest first.
+"""
+from __future__ import annotations
+
+from inferd.api.errors import invalid
+from inferd.api.openai import decode, prepare
+from inferd.api.pipeline import sampling
+from inferd.api.pipeline.context import RequestContext
+from inferd.api.safety import check_input
+from inferd.api.tokenize import check_length_bound, tokenize
+
+
+async def decode_body(ctx: RequestContext) -> None:
+    """The body as a typed request (400 naming the field), and the semantic rules msgspec cannot express."""
+    ctx.wire = decode(ctx.kind, ctx.body)
+    ctx.prepared = prepare(ctx.kind, ctx.wire)
+
+
+async def check_generative(ctx: RequestContext) -> None:
+    if ctx.engine.info.task != "generate":
+        raise invalid(f"model: `{ctx.wire.model}` is an embedding model; use /v1/embeddings.", param="model",
+                      code="model_not_generative")
+
+
+async def check_length_bound_of_prompts(ctx: RequestContext) -> None:
+    """Every prompt judged from its length before any is tokenized: one too long for the context whatever
+    it tokenizes to is a 400 without tokenizing anything."""
+    for part in ctx.prepared.prompts():
+        await check_length_bound(ctx.engine, part, ctx.engine.info.max_model_len, ctx.deadline)
+
+
+async def tokenize_and_resolve_sampling(ctx: RequestContext) -> None:
+    """Each prompt's token ids (inline when short, the bounded pool when long), then its SamplingParams
+    (inferd.api.pipeline.sampling), one prompt after the other: a list of prompts gives one choice each."""
+    limits = sampling.Limits(max_model_len=ctx.engine.info.max_model_len, tenancy=ctx.state.tenancy,
+                             tenant=ctx.tenant, allowed_model=ctx.allowed_model,
+                             degraded_max_tokens=ctx.degraded_max_tokens)
+    for part in ctx.prepared.prompts():
+        ids = await tokenize(ctx.engine, part, len(ctx.body), ctx.deadline)
+        ctx.prompt_ids.append(ids)
+        ctx.sampling.append(sampling.resolve(part, len(ids), limits))
+
+
+async def check_content_policy(ctx: RequestContext) -> None:
+    """The tenant's content policy on the input: after every cheap refusal and the tokenizer's checks."""
+    ctx.policy = await check_input(ctx.state, ctx.tenant, ctx.prepared, ctx.engine, ctx.model, ctx.request_id,
+                                   ctx.deadline)

@@ -1,0 +1,135 @@
+"""The last stage of a generation: the engine's output to the client, as SSE frames or one JSON body.
+
+From here the engine is generating for this request: every way out cancels its stream (the
+`finally`), or a failure before streaming would leave it generating unread until max_tokens. What the
+request's end records (ledger row, metrics, rollouts, cache, transcript, trace, log) is `settle`'s.
+"""
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from inferd.api import appkeys as keys
+from inferd.api import idempotency
+from inferd.api.choices import Choices, ChoicesSender, merged_final
+from inferd.api.errors import ApiError
+from inferd.api.pipeline.context import RequestContext
+from inferd.api.pipeline.settle import record_usage_once
+from inferd.api.responses import (
+    OPENAI_FINISH,
+    ChunkEncoder,
+    Identity,
+    RunningUsage,
+    abnormal_end,
+    completion_body,
+)
+from inferd.api.safety import filter_output
+from inferd.api.sse import Sender, stream_response
+from inferd.api.transcripts import retention_s
+from inferd.api.versioned import mirror_to_shadow
+from inferd.cache import RecordingStream
+from inferd.types import Delta, FinishReason, Usage
+
+
+async def send_output(ctx: RequestContext) -> web.StreamResponse:
+    state, request = ctx.state, ctx.request
+    admitted = ctx.extras["admitted"]
+    streams = filter_output(state, ctx.policy, admitted.streams, ctx.tenant, ctx.prompt_ids, ctx.request_id,
+                            ctx.model)
+    retention = ctx.extras["retention_s"] = retention_s(ctx)     # seconds its text may be kept (0: none)
+    if (ctx.cache_plan is not None and ctx.cache_hit is None) or (retention and len(streams) == 1):
+        ctx.recording = RecordingStream(streams[0])     # its text as the client got it: cache, transcript
+        streams = [ctx.recording]
+    stream = ctx.delivered = streams[0] if len(streams) == 1 else Choices(streams)
+    inflight = request.app[keys.INFLIGHT]
+    entry = None
+    try:
+        ctx.headers.update(admitted.headers)    # X-RateLimit-*
+        if ctx.cache_hit is None:
+            mirror_to_shadow(state, ctx.route, ctx.engine, ctx.prompt_ids[0], ctx.sampling[0], ctx.tenant)
+        # Admission aborts at the deadline (the stream ends with finish_reason DEADLINE); the watchdog's
+        # timeout is the same instant, as a backstop.
+        entry = inflight.add(request, stream, max(0.001, ctx.deadline - time.monotonic()), ctx.request_id)
+        ident: Identity = ctx.extras["ident"]
+        ctx.log_fields.update(model=ctx.model, version=ctx.headers["X-Inferd-Model-Version"], completion_id=ident.id,
+                              stream=ctx.prepared.stream)
+        if ctx.route.lora is not None:
+            ctx.log_fields["lora"] = ctx.route.lora
+        return await (_stream(ctx, stream, entry) if ctx.prepared.stream else _collect(ctx, stream, entry))
+    except ApiError:                    # an abnormal end: the client gets its status, so do metrics and rollouts
+        if ctx.last is not None:
+            ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
+        raise
+    finally:
+        stream.cancel()                 # no-op when finished; aborts the engine request otherwise
+        if entry is not None:
+            inflight.discard(entry)
+            ctx.streamed = ctx.streamed or ctx.prepared.stream
+            ctx.client_gone = entry.client_gone
+
+
+async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
+    p, state = ctx.prepared, ctx.state
+    running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
+    encoder = ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
+                           hold_done=state.ledger is not None, timeline=ctx.timeline)
+    withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
+
+    async def before_done() -> None:
+        # the stream's outcome, even if its client hangs up during the commit
+        ctx.status = final_status(entry.final, entry)
+        try:
+            await record_usage_once(ctx, entry.final, ctx.status, withhold=True)
+        except ApiError as err:         # the stream ends with this error frame instead of [DONE]
+            withheld.append(err)
+            raise
+
+    capture = ctx.request.get(idempotency.CAPTURE)
+    resp = await stream_response(ctx.request, stream, entry, encoder, ctx.headers, p.include_usage, ctx.obs,
+                                 ctx.request.app[keys.INFLIGHT], ChoicesSender if isinstance(stream, Choices) else Sender,
+                                 prepared=ctx.queued.prepared if ctx.queued is not None else None,
+                                 before_done=before_done if encoder.hold_done else None,
+                                 tee=capture.add if capture else None)
+    ctx.last = entry.final
+    if ctx.last is not None:
+        ctx.status = final_status(ctx.last, entry)
+        if not entry.client_gone:
+            ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
+    if withheld:
+        ctx.status = withheld[0].status
+    elif entry.failed:
+        ctx.status = 500                # a bug ended the stream with an internal_error frame
+    await record_usage_once(ctx, ctx.last, ctx.status)
+    return resp
+
+
+async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
+    finals = await stream.collect() if isinstance(stream, Choices) else [await stream.collect()]
+    ctx.last = finals[0] if len(finals) == 1 else merged_final(finals)
+    resp = _json_response(ctx, finals, entry.timed_out)
+    ctx.status = final_status(ctx.last, entry)
+    ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
+    await record_usage_once(ctx, ctx.last, ctx.status, withhold=True)
+    return resp
+
+
+def final_status(last: Delta, entry) -> int:
+    """The status a finished generation answers with: 200, or its abnormal end's (504 past the deadline)."""
+    if entry.timed_out:
+        return 504
+    return 200 if OPENAI_FINISH.get(last.finish_reason) else abnormal_end(last.finish_reason, last.error).status
+
+
+def _json_response(ctx: RequestContext, finals: list[Delta], timed_out: bool) -> web.Response:
+    """The whole response from each choice's final (merged) delta; any abnormal end is the response's error."""
+    choices = []
+    for last in finals:
+        finish = OPENAI_FINISH.get(last.finish_reason)
+        if finish is None:
+            raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
+        choices.append((last.text, finish))
+    usage = ctx.last.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(last.token_ids) for last in finals))
+    ctx.headers["Server-Timing"] = ctx.timeline.server_timing(finals[0].timing, time.monotonic())
+    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage), headers=ctx.headers,
+                        content_type="application/json")

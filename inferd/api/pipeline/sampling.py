@@ -1,0 +1,94 @@
+"""Sampling resolved once per choice: every rule that decides max_tokens, in one place, in order.
+
+1. the client's max_tokens, or the endpoint's default (16 for completions as OpenAI; the rest of the
+   context for chat);
+2. the model's context: prompt + max_tokens must fit, and an explicit value that does not is a 400;
+3. the tenant's caps (max_output_tokens, and what fits its tokens-per-minute bucket) when the client
+   set none, then the tenant's limits (inferd.tenancy.quota.check_limits);
+4. overload degradation's cap.
+Errors name the field the client used: `prompt` / `max_tokens` for completions, `messages` /
+`max_completion_tokens` for chat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferd.api.auth import PERMISSION
+from inferd.api.errors import INVALID_REQUEST, ApiError, invalid
+from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
+from inferd.tenancy import LimitExceeded, Tenancy
+from inferd.types import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class FieldNames:
+    """What the client called the prompt and the output cap, for error messages."""
+
+    prompt: str
+    max_tokens: str
+
+
+FIELDS = {"completion": FieldNames("prompt", "max_tokens"), "chat": FieldNames("messages", "max_completion_tokens")}
+
+
+def charge_estimate(p: Prepared) -> int:
+    """Output tokens to charge before the prompt is tokenized (a request served by a peer): the client's
+    max_tokens per choice, or the completions default; chat's default is decided by the peer."""
+    per_choice = p.max_tokens or (COMPLETIONS_DEFAULT_MAX_TOKENS if p.kind == "completion" else 0)
+    return per_choice * len(p.prompts())
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What bounds one request's output besides its prompt: the model, the tenant, degradation."""
+
+    max_model_len: int
+    tenancy: Tenancy
+    tenant: str
+    allowed_model: str              # the name the tenant's permission allowed (its per-model limits)
+    degraded_max_tokens: int | None
+
+
+def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
+    """The SamplingParams of one choice of `p`, whose prompt is `prompt_len` tokens."""
+    names = FIELDS[p.kind]
+    max_model_len = limits.max_model_len
+    if prompt_len == 0:
+        raise invalid(f"{names.prompt}: tokenizes to nothing.", param=names.prompt, code="empty_prompt")
+    if prompt_len >= max_model_len:
+        raise invalid(f"{names.prompt}: {prompt_len} tokens; this model's context is {max_model_len} tokens "
+                      f"(prompt + completion).", param=names.prompt, code="context_length_exceeded")
+    room = max_model_len - prompt_len
+    max_tokens = p.max_tokens
+    if max_tokens is None:
+        max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room) if p.kind == "completion" else room
+    elif max_tokens > room:
+        raise invalid(f"{names.max_tokens}: the prompt ({prompt_len} tokens) + {max_tokens} new tokens exceeds "
+                      f"this model's context of {max_model_len} tokens; at most {room} are possible.",
+                      param=names.max_tokens, code="context_length_exceeded")
+    max_tokens = _tenant_limit(p, prompt_len, max_tokens, limits)
+    if limits.degraded_max_tokens is not None:
+        max_tokens = min(max_tokens, limits.degraded_max_tokens)
+    return SamplingParams(max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+                          stop=p.stop, ignore_eos=p.ignore_eos)
+
+
+def _tenant_limit(p: Prepared, prompt_len: int, want: int, limits: Limits) -> int:
+    """The tenant's per-request limits on top of the model's. A request that set no max_tokens gets
+    the tenant's cap (and what fits its tokens-per-minute bucket) instead of a refusal."""
+    tenancy, tenant = limits.tenancy, limits.tenant
+    cfg = tenancy.tenants.get(tenant)
+    if p.max_tokens is None:
+        if cfg.max_output_tokens is not None:
+            want = min(want, cfg.max_output_tokens)
+        if cfg.tokens_per_minute is not None:
+            want = min(want, max(1, cfg.tokens_per_minute - prompt_len))
+    try:
+        return tenancy.quota.check_limits(tenant, model=limits.allowed_model, prompt_tokens=prompt_len,
+                                          max_tokens=want, context_len=limits.max_model_len)
+    except LimitExceeded as exc:
+        tenancy.count_rejection(tenant, "model_not_allowed" if exc.status == 403 else "limit")
+        names = FIELDS[p.kind]
+        param = {"messages": names.prompt, "max_tokens": names.max_tokens}.get(exc.param, exc.param)
+        raise ApiError(exc.status, f"{exc}.", type=PERMISSION if exc.status == 403 else INVALID_REQUEST,
+                       param=param, code=exc.code) from None
