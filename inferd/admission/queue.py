@@ -417,7 +417,7 @@ class AdmissionQueue:
 
     def pressure(self) -> tuple[int, float]:
         """(requests queued, seconds the longest-waiting of them has waited): overload degradation's
-        signal (inferd.api.degrade). Costs one look per tenant with requests queued."""
+        signal (inferd.api.pipeline.degrade). Costs one look per tenant with requests queued."""
         heads = [q[0].arrived for q in self._backlog.fifos.values() if q]
         return self._backlog.requests, (self._clock() - min(heads)) * self._time_scale if heads else 0.0
 

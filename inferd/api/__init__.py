@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 from inferd.api.app import make_app
-from inferd.api.batch_runner import BatchRunner, listener_url
 from inferd.api.errors import (
     SERVER_HEADER,
     internal_error_response,
     protocol_error_response,
     too_many_connections_response,
 )
+from inferd.api.pipeline.internal import HEADER as BATCH_CALLER_HEADER
+from inferd.api.pipeline.internal import header_value as batch_caller_header
 from inferd.api.state import ServerState
+from inferd.api.wire.batch_input import BatchLine, InputError, parse_lines
+from inferd.api.wire.batch_output import expired_results, http_result, output_files
 
 __all__ = [
-    "SERVER_HEADER", "ServerState", "internal_error_response", "make_app", "protocol_error_response",
-    "too_many_connections_response",
+    "BATCH_CALLER_HEADER", "BatchLine", "InputError", "SERVER_HEADER", "ServerState", "batch_caller_header",
+    "expired_results", "http_result", "internal_error_response", "make_app", "output_files", "parse_lines",
+    "protocol_error_response", "too_many_connections_response",
 ]
-__all__ += ["BatchRunner", "listener_url"]

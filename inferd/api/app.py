@@ -15,13 +15,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from inferd.api import admin, admin_models, batches, files, ops
+from inferd.api.admin import models as admin_models
+from inferd.api.admin import rollouts as admin
+from inferd.api.routes import batches, files, ops
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.pipeline.run import create_chat_completion, create_completion, create_embedding
 from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
                                store_unavailable)
-from inferd.api.sse import Inflight
+from inferd.api.streaming.sse import Inflight
 from inferd.api.state import ServerState
 from inferd.observability import get_logger, request_id_var
 from inferd.store import StoreUnavailable

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from inferd.api.sse import Inflight
+from inferd.api.streaming.sse import Inflight
 from inferd.api.state import ServerState
 from inferd.observability import RequestTrace
 
@@ -17,5 +17,5 @@ LOG_FIELDS: web.RequestKey[dict] = web.RequestKey("inferd_log_fields", dict)  # 
 # This request's trace span when [tracing] is configured (inferd.observability.tracing); spillover
 # forwards its context to the peer.
 TRACE: web.RequestKey[RequestTrace] = web.RequestKey("inferd_trace", RequestTrace)
-# Set when the response cache answered the request (inferd.api.cached): its ledger row is billed as configured.
+# Set when the response cache answered the request (inferd.api.pipeline.cached): its ledger row is billed as configured.
 CACHE_HIT: web.RequestKey[bool] = web.RequestKey("inferd_cache_hit", bool)

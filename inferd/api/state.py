@@ -11,7 +11,7 @@ import socket
 import time
 from types import TracebackType
 
-from inferd.api.internal import new_secret
+from inferd.api.pipeline.internal import new_secret
 from inferd.cache import ResponseCache
 from inferd.cluster import Cluster
 from inferd.config import Config
@@ -89,11 +89,11 @@ class ServerState:
         self.ledger: Ledger | None = None
         self.idempotency: IdempotencyStore | None = None
         self.transcripts: Transcripts | None = None     # issue 15: text kept for tenants with a retention period
-        self.transcript_writes: set = set()             # their background writes (inferd.api.transcripts)
+        self.transcript_writes: set = set()             # their background writes (inferd.api.pipeline.transcripts)
         self.metrics.watch_store(lambda: self.store)
-        # The Batch API's runner authenticates its own requests with this (inferd.api.internal).
+        # The Batch API's runner authenticates its own requests with this (inferd.api.pipeline.internal).
         self.batch_secret = new_secret()
-        # Running BatchRunners (inferd.api.batch_runner), woken when a batch is created or cancelled.
+        # Running BatchRunners (inferd.jobs.batch_runner), woken when a batch is created or cancelled.
         self.batch_runners: set = set()
         # Issue 14 (inferd.slo): finished requests judged against [slos.*]; a reload reconfigures it.
         self.slos = SloTracker(config.slos)

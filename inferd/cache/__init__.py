@@ -2,7 +2,7 @@
 
 `ResponseCache` stores and evicts; `ReplayStream` answers a hit through the normal response path;
 `RecordingStream` keeps a streamed miss whole so it can be stored. Which requests may use it and
-under what key: inferd.api.cached.
+under what key: inferd.api.pipeline.cached.
 """
 from __future__ import annotations
 

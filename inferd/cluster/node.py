@@ -47,7 +47,7 @@ class Cluster:
         self.gossip: Gossip | None = None
         self.http: aiohttp.ClientSession | None = None      # spillover's connections to peers
         self._used = UsedTokens()
-        self.spillovers: dict[str, int] = {}       # outcome -> n (inferd.api.spill counts them)
+        self.spillovers: dict[str, int] = {}       # outcome -> n (inferd.api.pipeline.spill counts them)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

@@ -9,7 +9,7 @@ Degradation keeps a route's interactive work inside its SLO under overload befor
 while the route's engine has more than `queued_over` requests waiting in admission (or its oldest
 has waited `oldest_wait_over_s`, or more than `batch_fill_over` of its batch slots are taken: slots
 kept free for the classes not listed), the listed classes get their `max_tokens` capped, or are sent to
-another model (inferd.api.degrade).
+another model (inferd.api.pipeline.degrade).
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from inferd.api import BatchRunner, ServerState, listener_url
+from inferd.api import ServerState
+from inferd.jobs import BatchRunner, listener_url
 from inferd.cluster import Cluster
 from inferd.config import Config
 from inferd.observability import get_logger

@@ -8,7 +8,7 @@ an OTLP/HTTP collector from the SDK's batch processor thread, never from the eve
 
 The SDK is the optional extra `inferd[tracing]` and is imported only here, only when configured:
 with tracing off, nothing of OpenTelemetry is loaded. With it off, an incoming `traceparent` is still
-passed on to a peer a request is forwarded to (inferd.api.spill), as W3C asks of a component that
+passed on to a peer a request is forwarded to (inferd.api.pipeline.spill), as W3C asks of a component that
 does not trace itself.
 """
 from __future__ import annotations

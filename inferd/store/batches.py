@@ -1,7 +1,7 @@
 """Batches of the Batch API and their line results, with leases so one runner at a time works on a batch.
 
 Status: validating -> in_progress -> finalizing -> completed, or failed (the input is unusable), expired
-(past expires_at), cancelling -> cancelled. A runner (inferd.api.batch_runner) takes a batch with
+(past expires_at), cancelling -> cancelled. A runner (inferd.jobs.batch_runner) takes a batch with
 `acquire`: an UPDATE that succeeds only while the lease is free or expired, checked by its rowcount, so of
 several runners (processes, or nodes sharing PostgreSQL) exactly one gets it. It renews the lease while it
 works; a runner that dies leaves the lease to expire and another takes the batch over.

@@ -1,6 +1,6 @@
 """The ledger as a billing system reads it: usage totals and rows as CSV, JSON lines, or a table.
 
-`inferd usage` (inferd.store.usage_cli) and `GET /admin/usage` (inferd.api.admin_usage) both use these,
+`inferd usage` (inferd.store.usage_cli) and `GET /admin/usage` (inferd.api.admin.usage) both use these,
 so the file a billing job downloads is the same whichever way it is fetched.
 """
 from __future__ import annotations

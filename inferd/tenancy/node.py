@@ -7,7 +7,7 @@ use. A config reload calls `reconfigure`, which swaps tenants and policy without
 queued or any quota already charged. `start` also starts the keys-file poll (inferd.tenancy.key_reload):
 keys created or revoked while serving take effect within about a second, no SIGHUP needed.
 
-The request path (inferd.api.admit) uses: `authenticator`, `tenants`, `quota` and `queue_for`.
+The request path (inferd.api.pipeline.admit) uses: `authenticator`, `tenants`, `quota` and `queue_for`.
 Metrics read `metrics_snapshot()` at scrape time, so nothing here is counted twice on the hot path.
 """
 from __future__ import annotations

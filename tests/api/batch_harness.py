@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 from openai import AsyncOpenAI
 
-from inferd.api.batch_runner import BatchRunner
+from inferd.jobs import BatchRunner
 from inferd.config.root import load_config
 from inferd.daemon.lifecycle import Daemon
 from inferd.store import BatchResult, UsageFilter

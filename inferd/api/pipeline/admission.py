@@ -10,15 +10,15 @@ import time
 from aiohttp import web
 
 from inferd import __version__
-from inferd.api.admit import admit, charge
-from inferd.api.cached import cache_plan, lookup, replay
-from inferd.api.degrade import DEGRADED_HEADER
+from inferd.api.pipeline.admit import admit, charge
+from inferd.api.pipeline.cached import cache_plan, lookup, replay
+from inferd.api.pipeline.degrade import DEGRADED_HEADER
 from inferd.api.errors import invalid, unavailable
 from inferd.api.pipeline.context import CHARGED, RUNNING, RequestContext
-from inferd.api.responses import Identity
-from inferd.api.spill import NODE_HEADER, spill, wants_spill
-from inferd.api.versioned import make_room_for_live
-from inferd.api.waiting import QueuedStream
+from inferd.api.wire.responses import Identity
+from inferd.api.pipeline.spill import NODE_HEADER, spill, wants_spill
+from inferd.api.pipeline.versioned import make_room_for_live
+from inferd.api.streaming.waiting import QueuedStream
 from inferd.config import PriorityClass
 from inferd.engine import EngineUnavailable, InvalidRequest
 from inferd.types import GenerationRequest
@@ -75,7 +75,7 @@ async def spill_to_peer(ctx: RequestContext) -> web.StreamResponse | None:
 
 async def wait_for_admission(ctx: RequestContext) -> None:
     """The engine's fair admission queue (429/503/504), which submits when the engine has room; a stream
-    kept waiting gets its headers and pings meanwhile (inferd.api.waiting)."""
+    kept waiting gets its headers and pings meanwhile (inferd.api.streaming.waiting)."""
     if ctx.headers_out:
         ctx.queued = ctx.early
     elif ctx.prepared.stream and ctx.cache_hit is None:

@@ -15,7 +15,7 @@ from inferd.admission import Lease
 from inferd.api import appkeys as keys
 from inferd.api.pipeline.timeline import Timeline
 from inferd.api.state import ServerState
-from inferd.api.waiting import QueuedStream
+from inferd.api.streaming.waiting import QueuedStream
 from inferd.engine import Engine
 from inferd.models import Route, VersionLease
 from inferd.observability import RequestObservation
@@ -41,11 +41,11 @@ class RequestContext:
     tenant: str = ""                    # from the API key (or `local` with auth off)
     turn: Turn = NO_TURN                # refusal pacing's turn (inferd.tenancy.refusals)
     forwarded: bool = False             # a peer forwarded it (charged there; never forwarded again)
-    forwarded_identity: Any = None      # who the peer says the caller is (inferd.api.spill)
+    forwarded_identity: Any = None      # who the peer says the caller is (inferd.api.pipeline.spill)
     batch_id: str | None = None         # a line of this batch, sent by the Batch API's runner
     is_batch: bool = False
     body: bytes = b""                   # as received: spillover forwards it unchanged
-    wire: Any = None                    # the decoded body (inferd.api.openai / embedding_format)
+    wire: Any = None                    # the decoded body (inferd.api.wire.openai / embedding_format)
     prepared: Any = None                # generation: Prepared; embeddings: the inputs' text
     deadline: float = 0.0               # absolute, time.monotonic()
     early: QueuedStream | None = None   # a stream whose headers may go out while its model loads

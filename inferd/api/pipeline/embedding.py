@@ -15,8 +15,8 @@ import time
 from aiohttp import web
 
 from inferd.admission import AdmissionRejected
-from inferd.api.admit import charge, rejection_error
-from inferd.api.embedding_format import (
+from inferd.api.pipeline.admit import charge, rejection_error
+from inferd.api.wire.embedding_format import (
     check_dimensions,
     decode,
     inputs,
@@ -32,9 +32,9 @@ from inferd.api.pipeline.embedding_admission import (
     held_places,
 )
 from inferd.api.pipeline.settle import record_usage_once
-from inferd.api.responses import abnormal_end
-from inferd.api.safety import check_input
-from inferd.api.tokenize import OFF_LOOP_BYTES, POOL, chars_per_token
+from inferd.api.wire.responses import abnormal_end
+from inferd.api.pipeline.safety import check_input
+from inferd.api.pipeline.prompt_tokens import OFF_LOOP_BYTES, POOL, chars_per_token
 from inferd.engine import EngineUnavailable, InvalidRequest
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams, Usage
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from inferd.admission import AdmissionRejected
-from inferd.api.admit import SharedLease
+from inferd.api.pipeline.admit import SharedLease
 from inferd.api.pipeline.context import RequestContext
 from inferd.config import PriorityClass
 from inferd.engine import Engine

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from inferd.api import idempotency
-from inferd.api.admit import (
+from inferd.api.pipeline import idempotency
+from inferd.api.pipeline.admit import (
     check_model_allowed,
     pace_refusals,
     precheck_quota,
     request_deadline,
 )
 from inferd.api.auth import authenticate
-from inferd.api.body import check_json_content_type, read_body
-from inferd.api.cold_start import early_stream, spill_cold_start, wait_for_model
-from inferd.api.degrade import degrade
+from inferd.api.pipeline.body import check_json_content_type, read_body
+from inferd.api.pipeline.cold_start import early_stream, spill_cold_start, wait_for_model
+from inferd.api.pipeline.degrade import degrade
 from inferd.api.errors import unavailable
-from inferd.api.internal import batch_caller
+from inferd.api.pipeline.internal import batch_caller
 from inferd.api.pipeline.context import RequestContext
-from inferd.api.spill import VERSION_HEADER, check_forwarded_body, forwarded_identity
-from inferd.api.usage import check_ledger
-from inferd.api.versioned import check_breaker, route_request
+from inferd.api.pipeline.spill import VERSION_HEADER, check_forwarded_body, forwarded_identity
+from inferd.api.pipeline.usage import check_ledger
+from inferd.api.pipeline.versioned import check_breaker, route_request
 from inferd.cluster import FORWARDED_HEADER
 
 

@@ -4,11 +4,11 @@ whether this model can take it, and its token ids and sampling, judged cheapest 
 from __future__ import annotations
 
 from inferd.api.errors import invalid
-from inferd.api.openai import decode, prepare
+from inferd.api.wire.openai import decode, prepare
 from inferd.api.pipeline import sampling
 from inferd.api.pipeline.context import RequestContext
-from inferd.api.safety import check_input
-from inferd.api.tokenize import check_length_bound, tokenize
+from inferd.api.pipeline.safety import check_input
+from inferd.api.pipeline.prompt_tokens import check_length_bound, tokenize
 
 
 async def decode_body(ctx: RequestContext) -> None:

@@ -11,12 +11,12 @@ import time
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api import idempotency
-from inferd.api.choices import Choices, ChoicesSender, merged_final
+from inferd.api.pipeline import idempotency
+from inferd.api.streaming.choices import Choices, ChoicesSender, merged_final
 from inferd.api.errors import ApiError
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.settle import record_usage_once
-from inferd.api.responses import (
+from inferd.api.wire.responses import (
     OPENAI_FINISH,
     ChunkEncoder,
     Identity,
@@ -24,10 +24,10 @@ from inferd.api.responses import (
     abnormal_end,
     completion_body,
 )
-from inferd.api.safety import filter_output
-from inferd.api.sse import Sender, stream_response
-from inferd.api.transcripts import retention_s
-from inferd.api.versioned import mirror_to_shadow
+from inferd.api.pipeline.safety import filter_output
+from inferd.api.streaming.sse import Sender, stream_response
+from inferd.api.pipeline.transcripts import retention_s
+from inferd.api.pipeline.versioned import mirror_to_shadow
 from inferd.cache import RecordingStream
 from inferd.types import Delta, FinishReason, Usage
 

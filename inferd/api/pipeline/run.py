@@ -25,7 +25,7 @@ from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.settle import settle
 from inferd.api.pipeline.timeline import ADMISSION, Timeline
 from inferd.api.pipeline.tracking import begin_tracking
-from inferd.api.responses import ChunkEncoder, Identity
+from inferd.api.wire.responses import ChunkEncoder, Identity
 from inferd.models import VersionLease
 
 Stage = Callable[[RequestContext], Awaitable[web.StreamResponse | None]]

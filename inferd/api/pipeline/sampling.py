@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from inferd.api.auth import PERMISSION
 from inferd.api.errors import INVALID_REQUEST, ApiError, invalid
-from inferd.api.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
+from inferd.api.wire.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
 from inferd.tenancy import LimitExceeded, Tenancy
 from inferd.types import SamplingParams
 

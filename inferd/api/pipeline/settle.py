@@ -14,20 +14,20 @@ import time
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api import idempotency
-from inferd.api.admit import refused_bytes
-from inferd.api.cached import store as store_in_cache
+from inferd.api.pipeline import idempotency
+from inferd.api.pipeline.admit import refused_bytes
+from inferd.api.pipeline.cached import store as store_in_cache
 from inferd.api.errors import CLIENT_GONE, ApiError
 from inferd.api.pipeline.context import CHARGED, FRONT, RUNNING, RequestContext
-from inferd.api.slo_outcomes import record_slo, record_slo_for
-from inferd.api.transcripts import keep as keep_transcript
-from inferd.api.usage import record_usage
-from inferd.api.versioned import record_outcome
+from inferd.api.pipeline.slo_outcomes import record_slo, record_slo_for
+from inferd.api.pipeline.transcripts import keep as keep_transcript
+from inferd.api.pipeline.usage import record_usage
+from inferd.api.pipeline.versioned import record_outcome
 from inferd.types import Delta
 
 
 async def record_usage_once(ctx: RequestContext, final: Delta | None, status: int, *, withhold: bool = False) -> None:
-    """The ledger row, once, committed before the response's last bytes (inferd.api.usage); a response
+    """The ledger row, once, committed before the response's last bytes (inferd.api.pipeline.usage); a response
     that would complete (`withhold`) becomes 503 store_unavailable if its row cannot be."""
     if ctx.recorded:
         return

@@ -1,0 +1,1 @@
+"""The admin routes (admin scope): rollouts, shadows, adapters, the model lifecycle, usage."""

@@ -1,0 +1,99 @@
+"""The usage ledger's row for each request that reached admission, recorded before its response ends.
+
+completions.py calls `record_usage` once per request: for a JSON response (or an error) before the
+response is returned, for a stream just before its `[DONE]` (inferd.api.streaming.sse `before_done`), so a
+response the client received completely is in the ledger (inferd.store.ledger) even if the daemon is
+killed right after. A stream the client abandoned is recorded with the tokens actually delivered.
+Requests a peer serves for us (spillover) are recorded by that peer, once.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from inferd.api.appkeys import CACHE_HIT
+from inferd.api.auth import PRINCIPAL
+from inferd.api.pipeline.context import RequestContext
+from inferd.api.errors import store_unavailable
+from inferd.api.state import ServerState
+from inferd.config import price_for
+from inferd.observability import SYSTEM_ACTOR, get_logger
+from inferd.store import LedgerRow, StoreError
+from inferd.types import Delta, EngineTiming, Usage
+
+log = get_logger("inferd.api")
+ENDPOINTS = {"completion": "completions", "chat": "chat.completions", "embedding": "embeddings"}
+
+
+def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:
+    """The row for `ctx`, which ended with `status`: its final delta's usage and timing when it has one,
+    else the prompt and the `delivered` output tokens (an abandoned or refused request)."""
+    state, usage = ctx.state, last.usage if last is not None else None
+    if usage is None:
+        usage = Usage(prompt_tokens=sum(map(len, ctx.prompt_ids)) if delivered else 0, completion_tokens=delivered)
+    version = ctx.engine.info.version
+    price = price_for(state.config.prices, ctx.route.target)
+    cost = 0.0 if price is None else price.cost(usage.prompt_tokens, usage.completion_tokens)
+    if ctx.request.get(CACHE_HIT) and not state.config.cache.bill_hits:
+        cost = 0.0                          # a response cache hit, billed as [cache] bill_hits says
+    principal = ctx.request.get(PRINCIPAL)
+    queue_s, prefill_s, decode_s = _phases(ctx.arrival, last.timing if last is not None else None)
+    return LedgerRow(
+        request_id=ctx.request_id, tenant=ctx.tenant, key_id=principal.key_id if principal is not None else None,
+        model=ctx.model, version=version, node=state.node_name,
+        endpoint=ENDPOINTS[ctx.kind] if ctx.batch_id is None else f"batch:{ENDPOINTS[ctx.kind]}",
+        stream=ctx.prepared.stream, prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens, status=status,
+        finish_reason=last.finish_reason.value if last is not None and last.finish_reason is not None else None,
+        queue_s=queue_s, prefill_s=prefill_s, decode_s=decode_s, total_s=max(0.0, now - ctx.arrival), cost=cost,
+        finished_at=time.time())
+
+
+def _phases(arrival: float, timing: EngineTiming | None) -> tuple[float | None, float | None, float | None]:
+    if timing is None or timing.first_scheduled is None:
+        return None, None, None
+    queue = max(0.0, timing.first_scheduled - arrival)
+    if timing.first_token is None:
+        return queue, None, None
+    prefill = max(0.0, timing.first_token - timing.first_scheduled)
+    decode = max(0.0, timing.finished - timing.first_token) if timing.finished is not None else None
+    return queue, prefill, decode
+
+
+def check_ledger(state: ServerState) -> None:
+    """503 store_unavailable before anything is read while the ledger is failing (Ledger.unavailable_for):
+    a request that could not be billed is not run."""
+    ledger = state.ledger
+    if ledger is not None and (wait := ledger.unavailable_for()) > 0:
+        raise store_unavailable(wait)
+
+
+async def record_usage(ctx: RequestContext, status: int, last: Delta | None, delivered: int, *,
+                       withhold: bool = False) -> None:
+    """Record `ctx`'s row and wait until it is committed. A store that fails (disk full) is logged and
+    counted, and what was committed before stays. `withhold`: the row is of a response about to be
+    acknowledged (a JSON body, a stream's `[DONE]`); then the failure raises 503 store_unavailable
+    instead, so no response completes unrecorded (the promise in docs/store.md)."""
+    state = ctx.state
+    ledger = state.ledger
+    if ledger is None:
+        return
+    row = ledger_row(ctx, status, last, delivered, time.monotonic())
+    try:
+        # Shielded: a client leaving at this moment cancels the handler, not the commit.
+        await asyncio.shield(ledger.record(row))
+    except StoreError as exc:
+        state.metrics.count_ledger_error()
+        log.error("ledger_write_failed", error=str(exc), tenant=ctx.tenant, model=ctx.model,
+                  message="this request's usage row is not recorded" + ("; its response is withheld" * withhold))
+        if withhold:
+            raise store_unavailable(ledger.unavailable_retry_s) from None
+        return
+    if row.cost:
+        state.metrics.count_spend(state.tenancy.tenants.label(ctx.tenant), ctx.model, row.version, row.cost)
+    warning = state.tenancy.budgets.add(ctx.tenant, row.cost, row.prompt_tokens + row.completion_tokens)
+    if warning is not None:
+        log.warning("budget_warning", tenant=ctx.tenant, message=warning)
+        if state.control is not None:
+            state.control.audit.append(SYSTEM_ACTOR, "tenant.budget_warning", target=ctx.tenant,
+                                       reason="budget_warn_fraction", detail={"message": warning})

@@ -1,0 +1,356 @@
+"""Server-sent events: the streaming writer, heartbeats, and noticing clients that left.
+
+One frame per merged delta and nothing queued: RequestStream hands the writer everything the
+engine produced since the last read, so when the engine outruns what can be written (many
+streams, fast steps, a slow client) tokens ride together in fewer, larger frames.
+
+The per-frame path has no task wake-up: each stream's listener puts it on the app's Flusher,
+which once per loop turn writes one frame for every stream that has output, straight to its
+transport (chunked framing done here, as aiohttp's writer does). The request handler only sleeps
+until its stream ends, or until its client stops reading: a transport over its high-water mark is
+not written to (its deltas keep merging in the RequestStream, bounded by the request's own
+output) and the handler waits for it to drain.
+
+Everything periodic (heartbeats, disconnect checks, request timeouts) is done by one watchdog
+task per app that scans the in-flight requests a few times a second, instead of a timer per read.
+A client that disconnects is noticed either by a failed write or by the watchdog (its transport
+is closing) and its engine request is aborted; the handler's `finally` aborts it too when aiohttp
+cancels the handler.
+
+Once the headers are out, the response is this stream and nothing else: a bug while writing is
+logged and ends the stream with an `internal_error` frame and `[DONE]` (`Sender.fail`); it is never
+raised to the middleware, which would write a second HTTP response into the chunked body.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+
+from inferd.api.errors import SERVER_ERROR, ApiError
+from inferd.api.wire.responses import DONE_FRAME, OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
+from inferd.engine import RequestStream
+from inferd.observability import RequestObservation, get_logger, request_context
+from inferd.types import Delta, FinishReason
+
+_monotonic = time.monotonic
+_perf = time.perf_counter
+# A flush turn's budget (Flusher): about the engines' own slice of a busy loop (inferd.engine.sim's
+# _SLICE_S), so that frames and steps take turns evenly; the clock is read every _CHECK_EVERY frames.
+FLUSH_BUDGET_S = 0.002
+_CHECK_EVERY = 16
+log = get_logger("inferd.api.streaming.sse")
+
+
+class Tracked:
+    """One in-flight generation the watchdog looks after."""
+
+    __slots__ = ("request", "request_id", "stream", "sender", "last_write", "deadline", "timed_out", "closing",
+                 "client_gone", "failed", "final")
+
+    def __init__(self, request: web.BaseRequest, stream: RequestStream, deadline: float | None,
+                 request_id: str | None = None) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.stream = stream
+        self.sender: Sender | None = None              # set once streaming headers are sent
+        self.last_write = _monotonic()
+        self.deadline = deadline
+        self.timed_out = False
+        self.closing = False                           # final frames being written: no more pings
+        self.client_gone = False
+        self.failed = False                            # a bug ended the stream (an internal_error frame)
+        self.final: Delta | None = None                # the stream's last delta, once read
+
+
+class Flusher:
+    """Writes one frame for every stream with new output, from one callback per loop turn.
+
+    A turn writes for at most FLUSH_BUDGET_S; streams left over stay marked, oldest first, for the next
+    turn, and their tokens keep merging meanwhile. With thousands of streams a full pass would take
+    tens of milliseconds, during which the engines (stepping on this loop, or waiting on it for their
+    outputs) and new requests wait, and every stream would get a frame per engine step: the cost of a
+    frame (a send() each) is the front's cost per token. Bounded turns leave the engines their share
+    and make frames fuller exactly when the loop is short of time; when it is not, every stream is
+    written in the turn it got output, as before.
+    """
+
+    __slots__ = ("_dirty", "_scheduled")
+
+    def __init__(self) -> None:
+        self._dirty: collections.deque[Sender] = collections.deque()
+        self._scheduled = False
+
+    def mark(self, sender: Sender) -> None:
+        sender.pushed_at = _monotonic()         # the stream's oldest unsent output, from now
+        self._dirty.append(sender)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        dirty = self._dirty
+        deadline = _perf() + FLUSH_BUDGET_S
+        n = 0
+        while dirty:
+            sender = dirty.popleft()
+            try:
+                sender.flush()
+            except ConnectionError:
+                sender.end(client_gone=True)
+            except Exception:   # a bug: end this stream with an error frame, not the others
+                sender.fail()
+            n += 1
+            if not n % _CHECK_EVERY and _perf() > deadline:
+                break
+        if dirty:
+            asyncio.get_running_loop().call_soon(self._run)    # after what is ready now (engine steps)
+        else:
+            self._scheduled = False
+
+
+class Sender:
+    """The writing side of one event stream: frames go straight to the transport."""
+
+    __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee", "pushed_at")
+
+    def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
+                 obs: RequestObservation) -> None:
+        transport = writer.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        self.entry = entry
+        self.stream = entry.stream
+        self._transport = transport
+        self._protocol = writer.protocol
+        self._chunked = writer.chunked              # HTTP/1.1: chunked framing; HTTP/1.0: raw until close
+        self._encoder = encoder
+        self._content = encoder.content
+        self._include_usage = include_usage
+        self._on_tokens = obs.on_tokens
+        self.waiter: asyncio.Future[None] | None = None
+        self.blocked = False        # the transport is over its high-water mark: the handler awaits drain
+        self.done = False
+        self.tee: Callable[[bytes], None] | None = None   # also gets every frame (idempotency's replay copy)
+        self.pushed_at: float | None = None     # when the pending output began (Flusher.mark)
+
+    def send(self, frame: bytes) -> None:
+        if self.tee is not None:
+            self.tee(frame)
+        self._write(frame)
+
+    def _write(self, frame: bytes) -> None:
+        transport = self._transport
+        if transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        transport.write(b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame)
+
+    def writable(self) -> bool:
+        """May a frame be written now? Not once done, nor while the client is not keeping up: then
+        the deltas stay pending (they merge) rather than buffering frames without bound, and the
+        handler is woken to wait for the drain."""
+        if self.blocked or self.done:
+            return False
+        if self._protocol.writing_paused:
+            self.blocked = True
+            self._wake()
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Write what the stream has pending as one frame (or the final frames)."""
+        if not self.writable():
+            return
+        delta = self.stream.take()
+        if delta is None:
+            return
+        entry = self.entry
+        if delta.finish_reason is None:
+            if delta.text:
+                now = entry.last_write = _monotonic()
+                running = self._encoder.running
+                self.send(self._content(delta.text) if running is None
+                          else self._encoder.content_with_usage(delta.text, len(delta.token_ids)))
+                self._on_tokens(len(delta.token_ids), now, self.pushed_at)
+            elif self._encoder.running is not None:
+                self._encoder.running.count(len(delta.token_ids))
+            return
+        entry.closing = True
+        entry.final = delta
+        self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
+        self._on_tokens(len(delta.token_ids))
+        self.end()
+
+    def ping(self) -> None:
+        if not (self.blocked or self.done):
+            with contextlib.suppress(ConnectionError):   # the watchdog's next scan sees a closed transport
+                self._write(PING_FRAME)                  # a keep-alive, not content: never replayed
+
+    def end(self, *, client_gone: bool = False) -> None:
+        self.done = True
+        if client_gone:
+            self.entry.client_gone = True
+        self._wake()
+
+    def fail(self) -> None:
+        """Inside an `except` for an unexpected exception: log it, then end the stream as the
+        protocol allows once headers are sent: an error frame, `[DONE]`, and the chunked stream's end."""
+        entry = self.entry
+        with request_context(entry.request_id or self.stream.request_id):
+            log.exception("stream_failed", completion_id=self.stream.request_id)
+        if self.done:
+            return
+        entry.failed = entry.closing = True
+        rid = f" (request id {entry.request_id})" if entry.request_id else ""
+        err = ApiError(500, f"Internal server error while streaming{rid}.", type=SERVER_ERROR, code="internal_error")
+        with contextlib.suppress(ConnectionError):
+            self.send(self._encoder.error(err, None) + DONE_FRAME)
+        self.end()
+
+    def withhold_done(self, err: ApiError) -> None:
+        """Every content frame is out but the stream may not be acknowledged (its ledger row could not
+        be committed): `err`'s frame goes where `[DONE]` would, so the client can tell."""
+        self.entry.failed = self.entry.closing = True
+        with contextlib.suppress(ConnectionError):
+            self.send(self._encoder.error(err, None))
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Inflight:
+    """The app's in-flight generations, the watchdog task that scans them, and the frame flusher."""
+
+    def __init__(self, heartbeat_s: Callable[[], float]) -> None:
+        self._heartbeat_s = heartbeat_s     # read on every scan: a config reload takes effect
+        self.entries: set[Tracked] = set()
+        self.flusher = Flusher()
+
+    def add(self, request: web.BaseRequest, stream: RequestStream, timeout_s: float | None,
+            request_id: str | None = None) -> Tracked:
+        deadline = _monotonic() + timeout_s if timeout_s else None
+        entry = Tracked(request, stream, deadline, request_id)
+        self.entries.add(entry)
+        return entry
+
+    def discard(self, entry: Tracked) -> None:
+        self.entries.discard(entry)
+
+    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(self._watch(), name="inferd-sse-watchdog")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for entry in list(self.entries):
+            entry.stream.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            heartbeat = self._heartbeat_s()
+            await asyncio.sleep(min(0.25, heartbeat / 2))
+            self.scan(heartbeat)
+
+    def scan(self, heartbeat: float) -> None:
+        now = _monotonic()
+        for entry in list(self.entries):
+            if entry.closing:
+                # The final frames are written: the outcome is settled, and a client that hangs up
+                # now (the SDK does, right after them) is done, not gone. The handler discards it.
+                continue
+            transport = entry.request.transport
+            if transport is None or transport.is_closing():
+                entry.client_gone = True
+                entry.stream.cancel()               # the client left: free its KV blocks now
+                self.entries.discard(entry)
+            elif entry.deadline is not None and now > entry.deadline:
+                entry.timed_out = True
+                entry.stream.cancel()
+                self.entries.discard(entry)
+            elif entry.sender is not None and not entry.closing and now - entry.last_write >= heartbeat:
+                entry.last_write = now
+                entry.sender.ping()                 # writes are synchronous: frames never interleave
+
+
+def sse_response(headers: dict[str, str]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=headers)
+    resp.content_type = "text/event-stream"
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.headers["X-Accel-Buffering"] = "no"
+    return resp
+
+
+async def stream_response(request: web.BaseRequest, stream: RequestStream, entry: Tracked,
+                          encoder: ChunkEncoder, headers: dict[str, str], include_usage: bool,
+                          obs: RequestObservation, inflight: Inflight, sender_class: type[Sender] = Sender,
+                          prepared: tuple[web.StreamResponse, AbstractStreamWriter] | None = None,
+                          before_done: Callable[[], Awaitable[None]] | None = None,
+                          tee: Callable[[bytes], None] | None = None) -> web.StreamResponse:
+    """Write `stream` as server-sent events; `sender_class` (default Sender) writes the frames.
+    `prepared`: a response whose headers already went out (it waited in admission, inferd.api.streaming.waiting).
+    `before_done`: awaited once the stream has ended normally, before `[DONE]` goes out (the encoder
+    holds it back: `ChunkEncoder.hold_done`): the usage ledger's commit. `tee` gets every frame sent."""
+    resp = sse_response(headers) if prepared is None else prepared[0]
+    sender = None
+    try:
+        writer = await resp.prepare(request) if prepared is None else prepared[1]
+        sender = sender_class(entry, writer, encoder, include_usage, obs)
+        sender.tee = tee
+        entry.last_write = _monotonic()
+        entry.sender = sender
+        stream.listen(functools.partial(inflight.flusher.mark, sender))   # new output -> this turn's flush
+        sender.flush()                      # whatever arrived before the headers went out
+        loop = asyncio.get_running_loop()
+        while not sender.done:
+            if sender.blocked:
+                await writer.drain()
+                sender.blocked = False
+                sender.flush()
+                continue
+            sender.waiter = loop.create_future()
+            await sender.waiter
+        if before_done is not None and not (entry.client_gone or entry.failed):
+            await before_done()
+            # Every content frame is out: a client that hangs up on the final chunk (the SDK does on
+            # an error frame) has had the whole response; the stream's status stays its own.
+            with contextlib.suppress(ConnectionError):
+                sender.send(DONE_FRAME)
+    except ConnectionError:
+        entry.client_gone = True            # the caller's `finally` aborts the engine request
+    except ApiError as err:                 # before_done refused the stream's end (no ledger row)
+        if sender is None:
+            raise
+        sender.withhold_done(err)
+    except Exception:
+        if sender is None:
+            raise                           # nothing sent yet: the middleware answers 500
+        sender.fail()
+    finally:
+        stream.listen(None)
+        if sender is not None:
+            sender.done = True
+    return resp
+
+
+def final_frames(delta: Delta, encoder: ChunkEncoder, include_usage: bool, timed_out: bool) -> list[bytes]:
+    finish = OPENAI_FINISH.get(delta.finish_reason)
+    if finish is not None:
+        frames = [encoder.final(delta.text, finish, len(delta.token_ids))]
+        if include_usage and delta.usage is not None:
+            frames.append(encoder.usage(delta.usage))
+    else:
+        reason = FinishReason.DEADLINE if timed_out else delta.finish_reason
+        err: ApiError = abnormal_end(reason, delta.error)
+        frames = [encoder.content(delta.text)] if delta.text else []
+        frames.append(encoder.error(err, delta.usage))
+    frames.append(encoder.done(delta.usage, delta.timing))
+    return frames

@@ -1,0 +1,132 @@
+"""A Batch API input file: JSON lines, each one request, checked line by line; errors name the line.
+
+Each line is `{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" |
+"/v1/embeddings", "body": {...}}`: custom_id a non-empty string unique in the file, body a request that
+endpoint accepts (decoded and checked by the same code as a live request, inferd.api.wire.openai and
+inferd.api.wire.embedding_format), not streamed. `parse_lines`
+is pure and CPU-bound: callers run it off the event loop. `check_models` (on the loop) checks that every
+model named routes on this server and that the tenant may use it.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from inferd.api.wire import embedding_format
+from inferd.api.errors import ApiError, invalid
+from inferd.api.wire.openai import decode, prepare
+from inferd.api.state import ServerState
+from inferd.api.pipeline.versioned import route_request
+
+URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
+MAX_LINES = 50_000                  # OpenAI's limit per batch
+MAX_CUSTOM_ID = 512
+_FIELDS = ("custom_id", "method", "url", "body")
+
+
+class BatchLine(msgspec.Struct, frozen=True, kw_only=True):
+    idx: int                        # 0-based; the file's line idx + 1
+    custom_id: str
+    url: str
+    body: bytes                     # the request body, re-encoded
+    model: str
+
+
+class InputError(Exception):
+    """The file is not a valid batch input; the message names the line (1-based) and the field."""
+
+    def __init__(self, message: str, line: int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.line, self.param = message, line, param
+
+    def api_error(self) -> ApiError:
+        return invalid(self.message, param=self.param or "file", code="invalid_batch_input")
+
+
+_decoder = msgspec.json.Decoder()
+
+
+def parse_lines(content: bytes) -> list[BatchLine]:
+    """Every line of `content`, checked; InputError naming the first bad line. Blank lines are refused
+    (a line's index is its position), except at the end of the file."""
+    raw_lines = content.split(b"\n")
+    while raw_lines and not raw_lines[-1].strip():
+        raw_lines.pop()
+    if not raw_lines:
+        raise InputError("The file has no requests: expected one JSON object per line.")
+    if len(raw_lines) > MAX_LINES:
+        raise InputError(f"The file has {len(raw_lines)} lines; a batch holds at most {MAX_LINES} requests.")
+    seen: dict[str, int] = {}
+    lines = []
+    for idx, raw in enumerate(raw_lines):
+        line = _parse_line(idx + 1, raw)
+        first = seen.setdefault(line.custom_id, idx + 1)
+        if first != idx + 1:
+            raise InputError(f"line {idx + 1}: custom_id {line.custom_id!r} is already used on line {first}; "
+                             "each custom_id must be unique in the file.", idx + 1, "custom_id")
+        lines.append(msgspec.structs.replace(line, idx=idx))
+    return lines
+
+
+def _parse_line(n: int, raw: bytes) -> BatchLine:
+    if not raw.strip():
+        raise InputError(f"line {n}: empty line; expected one JSON object per line.", n)
+    try:
+        obj = _decoder.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"line {n}: not valid JSON ({exc}).", n) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"line {n}: expected a JSON object, got {type(obj).__name__}.", n)
+    unknown = sorted(set(obj) - set(_FIELDS))
+    if unknown:
+        raise InputError(f"line {n}: unknown field {unknown[0]!r}; a line has {', '.join(_FIELDS)}.", n, unknown[0])
+    for name in _FIELDS:
+        if name not in obj:
+            raise InputError(f"line {n}: missing required field {name!r}.", n, name)
+    custom_id, method, url, body = (obj[name] for name in _FIELDS)
+    if not isinstance(custom_id, str) or not custom_id.strip() or len(custom_id) > MAX_CUSTOM_ID:
+        raise InputError(f"line {n}: custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters.",
+                         n, "custom_id")
+    if method != "POST":
+        raise InputError(f"line {n}: method must be \"POST\", got {_show(method)}.", n, "method")
+    if url not in URLS:
+        raise InputError(f"line {n}: url must be one of {', '.join(URLS)}, got {_show(url)}.", n, "url")
+    if not isinstance(body, dict):
+        raise InputError(f"line {n}: body must be a JSON object (the request for {url}).", n, "body")
+    if body.get("stream"):
+        raise InputError(f"line {n}: body.stream: batch requests cannot stream.", n, "body.stream")
+    encoded = msgspec.json.encode(body)
+    kind = URLS[url]
+    try:
+        if kind == "embedding":
+            embedding_format.inputs(embedding_format.decode(encoded))
+        else:
+            prepare(kind, decode(kind, encoded))
+    except ApiError as err:
+        param = f"body.{err.param}" if err.param else "body"
+        raise InputError(f"line {n}: {param}: {err.message}", n, param) from None
+    return BatchLine(idx=n - 1, custom_id=custom_id, url=url, body=encoded, model=body["model"])
+
+
+def _show(value: object) -> str:
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_models(state: ServerState, tenant: str, lines: list[BatchLine]) -> None:
+    """400 naming the first line whose model this server does not route, or the tenant may not use.
+    A model whose version is still loading (503 when routed now) is accepted: it will be by the time."""
+    first: dict[str, int] = {}
+    for line in lines:
+        first.setdefault(line.model, line.idx + 1)
+    tenant_cfg = state.tenancy.tenants.get(tenant)
+    for model, n in first.items():
+        try:
+            route = route_request(state, model, tenant, None, f"batch-check-{n}")
+        except ApiError as err:
+            if err.status == 503:
+                continue
+            raise InputError(f"line {n}: body.model: {err.message}", n, "body.model").api_error() from None
+        name = model.partition(":")[0].partition("@")[0]
+        if not (tenant_cfg.allows_model(route.target.model) or tenant_cfg.allows_model(name)):
+            raise InputError(f"line {n}: body.model: tenant {tenant!r} may not use the model `{model}`.", n,
+                             "body.model").api_error()

@@ -1,0 +1,127 @@
+"""inferd.api.pipeline.idempotency through the real daemon (SQLite store in its state directory) and the openai SDK."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import aiohttp
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from inferd.api.pipeline.idempotency import CAPTURE, Capture, settle
+from inferd.config.root import load_config
+from tests.daemon.harness import running_daemon, sim_model, write_config
+
+BODY = {"model": "sim", "prompt": "hello there", "max_tokens": 5, "temperature": 0}
+
+
+def config(tmp_path, time_scale: float = 0.0, extra: str = ""):
+    return load_config(write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=time_scale)}, extra))
+
+
+async def post(http, url, body, key, **headers):
+    async with http.post(url + "/v1/completions", json=body, headers={"Idempotency-Key": key, **headers}) as resp:
+        return resp.status, dict(resp.headers), await resp.read()
+
+
+async def test_a_replay_returns_the_stored_response_and_runs_nothing(tmp_path):
+    async with running_daemon(config(tmp_path)) as (daemon, _, url), aiohttp.ClientSession() as http:
+        status, headers, body = await post(http, url, BODY, "k-1")
+        assert status == 200 and "Idempotent-Replayed" not in headers
+        engine = daemon.state.engines["sim"]
+        steps = engine.stats().steps_total
+        again = await post(http, url, BODY, "k-1")
+        assert again[0] == 200 and again[1]["Idempotent-Replayed"] == "true" and again[2] == body
+        assert engine.stats().steps_total == steps               # nothing ran
+        assert (await post(http, url, {**BODY, "max_tokens": 6}, "k-1"))[0] == 422
+        other = await post(http, url, BODY, "k-2")               # another key runs again: a new id
+        assert other[0] == 200 and other[2] != body
+
+
+async def test_the_sdk_gets_the_same_completion_back_and_a_stream_replays_as_the_same_stream(tmp_path):
+    async with running_daemon(config(tmp_path)) as (_, _, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            first = await sdk.completions.create(**BODY, extra_headers={"Idempotency-Key": "sdk-1"})
+            second = await sdk.completions.create(**BODY, extra_headers={"Idempotency-Key": "sdk-1"})
+            assert second.id == first.id and second.choices[0].text == first.choices[0].text
+            chunks = [c async for c in await sdk.completions.create(
+                **BODY, stream=True, extra_headers={"Idempotency-Key": "sdk-2"})]
+            again = [c async for c in await sdk.completions.create(
+                **BODY, stream=True, extra_headers={"Idempotency-Key": "sdk-2"})]
+            assert [c.model_dump() for c in again] == [c.model_dump() for c in chunks]
+
+
+async def test_a_key_in_flight_is_409_and_a_malformed_key_is_400(tmp_path):
+    slow = {**BODY, "max_tokens": 200, "ignore_eos": True}
+    async with running_daemon(config(tmp_path, time_scale=1.0)) as (daemon, _, url), aiohttp.ClientSession() as http:
+        first = asyncio.ensure_future(post(http, url, slow, "busy"))
+        engine = daemon.state.engines["sim"]
+        for _ in range(500):                                      # until the first runs (it holds the key)
+            if engine.stats().running:
+                break
+            await asyncio.sleep(0.01)
+        status, headers, body = await post(http, url, slow, "busy")
+        assert status == 409 and headers["Retry-After"] == "1" and b"idempotency_key_in_flight" in body
+        assert (await first)[0] == 200
+        assert (await post(http, url, slow, "busy"))[1]["Idempotent-Replayed"] == "true"
+        status, _, body = await post(http, url, BODY, "bad key with spaces")
+        assert status == 400 and b'"param":"Idempotency-Key"' in body
+
+
+async def test_a_refused_first_attempt_releases_the_key_so_the_retry_runs(tmp_path):
+    limited = "[tenants.local]\nmax_output_tokens = 4\n"
+    async with running_daemon(config(tmp_path, extra=limited)) as (_, _, url), aiohttp.ClientSession() as http:
+        status, _, _ = await post(http, url, BODY, "retry-me")       # max_tokens 5 > the tenant's 4: 400
+        assert status == 400
+        status, headers, _ = await post(http, url, {**BODY, "max_tokens": 4}, "retry-me")
+        assert status == 200 and "Idempotent-Replayed" not in headers
+
+
+async def test_keys_survive_a_restart(tmp_path):
+    cfg = config(tmp_path)
+    async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession() as http:
+        first = await post(http, url, BODY, "durable")
+    async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession() as http:
+        again = await post(http, url, BODY, "durable")
+    assert again[1]["Idempotent-Replayed"] == "true" and again[2] == first[2]
+
+
+async def test_creating_a_batch_twice_with_one_key_gives_the_same_batch(tmp_path):
+    import json
+
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": BODY}) + "\n"
+    async with running_daemon(config(tmp_path), run_batches=False) as (_, _, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            made = await sdk.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+            create = dict(input_file_id=made.id, endpoint="/v1/completions", completion_window="24h",
+                          extra_headers={"Idempotency-Key": "nightly-2026-11-24"})
+            first = await sdk.batches.with_raw_response.create(**create)
+            again = await sdk.batches.with_raw_response.create(**create)
+            assert again.headers["Idempotent-Replayed"] == "true"
+            assert again.parse().id == first.parse().id
+            assert len((await sdk.batches.list()).data) == 1
+
+
+class _RecordingStore:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def release(self, tenant, key, owner) -> None:
+        self.calls.append("release")
+
+    async def finish(self, tenant, key, owner, stored, *, now, ttl_s) -> None:
+        self.calls.append("finish")
+
+
+async def test_a_stream_that_ended_in_an_error_frame_is_not_kept_for_replay():
+    """Only a stream that got its `[DONE]` is stored; one cut short (a bug, a ledger row that could not
+    be committed) releases its key, so the retry runs."""
+    for tail, kept in ((b'data: {"error": {"code": "store_unavailable"}}\n\n', "release"),
+                       (b"data: [DONE]\n\n", "finish")):
+        capture = Capture("k", "local", "owner")
+        capture.add(b'data: {"choices": []}\n\n')
+        capture.add(tail)
+        state = SimpleNamespace(idempotency=_RecordingStore(),
+                                config=SimpleNamespace(store=SimpleNamespace(idempotency_ttl_s=60.0)))
+        await settle({CAPTURE: capture}, state, web.StreamResponse(status=200))
+        assert state.idempotency.calls == [kept]

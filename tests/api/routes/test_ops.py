@@ -1,0 +1,102 @@
+"""Operational routes and the OpenAPI document."""
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import msgspec
+
+from inferd.api import make_app
+from inferd.api.errors import ApiError
+from inferd.api.wire.openai import ChatCompletionRequest, CompletionRequest, decode
+from tests.api.conftest import metric_value
+from tests.daemon.harness import complete, running, sim_model, write_config
+
+
+async def get(served, path: str):
+    async with served.http.get(served.base_url + path) as resp:
+        return resp.status, await resp.read(), resp.headers
+
+
+async def test_healthz_and_readyz(served):
+    assert (await get(served, "/healthz"))[0] == 200
+    assert (await get(served, "/readyz"))[0] == 200
+    served.state.draining = True
+    status, body, headers = await get(served, "/readyz")
+    assert status == 503 and b"draining" in body and headers["Retry-After"]
+    assert (await get(served, "/healthz"))[0] == 200
+
+
+async def test_health_answers_as_healthz_for_load_tools_built_for_vllm(served):
+    status, body, _ = await get(served, "/health")
+    assert status == 200 and (status, body) == (await get(served, "/healthz"))[:2]
+    served.state.draining = True                        # liveness, not readiness: a draining node is alive
+    assert (await get(served, "/health"))[0] == 200
+
+
+async def test_readyz_names_an_unhealthy_engine(served):
+    await served.engine.close()
+    status, body, _ = await get(served, "/readyz")
+    assert status == 503 and b"model sim: engine unhealthy" in body
+
+
+async def test_metrics_expose_kv_blocks_and_request_counts(served):
+    await served.sdk.completions.create(model="sim", prompt="a", max_tokens=2)
+    status, body, headers = await get(served, "/metrics")
+    text = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert 'inferd_kv_cache_blocks{' in text
+    assert 'inferd_requests_total{backend="sim",model="sim",status="200"' in text
+
+
+async def test_models_list_in_openai_format(served):
+    page = await served.sdk.models.list()
+    (model,) = page.data
+    info = served.engine.info
+    assert model.id == "sim" and model.object == "model"
+    assert model.model_extra["version"] == f"{info.version}+simulated" and model.model_extra["simulated"] is True
+
+
+async def test_openapi_documents_exactly_the_fields_the_decoder_accepts(served):
+    status, body, _ = await get(served, "/openapi.json")
+    doc = json.loads(body)
+    assert status == 200 and doc["openapi"].startswith("3.1")
+    schemas = doc["components"]["schemas"]
+    for path, kind, struct in (("/v1/completions", "completion", CompletionRequest),
+                               ("/v1/chat/completions", "chat", ChatCompletionRequest)):
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        schema = schemas[ref.rsplit("/", 1)[1]]
+        fields = msgspec.structs.fields(struct)
+        assert set(schema["properties"]) == {f.encode_name for f in fields}
+        assert set(schema["required"]) == {f.encode_name for f in fields if f.required}
+        for name in schema["properties"]:            # each documented field gets past the decoder...
+            assert _unknown_param(kind, {name: None}) is None
+        assert _unknown_param(kind, {"undocumented": None}) == "undocumented"   # ...and nothing else does
+
+
+def _unknown_param(kind: str, extra: dict) -> str | None:
+    base = {"model": "m", "prompt": "x"} if kind == "completion" else {"model": "m", "messages": [
+        {"role": "user", "content": "x"}]}
+    try:
+        decode(kind, msgspec.json.encode({**base, **extra}))
+    except ApiError as err:
+        return err.param if err.code == "unknown_parameter" else None
+    return None
+
+
+async def test_openapi_lists_every_route(served):
+    doc = json.loads((await get(served, "/openapi.json"))[1])
+    routes = {r.resource.canonical for r in make_app(served.state).router.routes()}
+    assert routes == set(doc["paths"])
+
+
+async def test_request_series_carry_the_version_that_served_the_request(tmp_path):
+    path = write_config(tmp_path / "c.toml", {"m": sim_model(["b"], version="a", time_scale=0.0)})
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        assert (await complete(http, url, "m@b"))[0] == 200
+        assert (await complete(http, url, "m"))[0] == 200      # the default, a
+        async with http.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+    for version in ("a", "b"):
+        assert metric_value(text, "inferd_requests_total", model="m", version=version, status="200") == 1
+        assert metric_value(text, "inferd_generation_tokens_total", model="m", version=version) == 4
