@@ -31,7 +31,7 @@ MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
 def top_package(module: str) -> str:
-    """`inferd.admission.queue` -> `admission`; a top-level module (`inferd.types`) is its own."""
+    """`inferd.admission.fair_queue` -> `admission`; a top-level module (`inferd.types`) is its own."""
     return module.split(".")[1] if module != "inferd" else "inferd"
 
 
