@@ -130,7 +130,20 @@ class Metrics:
     def __init__(self, engines: Callable[[], Mapping[str, Engine]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.engines: Callable[[], Mapping[str, Engine]] = engines or dict
-        r = self.registry
+        # The order of these calls is the order of the exposition: keep it.
+        self._declare_model_series(self.registry)
+        self._declare_process_series(self.registry)
+        self._declare_subsystem_series(self.registry)
+        self._declare_cache_and_policy_series(self.registry)
+        self._declare_usage_series(self.registry)
+        self._declare_listener_series(self.registry)
+        self._loop_histograms: dict[int, LoopHistogram] = {}   # by id(child); children live as long
+        self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
+        self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
+
+    def _declare_model_series(self, r: CollectorRegistry) -> None:
+        """Per loaded model version (MODEL_LABELS), bound per engine by ModelSeries: requests by status,
+        the latency of each stage, tokens, engine steps and the embedding batcher."""
         self.requests_total = Counter(
             "inferd_requests", "Requests answered, by HTTP status", (*MODEL_LABELS, "status"), registry=r)
         self.time_to_first_token = Histogram(
@@ -167,6 +180,10 @@ class Metrics:
             "inferd_engine_step_seconds", "Wall time of one engine step", MODEL_LABELS,
             buckets=STEP_BUCKETS, registry=r)
         self.embeddings = EmbeddingMetrics(r, MODEL_LABELS)      # issue 16: the unary batcher
+
+    def _declare_process_series(self, r: CollectorRegistry) -> None:
+        """The process: config reloads, the build, engines' gauges and dropped log lines (both read at
+        scrape time)."""
         self.config_reload_total = Counter(
             "inferd_config_reload", "Config reloads (SIGHUP), by result", ("result",), registry=r)
         for result in ("success", "error"):
@@ -176,6 +193,10 @@ class Metrics:
         self.build_info.labels(__version__, platform.python_version()).set(1)
         r.register(_EngineCollector(self))
         r.register(_LogCollector())
+
+    def _declare_subsystem_series(self, r: CollectorRegistry) -> None:
+        """Per tenant and per subsystem (tenancy, cluster, store, SLOs, breakers, model lifecycle), read
+        from the subsystem at scrape time: each source answers None until its watch_* method sets it."""
         # Issue 4, per tenant (docs/tenants.md). Requests by status are counted as they end; the rest
         # is read from the tenancy's snapshots at scrape time (TenancyCollector): no per-token cost.
         self.tenant_requests_total = Counter(
@@ -195,6 +216,9 @@ class Metrics:
         r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
         self.lifecycle: Callable[[], Any] = lambda: None
         r.register(LifecycleCollector(lambda: self.lifecycle()))     # issue 17: set by watch_lifecycle
+
+    def _declare_cache_and_policy_series(self, r: CollectorRegistry) -> None:
+        """What the response cache, the safety policies and overload degradation did to requests."""
         self.cache_lookups_total = Counter(
             "inferd_response_cache_lookups", "Cacheable requests by what the response cache did (hit, miss, "
             "refresh: Cache-Control no-cache)", ("result",), registry=r)
@@ -211,6 +235,10 @@ class Metrics:
         self.degraded_total = Counter(
             "inferd_degraded_requests", "Requests degraded under overload ([degrade.*]), by route and action "
             "(max_tokens: capped; route: sent to another model)", ("route", "action"), registry=r)
+
+    def _declare_usage_series(self, r: CollectorRegistry) -> None:
+        """Recording usage: ledger rows lost, spend per tenant and per model version, batch lines and
+        batches."""
         self.ledger_errors_total = Counter(
             "inferd_ledger_errors", "Usage rows that could not be recorded (the store failed)", registry=r)
         self.tenant_spend_total = Counter(
@@ -225,7 +253,9 @@ class Metrics:
             "inferd_batches_ended", "Batches this node finished, by final status", ("status",), registry=r)
         for result in ("ok", "error"):
             self.batch_lines_total.labels(result)
-        # The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused.
+
+    def _declare_listener_series(self, r: CollectorRegistry) -> None:
+        """The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused."""
         self.connections_cut_total = Counter(
             "inferd_http_connections_cut", "Connections the listener closed or refused, by reason",
             ("reason",), registry=r)
@@ -236,9 +266,6 @@ class Metrics:
             ("reason",), registry=r)
         self.connections_open = Gauge(
             "inferd_http_connections_open", "Open client connections (serving and probe-only)", registry=r)
-        self._loop_histograms: dict[int, LoopHistogram] = {}   # by id(child); children live as long
-        self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
-        self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
 
     def labels_for(self, model: str, engine: Engine | None = None) -> tuple[str, str, str]:
         return self.series(model, engine).labels
