@@ -1,4 +1,4 @@
-"""Embeddings flood benchmark (issue 16): interactive chat TTFT on a node alone, and while another tenant
+"""Embeddings flood benchmark: interactive chat TTFT on a node alone, and while another tenant
 floods POST /v1/embeddings on the same node.
 
     .venv/bin/python bench/embeddings_flood.py [--seconds 10] [--chat-clients 8] [--flood-clients 16]

@@ -1,4 +1,4 @@
-"""Model lifecycle under a memory budget (issue 17): LRU + minimum-residency hysteresis vs plain LRU.
+"""Model lifecycle under a memory budget: LRU + minimum-residency hysteresis vs plain LRU.
 
 What this is: a discrete-event simulation, in simulated time, of the daemon's lifecycle DECISIONS, made
 by the real policy object (inferd.models.residency.Residency, its clock the simulation's). It is not

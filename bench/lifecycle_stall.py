@@ -1,4 +1,4 @@
-"""Does loading a model stall the models already serving? (issue 17: p99 TTFT of a hot model while
+"""Does loading a model stall the models already serving? (the target: p99 TTFT of a hot model while
 another loads stays <= 1.2x its p99 alone)
 
     .venv/bin/python bench/lifecycle_stall.py [--engine reference|sim] [--seconds 10] [--concurrency 2]

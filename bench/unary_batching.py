@@ -1,5 +1,5 @@
 """Embedding batching policies under open-loop load: goodput at a latency SLO for (a) no batching,
-(b) a fixed window, (c) the deadline-aware batcher, in one run (issue 16).
+(b) a fixed window, (c) the deadline-aware batcher, in one run.
 
 In process, no HTTP: the point is the batch-closing policy, so each policy drives its own UnaryEngine
 (inferd.engine.unary) over the simulated encoder (`sim_embedding_engine`, profile e5-mistral-7b-h100 by

@@ -27,7 +27,7 @@ CHARGE_EVERY_TOKENS = 16
 
 
 class StreamOwner(Protocol):
-    """What a running stream reports back to its admission queue (inferd.admission.queue.AdmissionQueue)."""
+    """What a running stream reports back to its admission queue (inferd.admission.fair_queue.AdmissionQueue)."""
 
     engine: Engine
 

@@ -8,7 +8,7 @@ that becomes backlogged again is lifted to the smallest counter among the backlo
 never banks credit.
 
 No engine and no clock: the queue says who is backlogged, which queue heads may go now and which
-tenants are light, and charges the cost it serves (inferd.admission.queue: the prompt at dispatch;
+tenants are light, and charges the cost it serves (inferd.admission.fair_queue: the prompt at dispatch;
 inferd.admission.stream: the output as it is delivered).
 """
 from __future__ import annotations

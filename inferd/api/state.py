@@ -146,9 +146,6 @@ class ServerState:
         """The ledger's last commit failed for the store's sake, and requests are refused for now."""
         return self.ledger is not None and self.ledger.unavailable_for() > 0
 
-    def engine_for(self, model: str) -> Engine | None:
-        return self.engines.get(model)
-
     # -- in-flight requests ----------------------------------------------------------------
     @property
     def in_flight(self) -> int:

@@ -79,13 +79,6 @@ class ResponseCache:
             self._drop(key)
         return len(gone)
 
-    def clear_tenant(self, tenant: str) -> int:
-        """Drop every entry of `tenant` (keys start with it); returns how many."""
-        gone = [k for k in self._entries if isinstance(k, tuple) and k and k[0] == tenant]
-        for key in gone:
-            self._drop(key)
-        return len(gone)
-
     def _drop(self, key: Hashable) -> None:
         _, size, _ = self._entries.pop(key)
         self.bytes -= size

@@ -5,7 +5,7 @@ that plans without the CLI. Importing this package does not import the engine (t
 """
 from __future__ import annotations
 
-from inferd.capacity.cli import add_capacity_parser, capacity_main
+from inferd.capacity.capacity_cli import add_capacity_parser, capacity_main
 from inferd.capacity.curves import ThroughputCurve, load_curves
 from inferd.capacity.demand import Demand, LengthDistribution, build_demand
 from inferd.capacity.errors import CapacityError, CurvesError, DemandError, SloUnreachable

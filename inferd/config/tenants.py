@@ -142,9 +142,6 @@ class TenantRegistry:
     def get(self, name: str) -> TenantConfig:
         return self._tenants.get(name, self.default)
 
-    def is_configured(self, name: str) -> bool:
-        return name in self._tenants
-
     def label(self, name: str) -> str:
         """Metric label: bounded to configured tenants (plus `local`), everything else is `other`."""
         return name if name in self._tenants or name == LOCAL_TENANT else OTHER_LABEL

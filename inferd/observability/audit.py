@@ -113,10 +113,6 @@ class AuditLog:
                                       + (f": {self.last_error}" if self.last_error else "")
                                       + ("" if ok else " (timed out)"))
 
-    async def aflush(self) -> None:
-        import asyncio
-        await asyncio.to_thread(self.flush)
-
     def close(self, timeout: float | None = 10.0) -> None:
         """Write everything queued, then stop the thread and close the file. Idempotent."""
         with self._cond:
@@ -133,10 +129,6 @@ class AuditLog:
             os.close(self._fd)
         if lost:
             raise AuditWriteError(f"audit log {self.path}: {lost} record(s) could not be written: {self.last_error}")
-
-    async def aclose(self) -> None:
-        import asyncio
-        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> AuditLog:
         return self

@@ -220,8 +220,3 @@ class EventLogger:
 
 def get_logger(name: str) -> EventLogger:
     return EventLogger(logging.getLogger(name))
-
-
-def monotonic_ms(since: float) -> float:
-    """Milliseconds elapsed since a time.monotonic() stamp, rounded for log lines."""
-    return round((time.monotonic() - since) * 1000, 3)

@@ -7,7 +7,8 @@ ServerState; request handlers reach it as `state.metrics`.
 Labels come from bounded sets only: `model` is a served model name that is loaded right now
 (anything else is "other"), `version` and `backend` come from that engine's EngineInfo, so a sim
 engine is always visible as backend="sim". Engine gauges are read from engine.stats() at scrape
-time by a custom collector, so they are never stale and cost nothing between scrapes.
+time by a custom collector (inferd.observability.engine_metrics), so they are never stale and cost
+nothing between scrapes.
 
 Per-tenant and admission series: `inferd.observability.tenant_metrics` (read from the tenancy at scrape time).
 The hot path, a request's observation through pre-bound label children: `inferd.observability.request_metrics`.
@@ -19,13 +20,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
 from inferd.observability.breaker_metrics import BreakerCollector
 from inferd.observability.lifecycle_metrics import LifecycleCollector
 from inferd.observability.embedding_metrics import EmbeddingMetrics
+from inferd.observability.engine_metrics import MODEL_LABELS, EngineCollector
 from inferd.observability.cluster_metrics import ClusterCollector
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
 from inferd.observability.slo_metrics import SloCollector
@@ -42,7 +44,6 @@ disable_created_metrics()
 OTHER = "other"
 # Why the listener closed a connection itself (inferd.daemon.listener): a bounded set, all pre-created.
 CONNECTION_CUT_REASONS = ("header_timeout", "body_timeout", "idle", "over_cap")
-MODEL_LABELS = ("model", "version", "backend")
 
 # Bucket edges in seconds, from a cached prefill on a GPU to a long generation on a CPU engine.
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -57,58 +58,6 @@ WRITE_DELAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.0
                        0.1, 0.25, 0.5, 1.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
                 1.0, 2.5, 5.0, 10.0)
-
-
-class _EngineCollector:
-    """Scrape-time gauges from engine.stats(): never stale, nothing to update between scrapes."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def describe(self) -> list[Metric]:
-        return []  # dynamic: the registry must not cache our names at registration
-
-    def collect(self) -> Iterator[Metric]:
-        running = GaugeMetricFamily("inferd_requests_running", "Requests in an engine's running batch",
-                                    labels=MODEL_LABELS)
-        waiting = GaugeMetricFamily("inferd_requests_waiting", "Requests inside an engine not yet scheduled",
-                                    labels=MODEL_LABELS)
-        blocks = GaugeMetricFamily("inferd_kv_cache_blocks", "KV cache blocks by state",
-                                   labels=(*MODEL_LABELS, "state"))
-        info = GaugeMetricFamily("inferd_model_info", "Loaded models (value 1); simulated=true for sim engines",
-                                 labels=(*MODEL_LABELS, "simulated", "max_model_len"))
-        # The engine's own counts, as its steps make them (inferd_generation_tokens_total counts finished
-        # requests): what the engine produced, to compare with what clients received (bench/node.py).
-        steps = CounterMetricFamily("inferd_engine_steps", "Engine steps run", labels=MODEL_LABELS)
-        generated = CounterMetricFamily("inferd_engine_generated_tokens", "Tokens the engine generated, as its "
-                                        "steps produced them", labels=MODEL_LABELS)
-        # Issue 14: what to autoscale on (docs/slos.md), labelled with the hardware to add more of.
-        scale_labels = (*MODEL_LABELS, "hardware")
-        fill = GaugeMetricFamily("inferd_engine_batch_fill_ratio", "Running sequences / max_batch_size",
-                                 labels=scale_labels)
-        kv = GaugeMetricFamily("inferd_engine_kv_usage_ratio", "KV cache blocks in use / all blocks",
-                               labels=scale_labels)
-        rate = GaugeMetricFamily("inferd_engine_tokens_per_second", "Tokens the engine computes per second "
-                                 "(recent steps; sim engines: simulated seconds)", labels=scale_labels)
-        for name, engine in self._metrics.engines().items():
-            labels = self._metrics.labels_for(name)
-            try:
-                stats = engine.stats()
-            except Exception:  # a failing engine must not break the scrape of the others
-                continue
-            running.add_metric(labels, stats.running)
-            waiting.add_metric(labels, stats.waiting)
-            blocks.add_metric((*labels, "used"), stats.kv_blocks_used)
-            blocks.add_metric((*labels, "free"), stats.kv_blocks_total - stats.kv_blocks_used)
-            info.add_metric((*labels, str(engine.info.simulated).lower(), str(engine.info.max_model_len)), 1)
-            steps.add_metric(labels, stats.steps_total)
-            generated.add_metric(labels, stats.generation_tokens_total)
-            info_ = engine.info
-            scale = (*labels, info_.hardware)
-            fill.add_metric(scale, stats.running / info_.max_batch_size if info_.max_batch_size else 0.0)
-            kv.add_metric(scale, stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
-            rate.add_metric(scale, stats.tokens_per_s)
-        yield from (running, waiting, blocks, info, steps, generated, fill, kv, rate)
 
 
 class _LogCollector:
@@ -130,7 +79,20 @@ class Metrics:
     def __init__(self, engines: Callable[[], Mapping[str, Engine]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.engines: Callable[[], Mapping[str, Engine]] = engines or dict
-        r = self.registry
+        # The order of these calls is the order of the exposition: keep it.
+        self._declare_model_series(self.registry)
+        self._declare_process_series(self.registry)
+        self._declare_subsystem_series(self.registry)
+        self._declare_cache_and_policy_series(self.registry)
+        self._declare_usage_series(self.registry)
+        self._declare_listener_series(self.registry)
+        self._loop_histograms: dict[int, LoopHistogram] = {}   # by id(child); children live as long
+        self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
+        self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
+
+    def _declare_model_series(self, r: CollectorRegistry) -> None:
+        """Per loaded model version (MODEL_LABELS), bound per engine by ModelSeries: requests by status,
+        the latency of each stage, tokens, engine steps and the embedding batcher."""
         self.requests_total = Counter(
             "inferd_requests", "Requests answered, by HTTP status", (*MODEL_LABELS, "status"), registry=r)
         self.time_to_first_token = Histogram(
@@ -167,6 +129,10 @@ class Metrics:
             "inferd_engine_step_seconds", "Wall time of one engine step", MODEL_LABELS,
             buckets=STEP_BUCKETS, registry=r)
         self.embeddings = EmbeddingMetrics(r, MODEL_LABELS)      # issue 16: the unary batcher
+
+    def _declare_process_series(self, r: CollectorRegistry) -> None:
+        """The process: config reloads, the build, engines' gauges and dropped log lines (both read at
+        scrape time)."""
         self.config_reload_total = Counter(
             "inferd_config_reload", "Config reloads (SIGHUP), by result", ("result",), registry=r)
         for result in ("success", "error"):
@@ -174,8 +140,12 @@ class Metrics:
         self.build_info = Gauge(
             "inferd_build_info", "inferd build (value 1)", ("version", "python"), registry=r)
         self.build_info.labels(__version__, platform.python_version()).set(1)
-        r.register(_EngineCollector(self))
+        r.register(EngineCollector(lambda: self.engines(), self.labels_for))
         r.register(_LogCollector())
+
+    def _declare_subsystem_series(self, r: CollectorRegistry) -> None:
+        """Per tenant and per subsystem (tenancy, cluster, store, SLOs, breakers, model lifecycle), read
+        from the subsystem at scrape time: each source answers None until its watch_* method sets it."""
         # Issue 4, per tenant (docs/tenants.md). Requests by status are counted as they end; the rest
         # is read from the tenancy's snapshots at scrape time (TenancyCollector): no per-token cost.
         self.tenant_requests_total = Counter(
@@ -195,6 +165,9 @@ class Metrics:
         r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
         self.lifecycle: Callable[[], Any] = lambda: None
         r.register(LifecycleCollector(lambda: self.lifecycle()))     # issue 17: set by watch_lifecycle
+
+    def _declare_cache_and_policy_series(self, r: CollectorRegistry) -> None:
+        """What the response cache, the safety policies and overload degradation did to requests."""
         self.cache_lookups_total = Counter(
             "inferd_response_cache_lookups", "Cacheable requests by what the response cache did (hit, miss, "
             "refresh: Cache-Control no-cache)", ("result",), registry=r)
@@ -211,6 +184,10 @@ class Metrics:
         self.degraded_total = Counter(
             "inferd_degraded_requests", "Requests degraded under overload ([degrade.*]), by route and action "
             "(max_tokens: capped; route: sent to another model)", ("route", "action"), registry=r)
+
+    def _declare_usage_series(self, r: CollectorRegistry) -> None:
+        """Recording usage: ledger rows lost, spend per tenant and per model version, batch lines and
+        batches."""
         self.ledger_errors_total = Counter(
             "inferd_ledger_errors", "Usage rows that could not be recorded (the store failed)", registry=r)
         self.tenant_spend_total = Counter(
@@ -225,7 +202,9 @@ class Metrics:
             "inferd_batches_ended", "Batches this node finished, by final status", ("status",), registry=r)
         for result in ("ok", "error"):
             self.batch_lines_total.labels(result)
-        # The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused.
+
+    def _declare_listener_series(self, r: CollectorRegistry) -> None:
+        """The HTTP listener (inferd.daemon.listener): connections it cut, requests its parser refused."""
         self.connections_cut_total = Counter(
             "inferd_http_connections_cut", "Connections the listener closed or refused, by reason",
             ("reason",), registry=r)
@@ -236,9 +215,6 @@ class Metrics:
             ("reason",), registry=r)
         self.connections_open = Gauge(
             "inferd_http_connections_open", "Open client connections (serving and probe-only)", registry=r)
-        self._loop_histograms: dict[int, LoopHistogram] = {}   # by id(child); children live as long
-        self._series: dict[tuple[str, str], ModelSeries] = {}   # by (model, version)
-        self._other = ModelSeries(self, None, (OTHER, OTHER, OTHER))
 
     def labels_for(self, model: str, engine: Engine | None = None) -> tuple[str, str, str]:
         return self.series(model, engine).labels

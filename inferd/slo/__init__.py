@@ -7,8 +7,8 @@ dashboard for them (inferd.slo.rules, inferd.slo.dashboard). docs/slos.md is the
 from __future__ import annotations
 
 from inferd.slo.burn import WINDOWS, BucketRing, BurnCounter
-from inferd.slo.cli import add_monitoring_parser, monitoring_main
 from inferd.slo.events import RequestOutcome, judge
+from inferd.slo.monitoring_cli import add_monitoring_parser, monitoring_main
 from inferd.slo.tracker import SloTracker
 
 __all__ = ["WINDOWS", "BucketRing", "BurnCounter", "RequestOutcome", "SloTracker", "add_monitoring_parser", "judge",

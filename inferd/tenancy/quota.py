@@ -292,11 +292,6 @@ class Quota:
             elif unused < 0:        # charged on an estimate that fell short (a cold model's spill): the rest
                 st.tpm.take(-unused, now)
 
-    def record_rejection(self, tenant: str, reason: str) -> None:
-        """Count a rejection made elsewhere (admission) in the same per-tenant tally."""
-        st = self._get(tenant)
-        st.rejections[reason] = st.rejections.get(reason, 0) + 1
-
     def headers(self, tenant: str) -> dict[str, str]:
         return self._get(tenant).headers(self._clock())
 

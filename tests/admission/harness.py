@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from inferd.admission.queue import AdmissionQueue
+from inferd.admission.fair_queue import AdmissionQueue
 from inferd.config.tenants import AdmissionConfig, TenantRegistry
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats
 from inferd.engine.stream import RequestStream

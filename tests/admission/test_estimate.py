@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from inferd.admission.estimate import MIN_RETRY_S, UNKNOWN_RETRY_S, Estimator
-from inferd.admission.queue import AdmissionRejected
+from inferd.admission.fair_queue import AdmissionRejected
 from inferd.config.tenants import AdmissionConfig
 from tests.admission.harness import FakeEngine, far, make_queue, occupy, req, settle, spawn  # noqa: F401
 

@@ -1,7 +1,7 @@
 """/openapi.json matches behaviour: schemathesis runs every check against the real daemon and finds nothing.
 
 The daemon runs in this test's loop (tests/daemon/harness.py) on an ephemeral loopback port; `st run`
-runs in a subprocess against it, as an operator would run it (issue 10, item 15). Two things no
+runs in a subprocess against it, as an operator would run it. Two things no
 JSON Schema can state are configured, each with its reason, beside this file: schemathesis.toml
 (413 for a body over server.max_body_bytes) and schemathesis_hooks.py (integers spelled `2.0`).
 """

@@ -1,4 +1,4 @@
-"""Issue 4 through the real daemon: API keys and scopes, tenant quotas, the admission queue's bounds and
+"""Tenancy through the real daemon: API keys and scopes, tenant quotas, the admission queue's bounds and
 deadlines, as an OpenAI SDK client (or a raw HTTP client, for headers) sees them.
 
 The daemon serves the sim engine's tiny profile with one sequence slot, so a single long stream keeps

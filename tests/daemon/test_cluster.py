@@ -290,7 +290,7 @@ async def cold_here_hot_there(tmp_path: Path, tenants: str = ""):
 
 
 async def test_a_model_cold_here_goes_to_a_peer_that_has_it_loaded_instead_of_loading_it(tmp_path):
-    # issue 17: node 1 has `sim` loaded (pinned); node 0, under a budget, has it cold: it forwards, never loads
+    # node 1 has `sim` loaded (pinned); node 0, under a memory budget, has it cold: it forwards, never loads
     async with cold_here_hot_there(tmp_path) as ((a, a_url), b, http):
         assert a.state.lifecycle.snapshot()["versions"]["sim@latest"]["state"] == "cold"
         async with http.post(a_url + "/v1/completions", json=SHORT) as resp:

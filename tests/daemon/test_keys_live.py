@@ -1,5 +1,5 @@
-"""Issue 10 item 7 through the real daemon: `inferd keys create|revoke` take effect without SIGHUP, a
-malformed keys file keeps the old keys, and every change lands in the audit log, whose chain verifies
+"""Live key management through the real daemon: `inferd keys create|revoke` take effect without SIGHUP,
+a malformed keys file keeps the old keys, and every change lands in the audit log, whose chain verifies
 and whose seq continues across restarts."""
 from __future__ import annotations
 

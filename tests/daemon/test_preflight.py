@@ -49,7 +49,7 @@ def test_check_config_exits_1_naming_what_serve_would_refuse(tmp_path, capsys):
 
 
 
-# -- trusted keys and signatures (issue 15) ---------------------------------------------------------
+# -- trusted keys and signatures ------------------------------------------------------------------
 
 def tiny_copy(tmp_path, tiny_artifact):
     """engines/tiny/<version> under tmp_path: a copy of the session's artifact, free to sign."""
@@ -103,7 +103,7 @@ def test_check_config_names_a_bad_trusted_key(tmp_path, capsys):
     assert f"server.trusted_keys[0]: {tmp_path / 'release.pub'}: this is a private key" in capsys.readouterr().err
 
 
-# -- LoRA adapters (issue 15) ----------------------------------------------------------------------
+# -- LoRA adapters --------------------------------------------------------------------------------
 
 def test_an_adapter_that_does_not_fit_or_is_missing_is_named_by_key_and_file_and_a_fitting_one_passes(
         tmp_path, tiny_engines_root, tiny_artifact, capsys):

@@ -108,12 +108,3 @@ def test_reader_skips_a_torn_last_line(tmp_path):
     path = tmp_path / "audit.jsonl"
     path.write_bytes(b'{"seq": 1, "action": "a"}\n{"seq": 2, "act')
     assert read_audit(path) == [{"seq": 1, "action": "a"}]
-
-
-async def test_async_close_and_flush_run_off_the_loop(make_log):
-    log = make_log()
-    log.append("system", "one")
-    await log.aflush()
-    log.append("system", "two")
-    await log.aclose()
-    assert len(read_audit(log.path)) == 2

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from inferd.admission.queue import AdmissionRejected
+from inferd.admission.fair_queue import AdmissionRejected
 from inferd.config.root import parse_config
 from inferd.engine.sim.engine import SimEngine
 from inferd.tenancy.keys import InvalidApiKey, KeyHasher, create_key, revoke_key

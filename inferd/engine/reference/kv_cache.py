@@ -38,11 +38,6 @@ class PagedKVCache:
         self.k = [np.zeros(shape, np.float32) for _ in range(num_layers)]
         self.v = [np.zeros(shape, np.float32) for _ in range(num_layers)]
 
-    @staticmethod
-    def bytes_per_block(*, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int) -> int:
-        """Memory one block costs across all layers, K and V (for sizing num_blocks)."""
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * 4
-
     def write(self, layer: int, slot_mapping: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store `k`, `v` ([T, num_kv_heads, head_dim]) at flat slots `slot_mapping` ([T])."""
         self.k[layer][slot_mapping] = k

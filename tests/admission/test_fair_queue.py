@@ -1,9 +1,9 @@
-"""inferd.admission.queue: the queue and its dispatcher: release order, bounds, shedding, deadlines and TTLs."""
+"""inferd.admission.fair_queue: the queue and its dispatcher: release order, bounds, shedding, deadlines and TTLs."""
 import asyncio
 
 import pytest
 
-from inferd.admission.queue import UNKNOWN_WAIT_S, AdmissionRejected, QueueLoad
+from inferd.admission.fair_queue import UNKNOWN_WAIT_S, AdmissionRejected, QueueLoad
 from inferd.admission.ticket import QUEUED
 from inferd.config.tenants import PriorityClass, TenantConfig, TenantRegistry
 from inferd.tenancy.quota import Quota
