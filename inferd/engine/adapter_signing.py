@@ -12,9 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from inferd.artifacts import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    ArtifactError,
+    read_signature,
+    resolve_artifact,
+    trusted_list,
+    verify_signed_artifact,
+)
 from inferd.engine.adapters import AdapterLoadError
-from inferd.engine.artifacts import LATEST_FILE, MANIFEST_FILE, SIGNATURE_FILE, ArtifactError, resolve_artifact
-from inferd.engine.signing import read_signature, trusted_list, verify_signed_artifact
 
 
 class AdapterSignatureError(AdapterLoadError):
@@ -55,7 +63,7 @@ def check_adapter_signature(name: str, directory: str | Path, trusted: Mapping[s
         raise AdapterSignatureError(
             f"LoRA adapter {name!r}: {directory} is unsigned (signer: none): it has no {MANIFEST_FILE}, and "
             f"trusted_keys requires an adapter artifact signed by one of: {keys} (pack it as an artifact with "
-            f"inferd.engine.build.lora.pack_peft, then `inferd engines sign DIR --key KEY`)",
+            f"inferd.artifacts.build.lora.pack_peft, then `inferd engines sign DIR --key KEY`)",
             name, str(directory / SIGNATURE_FILE), None)
     try:
         _, signer = verify_signed_artifact(directory, trusted, check_files=check_files)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 
-from inferd.engine import EngineUnavailable
+from inferd.engine.base import EngineUnavailable
 from inferd.engine.adapter_signing import AdapterSignatureError
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.reference.adapter_registry import AdapterRegistry

@@ -23,11 +23,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from inferd.engine import ArtifactError, read_manifest, verify_artifact
+from inferd.artifacts import MANIFEST_FILE, ArtifactError, read_manifest, verify_artifact
 from inferd.engine.adapter_signing import check_adapter_signature
 from inferd.engine.adapter_signing import resolve_adapter_source as resolve_source
 from inferd.engine.adapters import AdapterBusy, AdapterInfo, AdapterLoadError, AdapterSources
-from inferd.engine.artifacts import MANIFEST_FILE
 from inferd.engine.reference.lora import LoraWeights, load_lora
 
 ADAPTER_TARGET = "lora"       # the manifest target of an adapter artifact

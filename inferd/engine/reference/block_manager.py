@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from inferd.engine import blocks_for
+from inferd.engine.base import blocks_for
 from inferd.engine.reference.sequence import Sequence
 
 

@@ -16,21 +16,12 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from inferd.engine import (
-    Capacity,
-    Engine,
-    EngineInfo,
-    EngineStats,
-    EngineUnavailable,
-    HFTokenizer,
-    InvalidRequest,
-    RequestStream,
-    failure_message,
-    read_manifest,
-    run_load,
-    validate_request,
-    verify_artifact,
-)
+from inferd.artifacts import read_manifest, verify_artifact
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.loading import run_load
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import HFTokenizer
+from inferd.engine.validation import failure_message, validate_request
 from inferd.engine.reference.adapter_host import LoraHost
 from inferd.engine.reference.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel

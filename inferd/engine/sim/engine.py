@@ -26,19 +26,10 @@ from collections.abc import Iterable
 
 import msgspec
 
-from inferd.engine import (
-    Capacity,
-    Engine,
-    EngineInfo,
-    EngineStats,
-    EngineUnavailable,
-    InvalidRequest,
-    RequestStream,
-    StopMatcher,
-    failure_message,
-    seed64,
-    validate_request,
-)
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import StopMatcher
+from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer

@@ -12,7 +12,9 @@ from __future__ import annotations
 import collections
 import time
 
-from inferd.engine import Capacity, RequestStream, StopMatcher, blocks_for
+from inferd.engine.base import Capacity, blocks_for
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import StopMatcher
 
 
 class SimSequence:

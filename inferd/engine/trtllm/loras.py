@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from inferd.artifacts import MANIFEST_FILE, ArtifactError, read_manifest, verify_artifact
 from inferd.engine.adapter_signing import check_adapter_signature, resolve_adapter_source
 from inferd.engine.adapters import AdapterInfo, AdapterLoadError, AdapterSources
-from inferd.engine.artifacts import MANIFEST_FILE, ArtifactError, read_manifest, verify_artifact
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
