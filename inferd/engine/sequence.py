@@ -1,4 +1,4 @@
-"""One request's state inside the reference engine: its tokens, its KV blocks, its progress.
+"""One request's state inside an engine that uses the shared scheduler: its tokens, its KV blocks, its progress.
 
 Plain data, no model and no threads: the block manager and scheduler move these around and
 are tested with hand-made sequences of integers.

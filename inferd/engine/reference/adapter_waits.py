@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from inferd.engine.adapters import AdapterBusy
 from inferd.engine.reference.adapter_registry import AdapterRegistry
 from inferd.engine.reference.lora import LoraWeights
-from inferd.engine.reference.sequence import Sequence, SequenceStatus
+from inferd.engine.sequence import Sequence, SequenceStatus
 from inferd.types import FinishReason
 
 ReadResult = LoraWeights | BaseException

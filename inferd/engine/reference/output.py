@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
-from inferd.engine.reference.sequence import Sequence
+from inferd.engine.sequence import Sequence
 from inferd.types import Delta, EngineTiming, FinishReason, Usage
 
 
