@@ -341,7 +341,7 @@ class TrtllmEngine(Engine):
     async def _load_adapter(self, name: str) -> None:
         try:
             checked = await asyncio.to_thread(self._loras.check, name)
-            self._loras.install(name, checked, self._api["LoRARequest"])
+            self._loras.register(name, checked, self._api["LoRARequest"])
         except AdapterError as exc:
             self._loras.refuse(name, str(exc))
             raise
