@@ -29,8 +29,9 @@ class SimSequence(Sequence):
     __slots__ = ("stream", "max_tokens", "key", "stop_ids", "eos_threshold", "matcher", "submitted",
                  "first_scheduled", "first_token", "done")
 
-    def __init__(self, request_id: str, stream: RequestStream, prompt_token_ids: list[int] | tuple[int, ...], max_tokens: int,
-                 key: int, stop_ids: frozenset[int], eos_threshold: int, matcher: StopMatcher | None) -> None:
+    def __init__(self, request_id: str, stream: RequestStream, prompt_token_ids: list[int] | tuple[int, ...],
+                 max_tokens: int, key: int, stop_ids: frozenset[int], eos_threshold: int,
+                 matcher: StopMatcher | None) -> None:
         super().__init__(request_id, prompt_token_ids)
         self.stream = stream
         self.max_tokens = max_tokens
@@ -72,7 +73,8 @@ class StepPlan:
     def __init__(self, output: SchedulerOutput, now: float) -> None:
         """The sizes of `output`, just scheduled; sequences scheduled for the first time are stamped `now`."""
         self.output = output
-        self.scheduled: list[tuple[SimSequence, int]] = list(zip(output.seqs, output.num_new_tokens))  # type: ignore[arg-type]
+        pairs_of = zip(output.seqs, output.num_new_tokens)
+        self.scheduled: list[tuple[SimSequence, int]] = list(pairs_of)  # type: ignore[arg-type]
         kv_tokens = pairs = 0
         for seq, n in self.scheduled:
             start = seq.num_computed_tokens
