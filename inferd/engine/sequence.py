@@ -58,7 +58,7 @@ class Sequence:
         self.rng: np.random.Generator | None = None
         self.engine_state: Any = None           # the engine's per-request output state (stream, detokenizer)
         self.lora_name = lora                   # the LoRA adapter the request names
-        self.lora: Any = None                   # its loaded weights (lora.LoraWeights), pinned while held
+        self.lora: Any = None                   # the adapter it holds, pinned while held (reference: LoraWeights)
 
     @property
     def num_tokens(self) -> int:
