@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Build engine artifacts into engines/<name>/<version>/ (see inferd.engine.artifacts).
+"""Build engine artifacts into engines/<name>/<version>/ (see inferd.artifacts.manifest).
 
   python build_engines.py --target reference --synthetic tiny|small
   python build_engines.py --target reference --synthetic tiny-embed|embed     (embedding models)
   python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
-  python build_engines.py --target trtllm ...      (options come from inferd.engine.build.trtllm)
+  python build_engines.py --target trtllm ...      (options come from inferd.artifacts.build.trtllm)
   ... --sign inferd-signing.key                    also sign the artifact's manifest (docs/artifacts.md)
 
 Prints progress on stderr and the artifact path on stdout; exit 0 on success, 1 on a build
@@ -19,22 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from inferd.engine import (
-    ArtifactError,
-    SigningKeyError,
-    TokenizerLoadError,
-    load_private_key,
-    resolve_artifact,
-    sign_artifact,
-)
-from inferd.engine.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
+from inferd.artifacts import ArtifactError, SigningKeyError, load_private_key, resolve_artifact, sign_artifact
+from inferd.engine import TokenizerLoadError
+from inferd.artifacts.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
 
 
 def _trtllm_builder() -> ModuleType | None:
     try:
-        return importlib.import_module("inferd.engine.build.trtllm")
+        return importlib.import_module("inferd.artifacts.build.trtllm")
     except ModuleNotFoundError as exc:
-        if exc.name in ("inferd.engine.build.trtllm",):
+        if exc.name in ("inferd.artifacts.build.trtllm",):
             return None
         raise
 
@@ -71,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.target == "trtllm":
         if trtllm is None:
             print("build_engines.py: --target trtllm is not available in this checkout "
-                  "(inferd/engine/build/trtllm.py is missing); build with --target reference", file=sys.stderr)
+                  "(inferd/artifacts/build/trtllm.py is missing); build with --target reference", file=sys.stderr)
             return 2
         entry = getattr(trtllm, "main", None) or getattr(trtllm, "build", None)
         if entry is None:
-            print("build_engines.py: inferd.engine.build.trtllm has neither main(args) nor build(args)",
+            print("build_engines.py: inferd.artifacts.build.trtllm has neither main(args) nor build(args)",
                   file=sys.stderr)
             return 2
         result = entry(args)

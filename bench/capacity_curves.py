@@ -326,7 +326,7 @@ async def run(args: argparse.Namespace) -> dict:
         profiles[args.name or "reference-cpu"] = await measure_reference(
             args.artifact, num_kv_blocks=args.num_kv_blocks, **common)
         return {"profiles": profiles}
-    from inferd.engine.build.reference import build_synthetic
+    from inferd.artifacts.build.reference import build_synthetic
     with tempfile.TemporaryDirectory(prefix="capacity-curves-") as tmp:
         artifact = build_synthetic("tiny", Path(tmp), progress=lambda message: None)
         profiles[args.name or "reference-cpu"] = await measure_reference(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.engine.build import build_synthetic
+from inferd.artifacts.build import build_synthetic
 from inferd.engine.reference import ReferenceEngine
 from inferd.types import GenerationRequest, SamplingParams
 

@@ -70,7 +70,7 @@ def start_daemon(workdir: Path, engine: str) -> tuple[subprocess.Popen, dict]:
     engines = workdir / "engines"
     template = SIM
     if engine == "reference":
-        from inferd.engine.build.reference import build_synthetic
+        from inferd.artifacts.build.reference import build_synthetic
 
         build_synthetic("small", engines, progress=lambda message: None)
         template = REFERENCE

@@ -106,7 +106,7 @@ def text_of(kb: int, seed: int) -> str:
 
 
 def start_daemon(workdir: Path, engine: str, refused_bytes_per_s: float | None) -> tuple[subprocess.Popen, dict]:
-    from inferd.engine.build.reference import build_synthetic
+    from inferd.artifacts.build.reference import build_synthetic
 
     engines = workdir / "engines"
     if engine == "reference":

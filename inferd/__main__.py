@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.daemon import preflight_errors
         return check_config_main(args.path, preflight_errors)
     if args.command == "engines":
-        from inferd.engine import keygen_main, sign_main, verify_main
+        from inferd.artifacts import keygen_main, sign_main, verify_main
         if args.engines_command == "keygen":
             return keygen_main(args.out_dir, args.name)
         if args.engines_command == "sign":

@@ -1,5 +1,5 @@
 """Shared fixtures: tiny synthetic artifacts (built once per session): a generative one with its tokenizer,
-and an embedding one.
+and an embedding one; LoRA adapters for the tiny one.
 
 The artifact is read-only for tests: copy it (shutil.copytree) before altering anything.
 """
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inferd.engine.build.reference import build_synthetic
+from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
+from inferd.artifacts.build.reference import build_synthetic, read_json_object
 from inferd.engine.tokenization import HFTokenizer
 
 
@@ -39,3 +40,16 @@ def tiny_embed_artifact(tiny_engines_root: Path) -> Path:
     """engines/tiny-embed/<version>: shaped like tiny, an embedding model (last-token pooling, normalized,
     Matryoshka down to 16 of its 64 dimensions) whose tokenizer appends EOS."""
     return build_synthetic("tiny-embed", tiny_engines_root, progress=lambda message: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_adapters(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """name -> source for the tiny model: "all" (every projection, r 4, a published artifact: its name
+    directory in an engines/ tree), "qvd" (q/v/down_proj, r 2, a plain PEFT directory, no manifest)."""
+    root = tmp_path_factory.mktemp("adapters")
+    build_synthetic_adapter(tiny_artifact, "all", root, rank=4, alpha=8.0, seed=1)
+    targets = ("q_proj", "v_proj", "down_proj")
+    tensors = synthetic_adapter_tensors(read_json_object(tiny_artifact / "config.json"), rank=2, targets=targets,
+                                        seed=2, b_std=0.1)
+    write_peft_adapter(root / "qvd", tensors, rank=2, alpha=4.0, targets=targets)
+    return {"all": root / "all", "qvd": root / "qvd"}

@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "inferd"
 # Bottom to top: a package imports (at run time) only packages below it. `types` and the root package
 # sit under all of them, `__main__` (the CLI) over all of them.
-LAYERS = ["observability", "engine", "config", "capacity", "slo", "safety", "cache", "store", "models", "admission",
-          "tenancy", "cluster", "api", "jobs", "daemon"]
+LAYERS = ["observability", "artifacts", "engine", "config", "capacity", "slo", "safety", "cache", "store", "models",
+          "admission", "tenancy", "cluster", "api", "jobs", "daemon"]
 PACKAGES = sorted(LAYERS)
 
 

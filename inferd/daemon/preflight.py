@@ -11,18 +11,15 @@ import importlib.util
 from pathlib import Path
 
 from inferd.config import Config, ModelConfig, artifact_name, served_adapters
-from inferd.engine import (
-    AdapterLoadError,
-    AdapterSignatureError,
+from inferd.artifacts import (
     ArtifactError,
     SigningKeyError,
-    check_adapter_signature,
     fingerprint,
     load_public_key,
-    resolve_adapter_source,
     resolve_artifact,
     verify_signed_artifact,
 )
+from inferd.engine import AdapterLoadError, AdapterSignatureError, check_adapter_signature, resolve_adapter_source
 from inferd.models import SYNTHETIC_KINDS, missing_synthetic, uses_artifact, version_specs
 from inferd.tenancy import KeyFileError, load_authenticator
 

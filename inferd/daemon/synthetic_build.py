@@ -21,7 +21,7 @@ BUILD_PROGRESS_INTERVAL_S = 5.0
 
 async def build_synthetic_artifact(engines_root: Path, name: str, kind: str, notifier: Notifier) -> Path:
     """First run: build the synthetic artifact in a thread, logging progress while it runs."""
-    from inferd.engine.build import build_synthetic
+    from inferd.artifacts.build import build_synthetic
 
     log.info("building_engine", model=name, kind=kind, engines_root=str(engines_root),
              message=f"engine {kind!r} not built yet; building it once (this takes a little while)")

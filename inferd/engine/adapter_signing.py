@@ -6,15 +6,30 @@ reference engine's registry, lazily or for POST /admin/adapters; trtllm's load_a
 (signing.verify_signed_artifact over the adapter's `manifest.toml`); a plain PEFT directory has no
 manifest to sign, so with trusted keys it is refused as unsigned. Without trusted keys nothing here
 runs and adapters load as before.
+
+`adapter_version` is the manifest check every backend that reads adapter files makes after the signature.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
+from inferd.artifacts import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    ArtifactError,
+    read_manifest,
+    read_signature,
+    resolve_artifact,
+    trusted_list,
+    verify_artifact,
+    verify_signed_artifact,
+)
 from inferd.engine.adapters import AdapterLoadError
-from inferd.engine.artifacts import LATEST_FILE, MANIFEST_FILE, SIGNATURE_FILE, ArtifactError, resolve_artifact
-from inferd.engine.signing import read_signature, trusted_list, verify_signed_artifact
+
+
+ADAPTER_TARGET = "lora"       # the manifest target of an adapter artifact
 
 
 class AdapterSignatureError(AdapterLoadError):
@@ -55,7 +70,7 @@ def check_adapter_signature(name: str, directory: str | Path, trusted: Mapping[s
         raise AdapterSignatureError(
             f"LoRA adapter {name!r}: {directory} is unsigned (signer: none): it has no {MANIFEST_FILE}, and "
             f"trusted_keys requires an adapter artifact signed by one of: {keys} (pack it as an artifact with "
-            f"inferd.engine.build.lora.pack_peft, then `inferd engines sign DIR --key KEY`)",
+            f"inferd.artifacts.build.lora.pack_peft, then `inferd engines sign DIR --key KEY`)",
             name, str(directory / SIGNATURE_FILE), None)
     try:
         _, signer = verify_signed_artifact(directory, trusted, check_files=check_files)
@@ -65,3 +80,16 @@ def check_adapter_signature(name: str, directory: str | Path, trusted: Mapping[s
         raise AdapterSignatureError(f"LoRA adapter {name!r}: {exc} (signer: {signer or 'none'})", name,
                                     str(directory / file) if file else str(directory), signer) from None
     return signer
+
+
+def adapter_version(directory: Path, *, verify: bool) -> str | None:
+    """The artifact version of the adapter in `directory`; None for a plain PEFT directory (no manifest).
+    With `verify`, every file is checked against the manifest (sha256). Raises ArtifactError when a file
+    is altered or the manifest is not an adapter's (its target must be "lora")."""
+    if not (directory / MANIFEST_FILE).is_file():
+        return None
+    manifest = verify_artifact(directory) if verify else read_manifest(directory)
+    if manifest.target != ADAPTER_TARGET:
+        raise ArtifactError(f"{directory}: manifest target is {manifest.target!r}, not "
+                            f"{ADAPTER_TARGET!r} (not an adapter artifact)", MANIFEST_FILE)
+    return manifest.version

@@ -21,7 +21,7 @@ from inferd.config import (
 )
 from inferd.engine import Engine
 
-# Artifacts `inferd.engine.build.reference.build_synthetic` can make offline; `serve` builds these itself
+# Artifacts `inferd.artifacts.build.reference.build_synthetic` can make offline; `serve` builds these itself
 # when they are missing, so a new user's first `inferd serve` works.
 SYNTHETIC_KINDS = ("tiny", "small", "tiny-embed", "embed")
 
@@ -41,7 +41,7 @@ def missing_synthetic(name: str, model: ModelConfig, server: ServerConfig) -> st
     of it exists at all (leftover staging directories don't count): a broken artifact is
     reported by the engine's verify, never silently rebuilt.
     """
-    from inferd.engine import MANIFEST_FILE
+    from inferd.artifacts import MANIFEST_FILE
 
     kind = artifact_name(name, model)
     if model.backend != "reference" or kind not in SYNTHETIC_KINDS or model.version != "latest":
@@ -54,7 +54,7 @@ def missing_synthetic(name: str, model: ModelConfig, server: ServerConfig) -> st
 
 
 def _artifact_dir(name: str, model: ModelConfig, server: ServerConfig) -> Path:
-    from inferd.engine import ArtifactError, resolve_artifact
+    from inferd.artifacts import ArtifactError, resolve_artifact
 
     try:
         return resolve_artifact(Path(server.engines_root), artifact_name(name, model), model.version)
@@ -66,7 +66,7 @@ def _artifact_dir(name: str, model: ModelConfig, server: ServerConfig) -> Path:
 def adapter_trusted_keys(name: str, model: ModelConfig, server: ServerConfig) -> dict[str, str]:
     """Fingerprint -> .pub path of the keys a model's LoRA adapters must be signed by: its own
     `trusted_keys`, else `[server]`'s (none: adapters need no signature)."""
-    from inferd.engine import SigningKeyError, load_trusted_keys
+    from inferd.artifacts import SigningKeyError, load_trusted_keys
 
     try:
         return load_trusted_keys(model.trusted_keys or server.trusted_keys)
@@ -101,7 +101,7 @@ def _reference_embedding_engine(name: str, model: ModelConfig, artifact_dir: Pat
 
 def _is_embedding_artifact(name: str, model: ModelConfig, artifact_dir: Path) -> bool:
     """The artifact's manifest says (an [embedding] table); checked against the model's `task`."""
-    from inferd.engine import ArtifactError, read_manifest
+    from inferd.artifacts import ArtifactError, read_manifest
 
     try:
         embeds = read_manifest(artifact_dir).embedding is not None

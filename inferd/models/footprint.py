@@ -84,6 +84,6 @@ def artifact_dir(name: str, model: ModelConfig, server: ServerConfig, version: s
         return None
     if model.backend == "trtllm" and model.trtllm is not None and model.trtllm.engine_dir:
         return Path(model.trtllm.engine_dir)
-    from inferd.engine import resolve_artifact
+    from inferd.artifacts import resolve_artifact
 
     return resolve_artifact(Path(server.engines_root), artifact_name(name, model), version)

@@ -149,7 +149,7 @@ class VersionManager:
         """Resolve (unless `path` is given) and verify in a thread: hashing every file of a large artifact
         takes a while. With trusted keys, an unsigned artifact or an unknown signer is refused first.
         Returns the artifact and its signer's fingerprint (None: unsigned)."""
-        from inferd.engine import (
+        from inferd.artifacts import (
             ArtifactError,
             SigningKeyError,
             load_trusted_keys,

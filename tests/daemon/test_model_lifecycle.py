@@ -168,7 +168,7 @@ async def test_a_stream_waiting_for_its_model_gets_headers_and_heartbeats_first(
 
 
 async def test_a_load_that_fails_leaves_the_others_serving_and_says_why(tmp_path):
-    from inferd.engine.build.reference import build_synthetic
+    from inferd.artifacts.build.reference import build_synthetic
 
     engines = tmp_path / "engines"
     build_synthetic("tiny", engines, progress=lambda message: None)

@@ -7,7 +7,7 @@ import shutil
 from inferd.__main__ import main
 from inferd.config.root import load_config
 from inferd.daemon.preflight import preflight_errors
-from inferd.engine.signing import generate_key_pair, load_private_key, sign_artifact
+from inferd.artifacts.signing import generate_key_pair, load_private_key, sign_artifact
 from tests.trtllm_double.harness import make_lora_dir
 
 
@@ -107,7 +107,7 @@ def test_check_config_names_a_bad_trusted_key(tmp_path, capsys):
 
 def test_an_adapter_that_does_not_fit_or_is_missing_is_named_by_key_and_file_and_a_fitting_one_passes(
         tmp_path, tiny_engines_root, tiny_artifact, capsys):
-    from inferd.engine.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
+    from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
 
     build_synthetic_adapter(tiny_artifact, "good", tmp_path / "loras")     # an artifact: its name directory
     base = json.loads((tiny_artifact / "config.json").read_text())
@@ -138,7 +138,7 @@ def test_trtllm_adapters_under_either_key_must_exist(tmp_path):
 
 def test_with_trusted_keys_an_unsigned_or_foreign_adapter_is_named_by_key_and_a_signed_one_passes(
         tmp_path, tiny_engines_root, tiny_artifact, capsys):
-    from inferd.engine.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
+    from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
 
     release, release_pub = generate_key_pair(tmp_path, "release")
     team, _ = generate_key_pair(tmp_path, "team")

@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from inferd.engine import publish_artifact, read_manifest, staging_dir
-from inferd.engine.signing import fingerprint, generate_key_pair, load_private_key, load_public_key, sign_artifact
+from inferd.artifacts import publish_artifact, read_manifest, staging_dir
+from inferd.artifacts.signing import fingerprint, generate_key_pair, load_private_key, load_public_key, sign_artifact
 from tests.daemon.harness import complete, running, sim_model, write_config
 
 REF = 'backend = "reference"\nmax_batch_size = 4\nmax_num_tokens = 64\nnum_kv_blocks = 64\n'
@@ -120,7 +120,7 @@ async def test_a_reload_adding_an_unsigned_version_keeps_the_signed_one_serving(
 
 async def test_an_adapter_not_signed_by_a_trusted_key_is_refused_while_the_base_model_and_a_signed_adapter_serve(
         tmp_path, tiny_artifact, keys):
-    from inferd.engine.build.lora import build_synthetic_adapter
+    from inferd.artifacts.build.lora import build_synthetic_adapter
 
     root = tmp_path / "engines"
     copy_artifact(tiny_artifact, root, "tiny", keys["release"][0])

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from inferd.engine import AdapterLoadError, AdapterSignatureError, sign_main, verify_main
+from inferd.artifacts import sign_main, verify_main
+from inferd.engine import AdapterLoadError, AdapterSignatureError
 from inferd.engine.adapter_signing import check_adapter_signature
 from inferd.engine.reference.adapter_registry import AdapterRegistry
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.engine.reference.config import LlamaConfig
-from inferd.engine.signing import fingerprint, generate_key_pair, load_private_key, load_public_key, sign_artifact
+from inferd.artifacts.signing import fingerprint, generate_key_pair, load_private_key, load_public_key, sign_artifact
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
 from tests.engine.backends import started_engines
 

@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from inferd.config.root import parse_config
-from inferd.engine.build.reference import build_synthetic
+from inferd.artifacts.build.reference import build_synthetic
 from inferd.engine.sim.engine import SimEngine
 from inferd.models.factory import EngineConfigError, build_engine, missing_synthetic
 
@@ -95,7 +95,7 @@ def test_trtllm_takes_the_models_lora_adapters_too(tmp_path):
 
 
 def test_adapters_must_be_signed_by_the_models_trusted_keys_else_the_servers(tmp_path):
-    from inferd.engine.signing import fingerprint, generate_key_pair, load_public_key
+    from inferd.artifacts.signing import fingerprint, generate_key_pair, load_public_key
 
     keys = {n: generate_key_pair(tmp_path, n)[1] for n in ("release", "team")}
     fp = {n: fingerprint(load_public_key(p)) for n, p in keys.items()}

@@ -63,7 +63,7 @@ def make_lora_dir(path: Path, *, rank: int = 2) -> Path:
     with lora_ckpt_source "hf" names; the double never reads the weights, so two small tensors do."""
     import numpy as np
 
-    from inferd.engine.build.lora import write_peft_adapter
+    from inferd.artifacts.build.lora import write_peft_adapter
 
     prefix = "base_model.model.model.layers.0.self_attn.q_proj"
     tensors = {f"{prefix}.lora_A.weight": np.zeros((rank, 8), np.float32),

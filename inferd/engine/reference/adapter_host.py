@@ -8,18 +8,30 @@ sequences waiting for a load; step thread only), and uses the engine's `_cond`, 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from inferd.engine import EngineUnavailable
+from inferd.engine.base import EngineUnavailable
 from inferd.engine.adapter_signing import AdapterSignatureError
+from inferd.engine.adapter_waits import AdapterWaits, ReadResult
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.reference.adapter_registry import AdapterRegistry
-from inferd.engine.reference.adapter_waits import AdapterWaits, ReadResult
+from inferd.engine.reference.lora import LoraWeights
+from inferd.engine.sequence import Sequence
 from inferd.observability import get_logger
 from inferd.types import FinishReason, GenerationRequest
 
 log = get_logger("inferd.engine.reference.engine")   # one logger for the engine's lines
+
+
+def give_weights(seq: Sequence, weights: LoraWeights | None) -> None:
+    """seq runs with `weights`. Its prefix-cache salt (tenant and adapter name) takes in the adapter's
+    files too, before the scheduler first hashes its blocks: KV computed under other files of the same
+    name (a reload after they changed) is never reused."""
+    seq.lora = weights
+    if weights is not None:
+        seq.salt = hashlib.blake2b(seq.salt + weights.fingerprint, digest_size=16).digest()
 
 
 class LoraHost:
@@ -27,7 +39,7 @@ class LoraHost:
                        idle_unload_s: float | None, verify: bool, trusted: Mapping[str, str] | None = None) -> None:
         self._adapters = AdapterRegistry(sources or {}, max_loaded=max_loaded, idle_unload_s=idle_unload_s,
                                          verify=True, trusted=trusted)   # adapters: hashed at every load
-        self._waits = AdapterWaits(self._adapters, self._post_adapter)
+        self._waits = AdapterWaits(self._adapters, self._adapters.read, self._post_adapter, give_weights)
 
     # -- event loop: AdapterHost ---------------------------------------------------------------
     def adapters(self) -> list[AdapterInfo]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.engine.artifacts import (
+from inferd.artifacts import (
     MANIFEST_FILE,
     ArtifactError,
     EmbeddingSpec,

@@ -16,28 +16,19 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from inferd.engine import (
-    Capacity,
-    Engine,
-    EngineInfo,
-    EngineStats,
-    EngineUnavailable,
-    HFTokenizer,
-    InvalidRequest,
-    RequestStream,
-    failure_message,
-    read_manifest,
-    run_load,
-    validate_request,
-    verify_artifact,
-)
+from inferd.artifacts import read_manifest, verify_artifact
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.loading import run_load
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import HFTokenizer
+from inferd.engine.validation import failure_message, validate_request
 from inferd.engine.reference.adapter_host import LoraHost
-from inferd.engine.reference.block_manager import BlockManager
+from inferd.engine.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
 from inferd.engine.reference.sampler import Sampler, make_rng
-from inferd.engine.reference.scheduler import Scheduler
-from inferd.engine.reference.sequence import Sequence, prefix_salt
+from inferd.engine.scheduler import Scheduler
+from inferd.engine.sequence import Sequence, prefix_salt
 from inferd.observability import get_logger, request_context
 from inferd.types import Delta, FinishReason, GenerationRequest, SamplingParams
 

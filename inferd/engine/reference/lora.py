@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from inferd.artifacts import sha256_file
 from inferd.engine.adapters import AdapterLoadError
-from inferd.engine.artifacts import sha256_file
 from inferd.engine.reference.weights import Checkpoint, WeightsError
 
 CONFIG_FILE = "adapter_config.json"

@@ -5,8 +5,9 @@ that may start a stop string, stamps timing, and builds the deltas, final ones w
 """
 from __future__ import annotations
 
-from inferd.engine import IncrementalDetokenizer, RequestStream, StopMatcher
-from inferd.engine.reference.sequence import Sequence
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
+from inferd.engine.sequence import Sequence
 from inferd.types import Delta, EngineTiming, FinishReason, Usage
 
 

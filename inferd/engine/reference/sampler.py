@@ -11,7 +11,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from inferd.engine import seed64
+from inferd.engine.validation import seed64
 from inferd.types import SamplingParams
 
 

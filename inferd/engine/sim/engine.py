@@ -10,8 +10,9 @@ emits one synthetic token per sequence that finished its prefill. Steps already 
 _SLICE_S): a GPU does not wait for the host's event loop. Tokens are a deterministic function of
 (prompt, seed, position). It reports itself as a simulator (info.simulated).
 
-The scheduling bookkeeping (queues, blocks, preemption, capacity) is inferd.engine.sim.scheduler; this
-module times the steps and makes the tokens. Everything runs on the event loop: the step's Python cost
+Scheduling is the shared scheduler and block manager (inferd.engine.scheduler, seen through
+inferd.engine.sim.scheduler); this module is the simulated executor: it times the steps and makes the
+tokens. Everything runs on the event loop: the step's Python cost
 is a few microseconds per sequence, so no thread is needed, and deltas are pushed from the loop thread
 as RequestStream requires.
 Stats (step latency, tokens/s) are in *simulated* time: what the modelled GPU would do.
@@ -26,19 +27,10 @@ from collections.abc import Iterable
 
 import msgspec
 
-from inferd.engine import (
-    Capacity,
-    Engine,
-    EngineInfo,
-    EngineStats,
-    EngineUnavailable,
-    InvalidRequest,
-    RequestStream,
-    StopMatcher,
-    failure_message,
-    seed64,
-    validate_request,
-)
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import StopMatcher
+from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
@@ -171,7 +163,7 @@ class SimEngine(Engine):
         stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
         eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * _EOS_SCALE)
         stream = RequestStream(request.request_id, on_cancel=self.abort)
-        return SimSequence(request.request_id, stream, len(prompt), sp.max_tokens, key, stop_ids, eos_threshold,
+        return SimSequence(request.request_id, stream, prompt, sp.max_tokens, key, stop_ids, eos_threshold,
                            StopMatcher(sp.stop) if sp.stop else None)
 
     def abort(self, request_id: str) -> None:
@@ -185,10 +177,10 @@ class SimEngine(Engine):
         seq.done = True
         del self._seqs[seq.request_id]
         self._adapters.release(seq)
-        self._scheduler.remove(seq)
+        self._scheduler.remove(seq, reason)
         timing = EngineTiming(submitted=seq.submitted, first_scheduled=seq.first_scheduled,
                               first_token=seq.first_token, finished=time.monotonic())
-        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=len(seq.output))
+        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=seq.num_completion_tokens)
         seq.stream.push(Delta(token_ids=token_ids, text=text, finish_reason=reason, usage=usage, timing=timing,
                               error=error))
 
@@ -292,15 +284,15 @@ class SimEngine(Engine):
         for seq, _ in plan.scheduled:
             if seq.done:
                 continue   # aborted while the step ran
-            out = seq.output
-            pos = len(out)
-            if seq.num_computed < seq.prompt_len + pos:
+            token_ids = seq.token_ids
+            pos = len(token_ids) - seq.num_prompt_tokens
+            if seq.num_computed_tokens < len(token_ids):
                 continue   # a prefill chunk: no token yet
             key = seq.key
             token = gen_ids[hash((key, pos)) % num_gen]
             if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
                 token = tokenizer.eos_token_ids[0]
-            out.append(token)
+            token_ids.append(token)
             produced += 1
             if seq.first_token is None:
                 seq.first_token = now

@@ -1,7 +1,8 @@
 """LoRA adapters in the simulated engine: which it serves, which are in use, and what they add to a step.
 
 The sim reads no adapter files: an adapter is a name (and one rank for all, `rank`) that requests may
-name, loaded on first use at no cost and listed like a real engine's (engine.adapters.AdapterInfo).
+name, loaded on first use at no cost into the engines' shared slots (engine.adapter_slots) and listed
+like a real engine's (engine.adapters.AdapterInfo).
 Its cost is what a batched multi-LoRA kernel (punica/SGMV style, as TensorRT-LLM and vLLM run) adds to
 a step: for each distinct adapter among the step's sequences, its A and B matrices on all seven
 projections (q, k, v, o, gate, up, down) of every layer are read once, and its rows do the two
@@ -17,10 +18,10 @@ it is derived from the parameter count (embeddings untied, Llama layout), which 
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterable
 
-from inferd.engine.adapters import AdapterBusy, AdapterInfo, UnknownAdapter, unknown_adapter_request
+from inferd.engine.adapter_slots import AdapterSlots
+from inferd.engine.adapters import AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.sim.profiles import SimProfile
 from inferd.engine.sim.scheduler import SimSequence
 
@@ -58,8 +59,8 @@ class SimAdapters:
         self._profile = profile
         self._bytes = lora_params(profile, rank) * LORA_BYTES_PER_PARAM / profile.tensor_parallel
         self._flops_per_token = 2.0 * lora_params(profile, rank) / profile.tensor_parallel
-        self._last_used: dict[str, float] = {}         # loaded adapters
-        self._in_use: dict[str, int] = {}
+        # which are loaded and held: the engines' shared slots (no limit; the payload is the rank)
+        self._slots: AdapterSlots[int] = AdapterSlots(dict.fromkeys(self.names, ""))
         self.in_use_total = 0
 
     def check(self, lora: str | None) -> None:
@@ -78,17 +79,16 @@ class SimAdapters:
         """seq runs with adapter `name` (None: none); it is loaded now if it was not."""
         if name is not None:
             seq.lora = name
-            self._in_use[name] = self._in_use.get(name, 0) + 1
+            if self._slots.acquire(name) is None:
+                self._slots.install(name, self.rank, pins=1)
             self.in_use_total += 1
-            self._last_used[name] = time.monotonic()
 
     def release(self, seq: SimSequence) -> None:
         """seq ended: its adapter is one holder short."""
         name, seq.lora = seq.lora, None
         if name is not None:
-            self._in_use[name] -= 1
+            self._slots.release(name)
             self.in_use_total -= 1
-            self._last_used[name] = time.monotonic()
 
     def step_time(self, scheduled: Iterable[tuple[SimSequence, int]]) -> float:
         """Simulated seconds the LoRA kernels add to a step computing n tokens of each (seq, n)."""
@@ -111,21 +111,19 @@ class SimAdapters:
 
     def info(self, name: str) -> AdapterInfo:
         self._known(name)
-        loaded, in_use = name in self._last_used, self._in_use.get(name, 0)
-        idle = time.monotonic() - self._last_used[name] if loaded and not in_use else None
-        return AdapterInfo(name=name, source="", loaded=loaded, in_use=in_use,
-                           rank=self.rank if loaded else None, idle_s=idle)
+        use = self._slots.use(name)
+        return AdapterInfo(name=name, source="", loaded=use.payload is not None, in_use=use.pins, rank=use.payload,
+                           idle_s=use.idle_s)
 
     def load(self, name: str) -> AdapterInfo:
         self._known(name)
-        self._last_used.setdefault(name, time.monotonic())
+        if not self._slots.is_loaded(name):
+            self._slots.install(name, self.rank)
         return self.info(name)
 
     def unload(self, name: str) -> bool:
         self._known(name)
-        if self._in_use.get(name):
-            raise AdapterBusy(f"LoRA adapter {name!r} is in use by {self._in_use[name]} sequence(s)", name)
-        return self._last_used.pop(name, None) is not None
+        return self._slots.unload(name)
 
     def _known(self, name: str) -> None:
         if name not in self._served:

@@ -23,26 +23,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from inferd.engine import (
-    MANIFEST_FILE,
-    ArtifactError,
-    Capacity,
-    Engine,
-    EngineInfo,
-    EngineStats,
-    EngineUnavailable,
-    HFTokenizer,
-    IncrementalDetokenizer,
-    InvalidRequest,
-    Manifest,
-    RequestStream,
-    StopMatcher,
-    blocks_for,
-    read_manifest,
-    seed64,
-    validate_request,
-    verify_artifact,
-)
+from inferd.artifacts import MANIFEST_FILE, ArtifactError, Manifest, read_manifest, verify_artifact
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest, blocks_for
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
+from inferd.engine.validation import seed64, validate_request
 from inferd.engine.adapters import AdapterError, AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.trtllm.loras import TrtllmLoras
 from inferd.engine.trtllm.stats import RequestLedger
@@ -356,7 +341,7 @@ class TrtllmEngine(Engine):
     async def _load_adapter(self, name: str) -> None:
         try:
             checked = await asyncio.to_thread(self._loras.check, name)
-            self._loras.install(name, checked, self._api["LoRARequest"])
+            self._loras.register(name, checked, self._api["LoRARequest"])
         except AdapterError as exc:
             self._loras.refuse(name, str(exc))
             raise

@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from inferd.engine.adapter_signing import check_adapter_signature, resolve_adapter_source
-from inferd.engine.adapters import AdapterInfo, AdapterLoadError, AdapterSources
-from inferd.engine.artifacts import MANIFEST_FILE, ArtifactError, read_manifest, verify_artifact
+from inferd.artifacts import ArtifactError
+from inferd.engine.adapter_signing import adapter_version, check_adapter_signature, resolve_adapter_source
+from inferd.engine.adapter_slots import AdapterSlots
+from inferd.engine.adapters import AdapterInfo, AdapterLoadError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
-ADAPTER_TARGET = "lora"
 
 
 class CheckedAdapter:
@@ -40,13 +40,16 @@ class CheckedAdapter:
         self.directory, self.rank, self.version = directory, rank, version
 
 
-class TrtllmLoras(AdapterSources):
+class TrtllmLoras(AdapterSlots[tuple[Any, CheckedAdapter]]):
+    """The loaded table is the engines' shared slots, name -> (LoRARequest, what check found), with no
+    limit and no holders: TensorRT-LLM's PEFT cache evicts weights by its own LRU, and a running request
+    keeps the LoRARequest it was sent with."""
+
     def __init__(self, sources: Mapping[str, str | Path], *, trusted: Mapping[str, str] | None = None,
                  verify: bool = True) -> None:
         super().__init__(sources)
         self._trusted, self._verify = dict(trusted or {}), verify
         self._ids = itertools.count(1)
-        self._loaded: dict[str, tuple[Any, CheckedAdapter]] = {}    # name -> (LoRARequest, what check found)
         self._refused: dict[str, str] = {}                            # name -> why its last load failed
 
     # -- blocking: asyncio.to_thread -------------------------------------------------------------
@@ -60,14 +63,7 @@ class TrtllmLoras(AdapterSources):
             if not directory.is_dir():
                 raise AdapterLoadError(f"LoRA adapter {name!r}: {directory} is not a directory", name, str(directory))
             check_adapter_signature(name, directory, self._trusted)
-            version = None
-            if (directory / MANIFEST_FILE).is_file():
-                manifest = verify_artifact(directory) if self._verify else read_manifest(directory)
-                if manifest.target != ADAPTER_TARGET:
-                    raise AdapterLoadError(f"LoRA adapter {name!r}: {directory}: manifest target is "
-                                           f"{manifest.target!r}, not {ADAPTER_TARGET!r} (not an adapter artifact)",
-                                           name, str(directory / MANIFEST_FILE))
-                version = manifest.version
+            version = adapter_version(directory, verify=self._verify)
             rank = _peft_rank(name, directory)
         except ArtifactError as exc:
             file = str(directory / exc.file) if exc.file else None
@@ -77,7 +73,7 @@ class TrtllmLoras(AdapterSources):
         return CheckedAdapter(directory, rank, version)
 
     # -- event loop ------------------------------------------------------------------------------
-    def install(self, name: str, checked: CheckedAdapter, make_request: Callable[[str, int, str], Any]) -> None:
+    def register(self, name: str, checked: CheckedAdapter, make_request: Callable[[str, int, str], Any]) -> None:
         """Record adapter `name` as loaded: a LoRARequest (from `make_request(name, id, path)`) with a
         fresh id. The API's ValueError (a path gone since the check) becomes AdapterLoadError."""
         try:
@@ -85,22 +81,24 @@ class TrtllmLoras(AdapterSources):
         except ValueError as exc:
             raise AdapterLoadError(f"LoRA adapter {name!r}: TensorRT-LLM refused it: {exc}", name,
                                    str(checked.directory)) from exc
-        self._loaded[name] = (request, checked)
+        super().unload(name)            # the fresh id replaces the old one
+        self.install(name, (request, checked))
         self._refused.pop(name, None)
 
     def refuse(self, name: str, why: str) -> None:
         """A load of `name` failed: it stays (or becomes) unloaded, and requests naming it say why."""
-        self._loaded.pop(name, None)
+        if name in self:
+            super().unload(name)
         self._refused[name] = why
 
     def unload(self, name: str) -> bool:
         self.source(name)
         self._refused.pop(name, None)
-        return self._loaded.pop(name, None) is not None
+        return super().unload(name)
 
     def request_for(self, name: str) -> Any | None:
         """The LoRARequest of loaded adapter `name`; None when it is not loaded."""
-        entry = self._loaded.get(name)
+        entry = self.loaded(name)
         return entry[0] if entry is not None else None
 
     def not_loaded_reason(self, name: str) -> str:
@@ -111,7 +109,7 @@ class TrtllmLoras(AdapterSources):
 
     def info(self, name: str) -> AdapterInfo:
         source = self.source(name)
-        entry = self._loaded.get(name)
+        entry = self.loaded(name)
         if entry is None:
             return AdapterInfo(name=name, source=str(source), loaded=False)
         return AdapterInfo(name=name, source=str(source), loaded=True, rank=entry[1].rank, version=entry[1].version)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from inferd.engine import Capacity, EngineInfo, EngineStats
+from inferd.engine.base import Capacity, EngineInfo, EngineStats
 
 if TYPE_CHECKING:
     from inferd.engine.trtllm.stream import TrackedRequest

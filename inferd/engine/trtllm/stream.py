@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from inferd.engine import IncrementalDetokenizer, RequestStream, StopMatcher, failure_message
+from inferd.engine.stream import RequestStream
+from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
+from inferd.engine.validation import failure_message
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
 log = logging.getLogger("inferd.engine.trtllm")

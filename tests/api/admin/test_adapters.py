@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from inferd.engine.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
+from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
 from inferd.observability.audit import read_audit
 from tests.daemon.harness import running, sim_model, write_config
 

@@ -8,7 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from inferd.engine.artifacts import ArtifactError, EmbeddingSpec, read_manifest
+from inferd.artifacts.manifest import ArtifactError, EmbeddingSpec, read_manifest
 from inferd.engine.reference import ReferenceEmbedder
 from inferd.engine.reference.embedder import EmbeddingInputError, embedding_spec, pool
 from inferd.engine.reference.model import ForwardBatch, ForwardBatchError, LlamaModel

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from inferd.engine.artifacts import ArtifactError
+from inferd.artifacts.manifest import ArtifactError
 from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.engine.validation import failure_message

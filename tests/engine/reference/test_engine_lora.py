@@ -10,8 +10,8 @@ from inferd.engine.adapters import AdapterBusy, AdapterHost, AdapterLoadError, U
 from inferd.engine.base import InvalidRequest
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
-from inferd.engine.build.lora import synthetic_adapter_tensors, write_peft_adapter
-from inferd.engine.build.reference import read_json_object
+from inferd.artifacts.build.lora import synthetic_adapter_tensors, write_peft_adapter
+from inferd.artifacts.build.reference import read_json_object
 from tests.engine.backends import json_log, started_engines
 
 TEXTS = ["the quick brown fox", "we said", "one of the most common words in the language is the", "how"]

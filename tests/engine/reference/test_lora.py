@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from inferd.engine.adapters import AdapterLoadError
-from inferd.engine.build.lora import adapter_key
+from inferd.artifacts.build.lora import adapter_key
 from inferd.engine.reference.adapter_registry import resolve_source
 from inferd.engine.reference.lora import LoraWeights, load_lora, lora_groups
 from inferd.engine.reference.model import ForwardBatch, LlamaModel

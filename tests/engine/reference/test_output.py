@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from inferd.engine.reference.output import RequestOutput
-from inferd.engine.reference.sequence import Sequence, SequenceStatus
+from inferd.engine.sequence import Sequence, SequenceStatus
 from inferd.engine.stream import RequestStream
 from inferd.types import FinishReason, SamplingParams
 

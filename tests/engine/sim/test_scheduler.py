@@ -6,7 +6,7 @@ from inferd.engine.stream import RequestStream
 
 
 def seq(name: str, prompt_len: int, max_tokens: int = 100) -> SimSequence:
-    return SimSequence(name, RequestStream(name), prompt_len, max_tokens, key=0, stop_ids=frozenset(),
+    return SimSequence(name, RequestStream(name), [0] * prompt_len, max_tokens, key=0, stop_ids=frozenset(),
                        eos_threshold=0, matcher=None)
 
 
@@ -21,7 +21,7 @@ def step(sched: SimScheduler) -> list[tuple[str, int]]:
     sched.computed(plan)
     for s, _ in plan.scheduled:
         if s.num_computed == s.prompt_len + len(s.output):
-            s.output.append(1)
+            s.token_ids.append(1)
     return [(s.request_id, n) for s, n in plan.scheduled]
 
 

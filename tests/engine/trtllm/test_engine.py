@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inferd.engine.artifacts import ArtifactError, verify_artifact
+from inferd.artifacts.manifest import ArtifactError, verify_artifact
 from inferd.engine.base import EngineUnavailable, InvalidRequest
 from inferd.engine.trtllm.engine import TrtllmEngine, TrtllmNotInstalled
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
@@ -329,7 +329,7 @@ async def test_step_observer_gets_each_iteration_latency_in_seconds(tiny_artifac
 # -- the build ------------------------------------------------------------------------------------------
 
 def build_args(hf_dir: Path, engines_root: Path, **overrides) -> argparse.Namespace:
-    from inferd.engine.build import trtllm as builder
+    from inferd.artifacts.build import trtllm as builder
 
     parser = argparse.ArgumentParser()
     builder.add_arguments(parser)
@@ -340,14 +340,14 @@ def build_args(hf_dir: Path, engines_root: Path, **overrides) -> argparse.Namesp
 
 
 def test_build_without_tensorrt_llm_fails_at_once_with_install_hint(tiny_artifact, tmp_path, capsys) -> None:
-    from inferd.engine.build import trtllm as builder
+    from inferd.artifacts.build import trtllm as builder
 
     assert builder.main(build_args(tiny_artifact, tmp_path / "engines")) == 1
     assert "GPU node" in capsys.readouterr().err and not (tmp_path / "engines").exists()
 
 
 async def test_build_publishes_a_verified_artifact_the_engine_serves(tiny_artifact, tmp_path) -> None:
-    from inferd.engine.build import trtllm as builder
+    from inferd.artifacts.build import trtllm as builder
 
     with use_double():
         path = await asyncio.to_thread(builder.build, build_args(tiny_artifact, tmp_path / "engines",
@@ -368,7 +368,7 @@ async def test_build_publishes_a_verified_artifact_the_engine_serves(tiny_artifa
 
 
 async def test_a_tampered_artifact_fails_start_naming_the_file(tiny_artifact, tmp_path) -> None:
-    from inferd.engine.build import trtllm as builder
+    from inferd.artifacts.build import trtllm as builder
 
     with use_double() as controls:
         path = await asyncio.to_thread(builder.build, build_args(tiny_artifact, tmp_path / "engines",
@@ -410,7 +410,7 @@ def test_factory_passes_the_models_verify_setting(tmp_path) -> None:
 def test_builder_uses_only_public_names_of_other_inferd_modules() -> None:
     import ast
 
-    from inferd.engine.build import trtllm as builder
+    from inferd.artifacts.build import trtllm as builder
 
     tree = ast.parse(Path(builder.__file__).read_text())
     private = [f"{node.module}.{alias.name}" for node in ast.walk(tree)

@@ -9,8 +9,8 @@ import pytest
 
 from inferd.engine import AdapterHost, AdapterLoadError, AdapterSignatureError, UnknownAdapter
 from inferd.engine.base import InvalidRequest
-from inferd.engine.build.lora import pack_peft
-from inferd.engine.signing import fingerprint, generate_key_pair, load_private_key, load_public_key, sign_artifact
+from inferd.artifacts.build.lora import pack_peft
+from inferd.artifacts.signing import fingerprint, generate_key_pair, load_private_key, load_public_key, sign_artifact
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
 from tests.trtllm_double.harness import make_lora_dir, trtllm_on_double
 

@@ -7,6 +7,12 @@ preempted: its blocks are freed and it is recomputed later from its tokens so fa
 
 `schedule()` returns a plain SchedulerOutput carrying the step's packed arrays; after the model
 ran, `update_from_output()` takes the sampled tokens back. No model here: tested with integers.
+
+Two policies are arguments, because the backends that share this scheduler differ there:
+`reserve_whole_prompt` admits a waiting sequence only when its whole remaining prompt fits (the
+reference engine: a chunked prefill is never preempted by its own later chunks); without it, when
+the step's chunk fits (the sim, which models an engine that allocates as contexts grow).
+`pack_inputs=False` skips the packed arrays for an executor that has no model to feed (the sim).
 """
 from __future__ import annotations
 
@@ -16,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.engine.reference.block_manager import BlockManager
-from inferd.engine.reference.sequence import Sequence, SequenceStatus
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.sequence import Sequence, SequenceStatus
 from inferd.types import FinishReason
 
 
@@ -44,7 +50,8 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_batch_size: int, max_num_tokens: int,
-                 max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
+                 max_model_len: int, eos_token_ids: Iterable[int] = (), reserve_whole_prompt: bool = True,
+                 pack_inputs: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_num_tokens < 1:
@@ -54,6 +61,8 @@ class Scheduler:
         self.max_num_tokens = max_num_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.reserve_whole_prompt = reserve_whole_prompt
+        self.pack_inputs = pack_inputs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # admission order: newest last
         self.num_preemptions = 0
@@ -107,8 +116,8 @@ class Scheduler:
             remaining = seq.num_tokens - len(cached) * bm.block_size
             n = min(remaining, budget)
             # admit only when the whole remaining prompt fits, so a chunked prefill is not
-            # preempted half-way by its own later chunks
-            if not bm.can_allocate(seq, cached, remaining):
+            # preempted half-way by its own later chunks (or, without reserve_whole_prompt, this chunk)
+            if not bm.can_allocate(seq, cached, remaining if self.reserve_whole_prompt else n):
                 break
             bm.allocate(seq, cached, n)
             self.waiting.popleft()
@@ -120,7 +129,7 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
-        if out.seqs:
+        if out.seqs and self.pack_inputs:
             self._pack(out)
         return out
 
@@ -174,10 +183,7 @@ class Scheduler:
         a token-level condition (EOS, stop token, max_tokens, context length) are FINISHED with
         their blocks freed.
         """
-        bm = self.block_manager
-        for seq, n in zip(out.seqs, out.num_new_tokens):
-            seq.num_computed_tokens += n
-            bm.register_computed_blocks(seq)
+        self.advance(out)
         produced: list[Sequence] = []
         for row, token in zip(out.sample_rows, sampled):
             seq = out.seqs[row]
@@ -187,6 +193,16 @@ class Scheduler:
             if reason is not None:
                 self.finish(seq, reason)
         return produced
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step ran: its sequences (those not finished meanwhile) have their new tokens' K/V."""
+        register = self.block_manager.register_computed_blocks if self.block_manager.prefix_caching else None
+        finished = SequenceStatus.FINISHED
+        for seq, n in zip(out.seqs, out.num_new_tokens):
+            if seq.status is not finished:
+                seq.num_computed_tokens += n
+                if register is not None:
+                    register(seq)
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.sampling

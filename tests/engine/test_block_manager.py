@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.reference.block_manager import BlockManager, BlockManagerError
-from inferd.engine.reference.sequence import Sequence, prefix_salt
+from inferd.engine.block_manager import BlockManager, BlockManagerError
+from inferd.engine.sequence import Sequence, prefix_salt
 
 BS = 4
 

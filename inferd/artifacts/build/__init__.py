@@ -1,10 +1,10 @@
 """Engine builders: turn a checkpoint (synthetic or Hugging Face) into a verified artifact.
 
 `reference` writes HF-layout Llama checkpoints for the NumPy engine; `trtllm` (when present)
-compiles TensorRT-LLM engines. Both publish through `inferd.engine.artifacts.publish_artifact`.
+compiles TensorRT-LLM engines. Both publish through `inferd.artifacts.publish_artifact`.
 """
 from __future__ import annotations
 
-from inferd.engine.build.reference import SYNTHETIC_SPECS, build_synthetic, pack_hf
+from inferd.artifacts.build.reference import SYNTHETIC_SPECS, build_synthetic, pack_hf
 
 __all__ = ["SYNTHETIC_SPECS", "build_synthetic", "pack_hf"]

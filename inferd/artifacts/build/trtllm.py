@@ -16,8 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from inferd.engine import ArtifactError, publish_artifact, staging_dir
-from inferd.engine.build.reference import architecture_from_config, read_json_object, sampling_from_generation_config
+from inferd.artifacts.build.reference import architecture_from_config, read_json_object, sampling_from_generation_config
+from inferd.artifacts.manifest import ArtifactError, publish_artifact, staging_dir
 
 INSTALL_HINT = ("TensorRT-LLM is not installed. Engines for --target trtllm are built on a GPU node: "
                 "pip install 'inferd[trtllm]' --extra-index-url https://pypi.nvidia.com (see docs/gpu.md)")

@@ -1,4 +1,4 @@
-"""inferd.engine.signing: ed25519 signatures over artifact manifests, keys, trust."""
+"""inferd.artifacts.signing: ed25519 signatures over artifact manifests, keys, trust."""
 from __future__ import annotations
 
 import re
@@ -9,8 +9,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from inferd.engine import ArtifactError, SigningKeyError, verify_artifact
-from inferd.engine.signing import (
+from inferd.artifacts import ArtifactError, SigningKeyError, verify_artifact
+from inferd.artifacts.signing import (
     fingerprint,
     generate_key_pair,
     load_private_key,

@@ -1,4 +1,4 @@
-"""One request's state inside the reference engine: its tokens, its KV blocks, its progress.
+"""One request's state inside an engine that uses the shared scheduler: its tokens, its KV blocks, its progress.
 
 Plain data, no model and no threads: the block manager and scheduler move these around and
 are tested with hand-made sequences of integers.
@@ -58,7 +58,7 @@ class Sequence:
         self.rng: np.random.Generator | None = None
         self.engine_state: Any = None           # the engine's per-request output state (stream, detokenizer)
         self.lora_name = lora                   # the LoRA adapter the request names
-        self.lora: Any = None                   # its loaded weights (lora.LoraWeights), pinned while held
+        self.lora: Any = None                   # the adapter it holds, pinned while held (reference: LoraWeights)
 
     @property
     def num_tokens(self) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from inferd.engine import ArtifactError, Progress, publish_artifact, read_manifest, staging_dir
+from inferd.artifacts.manifest import ArtifactError, Progress, publish_artifact, read_manifest, staging_dir
 
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from inferd.engine.artifacts import ArtifactError, EmbeddingSpec, read_manifest, resolve_artifact, verify_artifact
-from inferd.engine.build.reference import SYNTHETIC_SPECS, build_synthetic, num_parameters, pack_hf, random_weights
-from inferd.engine.signing import fingerprint, generate_key_pair, load_public_key, verify_signed_artifact
+from inferd.artifacts.manifest import ArtifactError, EmbeddingSpec, read_manifest, resolve_artifact, verify_artifact
+from inferd.artifacts.build.reference import SYNTHETIC_SPECS, build_synthetic, num_parameters, pack_hf, random_weights
+from inferd.artifacts.signing import fingerprint, generate_key_pair, load_public_key, verify_signed_artifact
 from inferd.engine.tokenization import HFTokenizer
 
 ARTIFACT_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -202,7 +202,7 @@ def test_cli_trtllm_without_its_builder_fails_clearly(monkeypatch: pytest.Monkey
     build_engines = load_build_engines()
     monkeypatch.setattr(build_engines, "_trtllm_builder", lambda: None)
     assert build_engines.main(["--target", "trtllm"]) == 2
-    assert "inferd/engine/build/trtllm.py is missing" in capsys.readouterr().err
+    assert "inferd/artifacts/build/trtllm.py is missing" in capsys.readouterr().err
 
 
 def test_cli_trtllm_delegates_with_its_own_arguments(monkeypatch: pytest.MonkeyPatch) -> None:

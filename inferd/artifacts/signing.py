@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from inferd import tomllib
-from inferd.engine.artifacts import (
+from inferd.artifacts.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
     ArtifactError,
@@ -170,7 +170,7 @@ def sign_artifact(artifact_dir: str | Path, key: Ed25519PrivateKey, *, check_fil
     public_key = key.public_key()
     signer = fingerprint(public_key)
     signature = base64.b64encode(key.sign(SIGNED_PREFIX + data)).decode()
-    text = (f"# ed25519 signature over {MANIFEST_FILE} (inferd.engine.signing)\n"
+    text = (f"# ed25519 signature over {MANIFEST_FILE} (inferd.artifacts.signing)\n"
             f"format = {SIGNATURE_FORMAT}\nalgorithm = \"ed25519\"\nsigner = \"{signer}\"\n"
             f"public_key = \"{_openssh_line(public_key)}\"\nsignature = \"{signature}\"\n")
     tmp = artifact_dir / f".{SIGNATURE_FILE}.{os.getpid()}.tmp"

@@ -20,7 +20,15 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, processors
 
-from inferd.engine import (
+from inferd.artifacts.build.tokenizer_train import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    IM_END,
+    PAD_TOKEN,
+    train_byte_level_bpe,
+    write_tokenizer_files,
+)
+from inferd.artifacts.manifest import (
     Architecture,
     ArtifactError,
     DefaultSampling,
@@ -28,14 +36,6 @@ from inferd.engine import (
     Progress,
     publish_artifact,
     staging_dir,
-)
-from inferd.engine.build.tokenizer_train import (
-    BOS_TOKEN,
-    EOS_TOKEN,
-    IM_END,
-    PAD_TOKEN,
-    train_byte_level_bpe,
-    write_tokenizer_files,
 )
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferd.engine.reference.block_manager import BlockManager
-from inferd.engine.reference.scheduler import Scheduler, SchedulerOutput
-from inferd.engine.reference.sequence import Sequence, SequenceStatus, prefix_salt
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.scheduler import Scheduler, SchedulerOutput
+from inferd.engine.sequence import Sequence, SequenceStatus, prefix_salt
 from inferd.types import FinishReason, SamplingParams
 
 BS = 4

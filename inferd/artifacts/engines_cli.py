@@ -7,8 +7,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from inferd.engine.artifacts import LATEST_FILE, MANIFEST_FILE, ArtifactError
-from inferd.engine.signing import (
+from inferd.artifacts.manifest import LATEST_FILE, MANIFEST_FILE, ArtifactError
+from inferd.artifacts.signing import (
     SigningKeyError,
     generate_key_pair,
     load_private_key,

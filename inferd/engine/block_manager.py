@@ -8,13 +8,14 @@ Prefix cache: a full block whose K/V has been computed is registered under the c
 its tokens (the first link salted per tenant, see sequence.prefix_salt), so a later sequence
 with the same prefix reuses it by reference. Freed blocks that carry a hash stay findable until
 they are evicted for reuse, least recently freed first; blocks without a hash are reused first.
+`prefix_caching=False` (the sim: it has no KV contents to share) finds and registers nothing.
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from inferd.engine import blocks_for
-from inferd.engine.reference.sequence import Sequence
+from inferd.engine.base import blocks_for
+from inferd.engine.sequence import Sequence
 
 
 class BlockManagerError(RuntimeError):
@@ -22,13 +23,14 @@ class BlockManagerError(RuntimeError):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.hash_to_block: dict[bytes, int] = {}
@@ -58,6 +60,8 @@ class BlockManager:
         The block holding the last token is never reused even when cached: at least one token
         must be computed to produce the logits for the next one.
         """
+        if not self.prefix_caching:
+            return []
         usable = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []
         for block_hash in seq.full_block_hashes(self.block_size)[:usable]:
@@ -93,11 +97,14 @@ class BlockManager:
 
     # -- a sequence that holds blocks: next prefill chunk or a decode token ---------------
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed <= self.num_free_blocks
+        # inline blocks_for: this runs for every running sequence every step
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        return needed <= 0 or needed <= self.num_free_blocks
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        if needed <= 0:
+            return
         if needed > self.num_free_blocks:
             raise BlockManagerError(f"{seq.request_id}: no room for {num_new_tokens} more tokens")
         for _ in range(needed):
@@ -105,6 +112,8 @@ class BlockManager:
 
     def register_computed_blocks(self, seq: Sequence) -> None:
         """Offer seq's newly completed full blocks to the prefix cache (after their K/V is written)."""
+        if not self.prefix_caching:
+            return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if num_full <= seq.num_registered_blocks:
             return

@@ -6,8 +6,8 @@ import json
 import pytest
 from safetensors.numpy import load_file
 
-from inferd.engine.artifacts import ArtifactError, read_manifest, resolve_artifact, verify_artifact
-from inferd.engine.build.lora import ALL_TARGETS, adapter_key, build_synthetic_adapter, pack_peft
+from inferd.artifacts.manifest import ArtifactError, read_manifest, resolve_artifact, verify_artifact
+from inferd.artifacts.build.lora import ALL_TARGETS, adapter_key, build_synthetic_adapter, pack_peft
 
 
 def test_a_synthetic_adapter_is_a_verified_peft_artifact_for_its_base_model(tiny_artifact, tmp_path):

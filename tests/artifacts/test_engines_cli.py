@@ -1,4 +1,4 @@
-"""inferd.engine.engines_cli: `inferd engines verify | keygen | sign`, through the real CLI parser."""
+"""inferd.artifacts.engines_cli: `inferd engines verify | keygen | sign`, through the real CLI parser."""
 from __future__ import annotations
 
 import shutil
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inferd.__main__ import main as inferd_main
-from inferd.engine import fingerprint, load_private_key, load_public_key
-from inferd.engine.engines_cli import verify_main
+from inferd.artifacts import fingerprint, load_private_key, load_public_key
+from inferd.artifacts.engines_cli import verify_main
 
 
 @pytest.fixture

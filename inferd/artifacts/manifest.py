@@ -10,10 +10,10 @@
 - An `[embedding]` table marks an embedding model (pooling, normalization, Matryoshka truncation);
   those settings live only in the manifest, so publishing the same files with other settings is refused.
 - `manifest.sig` beside the manifest, when present, is a detached signature over the manifest's
-  bytes (inferd.engine.signing); it is not one of the artifact's files, so signing an artifact
+  bytes (inferd.artifacts.signing); it is not one of the artifact's files, so signing an artifact
   neither changes its version nor breaks its verification.
 
-`inferd engines verify | keygen | sign` live in inferd.engine.engines_cli.
+`inferd engines verify | keygen | sign` live in inferd.artifacts.engines_cli.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import msgspec
 from inferd import tomllib
 
 MANIFEST_FILE = "manifest.toml"
-SIGNATURE_FILE = "manifest.sig"             # inferd.engine.signing
+SIGNATURE_FILE = "manifest.sig"             # inferd.artifacts.signing
 LATEST_FILE = "LATEST"
 MANIFEST_FORMAT = 1
 _CHUNK = 1 << 20

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from inferd.engine import artifacts
-from inferd.engine.artifacts import (
+from inferd.artifacts import manifest as artifacts
+from inferd.artifacts.manifest import (
     Architecture,
     ArtifactError,
     EmbeddingSpec,

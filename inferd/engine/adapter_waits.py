@@ -1,4 +1,4 @@
-"""Sequences waiting for their LoRA adapter to load, and the loads they wait on (the engine's step thread).
+"""Sequences waiting for their LoRA adapter to load, and the loads they wait on (an engine's step thread).
 
 A sequence naming a loaded adapter gets it at once, pinned (`attach`), and goes to the scheduler.
 Otherwise it waits here while a loader thread reads the adapter's files (off the event loop and off the
@@ -7,36 +7,36 @@ engine turns into a step-thread command, and `on_read` installs the adapter pinn
 sequences, which then go to the scheduler, or fails them when the files were bad. When every adapter
 slot holds an adapter in use, the read adapter is kept here until `retry` finds a slot freed by the end
 of a sequence. Every method but the loader's callback runs on the step thread.
+
+What an adapter is stays the backend's: `read` (blocking) makes its payload from the files, and `give`
+hands a payload to a sequence (the reference engine also salts the sequence's prefix cache with it).
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic
 
+from inferd.engine.adapter_slots import AdapterSlots, Payload
 from inferd.engine.adapters import AdapterBusy
-from inferd.engine.reference.adapter_registry import AdapterRegistry
-from inferd.engine.reference.lora import LoraWeights
-from inferd.engine.reference.sequence import Sequence, SequenceStatus
+from inferd.engine.sequence import Sequence, SequenceStatus
 from inferd.types import FinishReason
 
-ReadResult = LoraWeights | BaseException
+ReadResult = Any    # a payload, or the BaseException its read raised
 
 
-def _give(seq: Sequence, weights: LoraWeights | None) -> None:
-    """seq runs with `weights`. Its prefix-cache salt (tenant and adapter name) takes in the adapter's
-    files too, before the scheduler first hashes its blocks: KV computed under other files of the same
-    name (a reload after they changed) is never reused."""
-    seq.lora = weights
-    if weights is not None:
-        seq.salt = hashlib.blake2b(seq.salt + weights.fingerprint, digest_size=16).digest()
+def hold(seq: Sequence, payload: Any) -> None:
+    """The default `give`: seq runs with `payload` (None: without its adapter)."""
+    seq.lora = payload
 
 
-class AdapterWaits:
-    def __init__(self, registry: AdapterRegistry, post: Callable[[str, ReadResult], None]) -> None:
-        self._registry, self._post = registry, post
+class AdapterWaits(Generic[Payload]):
+    def __init__(self, slots: AdapterSlots[Payload], read: Callable[[str], Payload],
+                 post: Callable[[str, ReadResult], None],
+                 give: Callable[[Sequence, Payload | None], None] = hold) -> None:
+        self._registry, self._read, self._post, self._give = slots, read, post, give
         self._waiting: dict[str, list[Sequence]] = {}    # adapter name -> its sequences, in arrival order
-        self._held: dict[str, LoraWeights] = {}          # read, waiting for a free slot
+        self._held: dict[str, Payload] = {}              # read, waiting for a free slot
         self._reading: set[str] = set()
         self._executor: ThreadPoolExecutor | None = None
 
@@ -48,7 +48,7 @@ class AdapterWaits:
             return True
         weights = self._registry.acquire(name)
         if weights is not None:
-            _give(seq, weights)
+            self._give(seq, weights)
             return True
         self._waiting.setdefault(name, []).append(seq)
         if name not in self._reading and name not in self._held:
@@ -85,7 +85,7 @@ class AdapterWaits:
     def release(self, seq: Sequence) -> None:
         """seq ended: let go of its adapter (once)."""
         if seq.lora is not None:
-            self._registry.release(seq.lora.name)
+            self._registry.release(seq.lora_name)   # type: ignore[arg-type]   # what attach acquired
             seq.lora = None
 
     def waiting(self) -> list[Sequence]:
@@ -115,7 +115,7 @@ class AdapterWaits:
         del self._held[name]
         self._waiting.pop(name, None)
         for seq in seqs:
-            _give(seq, weights)
+            self._give(seq, weights)
         return seqs
 
     def _start_read(self, name: str) -> None:
@@ -127,4 +127,4 @@ class AdapterWaits:
             if not future.cancelled():
                 self._post(name, future.exception() or future.result())
 
-        self._executor.submit(self._registry.read, name).add_done_callback(done)
+        self._executor.submit(self._read, name).add_done_callback(done)
