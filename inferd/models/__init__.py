@@ -5,7 +5,7 @@ from inferd.models.breaker import BreakerOpen, Breakers, BreakerState
 from inferd.models.control import ControlPlane, audit_path
 from inferd.models.errors import RoutingError
 from inferd.models.factory import SYNTHETIC_KINDS, EngineConfigError, build_engine, missing_synthetic
-from inferd.models.lifecycle import LifecycleError, ModelLifecycle
+from inferd.models.memory_budget import LifecycleError, ModelLifecycle
 from inferd.models.prewarm import run_schedule as run_prewarm_schedule
 from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutNotFound

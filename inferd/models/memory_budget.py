@@ -36,7 +36,7 @@ from typing import Any
 
 from inferd.config import Config
 from inferd.models.footprint import FootprintError, artifact_dir, estimate_bytes, measured_bytes
-from inferd.models.lifecycle_types import Histogram, LifecycleError
+from inferd.models.memory_budget_types import Histogram, LifecycleError
 from inferd.models.load_times import LoadTimes
 from inferd.models.residency import COLD, DRAINING, HOT, LoadPlan, NeverFits, Residency
 from inferd.models.versions import VersionManager, VersionSpec, version_specs

@@ -15,7 +15,7 @@ from inferd.models.versions import VersionSpec
 from inferd.observability import get_logger
 
 if TYPE_CHECKING:
-    from inferd.models.lifecycle import ModelLifecycle, SpecKey
+    from inferd.models.memory_budget import ModelLifecycle, SpecKey
 
 log = get_logger("inferd.lifecycle")
 
