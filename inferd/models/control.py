@@ -19,7 +19,7 @@ from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutManager
 from inferd.models.routing import RoutingTable
 from inferd.models.version_stats import ShadowRecorder
-from inferd.models.versions import routes_from_config
+from inferd.models.specs import routes_from_config
 from inferd.observability import SYSTEM_ACTOR, AuditLog, get_logger
 from inferd.types import ModelVersion
 

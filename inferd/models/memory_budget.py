@@ -44,7 +44,8 @@ from inferd.models.memory_budget_types import Histogram, LifecycleError
 from inferd.models.load_times import LoadTimes
 from inferd.models.residency import COLD, DRAINING, HOT, LoadPlan, NeverFits, Residency
 from inferd.models.routing import SpecKey
-from inferd.models.versions import VersionManager, VersionSpec, version_specs
+from inferd.models.specs import VersionSpec, version_specs
+from inferd.models.versions import VersionManager
 from inferd.observability import SYSTEM_ACTOR, get_logger
 from inferd.types import ModelVersion
 

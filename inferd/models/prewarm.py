@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from inferd.models.versions import VersionSpec
+from inferd.models.specs import VersionSpec
 from inferd.observability import get_logger
 
 if TYPE_CHECKING:

@@ -125,3 +125,14 @@ class ModelRegistry:
 
     def list_models(self) -> list[ModelListing]:
         return self.table.list_models()
+
+
+def registry_from_engines(engines: Mapping[str, Any]) -> ModelRegistry:
+    """A registry serving already started engines, one version per model (tests, embedders)."""
+    defaults = {name: engine.info.version for name, engine in engines.items()}
+    registry = ModelRegistry(defaults=defaults)
+    for name, engine in engines.items():
+        key = ModelVersion(name, engine.info.version)
+        registry.register(key, engine)
+        registry.mark_ready(key)
+    return registry

@@ -21,46 +21,18 @@ from pathlib import Path
 
 import msgspec
 
-from inferd.config import Config, ModelConfig, ServerConfig, Split, artifact_name, split_from_config
+from inferd.config import Config, ModelConfig, ServerConfig, artifact_name
 from inferd.engine import Engine, run_load
 from inferd.models.factory import EngineConfigError
 from inferd.models.registry import ModelRegistry
 from inferd.models.routing import SpecKey
+from inferd.models.specs import VersionSpec, uses_artifact
 from inferd.observability import get_logger
 from inferd.types import ModelVersion
 
 log = get_logger("inferd.versions")
 
 EngineFactory = Callable[[str, ModelConfig, ServerConfig], Engine]
-
-
-class VersionSpec(msgspec.Struct, frozen=True):
-    """One version the config asks to keep loaded: `requested` is "latest" or a version id."""
-
-    model: str
-    requested: str
-    config: ModelConfig
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}@{self.requested}"
-
-
-def version_specs(cfg: Config) -> list[VersionSpec]:
-    """Every version the config lists: each model's default first, then its `versions`. A spec's
-    `trusted_keys` are the ones its artifact must be signed by: the model's own, else `[server]`'s."""
-    out = []
-    for name, model in cfg.models.items():
-        if not model.trusted_keys and cfg.server.trusted_keys:
-            model = msgspec.structs.replace(model, trusted_keys=cfg.server.trusted_keys)
-        out.append(VersionSpec(name, model.version, model))
-        out.extend(VersionSpec(name, v, model) for v in model.versions)
-    return out
-
-
-def uses_artifact(model: ModelConfig) -> bool:
-    """The model's engine loads an artifact from engines_root (a trtllm engine_dir is its own)."""
-    return model.backend == "reference" or (model.backend == "trtllm" and not (model.trtllm and model.trtllm.engine_dir))
 
 
 class VersionManager:
@@ -319,21 +291,6 @@ def _engine_shape(model: ModelConfig | None) -> ModelConfig | None:
         return None
     return msgspec.structs.replace(model, version="latest", versions=(), breaker=None, keep_warm_s=0.0,
                                    hardware=None)
-
-
-def routes_from_config(cfg: Config, defaults: Mapping[str, str]) -> dict[str, Split]:
-    return {name: split_from_config(alias, defaults) for name, alias in cfg.aliases.items()}
-
-
-def registry_from_engines(engines: Mapping[str, Engine]) -> ModelRegistry:
-    """A registry serving already started engines, one version per model (tests, embedders)."""
-    defaults = {name: engine.info.version for name, engine in engines.items()}
-    registry = ModelRegistry(defaults=defaults)
-    for name, engine in engines.items():
-        key = ModelVersion(name, engine.info.version)
-        registry.register(key, engine)
-        registry.mark_ready(key)
-    return registry
 
 
 class VersionLease:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inferd.config.root import ModelConfig
 from inferd.models.prewarm import next_prewarm
-from inferd.models.versions import VersionSpec
+from inferd.models.specs import VersionSpec
 
 DAY = 86400
 
