@@ -21,7 +21,7 @@ here goes through HTTP, admission or an engine. What it models, on one device:
   percent of its slots). A request counts as in flight (Residency.acquire/release) from the moment it
   reaches a hot model until it finishes, so a model with work is never evicted.
 - A request for a model that is not hot is a cold start, decided as the daemon decides it
-  (inferd.models.lifecycle): it joins the model's load if one is queued or under way (concurrent
+  (inferd.models.memory_budget): it joins the model's load if one is queued or under way (concurrent
   requests share one load); else, with the device idle and nothing the policy may evict
   (`plan_load` -> NoRoom) but for versions serving requests, it is refused at once (503 with NoRoom's
   Retry-After) and nothing is queued; else its load is queued. It then waits if the estimate of when

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from inferd.cluster.identity import HEADER as FORWARDED_HEADER
 from inferd.cluster.identity import TOKEN_TTL_S, ForwardedIdentity
-from inferd.cluster.node import Cluster
+from inferd.cluster.cluster import Cluster
 from inferd.cluster.wire import ClusterKeyError, Rejected
 
 __all__ = ["FORWARDED_HEADER", "TOKEN_TTL_S", "Cluster", "ClusterKeyError", "ForwardedIdentity", "Rejected"]

@@ -71,7 +71,7 @@ class ServerConfig(ConfigTable):
     # this rate (0: off), pacing only once the debt is over the burst.
     refused_bytes_per_s: float = 1_048_576.0
     refused_burst_bytes: int = 8_388_608
-    # Issue 17: model lifecycle (inferd.models.lifecycle). With a budget, versions load when first asked for
+    # Issue 17: model lifecycle (inferd.models.memory_budget). With a budget, versions load when first asked for
     # (or pinned / prewarmed) and the least recently used idle ones are evicted to make room; None: every
     # configured version loads at start and stays.
     model_memory_bytes: int | None = None

@@ -241,7 +241,7 @@ class Daemon:
             stack.push_async_callback(asyncio.to_thread, state.tracing.shutdown)
         versions = VersionManager(registry, cfg.server, self._engine_factory)
         versions.step_observer = self._observe_steps(state)
-        control = ControlPlane(cfg, registry, versions)
+        control = ControlPlane(cfg, registry)
         stack.callback(control.close)     # last out: the audit log sees every record before it closes
         stack.push_async_callback(versions.close_all)
         lifecycle = None

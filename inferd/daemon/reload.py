@@ -259,9 +259,6 @@ class Reloader:
         self.control.breakers.forget(key)
         if tenancy is not None:
             await tenancy.retire(engine)
-        lifecycle = getattr(self.state, "lifecycle", None)
-        if lifecycle is not None:
-            lifecycle.retired(key)
 
     async def wait_retired(self) -> None:
         """Tests and shutdown: wait until every retired version has unloaded."""

@@ -5,20 +5,14 @@ from inferd.models.breaker import BreakerOpen, Breakers, BreakerState
 from inferd.models.control import ControlPlane, audit_path
 from inferd.models.errors import RoutingError
 from inferd.models.factory import SYNTHETIC_KINDS, EngineConfigError, build_engine, missing_synthetic
-from inferd.models.lifecycle import LifecycleError, ModelLifecycle
+from inferd.models.memory_budget import LifecycleError, ModelLifecycle
 from inferd.models.prewarm import run_schedule as run_prewarm_schedule
-from inferd.models.registry import ModelRegistry
+from inferd.models.registry import ModelRegistry, registry_from_engines
 from inferd.models.rollout import Rollout, RolloutError, RolloutNotFound
 from inferd.models.routing import Route
 from inferd.models.shadow import ShadowDispatcher
-from inferd.models.versions import (
-    VersionLease,
-    VersionManager,
-    registry_from_engines,
-    routes_from_config,
-    uses_artifact,
-    version_specs,
-)
+from inferd.models.specs import routes_from_config, uses_artifact, version_specs
+from inferd.models.versions import VersionLease, VersionManager
 
 __all__ = [
     "SYNTHETIC_KINDS", "BreakerOpen", "BreakerState", "Breakers", "ControlPlane", "EngineConfigError", "LifecycleError",

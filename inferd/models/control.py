@@ -1,9 +1,9 @@
-"""The routing control plane the daemon owns: loaded versions, routes, rollouts, breakers, shadow stats, audit.
+"""The routing control plane the daemon owns: routes over the loaded versions, rollouts, breakers, shadow stats, audit.
 
 One `ControlPlane` per daemon, hung on `ServerState.control`. It turns a Config into routing
 (defaults and aliases), builds the configured rollouts, feeds them completions and a 1 s tick, and
 applies reloads in two swaps (see `inferd.daemon.reload`). The audit log opens on its first record, so a
-daemon that never changes routing never creates the file.
+daemon that never changes routing never creates the file. Which versions are loaded it asks the registry.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from inferd.models.registry import ModelRegistry
 from inferd.models.rollout import Rollout, RolloutError, RolloutManager
 from inferd.models.routing import RoutingTable
 from inferd.models.version_stats import ShadowRecorder
-from inferd.models.versions import VersionManager, routes_from_config
+from inferd.models.specs import routes_from_config
 from inferd.observability import SYSTEM_ACTOR, AuditLog, get_logger
 from inferd.types import ModelVersion
 
@@ -56,10 +56,9 @@ class LazyAudit:
 
 
 class ControlPlane:
-    def __init__(self, config: Config, registry: ModelRegistry, versions: VersionManager) -> None:
+    def __init__(self, config: Config, registry: ModelRegistry) -> None:
         self.config = config
         self.registry = registry
-        self.versions = versions
         self.rollouts = RolloutManager()
         self.shadows = ShadowRecorder(prices=config.prices)
         self.audit = LazyAudit(audit_path(config))
@@ -68,13 +67,13 @@ class ControlPlane:
     # -- routes ------------------------------------------------------------------------------
     def final_table(self, table: RoutingTable, cfg: Config) -> RoutingTable:
         """`cfg`'s routes over the versions loaded now, with every rollout's weights on top."""
-        defaults = self.versions.defaults(cfg)
+        defaults = self.registry.default_versions(cfg)
         return self.rollouts.overlay(table.with_routes(defaults=defaults, aliases=routes_from_config(cfg, defaults)))
 
     def transitional_table(self, table: RoutingTable, cfg: Config) -> RoutingTable:
         """Routes of `cfg` that can be served now; a route whose new targets are still loading keeps
         its current split (and a model its current default) until they are ready."""
-        final_defaults = self.versions.defaults(cfg)
+        final_defaults = self.registry.default_versions(cfg)
         defaults = {}
         for name, version in final_defaults.items():
             old = table.defaults.get(name)
@@ -92,7 +91,7 @@ class ControlPlane:
     # -- rollouts ----------------------------------------------------------------------------
     def configure_rollouts(self, cfg: Config) -> None:
         """Add the config's rollouts that are not running; active ones keep going across reloads."""
-        defaults = self.versions.defaults(cfg)
+        defaults = self.registry.default_versions(cfg)
         for name, rcfg in cfg.rollouts.items():
             with contextlib.suppress(RolloutError):
                 current = self.rollouts.get(name)

@@ -11,11 +11,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from inferd.models.versions import VersionSpec
+from inferd.models.specs import VersionSpec
 from inferd.observability import get_logger
 
 if TYPE_CHECKING:
-    from inferd.models.lifecycle import ModelLifecycle, SpecKey
+    from inferd.models.memory_budget import ModelLifecycle, SpecKey
 
 log = get_logger("inferd.lifecycle")
 

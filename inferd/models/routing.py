@@ -30,6 +30,7 @@ from inferd.models.errors import InvalidModelField, UnknownModel, VersionNotLoad
 from inferd.types import ModelVersion
 
 VersionState = Literal["loading", "ready", "retired"]
+SpecKey = tuple[str, str]       # a configured version: (model, requested), requested "latest" or a version id
 
 
 class Route(msgspec.Struct, frozen=True):
@@ -57,8 +58,13 @@ def split_adapter(model_field: str) -> tuple[str, str | None]:
 
 
 class VersionEntry(msgspec.Struct, frozen=True):
+    """One loaded version: its engine and state, and what the config knows it as."""
+
     engine: Any
     state: VersionState
+    loaded_as: SpecKey | None = None        # the configured version whose load brought it up
+    serves: tuple[SpecKey, ...] = ()        # configured versions that resolve to it now (none once retired)
+    config: Any = None                      # the ModelConfig it was loaded with
 
 
 class ArmListing(msgspec.Struct, frozen=True):
@@ -129,6 +135,9 @@ class RoutingTable:
     # -- builders (return a new table) -----------------------------------------------------
     def with_version(self, key: ModelVersion, engine: Any, state: VersionState) -> RoutingTable:
         return self._replace(versions={**self.versions, key: VersionEntry(engine, state)})
+
+    def with_entry(self, key: ModelVersion, entry: VersionEntry) -> RoutingTable:
+        return self._replace(versions={**self.versions, key: entry})
 
     def without_version(self, key: ModelVersion) -> RoutingTable:
         versions = dict(self.versions)

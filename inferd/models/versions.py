@@ -21,10 +21,12 @@ from pathlib import Path
 
 import msgspec
 
-from inferd.config import Config, ModelConfig, ServerConfig, Split, artifact_name, split_from_config
+from inferd.config import Config, ModelConfig, ServerConfig, artifact_name
 from inferd.engine import Engine, run_load
 from inferd.models.factory import EngineConfigError
 from inferd.models.registry import ModelRegistry
+from inferd.models.routing import SpecKey
+from inferd.models.specs import VersionSpec, uses_artifact
 from inferd.observability import get_logger
 from inferd.types import ModelVersion
 
@@ -33,37 +35,9 @@ log = get_logger("inferd.versions")
 EngineFactory = Callable[[str, ModelConfig, ServerConfig], Engine]
 
 
-class VersionSpec(msgspec.Struct, frozen=True):
-    """One version the config asks to keep loaded: `requested` is "latest" or a version id."""
-
-    model: str
-    requested: str
-    config: ModelConfig
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}@{self.requested}"
-
-
-def version_specs(cfg: Config) -> list[VersionSpec]:
-    """Every version the config lists: each model's default first, then its `versions`. A spec's
-    `trusted_keys` are the ones its artifact must be signed by: the model's own, else `[server]`'s."""
-    out = []
-    for name, model in cfg.models.items():
-        if not model.trusted_keys and cfg.server.trusted_keys:
-            model = msgspec.structs.replace(model, trusted_keys=cfg.server.trusted_keys)
-        out.append(VersionSpec(name, model.version, model))
-        out.extend(VersionSpec(name, v, model) for v in model.versions)
-    return out
-
-
-def uses_artifact(model: ModelConfig) -> bool:
-    """The model's engine loads an artifact from engines_root (a trtllm engine_dir is its own)."""
-    return model.backend == "reference" or (model.backend == "trtllm" and not (model.trtllm and model.trtllm.engine_dir))
-
-
 class VersionManager:
-    """Owns every loaded engine version; the registry's table says which are routable."""
+    """Loads, warms and retires engine versions; the registry's table is where they are recorded (which are
+    loaded, their engines and states, which configured version each serves): this keeps no copy of it."""
 
     def __init__(self, registry: ModelRegistry, server: ServerConfig, engine_factory: EngineFactory, *,
                  on_change: Callable[[], None] = lambda: None) -> None:
@@ -71,15 +45,19 @@ class VersionManager:
         self.server = server
         self._factory = engine_factory
         self._on_change = on_change
-        self.loaded: dict[tuple[str, str], ModelVersion] = {}     # (model, requested) -> key
         self.failures: dict[str, str] = {}                        # "model@requested" -> why
         self._in_use: dict[ModelVersion, int] = {}
         self._released: dict[ModelVersion, asyncio.Event] = {}
-        self._closing: set[ModelVersion] = set()
-        self._warm: dict[ModelVersion, tuple[asyncio.Task, ModelConfig]] = {}   # retired, kept loaded a while
-        self._configs: dict[ModelVersion, ModelConfig] = {}                     # what each was loaded with
+        self._warm: dict[ModelVersion, asyncio.Task] = {}         # retired, kept loaded a while
         self.step_observer: Callable[[str, Engine], None] | None = None
         self.usage_observer: Callable[[ModelVersion, int], None] | None = None   # +1 acquire, -1 release
+        # A retired version was unloaded and its engine closed: (its key, the configured version it was loaded as).
+        self.unloaded_observer: Callable[[ModelVersion, SpecKey | None], None] | None = None
+
+    @property
+    def loaded(self) -> dict[SpecKey, ModelVersion]:
+        """Configured version (model, requested) -> the loaded version it resolves to: the registry's answer."""
+        return self.registry.loaded()
 
     # -- loading ---------------------------------------------------------------------------
     async def load(self, spec: VersionSpec, started: Callable[[Engine], None] | None = None) -> ModelVersion | None:
@@ -113,9 +91,9 @@ class VersionManager:
             if key in self.registry.table.versions:
                 log.warning("version_already_loaded", model=spec.model, version=version, requested=spec.requested)
                 await engine.close()
-                self.loaded[(spec.model, spec.requested)] = key
+                self.registry.serve_as(key, (spec.model, spec.requested))
                 return key
-            self.registry.register(key, engine)
+            self.registry.register(key, engine, loaded_as=(spec.model, spec.requested), config=spec.config)
             await engine.start()
             if model.hardware is not None:      # after start: a TensorRT-LLM engine builds its info there
                 engine.info = msgspec.structs.replace(engine.info, hardware=model.hardware)
@@ -135,9 +113,7 @@ class VersionManager:
             log.error("version_refused", model=spec.model, version=spec.requested, error=str(exc),
                       error_type=type(exc).__name__, file=getattr(exc, "file", None))
             return None
-        self.registry.mark_ready(key)
-        self.loaded[(spec.model, spec.requested)] = key
-        self._configs[key] = spec.config
+        self.registry.mark_ready(key, serves=(spec.model, spec.requested))
         self.failures.pop(spec.label, None)
         self._on_change()
         info = engine.info
@@ -206,10 +182,8 @@ class VersionManager:
         return keys
 
     def defaults(self, cfg: Config) -> dict[str, str]:
-        """Model name -> loaded version id of its default ("latest" resolved); unloaded ones
-        keep the requested id, so routes naming them wait instead of failing validation."""
-        return {name: (self.loaded.get((name, m.version)) or ModelVersion(name, m.version)).version
-                for name, m in cfg.models.items()}
+        """Model name -> loaded version id of its default: the registry's `default_versions`."""
+        return self.registry.default_versions(cfg)
 
     # -- requests --------------------------------------------------------------------------
     def acquire(self, key: ModelVersion) -> None:
@@ -236,11 +210,10 @@ class VersionManager:
     # -- retiring --------------------------------------------------------------------------
     def stop_routing(self, key: ModelVersion) -> bool:
         """Retire `key` now (synchronously: the next request cannot reach it). False if already going."""
-        if key not in self.registry.table.versions or key in self._closing:
+        table = self.registry.table
+        if key not in table.versions or table.state(key) == "retired":
             return False
-        self._closing.add(key)
         self.registry.retire(key)
-        self.loaded = {k: v for k, v in self.loaded.items() if v != key}
         self._on_change()
         log.info("version_retired", model=key.model, version=key.version, in_flight=self.in_use(key))
         return True
@@ -250,7 +223,7 @@ class VersionManager:
         """After `stop_routing`: keep `key` loaded but unrouted for `seconds`, then unload it once idle.
         A config that lists it again meanwhile (a rollback after a promotion) gets it back at once."""
         task = asyncio.get_running_loop().create_task(self._cool(key, seconds), name=f"warm-{key}")
-        self._warm[key] = (task, self._configs.get(key))
+        self._warm[key] = task
         log.info("version_kept_warm", model=key.model, version=key.version, seconds=seconds)
         return task
 
@@ -263,15 +236,10 @@ class VersionManager:
         """The warm version `spec` asks for, routable again; None when there is none to reuse (another
         version, or one loaded with a different engine configuration)."""
         key = ModelVersion(spec.model, version) if version is not None else None
-        warm = self._warm.get(key) if key is not None else None
-        if warm is None or _engine_shape(warm[1]) != _engine_shape(spec.config):
+        if key not in self._warm or _engine_shape(self.registry.config_of(key)) != _engine_shape(spec.config):
             return None
-        task, _ = self._warm.pop(key)
-        task.cancel()
-        self._closing.discard(key)
-        self.registry.mark_ready(key)
-        self.loaded[(spec.model, spec.requested)] = key
-        self._configs[key] = spec.config
+        self._warm.pop(key).cancel()
+        self.registry.mark_ready(key, serves=(spec.model, spec.requested), config=spec.config)
         self._on_change()
         log.info("version_revived", model=key.model, version=key.version, requested=spec.requested)
         return key
@@ -289,17 +257,18 @@ class VersionManager:
                 await event.wait()
         finally:
             self._released.pop(key, None)
-            self._closing.discard(key)
-            self._configs.pop(key, None)
             if key in self.registry.table.versions:    # close_all may have taken it meanwhile
+                loaded_as = self.registry.loaded_as(key)
                 engine = self.registry.remove(key)
                 self._on_change()
                 await self._discard(None, engine)
                 log.info("version_unloaded", model=key.model, version=key.version)
+                if self.unloaded_observer is not None:
+                    self.unloaded_observer(key, loaded_as)
 
     async def close_all(self) -> None:
         """Shutdown: close every engine (open streams end with finish_reason "abort")."""
-        for task, _ in self._warm.values():
+        for task in self._warm.values():
             task.cancel()
         self._warm.clear()
         for key in sorted(self.registry.table.versions, reverse=True):
@@ -322,21 +291,6 @@ def _engine_shape(model: ModelConfig | None) -> ModelConfig | None:
         return None
     return msgspec.structs.replace(model, version="latest", versions=(), breaker=None, keep_warm_s=0.0,
                                    hardware=None)
-
-
-def routes_from_config(cfg: Config, defaults: Mapping[str, str]) -> dict[str, Split]:
-    return {name: split_from_config(alias, defaults) for name, alias in cfg.aliases.items()}
-
-
-def registry_from_engines(engines: Mapping[str, Engine]) -> ModelRegistry:
-    """A registry serving already started engines, one version per model (tests, embedders)."""
-    defaults = {name: engine.info.version for name, engine in engines.items()}
-    registry = ModelRegistry(defaults=defaults)
-    for name, engine in engines.items():
-        key = ModelVersion(name, engine.info.version)
-        registry.register(key, engine)
-        registry.mark_ready(key)
-    return registry
 
 
 class VersionLease:

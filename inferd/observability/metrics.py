@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
 from inferd.observability.breaker_metrics import BreakerCollector
-from inferd.observability.lifecycle_metrics import LifecycleCollector
+from inferd.observability.memory_budget_metrics import LifecycleCollector
 from inferd.observability.embedding_metrics import EmbeddingMetrics
 from inferd.observability.engine_metrics import MODEL_LABELS, EngineCollector
 from inferd.observability.cluster_metrics import ClusterCollector
@@ -314,7 +314,7 @@ class Metrics:
         self.cluster = source
 
     def watch_tenancy(self, source: Callable[[], Any]) -> None:
-        """`source()` returns the live inferd.tenancy.node.Tenancy (or None); read at every scrape."""
+        """`source()` returns the live inferd.tenancy.tenancy.Tenancy (or None); read at every scrape."""
         self.tenancy = source
 
     def count_tenant_request(self, tenant_label: str, status: int | str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from inferd.tenancy.budget import BudgetExceeded, Budgets, budgeted, load_spend, period_start
 from inferd.tenancy.keys import AuthError, InsufficientScope, KeyFileError, Principal, load_authenticator
 from inferd.tenancy.keys_cli import keys_main
-from inferd.tenancy.node import Tenancy
+from inferd.tenancy.tenancy import Tenancy
 from inferd.tenancy.quota import Lease, LimitExceeded, QuotaExceeded
 from inferd.tenancy.refusals import NO_TURN, Paced, Turn
 

@@ -1,10 +1,10 @@
 """inferd.models.prewarm's schedule arithmetic; the lifecycle itself, and a schedule firing, run through the
-real daemon in tests/daemon/test_model_lifecycle.py."""
+real daemon in tests/models/test_memory_budget.py."""
 from __future__ import annotations
 
 from inferd.config.root import ModelConfig
 from inferd.models.prewarm import next_prewarm
-from inferd.models.versions import VersionSpec
+from inferd.models.specs import VersionSpec
 
 DAY = 86400
 

@@ -10,7 +10,8 @@ import aiohttp
 from inferd.config.root import parse_config
 from inferd.models.factory import build_engine
 from inferd.models.registry import ModelRegistry
-from inferd.models.versions import VersionManager, version_specs
+from inferd.models.specs import version_specs
+from inferd.models.versions import VersionManager
 from inferd.types import ModelVersion
 from tests.daemon.harness import complete, running, sim_model, write_config
 

@@ -1,5 +1,5 @@
 """The model lifecycle through the real daemon: more models than fit a memory budget, loaded when asked
-for and evicted when idle (inferd.models.lifecycle), as the official SDK and a raw HTTP client see it.
+for and evicted when idle (inferd.models.memory_budget), as the official SDK and a raw HTTP client see it.
 
 Sim models of the tiny profile with `simulate_load`: a load takes the profile's load time (0.52 s) times
 the model's time_scale. Each model declares `memory_bytes = 100`, so a budget of 200 holds two.

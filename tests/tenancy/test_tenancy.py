@@ -1,4 +1,4 @@
-"""inferd.tenancy.node: the live keys/tenants/quota/admission objects, and what a reload does to them."""
+"""inferd.tenancy.tenancy: the live keys/tenants/quota/admission objects, and what a reload does to them."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ from inferd.admission.fair_queue import AdmissionRejected
 from inferd.config.root import parse_config
 from inferd.engine.sim.engine import SimEngine
 from inferd.tenancy.keys import InvalidApiKey, KeyHasher, create_key, revoke_key
-from inferd.tenancy.node import Tenancy
+from inferd.tenancy.tenancy import Tenancy
 from inferd.types import GenerationRequest, SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""What the model lifecycle (inferd.models.lifecycle) answers with and counts: its refusals and histograms."""
+"""What the model lifecycle (inferd.models.memory_budget) answers with and counts: its refusals and histograms."""
 from __future__ import annotations
 
 

@@ -22,6 +22,10 @@ Only with `[server] model_memory_bytes`; without it every configured version loa
 - evicting a version stops routing to it in the same synchronous step as the decision (no request can
   start on it after), then unloads it; `unload` (the admin route) drains its requests first.
 
+Which versions are loaded, and which configured version each was loaded as, is the registry's table
+(inferd.models.registry); this asks it, and keeps only the budget's own account (Residency: bytes, use,
+pins, per configured version). VersionManager tells it when a version it retired has unloaded.
+
 Versions in an active rollout count as pinned. Every load, failure and eviction is audited
 (`model.load`, `model.load_failed`, `model.evict`, `model.unload`) and counted for /metrics.
 """
@@ -36,16 +40,17 @@ from typing import Any
 
 from inferd.config import Config
 from inferd.models.footprint import FootprintError, artifact_dir, estimate_bytes, measured_bytes
-from inferd.models.lifecycle_types import Histogram, LifecycleError
+from inferd.models.memory_budget_types import Histogram, LifecycleError
 from inferd.models.load_times import LoadTimes
 from inferd.models.residency import COLD, DRAINING, HOT, LoadPlan, NeverFits, Residency
-from inferd.models.versions import VersionManager, VersionSpec, version_specs
+from inferd.models.routing import SpecKey
+from inferd.models.specs import VersionSpec, version_specs
+from inferd.models.versions import VersionManager
 from inferd.observability import SYSTEM_ACTOR, get_logger
 from inferd.types import ModelVersion
 
 log = get_logger("inferd.lifecycle")
 
-SpecKey = tuple[str, str]                # (model, requested): VersionManager.loaded's keys
 FAILED_LOAD_COOLDOWN_S = 30.0
 UNKNOWN_RETRY_S = 5.0                    # Retry-After when nothing will be evictable at a known time
 BUSY_WAIT_S = 30.0                       # a load waits this long for requests in flight to end
@@ -64,14 +69,13 @@ class ModelLifecycle:
         engine)`: a version is gone (close its admission queue, forget its breaker)."""
         server = config.server
         self.versions = versions
+        self.registry = versions.registry
         self.config = config
         self.audit = audit
         self._rollout_versions = active_rollout_versions
         self._on_change = on_change
         self._on_unloaded = on_unloaded
         self.clock = clock
-        self._keys: dict[ModelVersion, SpecKey] = {}  # loaded versions -> the configured version they are
-        self._same: dict[SpecKey, SpecKey] = {}       # a key whose load found its version loaded under another
         self._loading_specs: dict[SpecKey, VersionSpec] = {}   # as they were when their load started
         self.residency = Residency(server.model_memory_bytes or 0, server.min_residency_s, clock=clock)
         self.specs: dict[SpecKey, VersionSpec] = {}
@@ -86,6 +90,7 @@ class ModelLifecycle:
         self.loads: dict[str, int] = {}               # result -> n
         self.evictions: dict[str, int] = {}           # reason -> n
         versions.usage_observer = self._used
+        versions.unloaded_observer = self._unloaded
 
     # -- configuration ------------------------------------------------------------------------
     async def configure(self, config: Config) -> None:
@@ -133,8 +138,9 @@ class ModelLifecycle:
         if not version:
             m = self.config.models.get(model)
             return (model, m.version) if m is not None else None
+        loaded_now = self.registry.loaded()
         for key in self.specs:
-            loaded = self.versions.loaded.get(key)
+            loaded = loaded_now.get(key)
             if key[0] == model and (key[1] == version or (loaded is not None and loaded.version == version)):
                 return key
         return None
@@ -165,8 +171,10 @@ class ModelLifecycle:
         """`key` is served now: hot itself, or its version is loaded under another key ("latest" and its id)."""
         if self.residency.state(key) == HOT:
             return True
-        same = self._same.get(key)
-        return same is not None and same in self.residency.versions and self.residency.state(same) == HOT
+        mv = self.registry.serving(key)
+        same = self.registry.loaded_as(mv) if mv is not None else None
+        return (same is not None and same != key and same in self.residency.versions
+                and self.residency.state(same) == HOT)
 
     async def ensure(self, key: SpecKey, deadline: float, *, evict: bool = True, reason: str = "request",
                      actor: str = SYSTEM_ACTOR) -> None:
@@ -222,7 +230,7 @@ class ModelLifecycle:
 
     def _refresh_pins(self) -> None:
         """Pinned: configured so, or a version of a rollout under way (it stays while the rollout runs)."""
-        in_rollouts = {self._keys.get(mv) for mv in self._rollout_versions()}
+        in_rollouts = {self.registry.loaded_as(mv) for mv in self._rollout_versions()}
         for k, r in self.residency.versions.items():
             spec = self.specs.get(k)
             r.pinned = k in in_rollouts or (spec is not None and spec.config.pinned)
@@ -286,14 +294,11 @@ class ModelLifecycle:
             if mv is None:
                 self._failed_load(key, spec, reason, actor)
             self._failed.pop(key, None)
-            other = self._keys.get(mv)
+            other = self.registry.loaded_as(mv)
             if other is not None and other != key:      # "latest" resolved to a version loaded as its id
                 self.residency.failed(key)              # one engine, counted once: under `other`
-                self._same[key] = other
                 self._on_change()
                 return
-            self._same.pop(key, None)
-            self._keys[mv] = key
             self.residency.hot(key)
             if key not in self.specs:               # a reload dropped it while it loaded: it goes at once
                 await self._unload(key, self._stop(key), "config", SYSTEM_ACTOR)
@@ -342,19 +347,19 @@ class ModelLifecycle:
     # -- evictions -------------------------------------------------------------------------------
     def _stop(self, key: SpecKey) -> ModelVersion | None:
         self.residency.evicting(key)
-        mv = self.versions.loaded.get(key)
+        mv = self.registry.serving(key)
         if mv is not None:
             self.versions.stop_routing(mv)
         return mv
 
     async def _unload(self, key: SpecKey, mv: ModelVersion | None, reason: str, actor: str) -> None:
         if mv is not None:
-            engine = self.versions.registry.table.engine(mv)
-            await self.versions.unload_when_idle(mv)
-            self._keys.pop(mv, None)
+            engine = self.registry.table.engine(mv)
+            await self.versions.unload_when_idle(mv)    # its bytes are freed there (_unloaded)
             if self._on_unloaded is not None:
                 await self._on_unloaded(mv, engine)
-        self.residency.unloaded(key)
+        if key in self.residency.versions and self.residency.state(key) != COLD:
+            self.residency.unloaded(key)
         self._released.set()                # a load waiting for room plans again
         self._count(self.evictions, reason)
         self._on_change()
@@ -375,8 +380,9 @@ class ModelLifecycle:
 
     # -- use -------------------------------------------------------------------------------------
     def _used(self, mv: ModelVersion, delta: int) -> None:
-        key = self._keys.get(mv)
-        if key is not None and self.residency.versions[key].state != COLD:
+        key = self.registry.loaded_as(mv)
+        r = self.residency.versions.get(key) if key is not None else None
+        if r is not None and r.state != COLD:
             if delta > 0:
                 self.residency.acquire(key)
             else:
@@ -385,16 +391,16 @@ class ModelLifecycle:
 
     def retiring(self, mv: ModelVersion) -> None:
         """A reload stopped routing to `mv`: it still holds its bytes until it unloads, but may not be evicted."""
-        key = self._keys.get(mv)
-        if key is not None and self.residency.state(key) == HOT:
+        key = self.registry.loaded_as(mv)
+        if key is not None and key in self.residency.versions and self.residency.state(key) == HOT:
             self.residency.evicting(key)
 
-    def retired(self, mv: ModelVersion) -> None:
-        """A reload retired `mv` and it has unloaded: its bytes are free; forgotten if the config dropped it."""
-        key = self._keys.pop(mv, None)
-        if key is None:
+    def _unloaded(self, mv: ModelVersion, key: SpecKey | None) -> None:
+        """VersionManager unloaded `mv` (loaded as `key`; an eviction here, or a version a reload retired) and
+        closed its engine: its bytes are free; forgotten if the config dropped it."""
+        if key is None or key not in self.residency.versions:
             return
-        if self.residency.state(key) != COLD:
+        if self.residency.state(key) in (HOT, DRAINING):
             self.residency.unloaded(key)
             self._released.set()
         if key not in self.specs:
@@ -413,8 +419,9 @@ class ModelLifecycle:
     def snapshot(self) -> dict:
         """Per configured version: state, bytes, pinned; the budget and what it holds (readyz, metrics)."""
         versions = {}
+        loaded = self.registry.loaded()
         for key, r in self.residency.versions.items():
-            mv = self.versions.loaded.get(key)
+            mv = loaded.get(key)
             versions[f"{key[0]}@{key[1]}"] = {
                 "model": key[0], "configured": key[1], "version": mv.version if mv else key[1], "state": r.state,
                 "bytes": r.footprint, "pinned": r.pinned, "in_flight": r.in_flight}
