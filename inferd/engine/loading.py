@@ -6,7 +6,7 @@ serving (bench/lifecycle_stall.py: the reference engine's TTFT p99 x2.4 while an
 on the one CPU they share). Here the thread is `nice` 19 (Linux: per thread), so the scheduler gives
 the serving threads the CPU whenever they want it and the load the rest; hashing, file reads and
 NumPy's conversions release the GIL, so the load does not hold them up there either. One thread:
-loads are one at a time anyway (inferd.models.lifecycle), and a second would only compete with the first.
+loads are one at a time anyway (inferd.models.memory_budget), and a second would only compete with the first.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
                                          is pinned, in a rollout, or not loaded
 
 Without `[server] model_memory_bytes` every version is loaded for good: these answer 404
-`lifecycle_off`. Loads and unloads are audited with the caller's key id (inferd.models.lifecycle).
+`lifecycle_off`. Loads and unloads are audited with the caller's key id (inferd.models.memory_budget).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A request for a model that is not loaded (issue 17): wait for its load, or 503 with when to retry.
 
-Only with a memory budget (`state.lifecycle`, inferd.models.lifecycle). The request path calls
+Only with a memory budget (`state.lifecycle`, inferd.models.memory_budget). The request path calls
 `wait_for_model` after the cheap refusals and before routing: the prompt is tokenized by the version
 that will serve it, so nothing about the prompt can be judged before it is loaded. A streamed request
 that waits gets its SSE headers and `: ping` heartbeats meanwhile (inferd.api.streaming.waiting), so a proxy
