@@ -9,10 +9,11 @@ from inferd.api.errors import (
     protocol_error_response,
     too_many_connections_response,
 )
-from inferd.api.state import ServerState
+from inferd.api.state import ServerState, StoreServices
+from inferd.api.state_builder import build_state
 
 __all__ = [
     "SERVER_HEADER", "ServerState", "internal_error_response", "make_app", "protocol_error_response",
     "too_many_connections_response",
 ]
-__all__ += ["BatchRunner", "listener_url"]
+__all__ += ["BatchRunner", "StoreServices", "build_state", "listener_url"]
