@@ -19,14 +19,14 @@ Clock = Callable[[], float]
 
 
 class Purger:
-    """One pass now and one every `every_s` seconds; `passed()` lets a caller wait for the next one."""
+    """One pass now and one every `every_s` seconds, each as of `clock()`."""
 
     def __init__(self, state: ServerState, every_s: float = PURGE_INTERVAL_S, *, clock: Clock = time.time) -> None:
         self.state = state
         self.every_s = every_s
         self.clock = clock
-        self.passes = 0
-        self._pass_done = asyncio.Event()
+        self._started = self._finished = 0
+        self._finishing = asyncio.Condition()
 
     async def run(self) -> None:
         while True:
@@ -34,19 +34,22 @@ class Purger:
             await asyncio.sleep(self.every_s)
 
     async def purge_once(self) -> None:
+        self._started += 1
         state, now = self.state, self.clock()
         if state.storage is not None:
             await purge_transcripts_once(state.storage.transcripts, now,
                                          lambda tenant: state.tenancy.tenants.get(tenant).retention_s)
             await purge_idempotency_once(state.storage.idempotency, now)
         state.response_cache.sweep()        # cached text never outlives [cache] ttl_s
-        self.passes += 1
-        self._pass_done.set()
-        self._pass_done = asyncio.Event()
+        self._finished += 1
+        async with self._finishing:
+            self._finishing.notify_all()
 
-    async def passed(self) -> None:
-        """Wait until the next pass has finished."""
-        await self._pass_done.wait()
+    async def next_pass(self) -> None:
+        """Wait for a whole pass that starts after this call (so it reads `clock` as it is now)."""
+        target = self._started + 1
+        async with self._finishing:
+            await self._finishing.wait_for(lambda: self._finished >= target)
 
 
 async def purge_transcripts(transcripts: Transcripts, every_s: float = PURGE_INTERVAL_S, *,
