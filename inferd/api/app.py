@@ -11,7 +11,7 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -47,7 +47,6 @@ def make_app(state: ServerState) -> web.Application:
     inflight = Inflight(lambda: state.config.server.heartbeat_interval_s)
     app[keys.INFLIGHT] = inflight
     app.cleanup_ctx.append(inflight.cleanup_ctx)
-    app.cleanup_ctx.append(_tenancy_ctx)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/embeddings", create_embedding)
@@ -68,12 +67,6 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
     # aiohttp's default `Server` header names the Python and aiohttp versions; say only what we are.
     # Once per response (at prepare), never per SSE frame.
     response.headers["Server"] = SERVER_HEADER
-
-
-async def _tenancy_ctx(app: web.Application) -> AsyncIterator[None]:
-    yield
-    await app[keys.STATE].tenancy.close()     # stop the admission dispatchers (idempotent; the daemon
-                                              # closes it earlier, before the engines, when it drains)
 
 
 def request_id_for(request: web.BaseRequest) -> str:

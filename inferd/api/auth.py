@@ -47,10 +47,6 @@ def authenticate(request: web.BaseRequest, scope: str = "inference") -> Principa
             raise _forbidden(f"This API key lacks the {scope!r} scope needed here.")
         return known
     state = request.app[keys.STATE]
-    tenancy = getattr(state, "tenancy", None)
-    if tenancy is None:     # an app over a state without tenancy (tests of other layers): refuse, never open
-        raise ApiError(503, "Authentication is not configured on this server.", type="service_unavailable_error",
-                       code="auth_unavailable", headers={"Retry-After": "1"})
     header = request.headers.get("Authorization")
     tls = state.config.server.tls
     # Only a listener that asks for client certificates can have one: skip the lookup otherwise.
@@ -62,7 +58,7 @@ def authenticate(request: web.BaseRequest, scope: str = "inference") -> Principa
         principal = Principal(tenant=tenant_by_subject[subject], key_id=None, scopes=CERTIFICATE_SCOPES)
     else:
         try:
-            principal = tenancy.authenticator.authenticate(header, scope)
+            principal = state.tenancy.authenticator.authenticate(header, scope)
         except InsufficientScope as exc:
             raise _forbidden(f"This API key lacks the {scope!r} scope needed here.") from exc
         except AuthError as exc:
@@ -104,7 +100,7 @@ def _escape(value: str) -> str:
 
 def require_scope(request: web.BaseRequest, scope: str) -> Principal:
     """For admin / metrics handlers: the caller, holding `scope` (`admin`, `metrics`, `inference`).
-    Only ever raises ApiError (401/403/503), so a handler can call it first and do nothing else."""
+    Only ever raises ApiError (401/403), so a handler can call it first and do nothing else."""
     if scope not in ("inference", "admin", "metrics"):
         raise ValueError(f"unknown scope {scope!r}")          # a programming error, not a client's
     return authenticate(request, scope)

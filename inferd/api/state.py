@@ -1,8 +1,9 @@
 """What the HTTP app reads of the running daemon: config, engines, readiness, in-flight work.
 
-The daemon owns one ServerState. A reload (issue 5) builds new objects and swaps these attributes
-wholesale; nothing here mutates a Config. Handlers wrap each request in `state.track()` so a drain
-can wait for the in-flight count to reach zero on an event rather than polling it.
+The daemon owns one ServerState, built whole by inferd.api.build_state (tests build theirs the same
+way). A reload builds new objects and swaps these attributes wholesale; nothing here mutates a Config.
+Handlers wrap each request in `state.track()` so a drain can wait for the in-flight count to reach
+zero on an event rather than polling it.
 """
 from __future__ import annotations
 
@@ -10,19 +11,20 @@ import asyncio
 import socket
 import time
 from types import TracebackType
+from typing import NamedTuple
 
 from inferd.api.pipeline.internal import new_secret
 from inferd.cache import ResponseCache
 from inferd.cluster import Cluster
-from inferd.config import Config
+from inferd.config import Config, StoreConfig
 from inferd.engine import Engine
-from inferd.models import (ControlPlane, ModelLifecycle, ModelRegistry, ShadowDispatcher, VersionManager,
-                           registry_from_engines)
+from inferd.models import ControlPlane, ModelLifecycle, ModelRegistry, ShadowDispatcher, VersionManager
 from inferd.observability import Metrics, Tracing
 from inferd.safety import Policies
 from inferd.slo import SloTracker
 from inferd.store import Database, IdempotencyStore, Ledger, Transcripts
 from inferd.tenancy import Tenancy
+from inferd.types import ModelVersion
 
 HOST = socket.gethostname()
 
@@ -55,89 +57,113 @@ class _Tracked:
         self.__exit__(exc_type, exc, tb)
 
 
-class ServerState:
-    """The daemon's live objects, as the API sees them. Event-loop thread only."""
+class StoreServices(NamedTuple):
+    """The durable store and what records into it: present together (a configured [store]) or not at all."""
 
-    def __init__(self, config: Config, engines: dict[str, Engine], metrics: Metrics | None = None) -> None:
+    database: Database
+    ledger: Ledger
+    idempotency: IdempotencyStore
+    transcripts: Transcripts      # text kept for tenants with a retention period
+
+    @classmethod
+    def over(cls, database: Database, config: StoreConfig) -> StoreServices:
+        return cls(database, Ledger(database, unavailable_retry_s=config.unavailable_retry_s),
+                   IdempotencyStore(database), Transcripts(database))
+
+
+class ServerState:
+    """The daemon's live objects, as the API sees them. Event-loop thread only. Build one with
+    inferd.api.build_state; a reload swaps `config` (and what is built from it) wholesale.
+
+    Optional features are None when not configured: `storage` ([store] with a state directory: without
+    it nothing is recorded and Idempotency-Key is refused), `cluster` ([cluster]), `tracing` ([tracing])
+    and `lifecycle` (the model lifecycle under [server] model_memory_bytes)."""
+
+    def __init__(self, config: Config, engines: dict[str, Engine], *, tenancy: Tenancy, registry: ModelRegistry,
+                 versions: VersionManager, control: ControlPlane, shadows: ShadowDispatcher,
+                 storage: StoreServices | None = None, cluster: Cluster | None = None,
+                 tracing: Tracing | None = None, lifecycle: ModelLifecycle | None = None) -> None:
         self.config = config
-        self.engines = engines
-        self.metrics = metrics if metrics is not None else Metrics(lambda: self.engines)
+        self.engines = engines        # served model name -> its default version's engine
+        self.tenancy = tenancy        # keys, tenants, quota, one admission queue per engine
+        self.registry = registry      # routes requests to loaded engine versions
+        self.versions = versions      # acquire/release, load failures
+        self.control = control        # rollouts, breakers, shadow stats, audit
+        self.shadows = shadows
+        self.storage = storage
+        self.cluster = cluster
+        self.tracing = tracing        # OpenTelemetry spans per request stage
+        self.lifecycle = lifecycle
         self.draining = False
         self.started = False          # set by the daemon once every engine is started and warmed
         self.started_at = time.time()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        # Issue 5 (inferd.models.versions / inferd.models.control): the daemon sets these; an embedder that only
-        # passes `engines` gets a registry serving one version per model on first use.
-        self._registry: ModelRegistry | None = None
-        self.versions: VersionManager | None = None      # acquire/release, load failures
-        self.control: ControlPlane | None = None         # rollouts, shadow stats, audit
-        self.shadows: ShadowDispatcher | None = None
-        self.lifecycle: ModelLifecycle | None = None     # issue 17: with [server] model_memory_bytes only
-        self.metrics.watch_lifecycle(lambda: self.lifecycle)
-        # Issue 4 (inferd.tenancy.node): keys, tenants, quota, one admission queue per engine. The daemon sets
-        # it (reading the keys file at startup); an embedder gets one built from `config` on first use.
-        self._tenancy: Tenancy | None = None
-        self.metrics.watch_tenancy(lambda: self._tenancy)
-        # Issue 11 (inferd.cluster): set by the daemon when the config has a [cluster] table.
-        self.cluster: Cluster | None = None
-        self.metrics.watch_cluster(lambda: self.cluster)
-        # Issue 12 (inferd.store): the daemon opens the store; without one (an embedder's app, tests of
-        # other layers) nothing is recorded and Idempotency-Key is refused.
-        self.store: Database | None = None
-        self.ledger: Ledger | None = None
-        self.idempotency: IdempotencyStore | None = None
-        self.transcripts: Transcripts | None = None     # issue 15: text kept for tenants with a retention period
-        self.transcript_writes: set = set()             # their background writes (inferd.api.pipeline.transcripts)
-        self.metrics.watch_store(lambda: self.store)
+        self.transcript_writes: set = set()             # background transcript writes (inferd.api.pipeline.transcripts)
         # The Batch API's runner authenticates its own requests with this (inferd.api.pipeline.internal).
         self.batch_secret = new_secret()
         # Running BatchRunners (inferd.jobs.batch_runner), woken when a batch is created or cancelled.
         self.batch_runners: set = set()
-        # Issue 14 (inferd.slo): finished requests judged against [slos.*]; a reload reconfigures it.
-        self.slos = SloTracker(config.slos)
-        self.metrics.watch_slos(lambda: self.slos)
-        self.metrics.watch_breakers(lambda: self.control.breakers if self.control is not None else None)
-        # Issue 14: OpenTelemetry spans per request stage; the daemon sets it when [tracing] is configured.
-        self.tracing: Tracing | None = None
-        # Issue 15 (inferd.safety): the tenants' content policies; a reload builds new ones.
+        self.slos = SloTracker(config.slos)     # finished requests judged against [slos.*]
         self.safety = Policies(config.policies, lambda tenant: self.tenancy.tenants.get(tenant))
         self.response_cache = ResponseCache(config.cache.max_bytes, config.cache.ttl_s)   # used by opted-in tenants
-        self.metrics.watch_response_cache(lambda: self.response_cache)
+        self.metrics = Metrics(lambda: self.engines)
+        self._watch(self.metrics)
+
+    def _watch(self, metrics: Metrics) -> None:
+        metrics.watch_lifecycle(lambda: self.lifecycle)
+        metrics.watch_tenancy(lambda: self.tenancy)
+        metrics.watch_cluster(lambda: self.cluster)
+        metrics.watch_store(lambda: self.store)
+        metrics.watch_slos(lambda: self.slos)
+        metrics.watch_breakers(lambda: self.control.breakers)
+        metrics.watch_response_cache(lambda: self.response_cache)
+
+    # -- the durable store's parts, by the names the request path reads ---------------------
+    @property
+    def store(self) -> Database | None:
+        return self.storage.database if self.storage is not None else None
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.storage.ledger if self.storage is not None else None
+
+    @property
+    def idempotency(self) -> IdempotencyStore | None:
+        return self.storage.idempotency if self.storage is not None else None
+
+    @property
+    def transcripts(self) -> Transcripts | None:
+        return self.storage.transcripts if self.storage is not None else None
 
     @property
     def node_name(self) -> str:
         """This node in ledger rows: its cluster node id, else the host name."""
         return self.cluster.node_id if self.cluster is not None else HOST
 
-    @property
-    def tenancy(self) -> Tenancy:
-        """Authenticator, tenant registry, quota, admission queues (inferd.tenancy)."""
-        if self._tenancy is None:
-            self._tenancy = Tenancy(self.config)
-        return self._tenancy
+    # -- loaded versions ---------------------------------------------------------------------
+    def refresh_engines(self) -> None:
+        """`engines` from the routing table's ready default versions."""
+        self.engines = self.versions.default_engines(self.registry.table.defaults)
 
-    @tenancy.setter
-    def tenancy(self, tenancy: Tenancy) -> None:
-        self._tenancy = tenancy
+    def routes_changed(self) -> None:
+        """A version was loaded or unloaded: the config's routes over what is loaded now."""
+        control = self.control
+        control.registry.swap(lambda t: control.final_table(t, self.config))
+        control.start_on_load(self.config)
+        self.refresh_engines()
 
-    @property
-    def registry(self) -> ModelRegistry:
-        """The ModelRegistry routing requests to loaded engine versions."""
-        if self._registry is None:
-            self._registry = registry_from_engines(self.engines)
-        return self._registry
-
-    @registry.setter
-    def registry(self, registry: ModelRegistry) -> None:
-        self._registry = registry
+    async def version_unloaded(self, key: ModelVersion, engine: Engine) -> None:
+        """What goes with an unloaded version: its admission queue and its breaker."""
+        self.control.breakers.forget(key)
+        await self.tenancy.retire(engine)
 
     # -- readiness -------------------------------------------------------------------------
     def ready(self) -> bool:
         """Serving: every engine started, warmed and healthy, not draining, and the usage ledger not
         failing (readyz)."""
-        # Under a memory budget (issue 17) a node with every model cold still serves: they load when asked for.
+        # Under a memory budget a node with every model cold still serves: they load when asked for.
         if not self.started or self.draining or (not self.engines and self.lifecycle is None) or self.ledger_failing():
             return False
         return all(engine.healthy for engine in self.engines.values())

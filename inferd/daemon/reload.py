@@ -23,24 +23,28 @@ reload); the new key and settings apply with phase 1, the old key still accepted
 Settings that need a restart (listen address, engines_root, TLS on or off, the client CA, a loaded
 version's pool sizes, joining or leaving a cluster, the gossip address and node id, [store], a memory
 budget turned on or off) are logged as such and otherwise left as they were.
+
+The Reloader knows no subsystem: it runs each step's `check` (off the loop, all before anything
+changes; a refusal raises), then each step's `reconfigure`, in the order of `reload_steps`
+(inferd.daemon.reload_steps).
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from inferd.api import ServerState
 from inferd.cluster import ClusterKeyError
-from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConfigError, TenantRegistry, load_config
-from inferd.daemon.tls import RESTART_ONLY_TLS, ListenerTls, TlsError
-from inferd.models import ControlPlane, VersionManager, version_specs
+from inferd.config import CLUSTER_RESTART_ONLY, Config, ConfigError, RoutingConfigError, load_config
+from inferd.daemon.tls import RESTART_ONLY_TLS, TlsError
 from inferd.observability import SYSTEM_ACTOR, get_logger
-from inferd.safety import ClassifierError, Policies
-from inferd.tenancy import KeyFileError, load_spend
-from inferd.types import ModelVersion
+from inferd.safety import ClassifierError
+from inferd.tenancy import KeyFileError
 
 log = get_logger("inferd.reload")
 
@@ -68,7 +72,7 @@ async def read_config(path: str | Path, current: Config) -> Config:
         tls, kept_tls = _as_running(new_tls, old_tls, RESTART_ONLY_TLS, "server.tls")
         server, kept = msgspec.structs.replace(server, tls=tls), kept + kept_tls
     if (current.server.model_memory_bytes is None) != (server.model_memory_bytes is None):
-        # a memory budget on or off (issue 17) changes how every version loads: a restart; a new size applies now
+        # a memory budget on or off changes how every version loads: a restart; a new size applies now
         server = msgspec.structs.replace(server, model_memory_bytes=current.server.model_memory_bytes)
         kept = [*kept, "server.model_memory_bytes"]
     cluster = new.cluster
@@ -94,199 +98,62 @@ def _as_running(new: T, old: T, keys: tuple[str, ...], path: str) -> tuple[T, li
     return new, [f"{path}.{k}" for k in changed]
 
 
-def _pool_changes(old: Config, new: Config, versions: VersionManager) -> list[str]:
-    """Loaded versions whose backend or pool sizes changed: those apply to newly loaded versions only."""
-    out = []
-    for name, m in new.models.items():
-        before = old.models.get(name)
-        if before is None:
-            continue
-        strip = {"version": "", "versions": ()}
-        if msgspec.structs.replace(m, **strip) != msgspec.structs.replace(before, **strip):
-            if any(k[0] == name for k in versions.loaded):
-                out.append(f"models.{name}")
-    return out
+class Reloadable(Protocol):
+    """One step of a reload: a service that follows the config."""
+
+    async def check(self, new: Config) -> Any:
+        """Validate what `new` asks of this service, off the loop where it reads files, changing nothing;
+        raise to refuse the reload. What it returns is passed to `reconfigure`."""
+
+    async def reconfigure(self, new: Config, checked: Any = None) -> dict[str, tuple[str, ...]] | None:
+        """Apply `new`; `checked`: what `check` returned, or None when the config was not checked here
+        (`Reloader.apply`). May return ReloadResult fields (loaded, failed, retired)."""
 
 
 class Reloader:
     """Applies reloads one at a time (a SIGHUP during a reload waits for it)."""
 
-    def __init__(self, state, control: ControlPlane, versions: VersionManager,
-                 tls: ListenerTls | None = None) -> None:
+    def __init__(self, state: ServerState, steps: Sequence[Reloadable],
+                 wait_retired: Callable[[], Awaitable[None]]) -> None:
         self.state = state
-        self.control = control
-        self.versions = versions
-        self.tls = tls              # the listener's live TLS context; None when serving plain HTTP
+        self.steps = tuple(steps)
+        self.wait_retired = wait_retired    # tests and shutdown: until every retired version has unloaded
         self._lock = asyncio.Lock()
-        self._retiring: set[asyncio.Task[None]] = set()
 
     async def reload(self, path: str | Path) -> ReloadResult:
         async with self._lock:
             t0 = time.monotonic()
-            state = self.state
             try:
-                new = await read_config(path, state.config)
-                self._check_routes(new)
-                tenancy = getattr(state, "tenancy", None)
-                authenticator = await tenancy.check_keys(new) if tenancy is not None else None
-                cluster = getattr(state, "cluster", None)
-                cluster_key = await cluster.read_key(new.cluster) if cluster is not None else None
-                safety = Policies(new.policies, lambda tenant: state.tenancy.tenants.get(tenant))
-                if self.tls is not None and new.server.tls is not None:
-                    await self.tls.check(new.server.tls)
-                    self.tls.apply(new.server.tls)   # last: everything else passed
+                new = await read_config(path, self.state.config)
+                checked = [await step.check(new) for step in self.steps]
             except ClassifierError as exc:
                 return self._refused([f"policies: {exc}"], str(path))
             except ConfigError as exc:
                 return self._refused(list(exc.errors), exc.source)
-            except RoutingConfigError as exc:
-                return self._refused([str(exc)], str(path))
             except KeyFileError as exc:
                 return self._refused([f"auth keys: {exc}"], str(path))
-            except (TlsError, ClusterKeyError) as exc:
+            except (RoutingConfigError, TlsError, ClusterKeyError) as exc:
                 return self._refused([str(exc)], str(path))
-            if cluster is not None:
-                cluster.reconfigure(new.cluster, cluster_key)
-            return await self.apply(new, t0, authenticator=authenticator, safety=safety)
-
-    def _check_routes(self, new: Config) -> None:
-        """Build both tables without publishing them: anything they reject is a config error."""
-        table = self.control.registry.table
-        self.control.transitional_table(table, new)
-        self.control.final_table(table, new)
+            return await self._apply(new, t0, checked)
 
     def _refused(self, errors: list[str], source: str) -> ReloadResult:
         log.error("reload_failed", source=source, errors=errors,
                   message="config unchanged; the daemon keeps running as before")
-        self.control.audit.append(SYSTEM_ACTOR, "config.reload_failed", target="config", reason="SIGHUP",
-                                  detail={"source": source, "errors": errors})
+        self.state.control.audit.append(SYSTEM_ACTOR, "config.reload_failed", target="config", reason="SIGHUP",
+                                        detail={"source": source, "errors": errors})
         self.state.metrics.config_reloaded(False)
         return ReloadResult(False, tuple(errors))
 
-    async def apply(self, new: Config, t0: float | None = None, *, authenticator=None,
-                    safety: Policies | None = None) -> ReloadResult:
-        """Apply a validated config; `authenticator`: one `Tenancy.check_keys` built for a changed [auth];
-        `safety`: the new config's compiled policies (built here when not given)."""
-        t0 = time.monotonic() if t0 is None else t0
-        state, control, versions = self.state, self.control, self.versions
-        old = state.config
-        pools = _pool_changes(old, new, versions)
-        if pools:
-            log.warning("reload_needs_restart", settings=pools,
-                        message="backend/pool changes apply to versions loaded later; loaded ones keep theirs")
-        if old.tracing != new.tracing:
-            log.warning("reload_needs_restart", settings=["tracing"], message="[tracing] applies from the next start")
-        # Phase 1: config objects and routes that can be served now, together.
-        before_routes = _routes_summary(control)
-        control.registry.swap(lambda t: control.transitional_table(t, new))
-        state.config = control.config = new
-        if hasattr(state, "response_cache"):
-            state.response_cache.resize(new.cache.max_bytes, new.cache.ttl_s)
-            opted_in = TenantRegistry(new.tenants)          # a tenant that opted out takes its text with it
-            state.response_cache.retain_tenants(lambda tenant: opted_in.get(tenant).cache_responses)
-        if hasattr(state, "safety"):
-            state.safety = safety if safety is not None else Policies(
-                new.policies, lambda tenant: state.tenancy.tenants.get(tenant))
-        slos = getattr(state, "slos", None)
-        if slos is not None:
-            slos.reconfigure(new.slos)
-        control.shadows.set_prices(new.prices)
-        tenancy = getattr(state, "tenancy", None)
-        if tenancy is not None:
-            tenancy.reconfigure(new, authenticator)
-            if getattr(state, "ledger", None) is not None:      # budgets added or changed: their spend so far
-                await load_spend(tenancy.budgets, state.ledger, state.node_name)
-        control.configure_rollouts(new)
-        control.breakers.reconfigure(new.models)
-        versions.server = msgspec.structs.replace(versions.server, **{
-            k: getattr(new.server, k) for k in ("drain_grace_s", "request_timeout_s")})
-        _refresh_engines(state, versions)
+    async def apply(self, new: Config) -> ReloadResult:
+        """Apply a config already validated (no step's `check` runs)."""
+        return await self._apply(new, time.monotonic(), [None] * len(self.steps))
 
-        # New versions load in the background of serving; under a memory budget they stay cold until asked for.
-        wanted = version_specs(new)
-        lifecycle = getattr(state, "lifecycle", None)
-        to_load = [s for s in wanted if (s.model, s.requested) not in versions.loaded]
-        if lifecycle is not None:
-            await lifecycle.configure(new)
-            to_load = []
-        loaded = await versions.load_all(to_load)
-        failed = tuple(s.label for s in to_load if (s.model, s.requested) not in versions.loaded)
-
-        # Phase 2: the final routes, rollout weights on top; then retire what left the config.
-        control.registry.swap(lambda t: control.final_table(t, new))
-        keep = {versions.loaded[(s.model, s.requested)] for s in wanted if (s.model, s.requested) in versions.loaded}
-        # (a version still `loading` is the lifecycle's, loading on demand: not this reload's to retire)
-        gone = [k for k in control.registry.table.versions
-                if k not in keep and control.registry.table.state(k) not in ("retired", "loading")]
-        for key in gone:
-            self.versions.stop_routing(key)       # now: the next request cannot reach it
-            if lifecycle is not None:
-                lifecycle.retiring(key)           # its bytes stay counted until it unloads
-            model = new.models.get(key.model) or old.models.get(key.model)
-            # Under a memory budget the lifecycle decides what stays loaded: no warm spares beside it.
-            warm_s = model.keep_warm_s if model is not None and lifecycle is None else 0.0
-            task = asyncio.get_running_loop().create_task(self._unload(key, warm_s))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
-        control.start_on_load(new)
-        _refresh_engines(state, versions)
-        if lifecycle is not None:
-            await lifecycle.start()         # pinned and prewarmed versions the new config adds
-        control.audit.append(SYSTEM_ACTOR, "config.reload", target="config", before=before_routes,
-                             after=_routes_summary(control), reason="SIGHUP",
-                             detail={"loaded": [str(k) for k in loaded], "failed": list(failed),
-                                     "retired": [str(k) for k in gone]})
-        state.metrics.config_reloaded(True)
-        result = ReloadResult(True, (), tuple(str(k) for k in loaded), failed, tuple(str(k) for k in gone))
-        log.info("reloaded", loaded=list(result.loaded), failed=list(failed), retired=list(result.retired),
+    async def _apply(self, new: Config, t0: float, checked: list[Any]) -> ReloadResult:
+        changes: dict[str, tuple[str, ...]] = {}
+        for step, ready in zip(self.steps, checked):
+            changes.update(await step.reconfigure(new, ready) or {})
+        self.state.metrics.config_reloaded(True)
+        result = ReloadResult(True, (), **changes)
+        log.info("reloaded", loaded=list(result.loaded), failed=list(result.failed), retired=list(result.retired),
                  seconds=round(time.monotonic() - t0, 3))
         return result
-
-    async def _unload(self, key: ModelVersion, keep_warm_s: float = 0.0) -> None:
-        """Unload a retired version once idle; first, kept warm `keep_warm_s` (a later reload that lists
-        it again revives it, and then it is not unloaded at all)."""
-        tenancy = getattr(self.state, "tenancy", None)
-        engine = self.control.registry.table.engine(key)
-        if keep_warm_s > 0:
-            try:
-                await self.versions.keep_warm(key, keep_warm_s)     # unloads it when the time is up
-            except asyncio.CancelledError:
-                if key in self.versions.loaded.values():      # revived: serving again
-                    return
-                raise
-        else:
-            await self.versions.unload_when_idle(key)
-        self.control.breakers.forget(key)
-        if tenancy is not None:
-            await tenancy.retire(engine)
-
-    async def wait_retired(self) -> None:
-        """Tests and shutdown: wait until every retired version has unloaded."""
-        if self._retiring:
-            await asyncio.gather(*list(self._retiring), return_exceptions=True)
-
-
-def _routes_summary(control: ControlPlane) -> dict:
-    t = control.registry.table
-    return {"defaults": dict(t.defaults),
-            "aliases": {n: {str(a.target): a.weight for a in s.arms} for n, s in t.aliases.items()}}
-
-
-def _refresh_engines(state, versions: VersionManager) -> None:
-    state.engines = versions.default_engines(versions.registry.table.defaults)
-
-
-def routes_changed(state) -> None:
-    """The lifecycle loaded or unloaded a version (issue 17): the config's routes over what is loaded now."""
-    control = state.control
-    control.registry.swap(lambda t: control.final_table(t, state.config))
-    control.start_on_load(state.config)
-    _refresh_engines(state, state.versions)
-
-
-def unloaded_hook(state):
-    """What goes with a version the lifecycle unloaded: its admission queue and its breaker."""
-    async def unloaded(key: ModelVersion, engine) -> None:
-        state.control.breakers.forget(key)
-        await state.tenancy.retire(engine)
-    return unloaded

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inferd.config import Config, ConfigError, load_config, with_overrides
-from inferd.daemon.lifecycle import AppFactory, Daemon
+from inferd.daemon.context import AppFactory
+from inferd.daemon.lifecycle import Daemon
 from inferd.daemon.runner import run as run_loop
 from inferd.observability import configure_logging, get_logger
 

@@ -1,95 +1,180 @@
-"""The daemon's services beside the request path: the durable store, the Batch API's runner, the cluster.
-
-Lifecycle (inferd.daemon.lifecycle) opens the store before anything that records into it and starts
-the rest once the listener is bound (the runner posts to it; peers forward to it). Each is released
-on the lifecycle's exit stack, in reverse: the cluster is left, the runner stops, and the store
-closes last, after every request that records a row has ended.
+"""The daemon's services, each an async context manager over the DaemonContext, and `SERVICES`: the one
+list of them, in the order they start. Each sets up before its `yield` and tears down after it; the daemon
+enters them in order and leaves them in reverse (aiohttp's cleanup_ctx habit), so the store that every
+request records into closes last, and the engines close before the HTTP runner cleans up.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 
-from inferd.api import ServerState
+from inferd.api import StoreServices, build_state
 from inferd.jobs import BatchRunner, listener_url
 from inferd.cluster import Cluster
-from inferd.config import Config
-from inferd.observability import get_logger
-from inferd.store import Database, Transcripts, open_database
-from inferd.tenancy import load_spend
-
-PURGE_INTERVAL_S = 60.0      # how often expired transcripts are deleted (retention periods are hours or days)
+from inferd.daemon.context import DaemonContext
+from inferd.daemon.engines import model_versions
+from inferd.daemon.listen import http_runner, listen_socket, site
+from inferd.daemon.purge import Purger
+from inferd.observability import Tracing, get_logger
+from inferd.store import open_database
+from inferd.tenancy import Tenancy, load_spend
 
 log = get_logger("inferd.daemon")
 
 
-async def open_store(stack: contextlib.AsyncExitStack, config: Config) -> Database | None:
-    """The [store] database, open (StoreCorrupt / StoreLocked / StoreError name it), closed last."""
+@contextlib.asynccontextmanager
+async def durable_store(ctx: DaemonContext) -> AsyncIterator[None]:
+    """The [store] database, open (StoreCorrupt / StoreLocked / StoreError name it); closed last, after
+    requests still finishing have recorded their rows."""
+    config = ctx.config
     if config.store.backend == "sqlite" and not config.store.path:
         # A Config built in code, without a file (embedders, tests): no state directory to put it in.
         log.warning("store_disabled", message="no state directory: no usage ledger, budgets from zero, "
                     "no Idempotency-Key or Batch API")
-        return None
-    store = open_database(config.store)
-    await store.open()
-    stack.push_async_callback(store.close)      # last out: requests still finishing record their rows
-    log.info("store_opened", backend=store.dialect, where=store.where)
-    return store
+        yield
+        return
+    database = open_database(config.store)
+    await database.open()
+    log.info("store_opened", backend=database.dialect, where=database.where)
+    ctx.storage = StoreServices.over(database, config.store)
+    try:
+        yield
+    finally:
+        await database.close()
 
 
-async def start_services(stack: contextlib.AsyncExitStack, state: ServerState, host: str, port: int, tls: bool,
-                         *, run_batches: bool = True) -> None:
-    """The batch runner, the cluster (with [cluster]) and the budgets' spend so far, once the listener serves."""
-    cfg = state.config
-    server_tls = cfg.server.tls
+@contextlib.asynccontextmanager
+async def tracing(ctx: DaemonContext) -> AsyncIterator[None]:
+    """[tracing]: spans leave from the SDK's thread; what is queued goes out at exit."""
+    t = ctx.config.tracing
+    if t is None:
+        yield
+        return
+    ctx.tracing = Tracing(endpoint=t.endpoint, service_name=t.service_name, sample_ratio=t.sample_ratio,
+                          headers=t.headers, timeout_s=t.timeout_s)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(ctx.tracing.shutdown)
+
+
+@contextlib.asynccontextmanager
+async def node_state(ctx: DaemonContext) -> AsyncIterator[None]:
+    """The state, whole: the tenancy (a bad keys file fails the start, naming it), the routing control
+    plane, the cluster (with [cluster]; it starts later). The audit log closes last of what records in it."""
+    cfg = ctx.config
+    tenancy = await asyncio.to_thread(Tenancy, cfg)
+    cluster = None
+    if cfg.cluster is not None:
+        url_host = cfg.cluster.advertise_host or ctx.host
+        url_host = f"[{url_host}]" if ":" in url_host else url_host
+        scheme = "https" if ctx.tls is not None else "http"
+        cluster = Cluster(cfg.cluster, tenancy, http_url=f"{scheme}://{url_host}:{ctx.port}")
+    ctx.state = build_state(cfg, engine_factory=ctx.engine_factory, tenancy=tenancy, storage=ctx.storage,
+                            cluster=cluster, tracing=ctx.tracing)
+    try:
+        yield
+    finally:
+        ctx.state.control.close()
+
+
+@contextlib.asynccontextmanager
+async def admission(ctx: DaemonContext) -> AsyncIterator[None]:
+    """A queue per engine and the keys-file poll (audited); closed before the engines: requests still
+    queued get 503 `draining`."""
+    state = ctx.state
+    state.tenancy.start(state.engines, audit=state.control.audit)
+    try:
+        yield
+    finally:
+        await state.tenancy.close()
+
+
+@contextlib.asynccontextmanager
+async def cluster(ctx: DaemonContext) -> AsyncIterator[None]:
+    """[cluster]: gossip and spillover, started before the site so a request never sees it half started."""
+    node = ctx.state.cluster
+    if node is None:
+        yield
+        return
+    try:
+        await node.start()
+        yield
+    finally:
+        await node.close()
+
+
+@contextlib.asynccontextmanager
+async def batch_runner(ctx: DaemonContext) -> AsyncIterator[None]:
+    """The Batch API's runner, which posts each line to this node's listener (it has no client
+    certificate of its own, so not where the listener requires one)."""
+    state = ctx.state
+    server_tls = state.config.server.tls
     mtls_required = (server_tls is not None and server_tls.client_ca_file is not None
                      and server_tls.client_cert == "required")
-    # The runner posts each line to this listener; it has no client certificate of its own.
-    if state.store is not None and run_batches and not mtls_required:
-        metrics = state.metrics
-        batches = BatchRunner(state, listener_url(host, port, tls=tls), ssl_context=False if tls else None,
-                              on_result=lambda batch_id, result: metrics.count_batch_line(result.ok),
-                              on_end=lambda batch_id, status: metrics.count_batch_end(status))
-        await batches.start()
-        stack.push_async_callback(batches.close)    # closes after the drain, before the listener and store
-    elif state.store is not None and mtls_required:
-        log.warning("batch_runner_off", message="the listener requires client certificates, which the "
-                    "Batch API's runner has none of: batches are accepted but not run on this node")
-    if cfg.cluster is not None:
-        url_host = cfg.cluster.advertise_host or host
-        url_host = f"[{url_host}]" if ":" in url_host else url_host
-        cluster = Cluster(cfg.cluster, state.tenancy, http_url=f"{'https' if tls else 'http'}://{url_host}:{port}")
-        stack.push_async_callback(cluster.close)
-        await cluster.start()
-        state.cluster = cluster
-    if state.transcripts is not None:      # retention: expired transcripts go, whichever node wrote them
-        purger = asyncio.ensure_future(purge_transcripts(
-            state.transcripts, retention_of=lambda tenant: state.tenancy.tenants.get(tenant).retention_s))
-        stack.callback(purger.cancel)
-    sweeper = asyncio.ensure_future(sweep_cache(state))     # cached text never outlives [cache] ttl_s
-    stack.callback(sweeper.cancel)
+    if state.storage is None or not ctx.run_batches or mtls_required:
+        if state.storage is not None and mtls_required:
+            log.warning("batch_runner_off", message="the listener requires client certificates, which the "
+                        "Batch API's runner has none of: batches are accepted but not run on this node")
+        yield
+        return
+    metrics, tls = state.metrics, ctx.tls is not None
+    runner = BatchRunner(state, listener_url(ctx.host, ctx.port, tls=tls), ssl_context=False if tls else None,
+                         on_result=lambda batch_id, result: metrics.count_batch_line(result.ok),
+                         on_end=lambda batch_id, status: metrics.count_batch_end(status))
+    await runner.start()
+    try:
+        yield
+    finally:
+        await runner.close()
+
+
+@contextlib.asynccontextmanager
+async def purge(ctx: DaemonContext) -> AsyncIterator[None]:
+    """Expired transcripts, idempotency records and cached responses (inferd.daemon.purge)."""
+    ctx.purger = Purger(ctx.state, ctx.purge_every_s)
+    async with _task(ctx.purger.run()):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def spend_so_far(ctx: DaemonContext) -> AsyncIterator[None]:
+    """Budgets survive restarts: each tenant's spend this period, from the ledger."""
+    state = ctx.state
     if state.ledger is not None:
-        await load_spend(state.tenancy.budgets, state.ledger, state.node_name)    # budgets survive restarts
+        await load_spend(state.tenancy.budgets, state.ledger, state.node_name)
+    yield
 
 
-async def purge_transcripts(transcripts: Transcripts, every_s: float = PURGE_INTERVAL_S, *,
-                            retention_of: Callable[[str], float] | None = None, clock=time.time) -> None:
-    """Delete transcripts past their period, now and every `every_s` seconds: by the expiry each was
-    written with, and by each tenant's retention now (`retention_of(tenant)`, 0 for "none"), so a
-    shortened period or a tenant back on "none" takes effect at the next pass."""
-    while True:
-        try:
-            gone = await transcripts.purge(clock(), retention_of=retention_of)
-            if gone:
-                log.info("transcripts_purged", rows=gone)
-        except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
-            log.warning("transcripts_purge_failed", error=str(exc), error_type=type(exc).__name__)
-        await asyncio.sleep(every_s)
+@contextlib.asynccontextmanager
+async def watchdog(ctx: DaemonContext) -> AsyncIterator[None]:
+    """systemd's watchdog, pinged from the loop itself (inferd.daemon.sdnotify)."""
+    async with _task(ctx.notifier.watchdog_loop()):
+        yield
 
 
-async def sweep_cache(state: ServerState, every_s: float = PURGE_INTERVAL_S) -> None:
-    while True:
-        await asyncio.sleep(every_s)
-        state.response_cache.sweep()
+@contextlib.asynccontextmanager
+async def _task(coro) -> AsyncIterator[None]:
+    task = asyncio.ensure_future(coro)
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+SERVICES = (
+    listen_socket,      # the address checks, TLS, the bound socket: a taken port fails the start at once
+    durable_store,      # before anything that records into it; closed last
+    tracing,
+    node_state,         # tenancy, routing control plane, cluster (not started): the ServerState, whole
+    http_runner,        # released after the engines close, so open streams end with a final chunk
+    model_versions,     # engines loaded and warmed; closed after the queues
+    admission,          # a queue per engine, the keys-file poll
+    cluster,            # gossip; left during the drain, closed after it
+    site,               # the app, listening: the batch runner posts here, peers forward here
+    batch_runner,
+    purge,
+    spend_so_far,
+    watchdog,
+)

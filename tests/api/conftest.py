@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from inferd.api import make_app
+from inferd.api import build_state, make_app
 from inferd.api.state import ServerState
-from inferd.config.root import Config, ModelConfig, ServerConfig
+from inferd.config.root import AuditConfig, Config, ModelConfig, ServerConfig
 from inferd.config.tenants import AdmissionConfig, TenantConfig
 from inferd.engine.base import Engine
 from inferd.engine.sim.engine import SimEngine
@@ -63,7 +63,7 @@ ServeFactory = Callable[..., Awaitable[Served]]
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[ServeFactory]:
+async def serve(tmp_path) -> AsyncIterator[ServeFactory]:
     """serve(engines=None, handler_cancellation=False, models=None, tenants=None, **server_config) -> Served;
     torn down after the test. `models`: [models.*] config tables, for what the API reads of them (LoRA
     adapters); `tenants`: [tenants.*] tables (auth is off, so requests are tenant `local`); `admission`: the
@@ -82,8 +82,11 @@ async def serve() -> AsyncIterator[ServeFactory]:
         for engine in engines.values():
             await engine.start()
             cleanups.append(engine.close)
-        state = ServerState(Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {},
-                                   admission=admission or AdmissionConfig()), engines)
+        config = Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {},
+                        admission=admission or AdmissionConfig(), audit=AuditConfig(path=str(tmp_path / "audit.jsonl")))
+        state = build_state(config, engines)
+        cleanups.append(state.tenancy.close)        # its admission dispatchers, after the runner's cleanup
+        cleanups.append(state.shadows.close)
         state.started = True
         app = make_app(state)
         runner = web.AppRunner(app, handler_cancellation=handler_cancellation)

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import asyncio
 
+from inferd.api import build_state
 from inferd.api.state import ServerState
 from inferd.config.root import parse_config
 from inferd.engine.sim.engine import SimEngine
 
 
 def make_state(engines=None) -> ServerState:
-    return ServerState(parse_config({}), engines if engines is not None else {})
+    return build_state(parse_config({}), engines)
 
 
 async def test_not_ready_until_started_and_not_ready_while_draining():

@@ -25,7 +25,7 @@ async def readyz(request: web.Request) -> web.Response:
     if state.ready():
         return _json({"status": "ready", **versions_status(state)})
     reasons = []
-    if not getattr(state, "started", True):
+    if not state.started:
         reasons.append("engines are still starting")
     if state.draining:
         reasons.append("draining")
@@ -52,7 +52,7 @@ async def list_models(request: web.Request) -> web.Response:
     Only what the caller's tenant may use (its allowed_models) is listed."""
     principal = require_scope(request, "inference")
     state = request.app[keys.STATE]
-    created = int(getattr(state, "started_at", 0))
+    created = int(state.started_at)
     tenant = state.tenancy.tenants.get(principal.tenant)
     return _json({"object": "list", "data": model_rows(state, created, tenant.allows_model)})
 

@@ -7,7 +7,7 @@ import time
 
 from openai import AsyncOpenAI
 
-from inferd.daemon.services import purge_transcripts
+from inferd.daemon.purge import purge_transcripts
 from tests.daemon.harness import running, sim_model, until, write_config
 
 
