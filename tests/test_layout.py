@@ -183,7 +183,6 @@ def offenders(found: list[str]) -> str:
     return f"{len(found)} offender(s):\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=False, reason="until the pipeline lands")
 def test_no_function_is_longer_than_80_lines():
     """A function's length runs from its `def` line to the last line of its body, both included:
     decorators are not counted, while its docstring, comments and blank lines are. A nested function counts
@@ -198,7 +197,6 @@ def test_no_function_is_longer_than_80_lines():
     assert not long, offenders(long)
 
 
-@pytest.mark.xfail(strict=False, reason="until the pipeline lands")
 def test_no_module_or_package_is_named_like_a_standard_library_module():
     """A script run from a folder holding `tokenize.py` imports that file instead of the standard one."""
     shadowing = []
@@ -226,7 +224,6 @@ def issue_references(path: Path) -> list[tuple[int, str]]:
     return [(n, lines[n - 1].strip()) for n in sorted(found)]
 
 
-@pytest.mark.xfail(strict=False, reason="until the pipeline lands")
 def test_no_comment_or_docstring_points_at_an_issue_number():
     """Readers of the code cannot open the tracker: a comment says why itself."""
     found = [f"{where(m, line)}: {text}" for m, path in MODULES.items() for line, text in issue_references(path)]

@@ -57,7 +57,7 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", ops.openapi)
     admin.add_routes(app)
-    admin_models.add_routes(app)    # issue 17: the model lifecycle under a memory budget
+    admin_models.add_routes(app)    # the model lifecycle under a memory budget: list, load, unload
     files.add_routes(app)      # the Batch API: its input and output files
     batches.add_routes(app)
     return app

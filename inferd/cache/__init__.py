@@ -1,4 +1,4 @@
-"""The response cache (issue 15): exact-match generations per tenant, bounded by bytes and age.
+"""The response cache: exact-match generations per tenant, bounded by bytes and age.
 
 `ResponseCache` stores and evicts; `ReplayStream` answers a hit through the normal response path;
 `RecordingStream` keeps a streamed miss whole so it can be stored. Which requests may use it and

@@ -5,7 +5,7 @@ wins, then the count that still has enough after losing a zone.
     decode load  = rate x mean output / (batch / step(batch))   (batch: the largest within the ITL target)
     replicas     = ceil(max(prefill load, decode load) / target utilisation)
 
-The two loads are compared, not added, as issue 14 asks: each side sized on a replica's whole time,
+The two loads are compared, not added: each side sized on a replica's whole time,
 which holds when one side dominates. Replicas that run both on the same GPUs (in-flight batching,
 as every inferd engine does) time-share them, so the plan also carries
     colocated    = ceil((prefill load + decode load) / target utilisation)

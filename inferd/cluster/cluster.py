@@ -129,7 +129,7 @@ class Cluster:
         """The alive peer best placed to start a request for `model` at `version` now: its fresh hint says
         the version is ready with a free sequence slot and a queue shorter than spill_wait_s (shortest
         estimated wait first, then most free slots). `version` None: any version of `model` the peer has
-        loaded (a model cold on this node, issue 17). None when no peer has room."""
+        loaded (a model cold on this node under its memory budget). None when no peer has room."""
         best, best_key = None, None
         for m in self._alive():
             if m.node in exclude:

@@ -71,15 +71,15 @@ class ServerConfig(ConfigTable):
     # this rate (0: off), pacing only once the debt is over the burst.
     refused_bytes_per_s: float = 1_048_576.0
     refused_burst_bytes: int = 8_388_608
-    # Issue 17: model lifecycle (inferd.models.memory_budget). With a budget, versions load when first asked for
+    # A memory budget for model versions (inferd.models.memory_budget). With one, versions load when first asked for
     # (or pinned / prewarmed) and the least recently used idle ones are evicted to make room; None: every
     # configured version loads at start and stays.
     model_memory_bytes: int | None = None
     min_residency_s: float = 60.0          # a version used this recently is not evicted (hysteresis)
-    # Issue 10: HTTPS (inferd.config.tls); plain HTTP on a non-loopback host only when explicitly allowed.
+    # HTTPS (inferd.config.tls); plain HTTP on a non-loopback host only when explicitly allowed.
     tls: TlsConfig | None = None
     allow_plaintext_non_loopback: bool = False
-    # Issue 15: .pub files one of which must have signed every engine artifact (docs/artifacts.md); () = none.
+    # .pub files one of which must have signed every engine artifact (docs/artifacts.md); () = none.
     trusted_keys: tuple[str, ...] = ()
 
 
@@ -88,8 +88,8 @@ class SimConfig(ConfigTable):
     time_scale: float = 1.0
     max_model_len: int = 8192
     seed: int = 0
-    # Issue 17: start() takes the profile's load time (weights / load_bandwidth + setup) x time_scale, as a
-    # real load would; off by default so existing sim configs start at once.
+    # Cold starts in the sim: start() takes the profile's load time (weights / load_bandwidth + setup)
+    # x time_scale, as a real load would; off by default so existing sim configs start at once.
     simulate_load: bool = False
 
 
@@ -117,18 +117,18 @@ class ModelConfig(ConfigTable):
     trusted_keys: tuple[str, ...] = ()     # when set, replaces server.trusted_keys for this model
     sim: SimConfig | None = None
     trtllm: TrtllmConfig | None = None
-    breaker: BreakerConfig | None = None   # issue 14: stop routing to a failing version for a while
+    breaker: BreakerConfig | None = None   # stop routing to a failing version for a while
     keep_warm_s: float = 0.0               # a version the config drops stays loaded, unrouted, this long
     hardware: str | None = None            # the `hardware` label of its autoscaling series (e.g. "h100-sxm");
     #                                        default: the sim profile's name, "cpu" (reference), "gpu" (trtllm)
-    # Issue 15: LoRA adapters requests name as `model:adapter` (inferd.config.adapters; every backend)
+    # LoRA adapters requests name as `model:adapter` (inferd.config.adapters; every backend)
     lora_adapters: dict[str, str] = {}      # adapter name -> PEFT directory or adapter artifact (sim: any, unread)
     max_loaded_adapters: int = 4            # reference: adapters resident at once (an LRU)
     adapter_idle_unload_s: float | None = None   # reference: unload after this long unused (None: only evicted)
-    # Issue 16: embedding models (inferd.config.embeddings): what it serves, and its dynamic batcher
+    # Embedding models (inferd.config.embeddings): what it serves, and its dynamic batcher
     task: Task | None = None                # "generate" | "embed"; default: the artifact's (reference), else generate
     batching: BatchingConfig | None = None
-    # Issue 17, with server.model_memory_bytes: never evicted (loaded at start), loaded at start if it fits,
+    # Under a memory budget (server.model_memory_bytes): never evicted (loaded at start), loaded at start if it fits,
     # and the bytes it holds when loaded (default: estimated from its weights and KV pool)
     pinned: bool = False
     prewarm: bool = False
@@ -158,20 +158,20 @@ class Config(ConfigTable):
     rollouts: dict[str, RolloutConfig] = {}
     prices: dict[str, PriceConfig] = {}
     audit: AuditConfig = AuditConfig()
-    # Issue 4: who may call (auth), per-tenant limits (tenants), the per-engine fair queue (admission).
+    # Who may call (auth), per-tenant limits (tenants), the per-engine fair queue (admission).
     auth: AuthConfig = AuthConfig()
     tenants: dict[str, TenantConfig] = {}
     admission: AdmissionConfig = AdmissionConfig()
-    # Issue 11: peers (inferd.cluster); absent = a single node.
+    # Peers (inferd.cluster); absent = a single node.
     cluster: ClusterConfig | None = None
-    # Issue 12: durable state (inferd.store): usage ledger, idempotency keys, files and batches.
+    # Durable state (inferd.store): usage ledger, idempotency keys, files and batches.
     store: StoreConfig = StoreConfig()
-    # Issue 14: service level objectives (inferd.slo): burn rates, alert rules, dashboards.
+    # Service level objectives (inferd.slo): burn rates, alert rules, dashboards.
     slos: dict[str, SloConfig] = {}
     degrade: dict[str, DegradeConfig] = {}
-    tracing: TracingConfig | None = None    # issue 14: OpenTelemetry spans per stage; absent = off
-    policies: dict[str, PolicyConfig] = {}  # issue 15: safety policies tenants are held to
-    cache: CacheConfig = CacheConfig()      # issue 15: the response cache tenants opt in to
+    tracing: TracingConfig | None = None    # OpenTelemetry spans per stage; absent = off
+    policies: dict[str, PolicyConfig] = {}  # safety policies tenants are held to
+    cache: CacheConfig = CacheConfig()      # the response cache tenants opt in to
 
 
 class ConfigError(Exception):

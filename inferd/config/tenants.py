@@ -67,12 +67,12 @@ class TenantConfig(ConfigTable):
     max_queued_requests: int = 256
     max_queued_tokens: int = 1_048_576          # prompt + max_tokens of queued requests
     max_request_timeout_s: float = 600.0
-    # Issue 12: cost controls (inferd.tenancy.budget), counted from the usage ledger, UTC periods.
+    # Cost controls (inferd.tenancy.budget), counted from the usage ledger, UTC periods.
     max_spend: float | None = None              # in the currency of [prices], per spend_period
     spend_period: SpendPeriod = "month"
     max_tokens_per_day: int | None = None       # prompt + completion tokens recorded per UTC day
     budget_warn_fraction: float = 0.8           # crossing it: a metric and an audit record
-    # Issue 15: the [policies.<name>] its requests are filtered by (None: no filtering).
+    # The [policies.<name>] its requests are filtered by (None: no filtering).
     policy: str | None = None
     cache_responses: bool = False               # use the response cache ([cache]) for deterministic requests
     # "none" (the default): no prompt or completion text is kept anywhere. A period ("7d", "12h", "30m"):

@@ -91,23 +91,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         bm = self.block_manager
-        budget = self.max_num_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not bm.can_append(seq, n):
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                bm.append(seq, n)
-                out.seqs.append(seq)
-                out.num_new_tokens.append(n)
-                budget -= n
-                i += 1
+        budget = self.schedule_running(out)
         # a preemption means the pool is short: admitting more would only thrash
         while (not out.preempted and self.waiting and budget > 0
                and len(self.running) < self.max_batch_size):
@@ -132,6 +116,38 @@ class Scheduler:
         if out.seqs and self.pack_inputs:
             self._pack(out)
         return out
+
+    def schedule_running(self, out: SchedulerOutput) -> int:
+        """Running sequences first, oldest first, preempting the newest when the pool is short; returns
+        the token budget left for waiting ones. Runs for every running sequence every step, so the common
+        case (its tokens fit the blocks it holds) is written out inline."""
+        bm = self.block_manager
+        bs = bm.block_size
+        running, seqs, counts = self.running, out.seqs, out.num_new_tokens
+        budget = self.max_num_tokens
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed_tokens
+            n = len(seq.token_ids) - computed
+            if n > budget:
+                n = budget
+            if -(-(computed + n) // bs) > len(seq.block_table):     # it needs blocks: allocate or preempt
+                while not bm.can_append(seq, n):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    out.preempted.append(victim)
+                    if victim is seq:
+                        break
+                else:
+                    bm.append(seq, n)
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+            i += 1
+        return budget
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

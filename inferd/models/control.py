@@ -62,7 +62,7 @@ class ControlPlane:
         self.rollouts = RolloutManager()
         self.shadows = ShadowRecorder(prices=config.prices)
         self.audit = LazyAudit(audit_path(config))
-        self.breakers = Breakers(config.models, audit=self.audit)     # issue 14: failing versions rest
+        self.breakers = Breakers(config.models, audit=self.audit)     # failing versions rest
 
     # -- routes ------------------------------------------------------------------------------
     def final_table(self, table: RoutingTable, cfg: Config) -> RoutingTable:

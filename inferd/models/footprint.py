@@ -1,4 +1,4 @@
-"""How many bytes a model version holds once loaded, known before loading it (issue 17's memory budget).
+"""How many bytes a model version holds once loaded, known before loading it (what the memory budget counts).
 
 Estimated from what is on disk and in the config, without loading anything:
 - `memory_bytes` in the model's table, when set, is the answer (an operator who measured it knows best);

@@ -1,4 +1,4 @@
-"""How long model loads take, and so when a version waiting for its load should be ready (issue 17).
+"""How long model loads take, and so when a version waiting for its load should be ready.
 
 A version's estimate is its last measured load; before the first, the sim's own load time (its profile's
 weights at its load bandwidth, x time_scale) or the footprint at LOAD_BYTES_PER_S plus LOAD_SETUP_S. The

@@ -1,4 +1,4 @@
-"""Model versions under a node's memory budget (issue 17): loaded when asked for, evicted when idle.
+"""Model versions under a node's memory budget: loaded when asked for, evicted when idle.
 
 Only with `[server] model_memory_bytes`; without it every configured version loads at start and stays
 (VersionManager alone). With it, each configured version is registered `cold` with its footprint

@@ -1,4 +1,4 @@
-"""Prewarm schedules (issue 17): `[models.X] prewarm_at = ["07:45", ...]`, UTC times of day at which a
+"""Prewarm schedules: `[models.X] prewarm_at = ["07:45", ...]`, UTC times of day at which a
 version is loaded ahead of the traffic they expect, evicting if need be (audited as reason `schedule`).
 
 One task per daemon (`run_schedule`), started beside the lifecycle. It sleeps until the next time any

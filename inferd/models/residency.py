@@ -1,6 +1,6 @@
 """Which model versions are resident under a node's memory budget, and what to evict to load another.
 
-Issue 17's policy, on integers and a clock only (tested without engines, like the reference engine's
+The policy, on integers and a clock only (tested without engines, like the reference engine's
 block manager). A version is `cold` (its artifact on disk), `loading`, `warming`, `hot` or `draining`.
 Its footprint counts against the budget from the moment its load starts (so two loads cannot both
 count on the same free bytes) until it is unloaded; a load measures the real footprint and corrects

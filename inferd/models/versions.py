@@ -218,7 +218,7 @@ class VersionManager:
         log.info("version_retired", model=key.model, version=key.version, in_flight=self.in_use(key))
         return True
 
-    # -- warm spares (issue 14) -------------------------------------------------------------
+    # -- warm spares: kept loaded, unrouted, for a fast rollback ---------------------------
     def keep_warm(self, key: ModelVersion, seconds: float) -> asyncio.Task:
         """After `stop_routing`: keep `key` loaded but unrouted for `seconds`, then unload it once idle.
         A config that lists it again meanwhile (a rollback after a promotion) gets it back at once."""

@@ -1,4 +1,4 @@
-"""Circuit breaker series (issue 14), read from the control plane's breakers at scrape time."""
+"""Circuit breaker series, read from the control plane's breakers at scrape time."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence

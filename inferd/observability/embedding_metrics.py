@@ -1,4 +1,4 @@
-"""Unary (embedding) batcher series (issue 16): batch size and fill, how long batches waited to close,
+"""Unary (embedding) batcher series: batch size and fill, how long batches waited to close,
 their compute time, and deadline misses, per loaded model version (labels as every model series)."""
 from __future__ import annotations
 

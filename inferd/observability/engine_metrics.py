@@ -41,7 +41,7 @@ class EngineCollector:
         steps = CounterMetricFamily("inferd_engine_steps", "Engine steps run", labels=MODEL_LABELS)
         generated = CounterMetricFamily("inferd_engine_generated_tokens", "Tokens the engine generated, as its "
                                         "steps produced them", labels=MODEL_LABELS)
-        # Issue 14: what to autoscale on (docs/slos.md), labelled with the hardware to add more of.
+        # What to autoscale on (docs/slos.md), labelled with the hardware to add more of.
         scale_labels = (*MODEL_LABELS, "hardware")
         fill = GaugeMetricFamily("inferd_engine_batch_fill_ratio", "Running sequences / max_batch_size",
                                  labels=scale_labels)

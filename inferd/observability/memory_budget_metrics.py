@@ -1,4 +1,5 @@
-"""Model lifecycle series (issue 17), read from inferd.models.ModelLifecycle at scrape time."""
+"""Model lifecycle series under a memory budget (residency, loads, evictions), read from
+inferd.models.ModelLifecycle at scrape time."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator

@@ -108,7 +108,12 @@ class Metrics:
         self.queue_wait = Histogram(
             "inferd_queue_wait_seconds", "Arrival to first engine step (admission + engine queue)",
             MODEL_LABELS, buckets=QUEUE_BUCKETS, registry=r)
-        # Issue 14: the rest of the per-stage breakdown (the same stages as Server-Timing), per request.
+        self.request_stage = Histogram(
+            "inferd_request_stage_seconds", "Time in each stage of a request, the stages of its Server-Timing "
+            "header and trace spans: api (every check before admission), queue (the fair admission queue), "
+            "engine_queue, prefill, decode, write (the engine's last token to the response written)",
+            (*MODEL_LABELS, "stage"), buckets=QUEUE_BUCKETS, registry=r)
+        # The engine's phases alone, per request (the stage histogram above has them too).
         self.prefill_time = Histogram(
             "inferd_prefill_seconds", "First engine step to first token (the prompt's prefill)",
             MODEL_LABELS, buckets=TTFT_BUCKETS, registry=r)
@@ -128,7 +133,7 @@ class Metrics:
         self.engine_step = Histogram(
             "inferd_engine_step_seconds", "Wall time of one engine step", MODEL_LABELS,
             buckets=STEP_BUCKETS, registry=r)
-        self.embeddings = EmbeddingMetrics(r, MODEL_LABELS)      # issue 16: the unary batcher
+        self.embeddings = EmbeddingMetrics(r, MODEL_LABELS)      # the embedding (unary) batcher
 
     def _declare_process_series(self, r: CollectorRegistry) -> None:
         """The process: config reloads, the build, engines' gauges and dropped log lines (both read at
@@ -146,7 +151,7 @@ class Metrics:
     def _declare_subsystem_series(self, r: CollectorRegistry) -> None:
         """Per tenant and per subsystem (tenancy, cluster, store, SLOs, breakers, model lifecycle), read
         from the subsystem at scrape time: each source answers None until its watch_* method sets it."""
-        # Issue 4, per tenant (docs/tenants.md). Requests by status are counted as they end; the rest
+        # Per tenant (docs/tenants.md). Requests by status are counted as they end; the rest
         # is read from the tenancy's snapshots at scrape time (TenancyCollector): no per-token cost.
         self.tenant_requests_total = Counter(
             "inferd_tenant_requests", "Inference requests answered, by tenant and HTTP status",
@@ -154,17 +159,17 @@ class Metrics:
         self.tenancy: Callable[[], Any] = lambda: None
         r.register(TenancyCollector(lambda: self.tenancy()))   # late-bound: watch_tenancy swaps it
         self.cluster: Callable[[], Any] = lambda: None
-        r.register(ClusterCollector(lambda: self.cluster()))   # issue 11: set by watch_cluster
-        # Issue 12: the durable store (queue depth, commits, rows) at scrape time; spend as rows commit.
+        r.register(ClusterCollector(lambda: self.cluster()))   # set by watch_cluster
+        # The durable store (queue depth, commits, rows) at scrape time; spend as rows commit.
         self.store: Callable[[], Any] = lambda: None
         r.register(StoreCollector(lambda: self.store()))
-        # Issue 14: SLO events, burn rates and budgets, from the node's SloTracker at scrape time.
+        # SLO events, burn rates and budgets, from the node's SloTracker at scrape time.
         self.slos: Callable[[], Any] = lambda: None
         r.register(SloCollector(lambda: (tracker.snapshot() if (tracker := self.slos()) is not None else ())))
         self.breakers: Callable[[], Any] = lambda: None
         r.register(BreakerCollector(lambda: (b.snapshot() if (b := self.breakers()) is not None else ())))
         self.lifecycle: Callable[[], Any] = lambda: None
-        r.register(LifecycleCollector(lambda: self.lifecycle()))     # issue 17: set by watch_lifecycle
+        r.register(LifecycleCollector(lambda: self.lifecycle()))     # set by watch_lifecycle
 
     def _declare_cache_and_policy_series(self, r: CollectorRegistry) -> None:
         """What the response cache, the safety policies and overload degradation did to requests."""

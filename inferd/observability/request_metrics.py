@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ class SeriesFamilies(Protocol):
     inter_token_latency: Histogram
     stream_write_delay: Histogram
     queue_wait: Histogram
+    request_stage: Histogram
     prefill_time: Histogram
     decode_time: Histogram
     e2e_request_latency: Histogram
@@ -87,7 +88,7 @@ class ModelSeries:
     """Label children of one loaded model, bound once so the hot path skips `.labels()` lookups."""
 
     __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
-                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_metrics")
+                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages", "_metrics")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
         self.engine = engine
@@ -105,6 +106,14 @@ class ModelSeries:
         self.generation_tokens = metrics.generation_tokens.labels(*labels)
         self.prefix_hits = metrics.prefix_cache_hit_tokens.labels(*labels)
         self.step = metrics.engine_step.labels(*labels)
+        self._stages: dict[str, Any] = {}
+
+    def stage(self, name: str) -> Any:
+        """The stage histogram's child for `name` (a bounded set: the pipeline's timeline stages)."""
+        child = self._stages.get(name)
+        if child is None:
+            child = self._stages[name] = self._metrics.request_stage.labels(*self.labels, name)
+        return child
 
     def count_request(self, status: int | str) -> None:
         self._metrics.requests_total.labels(*self.labels, str(status)).inc()
@@ -147,8 +156,9 @@ class RequestObservation:
         self._last_token = now
 
     def finish(self, status: int | str, *, usage: Usage | None = None, timing: EngineTiming | None = None,
-               now: float | None = None) -> None:
-        """Count the request and record e2e latency, queue wait and token counters. Idempotent."""
+               now: float | None = None, stages: Mapping[str, tuple[float, float]] | None = None) -> None:
+        """Count the request and record e2e latency, queue wait, its `stages` (name -> (start, end),
+        monotonic seconds: the same as its Server-Timing) and token counters. Idempotent."""
         if self._finished:
             return
         self._finished = True
@@ -175,6 +185,8 @@ class RequestObservation:
                 s.prefill.observe(max(0.0, timing.first_token - timing.first_scheduled))
                 if timing.finished is not None:
                     s.decode.observe(max(0.0, timing.finished - timing.first_token))
+        for name, (start, end) in (stages or {}).items():
+            s.stage(name).observe(max(0.0, end - start))
         if usage is not None:
             s.prompt_tokens.inc(usage.prompt_tokens)
             s.generation_tokens.inc(usage.completion_tokens)

@@ -1,4 +1,4 @@
-"""SLO series (issue 14), read from the SLO tracker at scrape time: nothing to update per request.
+"""SLO series, read from the SLO tracker at scrape time: nothing to update per request.
 
 `inferd_slo_events_total{slo, result}` is what Prometheus rules compute burn rates from across a
 fleet (inferd.slo.rules); the gauges are this process's own view, over what it has seen since it

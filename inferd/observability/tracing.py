@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (issue 14), optional: spans per request stage, W3C trace context honoured.
+"""OpenTelemetry tracing, optional: spans per request stage, W3C trace context honoured.
 
 Off unless the config has a `[tracing]` table; then the daemon builds one `Tracing` and each
 completion gets a root span (its parent: the caller's `traceparent`, when sent) with one child per

@@ -1,4 +1,4 @@
-"""Safety policies (issue 15): per-tenant input pre-filters and streaming output post-filters.
+"""Safety policies: per-tenant input pre-filters and streaming output post-filters.
 
 `Policies` compiles `[policies.*]` and says which one holds a tenant; `Policy.check_input` judges a
 prompt; `FilteredStream` holds back and searches generated text as it streams. Matched text is never

@@ -1,4 +1,4 @@
-"""Service level objectives (issue 14): in-process burn rates, and monitoring as code.
+"""Service level objectives: in-process burn rates, and monitoring as code.
 
 `SloTracker` counts finished requests against the `[slos.*]` of the config (inferd.slo.events says
 which requests count); `inferd monitoring rules|dashboard` writes Prometheus rules and a Grafana

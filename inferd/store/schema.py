@@ -115,7 +115,7 @@ _BATCH_RESULTS = """CREATE TABLE IF NOT EXISTS batch_results (
     PRIMARY KEY (batch_id, idx)
 )"""
 
-# Issue 15: the text of a tenant's requests, kept only for tenants with a retention period, deleted once
+# The text of a tenant's requests, kept only for tenants with a retention period, deleted once
 # expires_at passes (inferd.store.transcripts).
 _TRANSCRIPTS = """CREATE TABLE IF NOT EXISTS transcripts (
     seq {seq},

@@ -151,6 +151,5 @@ def _api_error(exc: AdapterError | EngineUnavailable) -> ApiError:
 
 def _audit(state, actor: str, action: str, target: str, before: dict, after: dict, reason: str | None,
            error: str | None) -> None:
-    if state.control is not None:
-        state.control.audit.append(actor, action, target=target, before=before, after=after,
-                                   reason=reason, detail={"error": error} if error else None)
+    state.control.audit.append(actor, action, target=target, before=before, after=after,
+                               reason=reason, detail={"error": error} if error else None)

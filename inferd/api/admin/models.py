@@ -1,4 +1,4 @@
-"""Admin routes (admin scope) for the model lifecycle under a memory budget (issue 17):
+"""Admin routes (admin scope) for the model lifecycle under a memory budget (`[server] model_memory_bytes`):
 
   GET  /admin/models                     every configured version: state (cold, loading, warming, hot,
                                          draining), bytes, pinned, requests in flight; the budget and its use

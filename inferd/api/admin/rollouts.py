@@ -56,18 +56,14 @@ def add_routes(app: web.Application) -> None:
 
 
 def _actor(request: web.Request) -> str:
-    from inferd.api.auth import require_scope  # issue 4: 401/403 envelopes, admin scope
+    from inferd.api.auth import require_scope  # 401/403 envelopes, admin scope
 
     principal = require_scope(request, "admin")
     return principal.key_id or f"tenant:{principal.tenant}"
 
 
 def _control(request: web.Request) -> ControlPlane:
-    control = request.app[keys.STATE].control
-    if control is None:
-        raise ApiError(503, "Rollouts are not available on this server.", type="service_unavailable_error",
-                       code="rollouts_unavailable", headers={"Retry-After": "1"})
-    return control
+    return request.app[keys.STATE].control
 
 
 

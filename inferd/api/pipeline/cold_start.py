@@ -1,4 +1,4 @@
-"""A request for a model that is not loaded (issue 17): wait for its load, or 503 with when to retry.
+"""A request for a model that is not loaded (under a memory budget): wait for its load, or 503 with when to retry.
 
 Only with a memory budget (`state.lifecycle`, inferd.models.memory_budget). The request path calls
 `wait_for_model` after the cheap refusals and before routing: the prompt is tokenized by the version

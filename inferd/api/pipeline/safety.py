@@ -45,7 +45,7 @@ async def check_input(state: ServerState, tenant: str, prepared: Prepared, engin
                       request_id: str, deadline: float) -> Policy | None:
     """The tenant's policy (None: none), after its input rules passed; ApiError 400 when they did not
     (503/504 when a classifier failed or ran out of time). Runs after tokenizing: token ids are valid."""
-    policy = state.safety.for_tenant(tenant) if state.safety else None
+    policy = state.safety.for_tenant(tenant)
     if policy is None or not (policy.input or policy.classifiers):
         return policy
     for part in prepared.prompts():
@@ -103,7 +103,6 @@ def filter_output(state: ServerState, policy: Policy | None, streams: list[Any],
 
 def _record(state: ServerState, tenant: str, policy: str, rule: str, stage: str, request_id: str, model: str) -> None:
     state.metrics.count_safety_action(state.tenancy.tenants.label(tenant), policy, stage)
-    if state.control is not None:
-        state.control.audit.append(tenant, f"safety.{stage}_{'refused' if stage == 'input' else 'stopped'}",
-                                   target=tenant, detail={"policy": policy, "rule": rule, "request_id": request_id,
-                                                          "model": model})
+    state.control.audit.append(tenant, f"safety.{stage}_{'refused' if stage == 'input' else 'stopped'}",
+                               target=tenant, detail={"policy": policy, "rule": rule, "request_id": request_id,
+                                                      "model": model})

@@ -75,15 +75,17 @@ async def _settle_in_flight(ctx: RequestContext, status: int) -> None:
         await record_usage_once(ctx, last, status)      # the client left, or a bug: what was delivered is billed
     usage = last.usage if last is not None else None
     timing = last.timing if last is not None else None
-    obs.finish(status, usage=usage, timing=timing)
+    running = ctx.reached == RUNNING
+    # One reading of the stages for the histogram and the trace (Server-Timing read the same marks).
+    stages = ctx.timeline.stages(timing, time.monotonic()) if running else {}
+    obs.finish(status, usage=usage, timing=timing, stages=stages)
     _record_version_outcome(ctx, status)
-    if ctx.reached == RUNNING and ctx.kind != "embedding":
+    if running and ctx.kind != "embedding":
         store_in_cache(ctx, ctx.cache_plan, status, ctx.recording.whole() if ctx.recording is not None else None)
         keep_transcript(ctx, ctx.recording, ctx.extras.get("retention_s", 0.0))
     trace = ctx.request.get(keys.TRACE)
     if trace is not None:
-        running = ctx.reached == RUNNING
-        trace.end(status, ctx.timeline.stages(timing, time.monotonic()) if running else {},
+        trace.end(status, stages,
                   {"inferd.completion_tokens": usage.completion_tokens if usage is not None else 0} if running else {})
     if not by_peer:
         record_slo_for(ctx, status, obs=obs, streamed=ctx.streamed or ctx.headers_out)

@@ -91,7 +91,7 @@ async def spill(ctx: RequestContext, lease: Lease, headers: dict[str, str]) -> w
 
 
 class Outgoing:
-    """What forwarding needs of a request: a routed one's RequestContext, or a cold model's (issue 17)
+    """What forwarding needs of a request: a routed one's RequestContext, or a cold model's
     before it has one. `version` None: the peer routes it as its own."""
 
     __slots__ = ("request", "tenant", "request_id", "deadline", "model", "version", "body")

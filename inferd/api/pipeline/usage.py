@@ -1,8 +1,8 @@
 """The usage ledger's row for each request that reached admission, recorded before its response ends.
 
-completions.py calls `record_usage` once per request: for a JSON response (or an error) before the
-response is returned, for a stream just before its `[DONE]` (inferd.api.streaming.sse `before_done`), so a
-response the client received completely is in the ledger (inferd.store.ledger) even if the daemon is
+The pipeline records each row once (settle.record_usage_once): for a JSON response (or an error)
+before the response is returned, for a stream just before its `[DONE]` (inferd.api.streaming.sse
+`before_done`), so a response the client received completely is in the ledger (inferd.store.ledger) even if the daemon is
 killed right after. A stream the client abandoned is recorded with the tokens actually delivered.
 Requests a peer serves for us (spillover) are recorded by that peer, once.
 """
@@ -94,6 +94,5 @@ async def record_usage(ctx: RequestContext, status: int, last: Delta | None, del
     warning = state.tenancy.budgets.add(ctx.tenant, row.cost, row.prompt_tokens + row.completion_tokens)
     if warning is not None:
         log.warning("budget_warning", tenant=ctx.tenant, message=warning)
-        if state.control is not None:
-            state.control.audit.append(SYSTEM_ACTOR, "tenant.budget_warning", target=ctx.tenant,
-                                       reason="budget_warn_fraction", detail={"message": warning})
+        state.control.audit.append(SYSTEM_ACTOR, "tenant.budget_warning", target=ctx.tenant,
+                                   reason="budget_warn_fraction", detail={"message": warning})

@@ -1,6 +1,6 @@
-"""Request-side glue for issue 5: route `model` through the registry (past open circuit breakers), report
-completions to rollouts and breakers, mirror to shadows. Kept out of completions.py so that file stays
-the request path and nothing else.
+"""Request-side glue for versioned models: route `model` through the registry (past open circuit
+breakers), report outcomes to rollouts and breakers, mirror to shadows, and what /v1/models and /readyz
+show of the loaded versions.
 """
 from __future__ import annotations
 
@@ -41,10 +41,7 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
 def check_breaker(state: ServerState, route: Route, tenant: str, user: str | None, request_id: str) -> Route:
     """`route`, or its model's breaker fallback while the routed version's breaker is open; else a
     quick 503 circuit_open with Retry-After until the breaker probes again (inferd.models.breaker)."""
-    control = state.control
-    if control is None:
-        return route
-    breakers = control.breakers
+    breakers = state.control.breakers
     try:
         breakers.check(route.target)
         return route
@@ -91,8 +88,6 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
     the breaker, does a request that named a LoRA `adapter` (a bad adapter fails its own requests, not
     the base model's)."""
     control = state.control
-    if control is None:
-        return
     if last is None:
         if status == 503:           # the engine refused it at submit: the version's failure
             control.rollouts.record(key, False, None, None, 0, 0)
@@ -117,8 +112,7 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
 
 
 def make_room_for_live(state: ServerState, engine: Engine, prompt_len: int, sampling: SamplingParams) -> None:
-    if state.shadows is not None:
-        state.shadows.make_room(engine, prompt_len, sampling.max_tokens)
+    state.shadows.make_room(engine, prompt_len, sampling.max_tokens)
 
 
 def mirror_to_shadow(state: ServerState, route: Route, live_engine: Engine, prompt_ids, sampling: SamplingParams,
@@ -126,7 +120,7 @@ def mirror_to_shadow(state: ServerState, route: Route, live_engine: Engine, prom
     """Mirror to the route's shadow when it has spare room; its output never reaches the client.
     Token ids are mirrored as they are, so only a shadow with the same vocabulary qualifies."""
     shadows = state.shadows
-    if route.shadow is None or shadows is None:
+    if route.shadow is None:
         return
     table = state.registry.table
     if not table.is_ready(route.shadow):
@@ -173,7 +167,7 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                            max_model_len=info.max_model_len, simulated=info.simulated, task=info.task)
                 if info.task == "embed":
                     row.update(dimensions=info.dimensions, min_dimensions=info.min_dimensions)
-        if listing.kind == "model" and state.lifecycle is not None:   # issue 17: cold, loading, hot, ...
+        if listing.kind == "model" and state.lifecycle is not None:   # under a memory budget: cold, loading, hot, ...
             row["residency"] = state.lifecycle.residency_of(listing.id)
         rows.append(row)
         if listing.kind == "model":       # `loaded`: in the default version's engine now (AdapterHost engines)
@@ -189,11 +183,11 @@ def versions_status(state: ServerState) -> dict:
     table = state.registry.table
     out: dict = {"versions": {str(k): e.state if e.engine.healthy else "unhealthy"
                               for k, e in sorted(table.versions.items())}}
-    if state.versions is not None and state.versions.failures:
+    if state.versions.failures:
         out["refused"] = dict(state.versions.failures)
-    if state.control is not None and (breakers := state.control.breakers.open_versions()):
+    if breakers := state.control.breakers.open_versions():
         out["breakers"] = breakers          # versions resting (open) or being probed (half_open)
-    if state.lifecycle is not None:        # issue 17: what the memory budget holds
+    if state.lifecycle is not None:        # what the memory budget holds
         snap = state.lifecycle.snapshot()
         out["residency"] = {"budget_bytes": snap["budget_bytes"], "used_bytes": snap["used_bytes"],
                             "versions": {k: v["state"] for k, v in snap["versions"].items()}}

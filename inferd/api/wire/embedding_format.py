@@ -18,7 +18,7 @@ from inferd.api.errors import invalid
 from inferd.api.wire.openai import Prepared, decode_with
 
 # OpenAI's limit on inputs per request. Admission sees each input as a request, but one HTTP request
-# keeps at most a batch's worth of them in the queue at a time (inferd.api.embeddings), so a long
+# keeps at most a batch's worth of them in the queue at a time (inferd.api.pipeline.embedding_admission), so a long
 # list cannot fill the node's queue.
 MAX_INPUTS = 2048
 Input = Union[str, list[Union[str, int, list[int]]]]

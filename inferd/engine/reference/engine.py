@@ -133,7 +133,7 @@ class ReferenceEngine(LoraHost, Engine):
         await asyncio.sleep(0)
 
     def memory_bytes(self) -> int:
-        """What this version holds once loaded: its weights and its KV pool (issue 17's budget)."""
+        """What this version holds once loaded: its weights and its KV pool (what a memory budget counts)."""
         return self.model.weight_bytes() + sum(a.nbytes for a in (*self._kv.k, *self._kv.v))
 
     @property

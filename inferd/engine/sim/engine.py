@@ -81,7 +81,7 @@ class SimEngine(Engine):
                                max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True,
                                hardware=self.profile.name)
         self.time_scale = float(time_scale)
-        # What start() takes, like reading the weights and building the KV pool (issue 17's cold starts).
+        # What start() takes, like reading the weights and building the KV pool (so a cold start takes time).
         self.load_s = self.profile.load_time_s() * self.time_scale if simulate_load else 0.0
         self._rng = random.Random(seed)
         self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,

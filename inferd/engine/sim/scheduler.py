@@ -76,10 +76,10 @@ class StepPlan:
         pairs_of = zip(output.seqs, output.num_new_tokens)
         self.scheduled: list[tuple[SimSequence, int]] = list(pairs_of)  # type: ignore[arg-type]
         kv_tokens = pairs = 0
-        for seq, n in self.scheduled:
-            start = seq.num_computed_tokens
-            kv_tokens += start + n
-            pairs += n * start + n * (n + 1) // 2
+        for seq, n in self.scheduled:      # every running sequence every step: kept to plain arithmetic
+            end = seq.num_computed_tokens + n
+            kv_tokens += end
+            pairs += n * end - n * (n - 1) // 2       # sum of (start + j) for j in 1..n
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
         self.num_tokens = sum(output.num_new_tokens)   # tokens computed this step (prefill + decode)

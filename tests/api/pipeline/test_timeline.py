@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from inferd.api.pipeline.timeline import ADMISSION, Timeline
 from inferd.types import EngineTiming
-from tests.api.conftest import sim_engine
+from tests.api.conftest import metric_value, sim_engine
 from tests.api.streaming.test_waiting import hold_the_only_slot
 
 
@@ -43,3 +43,6 @@ async def test_a_request_waiting_in_the_fair_queue_books_its_wait_as_queue_not_a
     # it waited for the holder to finish in admission's queue: that wait is `queue`, not `api`
     assert list(stages) == ["api", "queue", "engine_queue", "prefill", "decode", "write", "total"]
     assert stages["queue"] > stages["api"] and stages["queue"] >= 20.0
+    # the stage histogram reads the same marks: its queue time holds this request's
+    queued_s = metric_value(await served.metrics_text(), "inferd_request_stage_seconds_sum", stage="queue")
+    assert queued_s >= stages["queue"] / 1000 - 0.001
