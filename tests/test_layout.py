@@ -260,3 +260,43 @@ def test_cli_modules_are_named_after_their_subcommand():
                                    for node in syntax_tree(m).body):
             misnamed.append(f"{where(m)}: named *_cli.py but has no module-level *_main entry function")
     assert not misnamed, offenders(misnamed)
+
+
+# The HTTP face split by job, bottom to top: wire formats, streaming, the request pipeline, the other
+# routes, the admin routes. A sub-package imports (at run time) only those below it; the modules at the
+# top of inferd/api (app, state, auth, errors, ...) are shared by all of them.
+API_LAYERS = ["wire", "streaming", "pipeline", "routes", "admin"]
+
+
+def api_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["inferd", "api"] and parts[2] in API_LAYERS else None
+
+
+def test_the_http_face_is_split_by_job():
+    api = ROOT / "api"
+    packages = sorted(p.name for p in api.iterdir() if (p / "__init__.py").exists())
+    assert packages == sorted(API_LAYERS)
+    top = sorted(p.stem for p in api.glob("*.py"))
+    assert top == ["__init__", "app", "appkeys", "auth", "errors", "state", "state_builder"]
+
+
+def test_api_sub_packages_import_only_the_ones_below_them():
+    upward = []
+    for m in MODULES:
+        here = api_part(m)
+        if here is None:
+            continue
+        for target, line in imports(m, runtime_only=True):
+            there = api_part(target)
+            if there is not None and API_LAYERS.index(there) > API_LAYERS.index(here):
+                upward.append(f"{MODULES[m].relative_to(ROOT.parent)}:{line}: api.{here} imports api.{there}")
+    assert upward == []
+
+
+def test_the_request_path_is_one_pipeline_module_per_job():
+    """The handlers name their stages in one module; no endpoint keeps a request path of its own."""
+    pipeline = ROOT / "api" / "pipeline"
+    assert (pipeline / "run.py").exists() and (pipeline / "settle.py").exists()
+    for gone in ("completions.py", "embeddings.py", "context.py", "batch_runner.py"):
+        assert not (ROOT / "api" / gone).exists(), gone

@@ -12,8 +12,8 @@ from inferd.api.pipeline.internal import HEADER as BATCH_CALLER_HEADER
 from inferd.api.pipeline.internal import header_value as batch_caller_header
 from inferd.api.state import ServerState, StoreServices
 from inferd.api.state_builder import build_state
-from inferd.api.wire.batch_input import BatchLine, InputError, parse_lines
-from inferd.api.wire.batch_output import expired_results, http_result, output_files
+from inferd.api.routes.batch_input import BatchLine, InputError, parse_lines
+from inferd.api.routes.batch_output import expired_results, http_result, output_files
 
 __all__ = [
     "BATCH_CALLER_HEADER", "BatchLine", "InputError", "SERVER_HEADER", "ServerState", "StoreServices",

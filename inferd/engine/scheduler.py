@@ -38,6 +38,9 @@ class SchedulerOutput:
     context_lens: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)        # batch rows whose logits yield a token
+    first_admitted: int = 0         # seqs[first_admitted:] came from the waiting queue this step
+    kv_tokens: int = 0              # K/V entries the step's attention reads (each row's context after it)
+    attention_pairs: int = 0        # (query, key) pairs the step's attention computes
 
     @property
     def empty(self) -> bool:
@@ -92,6 +95,7 @@ class Scheduler:
         out = SchedulerOutput()
         bm = self.block_manager
         budget = self.schedule_running(out)
+        out.first_admitted = len(out.seqs)
         # a preemption means the pool is short: admitting more would only thrash
         while (not out.preempted and self.waiting and budget > 0
                and len(self.running) < self.max_batch_size):
@@ -113,6 +117,9 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
+            end = seq.num_computed_tokens + n
+            out.kv_tokens += end
+            out.attention_pairs += n * end - n * (n - 1) // 2    # sum of (start + j) for j in 1..n
         if out.seqs and self.pack_inputs:
             self._pack(out)
         return out
@@ -125,6 +132,7 @@ class Scheduler:
         bs = bm.block_size
         running, seqs, counts = self.running, out.seqs, out.num_new_tokens
         budget = self.max_num_tokens
+        kv_tokens = pairs = 0
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -146,7 +154,12 @@ class Scheduler:
             seqs.append(seq)
             counts.append(n)
             budget -= n
+            end = computed + n
+            kv_tokens += end
+            pairs += n * end - n * (n - 1) // 2
             i += 1
+        out.kv_tokens += kv_tokens
+        out.attention_pairs += pairs
         return budget
 
     def _preempt(self, seq: Sequence) -> None:

@@ -2,7 +2,7 @@
 
 Off unless the config has a `[tracing]` table; then the daemon builds one `Tracing` and each
 completion gets a root span (its parent: the caller's `traceparent`, when sent) with one child per
-stage, the same stages as Server-Timing: api, queue, prefill, decode. The children are made when the
+stage, the same stages as Server-Timing: api, queue, engine_queue, prefill, decode, write. The children are made when the
 request ends, from the engine's timestamps, so the hot path pays nothing per token; spans leave for
 an OTLP/HTTP collector from the SDK's batch processor thread, never from the event loop.
 

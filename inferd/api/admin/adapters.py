@@ -17,7 +17,6 @@ and after: `loaded` per version), or `adapter.load_failed` / `adapter.unload_fai
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 import msgspec
 from aiohttp import web
@@ -27,6 +26,7 @@ from inferd.api.auth import require_scope
 from inferd.api.pipeline.body import read_body
 from inferd.api.errors import NOT_FOUND, ApiError, invalid, model_not_found, unavailable
 from inferd.api.routes.stored import json_response
+from inferd.api.wire.admin_requests import AdapterAction
 from inferd.api.pipeline.versioned import SIMULATED_SUFFIX
 from inferd.engine import (
     AdapterBusy,
@@ -40,13 +40,6 @@ from inferd.engine import (
 from inferd.types import ModelVersion
 
 MAX_BODY = 16 * 1024
-
-
-class AdapterAction(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
-    adapter: str
-    action: Literal["load", "unload"]
-    reason: str | None = None
 
 
 async def post_adapters(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.pipeline import idempotency
-from inferd.api.wire.batch_input import URLS, InputError, parse_lines
+from inferd.api.routes.batch_input import URLS, InputError, parse_lines
 from inferd.api.pipeline.body import check_json_content_type, read_body
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int

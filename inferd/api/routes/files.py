@@ -2,7 +2,7 @@
 
   POST   /v1/files                  multipart form: `file` (JSON lines) and `purpose` ("batch"); at most
                                     store.max_file_bytes (413 past it, counted while reading); each line is
-                                    checked (inferd.api.wire.batch_input) and a 400 names the first bad one
+                                    checked (inferd.api.routes.batch_input) and a 400 names the first bad one
   GET    /v1/files                  the caller's files, newest first: purpose, limit, after, order
   GET    /v1/files/{file_id}        a File object
   GET    /v1/files/{file_id}/content   its bytes (a batch's output: JSON lines)
@@ -18,7 +18,7 @@ import time
 from aiohttp import BodyPartReader, http_exceptions, web
 
 from inferd.api import appkeys as keys
-from inferd.api.wire.batch_input import InputError, check_models, parse_lines
+from inferd.api.routes.batch_input import InputError, check_models, parse_lines
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
 from inferd.store import FileStore

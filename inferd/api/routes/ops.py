@@ -6,7 +6,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.auth import require_scope
-from inferd.api.wire.openapi import openapi_document
+from inferd.api.routes.openapi import openapi_document
 from inferd.api.pipeline.versioned import model_rows, versions_status
 
 

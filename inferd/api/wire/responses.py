@@ -6,12 +6,15 @@ is encoded once per request and a chunk is `prefix + orjson(text) + suffix`, no 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
 from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
-from inferd.api.pipeline.timeline import Timeline
 from inferd.types import EngineTiming, FinishReason, Usage
+
+if TYPE_CHECKING:      # the pipeline's timeline: only its server_timing() is called here
+    from inferd.api.pipeline.timeline import Timeline
 
 _dumps = orjson.dumps
 DONE_FRAME = b"data: [DONE]\n\n"

@@ -75,16 +75,12 @@ class StepPlan:
         self.output = output
         pairs_of = zip(output.seqs, output.num_new_tokens)
         self.scheduled: list[tuple[SimSequence, int]] = list(pairs_of)  # type: ignore[arg-type]
-        kv_tokens = pairs = 0
-        for seq, n in self.scheduled:      # every running sequence every step: kept to plain arithmetic
-            end = seq.num_computed_tokens + n
-            kv_tokens += end
-            pairs += n * end - n * (n - 1) // 2       # sum of (start + j) for j in 1..n
+        for seq in output.seqs[output.first_admitted:]:     # only a sequence just admitted can be new
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
         self.num_tokens = sum(output.num_new_tokens)   # tokens computed this step (prefill + decode)
-        self.kv_tokens = kv_tokens                      # KV entries read
-        self.pairs = pairs                              # (query, key) attention pairs
+        self.kv_tokens = output.kv_tokens               # KV entries read
+        self.pairs = output.attention_pairs             # (query, key) attention pairs
 
 
 class SimScheduler:

@@ -20,7 +20,7 @@ import msgspec
 import orjson
 
 from inferd import __version__
-from inferd.api.admin.adapters import AdapterAction
+from inferd.api.wire.admin_requests import AdapterAction
 from inferd.api.wire.openai import (
     LOGPROBS_NO_OP,
     MAX_PROMPTS,
@@ -34,7 +34,7 @@ from inferd.api.wire.openai import (
     CompletionRequest,
 )
 from inferd.api.wire.embedding_format import MAX_INPUTS, EmbeddingRequest
-from inferd.api.wire.openapi_batches import batch_paths
+from inferd.api.routes.openapi_batches import batch_paths
 
 _REF = "#/components/schemas/{name}"
 
@@ -305,7 +305,7 @@ def document() -> dict:
                               **_errors(*_ADMIN_ERRORS, "404", "409")}}},
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
-            **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.wire.openapi_batches)
+            **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.routes.openapi_batches)
         },
         "components": {"schemas": components},
     }

@@ -1,11 +1,11 @@
-"""The Files and Batches operations of the OpenAPI document (inferd.api.wire.openapi merges them in).
+"""The Files and Batches operations of the OpenAPI document (inferd.api.routes.openapi merges them in).
 
 What no schema can say: the `file` of an upload is JSON lines of batch requests, each line checked
-(inferd.api.wire.batch_input) and refused with a 400 naming the line; its size limit is store.max_file_bytes.
+(inferd.api.routes.batch_input) and refused with a 400 naming the line; its size limit is store.max_file_bytes.
 """
 from __future__ import annotations
 
-from inferd.api.wire.batch_input import URLS
+from inferd.api.routes.batch_input import URLS
 from inferd.api.routes.batches import COMPLETION_WINDOWS, MAX_METADATA_KEY, MAX_METADATA_KEYS, MAX_METADATA_VALUE
 from inferd.api.routes.files import LIST_PURPOSES, PURPOSES
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import orjson
 
-from inferd.api.wire.batch_input import BatchLine
+from inferd.api.routes.batch_input import BatchLine
 from inferd.store import BatchResult, FileRecord, file_insert_statement
 
 OUTPUT_PURPOSE = "batch_output"
