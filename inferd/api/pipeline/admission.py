@@ -13,7 +13,7 @@ from inferd import __version__
 from inferd.api.pipeline.admit import admit, charge
 from inferd.api.pipeline.cached import cache_plan, lookup, replay
 from inferd.api.pipeline.degrade import DEGRADED_HEADER
-from inferd.api.errors import invalid, unavailable
+from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.pipeline.context import CHARGED, RUNNING, RequestContext
 from inferd.api.wire.responses import Identity
 from inferd.api.pipeline.spill import NODE_HEADER, spill, wants_spill
@@ -87,10 +87,15 @@ async def wait_for_admission(ctx: RequestContext) -> None:
                           ctx.quota_lease, priority=PriorityClass.BATCH if ctx.is_batch else None)
     try:
         ctx.extras["admitted"] = await (ctx.queued.wait(admitting) if ctx.queued is not None else admitting)
-    except InvalidRequest as exc:
-        raise invalid(str(exc), param=exc.param) from None
-    except EngineUnavailable as exc:
-        ctx.engine_failed = True
-        raise unavailable(f"The engine serving `{ctx.model}` is unavailable: {exc}", code="engine_unavailable") \
-            from None
+    except (InvalidRequest, EngineUnavailable) as exc:
+        raise engine_refusal(ctx, exc) from None
     ctx.reached = RUNNING
+
+
+def engine_refusal(ctx: RequestContext, exc: InvalidRequest | EngineUnavailable) -> ApiError:
+    """The engine's refusal at submit, in the envelope: a 400 naming the field, or 503 (the version's
+    failure, which its breaker and rollouts count)."""
+    if isinstance(exc, InvalidRequest):
+        return invalid(str(exc), param=exc.param)
+    ctx.engine_failed = True
+    return unavailable(f"The engine serving `{ctx.model}` is unavailable: {exc}", code="engine_unavailable")

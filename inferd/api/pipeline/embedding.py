@@ -24,7 +24,8 @@ from inferd.api.wire.embedding_format import (
     response_body,
     truncate,
 )
-from inferd.api.errors import ApiError, invalid, unavailable
+from inferd.api.errors import ApiError, invalid
+from inferd.api.pipeline.admission import engine_refusal
 from inferd.api.pipeline.context import CHARGED, RUNNING, RequestContext
 from inferd.api.pipeline.embedding_admission import (
     InputFailed,
@@ -145,12 +146,8 @@ async def embed(ctx: RequestContext) -> web.StreamResponse:
         finals = await admit_and_collect(state, ctx, gens, ctx.quota_lease)
     except AdmissionRejected as exc:
         raise rejection_error(exc, state.tenancy.quota.headers(ctx.tenant)) from None
-    except InvalidRequest as exc:
-        raise invalid(str(exc), param=exc.param) from None
-    except EngineUnavailable as exc:
-        ctx.engine_failed = True
-        raise unavailable(f"The engine serving `{ctx.model}` is unavailable: {exc}", code="engine_unavailable") \
-            from None
+    except (InvalidRequest, EngineUnavailable) as exc:
+        raise engine_refusal(ctx, exc) from None
     except InputFailed as exc:
         ctx.last = exc.final
         raise abnormal_end(ctx.last.finish_reason, ctx.last.error) from None
