@@ -63,13 +63,13 @@ async def spill_to_peer(ctx: RequestContext) -> web.StreamResponse | None:
     lease = ctx.quota_lease
     if ctx.cache_hit is not None or lease is None or ctx.headers_out or not wants_spill(ctx):
         return None
+    ctx.extras["served_by_peer"] = True     # while a peer has it, the peer records, bills and judges it
     try:
         spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
     except (asyncio.CancelledError, ConnectionError):     # its client left before a peer answered
         lease.release(None)
         raise
-    if spilled is not None:
-        ctx.extras["served_by_peer"] = True     # the peer records, bills and judges it
+    ctx.extras["served_by_peer"] = spilled is not None     # no peer took it: it runs here
     return spilled
 
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.pipeline import idempotency
 from inferd.api.streaming.choices import Choices, ChoicesSender, merged_final
-from inferd.api.errors import ApiError
+from inferd.api.errors import CLIENT_GONE, ApiError
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.settle import record_usage_once
 from inferd.api.wire.responses import (
@@ -57,9 +57,10 @@ async def send_output(ctx: RequestContext) -> web.StreamResponse:
         if ctx.route.lora is not None:
             ctx.log_fields["lora"] = ctx.route.lora
         return await (_stream(ctx, stream, entry) if ctx.prepared.stream else _collect(ctx, stream, entry))
-    except ApiError:                    # an abnormal end: the client gets its status, so do metrics and rollouts
+    except ApiError as err:             # an abnormal end: the client gets its status, so do metrics and rollouts
         if ctx.last is not None:
             ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
+        await record_usage_once(ctx, ctx.last, err.status)
         raise
     finally:
         stream.cancel()                 # no-op when finished; aborts the engine request otherwise
@@ -75,6 +76,7 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     encoder = ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
                            hold_done=state.ledger is not None, timeline=ctx.timeline)
     withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
+    ctx.status = CLIENT_GONE            # until the stream ends: what a client that left gets recorded as
 
     async def before_done() -> None:
         # the stream's outcome, even if its client hangs up during the commit

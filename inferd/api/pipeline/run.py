@@ -98,6 +98,7 @@ class Pipeline:
                              version_lease=VersionLease(state.versions))
         response: web.StreamResponse | None = None
         error: BaseException | None = None
+        settled = False
         try:
             response = await self._run(ctx)
             return response
@@ -105,13 +106,16 @@ class Pipeline:
             error = err
             if not ctx.headers_out:
                 raise
-            response = await _end_stream_with(ctx, err)     # refused after its headers went out
-            return response
+            # Refused after its SSE headers went out: its end is recorded before the stream's last bytes.
+            settled = True
+            await settle(ctx, _status(ctx, None, err), err, None)
+            return await _end_stream_with(ctx, err)
         except BaseException as exc:
             error = exc
             raise
         finally:
-            await settle(ctx, _status(ctx, response, error), error, response)
+            if not settled:
+                await settle(ctx, _status(ctx, response, error), error, response)
 
     async def _run(self, ctx: RequestContext) -> web.StreamResponse:
         for name, stage in self.stages:

@@ -21,6 +21,7 @@ async def begin_tracking(ctx: RequestContext) -> None:
     ctx.turn.close()
     tracked = ctx.extras["tracked"] = state.track()
     tracked.__enter__()
+    ctx.obs = state.metrics.start_request(ctx.model, ctx.arrival, engine)    # the version that serves it
     ctx.reached = TRACKED
     label = version_label(engine)
     if state.tracing is not None:
@@ -28,7 +29,6 @@ async def begin_tracking(ctx: RequestContext) -> None:
             f"inferd {request.path}", request.headers, ctx.arrival,
             {"inferd.request_id": ctx.request_id, "inferd.model": ctx.model, "inferd.version": label,
              "inferd.tenant": ctx.tenant, "http.request.method": request.method, "url.path": request.path})
-    ctx.obs = state.metrics.start_request(ctx.model, ctx.arrival, engine)    # the version that serves it
     if "traceparent" in request.headers:        # ties the log line to the caller's trace (W3C trace context)
         ctx.log_fields["traceparent"] = request.headers["traceparent"][:128]
     ctx.headers.update({"X-Request-Id": ctx.request_id, "X-Inferd-Model-Version": label})
