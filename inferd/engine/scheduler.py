@@ -27,14 +27,17 @@ from inferd.engine.sequence import Sequence, SequenceStatus
 from inferd.types import FinishReason
 
 
+_NO_IDS = np.zeros(0, np.int64)      # one shared empty array (never written): a step without packed inputs
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     seqs: list[Sequence] = field(default_factory=list)          # scheduled, in batch order
     num_new_tokens: list[int] = field(default_factory=list)     # per scheduled sequence (query_lens)
     preempted: list[Sequence] = field(default_factory=list)     # lost their blocks this step
-    token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    token_ids: np.ndarray = field(default_factory=lambda: _NO_IDS)     # packed inputs (pack_inputs only)
+    positions: np.ndarray = field(default_factory=lambda: _NO_IDS)
+    slot_mapping: np.ndarray = field(default_factory=lambda: _NO_IDS)
     context_lens: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)        # batch rows whose logits yield a token
@@ -127,40 +130,46 @@ class Scheduler:
     def schedule_running(self, out: SchedulerOutput) -> int:
         """Running sequences first, oldest first, preempting the newest when the pool is short; returns
         the token budget left for waiting ones. Runs for every running sequence every step, so the common
-        case (its tokens fit the blocks it holds) is written out inline."""
-        bm = self.block_manager
-        bs = bm.block_size
-        running, seqs, counts = self.running, out.seqs, out.num_new_tokens
+        case (a decode whose token fits the blocks it holds) is written out inline, with local names."""
+        bs = self.block_manager.block_size
+        running = self.running
+        add_seq, add_count = out.seqs.append, out.num_new_tokens.append
         budget = self.max_num_tokens
         kv_tokens = pairs = 0
-        i = 0
-        while i < len(running) and budget > 0:
+        i, count = 0, len(running)
+        while i < count and budget > 0:
             seq = running[i]
             computed = seq.num_computed_tokens
             n = len(seq.token_ids) - computed
             if n > budget:
                 n = budget
-            if -(-(computed + n) // bs) > len(seq.block_table):     # it needs blocks: allocate or preempt
-                while not bm.can_append(seq, n):
-                    victim = running.pop()
-                    self._preempt(victim)
-                    out.preempted.append(victim)
-                    if victim is seq:
-                        break
-                else:
-                    bm.append(seq, n)
-                if seq.status is not SequenceStatus.RUNNING:
-                    continue
-            seqs.append(seq)
-            counts.append(n)
-            budget -= n
             end = computed + n
+            if end > len(seq.block_table) * bs and not self._make_room(seq, n, out):
+                count = len(running)        # preempted, itself included: the rest of the batch is gone
+                continue
+            count = len(running)
+            add_seq(seq)
+            add_count(n)
+            budget -= n
             kv_tokens += end
-            pairs += n * end - n * (n - 1) // 2
+            pairs += end if n == 1 else n * end - n * (n - 1) // 2     # sum of (computed + j), j = 1..n
             i += 1
         out.kv_tokens += kv_tokens
         out.attention_pairs += pairs
         return budget
+
+    def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Blocks for `n` more tokens of `seq`, preempting the newest running sequences until they fit;
+        False when `seq` itself had to go."""
+        bm = self.block_manager
+        while not bm.can_append(seq, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        bm.append(seq, n)
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
