@@ -17,7 +17,7 @@ from aiohttp import web
 
 from inferd.api.admin import models as admin_models
 from inferd.api.admin import rollouts as admin
-from inferd.api.routes import batches, files, ops
+from inferd.api.routes import batches, files, ops, tokenization
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
 from inferd.api.pipeline.run import create_chat_completion, create_completion, create_embedding
@@ -51,6 +51,7 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/embeddings", create_embedding)
     app.router.add_get("/v1/models", ops.list_models)
+    app.router.add_get("/v1/models/{model}", ops.retrieve_model)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/health", ops.healthz)      # vLLM's name; load tools (guidellm) probe it
     app.router.add_get("/readyz", ops.readyz)
@@ -60,6 +61,7 @@ def make_app(state: ServerState) -> web.Application:
     admin_models.add_routes(app)    # the model lifecycle under a memory budget: list, load, unload
     files.add_routes(app)      # the Batch API: its input and output files
     batches.add_routes(app)
+    tokenization.add_routes(app)   # vLLM's /tokenize, /detokenize, /tokenizer_info (lm-eval's remote tokenizer)
     return app
 
 

@@ -58,4 +58,4 @@ async def test_schemathesis_with_every_check_finds_nothing_against_the_real_daem
     report = output.decode(errors="replace")
     assert proc.returncode == 0, report[-20000:]
     # every documented operation was run (schemathesis words its summary two ways)
-    assert re.search(r"Operations:\s+26 selected / 26 total|Selected: 26/26", report), report[-5000:]
+    assert re.search(r"Operations:\s+30 selected / 30 total|Selected: 30/30", report), report[-5000:]

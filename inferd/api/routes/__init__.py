@@ -1,1 +1,1 @@
-"""The routes beside the request pipeline: health, readiness, metrics, models, and the Files and Batch APIs."""
+"""The routes beside the request pipeline: health, readiness, metrics, models, tokenizers, Files and Batch APIs."""

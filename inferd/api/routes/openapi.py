@@ -35,6 +35,7 @@ from inferd.api.wire.openai import (
 )
 from inferd.api.wire.embedding_format import MAX_INPUTS, EmbeddingRequest
 from inferd.api.routes.openapi_batches import batch_paths
+from inferd.api.routes.openapi_tokenization import tokenization_paths
 
 _REF = "#/components/schemas/{name}"
 
@@ -306,6 +307,9 @@ def document() -> dict:
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
             **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.routes.openapi_batches)
+            # GET /v1/models/{model}, and vLLM's tokenizer routes (inferd.api.routes.openapi_tokenization)
+            **tokenization_paths({"type": "string", "pattern": MODEL_PATTERN}, _REF.format(name="ChatMessage"),
+                                 _errors),
         },
         "components": {"schemas": components},
     }

@@ -1,4 +1,4 @@
-"""Operational routes: /healthz, /readyz, /metrics, /v1/models, /openapi.json."""
+"""Operational routes: /healthz, /readyz, /metrics, /v1/models (and one model), /openapi.json."""
 from __future__ import annotations
 
 import orjson
@@ -6,6 +6,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.auth import require_scope
+from inferd.api.errors import model_not_found
 from inferd.api.routes.openapi import openapi_document
 from inferd.api.pipeline.versioned import model_rows, versions_status
 
@@ -55,6 +56,19 @@ async def list_models(request: web.Request) -> web.Response:
     created = int(state.started_at)
     tenant = state.tenancy.tenants.get(principal.tenant)
     return _json({"object": "list", "data": model_rows(state, created, tenant.allows_model)})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model} (the SDK's models.retrieve): the object GET /v1/models lists for that id; 404
+    model_not_found for any other, one the tenant may not use included (the list leaves it out too)."""
+    principal = require_scope(request, "inference")
+    state = request.app[keys.STATE]
+    model = request.match_info["model"]
+    tenant = state.tenancy.tenants.get(principal.tenant)
+    row = next((r for r in model_rows(state, int(state.started_at), tenant.allows_model) if r["id"] == model), None)
+    if row is None:
+        raise model_not_found(model)
+    return _json(row)
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -188,6 +188,9 @@ class SimTokenizer:
 
     eos_token_ids: tuple[int, ...] = (_EOS, _IM_END)
     bos_token_id: int = _BOS
+    # their text, as tokenizer_config.json names them (GET /tokenizer_info shows them; encode() reads them back)
+    bos_token: str = _SPECIALS[_BOS]
+    eos_token: str = _SPECIALS[_EOS]
 
     def __init__(self, vocab_size: int) -> None:
         pieces: list[str] = []
@@ -251,8 +254,8 @@ class SimTokenizer:
                     out.extend(_BYTE0 + b for b in chunk[i].encode())
                     i += 1
 
-    def decode(self, token_ids) -> str:
-        """Text of the ids; special tokens are skipped (as skip_special_tokens=True)."""
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        """Text of the ids; special tokens are skipped unless `skip_special_tokens` is false (as HF's)."""
         parts: list[str] = []
         pending = bytearray()
         pieces, vocab = self._pieces, self.vocab_size
@@ -265,6 +268,8 @@ class SimTokenizer:
                 pending.clear()
             if _FIRST_PIECE <= t < vocab:
                 parts.append(pieces[t])
+            elif 0 <= t < _BYTE0 and not skip_special_tokens:
+                parts.append(_SPECIALS[t])
         if pending:
             parts.append(pending.decode("utf-8", "replace"))
         return "".join(parts)

@@ -5,11 +5,15 @@ import json
 
 import aiohttp
 import msgspec
+import openai
+import pytest
 
 from inferd.api import make_app
 from inferd.api.errors import ApiError
 from inferd.api.wire.openai import ChatCompletionRequest, CompletionRequest, decode
-from tests.api.conftest import metric_value
+from inferd.config.tenants import TenantConfig
+from tests.api.conftest import metric_value, sim_engine
+from tests.api.test_tenancy import node, refresh
 from tests.daemon.harness import complete, running, sim_model, write_config
 
 
@@ -55,6 +59,35 @@ async def test_models_list_in_openai_format(served):
     info = served.engine.info
     assert model.id == "sim" and model.object == "model"
     assert model.model_extra["version"] == f"{info.version}+simulated" and model.model_extra["simulated"] is True
+
+
+async def test_models_retrieve_answers_the_object_the_list_holds_and_404_for_any_other(served):
+    model = await served.sdk.models.retrieve("sim")
+    (listed,) = (await served.sdk.models.list()).data
+    assert model.id == "sim" and model.model_dump() == listed.model_dump()
+    for unknown in ("nope", "sim@nope", "sim:nope"):
+        with pytest.raises(openai.NotFoundError) as exc:
+            await served.sdk.models.retrieve(unknown)
+        assert exc.value.body["code"] == "model_not_found" and unknown in exc.value.body["message"]
+
+
+async def test_models_retrieve_hides_a_model_the_tenant_may_not_use_as_the_list_does(serve):
+    served = await serve(engines={"sim": sim_engine(), "sim2": sim_engine(model_name="sim2")},
+                         tenants={"local": TenantConfig(allowed_models=["sim2"])})
+    assert (await served.sdk.models.retrieve("sim2")).id == "sim2"
+    with pytest.raises(openai.NotFoundError):
+        await served.sdk.models.retrieve("sim")
+
+
+async def test_models_retrieve_needs_the_inference_scope_as_the_list_does(tmp_path):
+    async with node(tmp_path) as n:
+        inference, metrics_only = n.key("acme"), n.key("ops", "metrics")
+        await refresh(n)
+        assert (await n.sdk(inference).models.retrieve("sim")).id == "sim"
+        with pytest.raises(openai.PermissionDeniedError):
+            await n.sdk(metrics_only).models.retrieve("sim")
+        with pytest.raises(openai.AuthenticationError):
+            await n.sdk("sk-not-ours").models.retrieve("sim")
 
 
 async def test_openapi_documents_exactly_the_fields_the_decoder_accepts(served):

@@ -252,6 +252,15 @@ def test_chat_template_turn_markers_encode_as_special_tokens() -> None:
     assert tokenizer.decode(ids) == "user\nhi\nassistant\n"
 
 
+def test_decode_keeps_the_special_tokens_when_asked_and_they_encode_back() -> None:
+    tokenizer = SimTokenizer(4096)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "héllo"}])
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == rendered
+    assert tokenizer.encode(tokenizer.eos_token, add_special_tokens=False) == [tokenizer.eos_token_ids[0]]
+    assert tokenizer.encode(tokenizer.bos_token, add_special_tokens=False) == [tokenizer.bos_token_id]
+
+
 def test_generated_pieces_concatenate_to_the_decoded_text() -> None:
     tokenizer = SimTokenizer(4096)
     ids = tokenizer.generation_ids[::97]
