@@ -271,3 +271,9 @@ async def test_the_schema_allows_a_body_exactly_when_validation_accepts_it(serve
     status, answer, _ = await post(served, path, body)
     assert status in (400, 404), answer
     assert (status == 404) == allowed, (allowed, answer)
+
+
+async def test_a_draining_node_refuses_tokenizer_routes_as_it_refuses_completions(served):
+    served.state.draining = True
+    status, body, _ = await post(served, "/tokenize", {"prompt": "hello"})
+    assert status == 503 and body["error"]["code"] == "draining"
