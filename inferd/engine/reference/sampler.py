@@ -15,7 +15,8 @@ LogitBiasLogitsProcessor and MinPLogitsProcessor of vllm/v1/sample/logits_proces
 
 Random sampling draws from the sequence's own np.random.Generator, seeded from the request's
 seed, exactly one uniform per token: a seeded request gives the same output whatever else
-shares its batch. A batch none of whose rows sets a penalty or a bias pays nothing for them.
+shares its batch. A batch none of whose rows sets a penalty or a bias pays nothing for them; a row that
+does pays for the tokens it has seen, not for the vocabulary.
 """
 from __future__ import annotations
 
@@ -54,35 +55,31 @@ def _bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.nd
 
 
 def adjust_logits(logits: np.ndarray, params: Seq[SamplingParams], contexts: Seq[Context]) -> np.ndarray:
-    """Rows of `logits` ([rows, vocab]) with logit_bias added and the penalties applied (float64, a copy).
-
-    Batched as vLLM's apply_penalties does it: one bin count per row over the vocabulary, then one
-    vectorized update; rows whose parameters leave the logits alone come back unchanged.
-    """
-    out = logits.astype(np.float64)
-    rows, vocab = out.shape
+    """Rows of `logits` ([rows, vocab]) with logit_bias added and the penalties applied (a copy)."""
+    out = logits.copy()
     for r, p in enumerate(params):
-        if p.logit_bias:
-            ids, values = _bias_arrays(p.logit_bias)
-            out[r, ids] += values
-    repetition = np.array([p.repetition_penalty for p in params], dtype=np.float64)
-    if (repetition != 1.0).any():
-        seen = np.zeros((rows, vocab), dtype=bool)
-        for r, p in enumerate(params):
-            if p.repetition_penalty != 1.0:
-                seen[r, np.asarray(contexts[r].token_ids, dtype=np.int64)] = True
-        factor = np.where(seen, repetition[:, None], 1.0)
-        out = np.where(out > 0, out / factor, out * factor)
-    frequency = np.array([p.frequency_penalty for p in params], dtype=np.float64)
-    presence = np.array([p.presence_penalty for p in params], dtype=np.float64)
-    if frequency.any() or presence.any():
-        counts = np.zeros((rows, vocab), dtype=np.float64)
-        for r, p in enumerate(params):
-            token_ids, num_prompt = contexts[r].token_ids, contexts[r].num_prompt_tokens
-            if (p.frequency_penalty or p.presence_penalty) and len(token_ids) > num_prompt:
-                counts[r] = np.bincount(np.asarray(token_ids[num_prompt:], dtype=np.int64), minlength=vocab)
-        out -= frequency[:, None] * counts + presence[:, None] * (counts > 0)
+        adjust_row(out[r], p, contexts[r])
     return out
+
+
+def adjust_row(row: np.ndarray, p: SamplingParams, context: Context) -> None:
+    """One row's logit_bias and penalties, in place.
+
+    vLLM builds a [rows, vocab] bin count and updates every logit; the same arithmetic on just the
+    tokens a row has seen costs its context's length instead of the vocabulary's.
+    """
+    if p.logit_bias:
+        ids, values = _bias_arrays(p.logit_bias)
+        row[ids] += values
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(context.token_ids, dtype=np.int64))
+        values = row[seen]
+        row[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+    if p.frequency_penalty or p.presence_penalty:
+        token_ids, num_prompt = context.token_ids, context.num_prompt_tokens
+        if len(token_ids) > num_prompt:
+            ids, counts = np.unique(np.asarray(token_ids[num_prompt:], dtype=np.int64), return_counts=True)
+            row[ids] -= p.frequency_penalty * counts + p.presence_penalty
 
 
 def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
@@ -136,9 +133,9 @@ class Sampler:
         if adjusted:
             if contexts is None:
                 raise ValueError("penalties and logit_bias need each row's token ids")
-            changed = adjust_logits(logits[adjusted], [params[i] for i in adjusted], [contexts[i] for i in adjusted])
-            logits = logits.astype(np.float64)
-            logits[adjusted] = changed
+            logits = logits.copy()          # the caller's stay as the model made them
+            for i in adjusted:
+                adjust_row(logits[i], params[i], contexts[i])
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy) == len(params):
             return np.argmax(logits, axis=1).tolist()
