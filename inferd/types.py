@@ -23,7 +23,11 @@ class FinishReason(str, enum.Enum):
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-request sampling. temperature == 0 means greedy."""
+    """Per-request sampling. temperature == 0 means greedy.
+
+    The penalties, `logit_bias` and `min_p` mean what vLLM's sampler makes of them (see
+    inferd.engine.reference.sampler); their defaults change nothing.
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -33,10 +37,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()          # stop strings: text ends before them, never streamed
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0       # subtracted once from each token already in the output
+    frequency_penalty: float = 0.0      # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0     # prompt and output tokens: positive logits / it, negative ones * it
+    min_p: float = 0.0                  # drop tokens less likely than min_p x the most likely one
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias added to its logit), by token id
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or a bias change the logits before any choice (greedy ones included)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,15 +8,21 @@ LoRA adapters it serves) stay in the engine.
 negative seeds (OpenAI's range is signed 64-bit), which a raw PCG64 or a uint64 field rejects.
 
 `failure_message` is the Delta.error of a request the engine failed.
+
+The ranges of the penalties, `min_p` and `logit_bias` are OpenAI's and vLLM's (the API states the
+same ones); a `logit_bias` token id must lie in the engine's vocabulary, which only the engine knows.
 """
 from __future__ import annotations
 
 import math
 
 from inferd.engine.base import InvalidRequest
-from inferd.types import GenerationRequest
+from inferd.types import GenerationRequest, SamplingParams
 
 SEED_MODULUS = 2 ** 64
+PENALTY_RANGE = (-2.0, 2.0)         # presence_penalty, frequency_penalty (OpenAI's)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's
+MAX_LOGIT_BIAS = 300                # entries per request (OpenAI's limit)
 
 
 def seed64(seed: int) -> int:
@@ -50,6 +56,7 @@ def validate_request(request: GenerationRequest, *, vocab_size: int, max_model_l
         raise InvalidRequest("top_p must be in (0, 1]", "top_p")
     if not isinstance(sp.top_k, int) or sp.top_k < 0:
         raise InvalidRequest("top_k must be an integer >= 0 (0 = no top-k filter)", "top_k")
+    _validate_logit_processing(sp, vocab_size)
     if sp.seed is not None and (not isinstance(sp.seed, int) or isinstance(sp.seed, bool)):
         raise InvalidRequest("seed must be an integer", "seed")
     if any(not isinstance(s, str) or not s for s in sp.stop):
@@ -65,3 +72,30 @@ def validate_request(request: GenerationRequest, *, vocab_size: int, max_model_l
     if kv_capacity_tokens is not None and total > kv_capacity_tokens:
         raise InvalidRequest(f"this engine's KV cache holds {kv_capacity_tokens} tokens; the request needs "
                              f"{total} ({len(prompt)} prompt + {sp.max_tokens} max_tokens)", "max_tokens")
+
+
+def _number_in(value: object, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and low <= value <= high
+
+
+def _validate_logit_processing(sp: SamplingParams, vocab_size: int) -> None:
+    """The penalties, min_p and logit_bias: in range, and logit_bias's token ids in the vocabulary."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not _number_in(getattr(sp, name), *PENALTY_RANGE):
+            raise InvalidRequest(f"{name} must be in [{PENALTY_RANGE[0]:g}, {PENALTY_RANGE[1]:g}]", name)
+    if not (_number_in(sp.repetition_penalty, 0.0, math.inf) and sp.repetition_penalty > 0):
+        raise InvalidRequest("repetition_penalty must be a finite number > 0 (1 = none)", "repetition_penalty")
+    if not _number_in(sp.min_p, 0.0, 1.0):
+        raise InvalidRequest("min_p must be in [0, 1]", "min_p")
+    if len(sp.logit_bias) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(sp.logit_bias)}",
+                             "logit_bias")
+    low, high = LOGIT_BIAS_RANGE
+    for token, bias in sp.logit_bias:
+        if not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise InvalidRequest(f"logit_bias: token id {token} is not in this model's vocabulary "
+                                 f"[0, {vocab_size})", "logit_bias")
+        if not _number_in(bias, low, high):
+            raise InvalidRequest(f"logit_bias: the bias of token {token} must be in [{low:g}, {high:g}]",
+                                 "logit_bias")

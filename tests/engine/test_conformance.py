@@ -193,6 +193,8 @@ async def test_invalid_request_names_its_param_and_leaves_others_running(engine:
 @pytest.mark.parametrize(("params", "field"), [
     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
     (dict(stop=("",)), "stop"), (dict(stop_token_ids=(10 ** 9,)), "stop_token_ids"),
+    (dict(presence_penalty=3.0), "presence_penalty"), (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(min_p=2.0), "min_p"), (dict(logit_bias=((10 ** 9, 1.0),)), "logit_bias"),
 ])
 async def test_bad_sampling_fields_are_rejected_naming_them(engine: Engine, params: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as info:

@@ -24,8 +24,9 @@ def rejected(req: GenerationRequest, **limits) -> InvalidRequest:
 
 def test_a_well_formed_request_passes() -> None:
     validate_request(request(max_tokens=61, temperature=0.7, top_p=0.9, top_k=5, seed=-1, stop=("x",),
-                             stop_token_ids=(99,)), vocab_size=VOCAB, max_model_len=CONTEXT,
-                     kv_capacity_tokens=64)
+                             stop_token_ids=(99,), presence_penalty=-2, frequency_penalty=2.0, min_p=1.0,
+                             repetition_penalty=0.5, logit_bias=((0, -100.0), (99, 100))),
+                     vocab_size=VOCAB, max_model_len=CONTEXT, kv_capacity_tokens=64)
 
 
 @pytest.mark.parametrize(("req", "param"), [
@@ -41,6 +42,16 @@ def test_a_well_formed_request_passes() -> None:
     (request(top_k=-1), "top_k"),
     (request(stop=("ok", "")), "stop"),
     (request(stop_token_ids=(VOCAB,)), "stop_token_ids"),
+    (request(presence_penalty=2.5), "presence_penalty"),
+    (request(frequency_penalty=-2.01), "frequency_penalty"),
+    (request(frequency_penalty=float("nan")), "frequency_penalty"),
+    (request(repetition_penalty=0.0), "repetition_penalty"),
+    (request(repetition_penalty=float("inf")), "repetition_penalty"),
+    (request(min_p=1.5), "min_p"),
+    (request(logit_bias=((VOCAB, 1.0),)), "logit_bias"),
+    (request(logit_bias=((-1, 1.0),)), "logit_bias"),
+    (request(logit_bias=((5, 100.5),)), "logit_bias"),
+    (request(logit_bias=tuple((i, 1.0) for i in range(301))), "logit_bias"),
 ])
 def test_each_bad_field_is_named(req: GenerationRequest, param: str) -> None:
     assert rejected(req).param == param

@@ -31,11 +31,13 @@ async def check_length_bound_of_prompts(ctx: RequestContext) -> None:
 
 
 async def tokenize_and_resolve_sampling(ctx: RequestContext) -> None:
-    """Each prompt's token ids (inline when short, the bounded pool when long), then its SamplingParams
-    (inferd.api.pipeline.sampling), one prompt after the other: a list of prompts gives one choice each."""
+    """logit_bias's token ids against the vocabulary, then each prompt's token ids (inline when short, the
+    bounded pool when long) and its SamplingParams (inferd.api.pipeline.sampling), one prompt after the
+    other: a list of prompts gives one choice each."""
     limits = sampling.Limits(max_model_len=ctx.engine.info.max_model_len, tenancy=ctx.state.tenancy,
                              tenant=ctx.tenant, allowed_model=ctx.allowed_model,
                              degraded_max_tokens=ctx.degraded_max_tokens)
+    sampling.check_logit_bias(ctx.prepared, ctx.engine.tokenizer.vocab_size)
     for part in ctx.prepared.prompts():
         ids = await tokenize(ctx.engine, part, len(ctx.body), ctx.deadline)
         ctx.prompt_ids.append(ids)

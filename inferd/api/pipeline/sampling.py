@@ -49,6 +49,14 @@ class Limits:
     degraded_max_tokens: int | None
 
 
+def check_logit_bias(p: Prepared, vocab_size: int) -> None:
+    """logit_bias's token ids against the model's vocabulary, as the prompt's are: a 400 naming `logit_bias`."""
+    for token, _ in p.logit_bias:
+        if token >= vocab_size:
+            raise invalid(f"logit_bias: token id {token} is outside this model's vocabulary [0, {vocab_size}).",
+                          param="logit_bias", code="invalid_token_id")
+
+
 def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
     """The SamplingParams of one choice of `p`, whose prompt is `prompt_len` tokens."""
     names = FIELDS[p.kind]
@@ -70,7 +78,9 @@ def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
     if limits.degraded_max_tokens is not None:
         max_tokens = min(max_tokens, limits.degraded_max_tokens)
     return SamplingParams(max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-                          stop=p.stop, ignore_eos=p.ignore_eos)
+                          stop=p.stop, ignore_eos=p.ignore_eos, top_k=p.top_k, min_p=p.min_p,
+                          presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                          repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias)
 
 
 def _tenant_limit(p: Prepared, prompt_len: int, want: int, limits: Limits) -> int:

@@ -34,6 +34,8 @@ from inferd.api.wire.openai import (
     CompletionRequest,
 )
 from inferd.api.wire.embedding_format import MAX_INPUTS, EmbeddingRequest
+from inferd.api.wire.sampling import LOGIT_BIAS_KEY
+from inferd.engine import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS
 from inferd.api.routes.openapi_batches import batch_paths
 from inferd.api.routes.openapi_tokenization import tokenization_paths
 
@@ -83,6 +85,15 @@ def _no_op(values: tuple, say: str) -> dict:
     return {"enum": [None, *values], "default": None, "description": f"Not implemented by this server: accepted only as {say}."}
 
 
+# vLLM's extensions to OpenAI's sampling (docs/api.md says which engines honour each).
+_EXTENSIONS = {
+    "top_k": "vLLM's: sample from the k most likely tokens; -1 or 0: no limit.",
+    "min_p": "vLLM's: drop tokens less likely than min_p times the most likely one; 0: none.",
+    "repetition_penalty": "vLLM's: logits of prompt and output tokens, divided by it when positive and "
+                          "multiplied when negative; 1: none.",
+}
+
+
 def _tighten_sampling(schema: dict, kind: str) -> None:
     props = schema["properties"]
     props["model"] = {"type": "string", "pattern": MODEL_PATTERN}
@@ -90,6 +101,12 @@ def _tighten_sampling(schema: dict, kind: str) -> None:
         if name in props:
             props[name] = _no_op(values, say)
     props["logprobs"] = _no_op(*LOGPROBS_NO_OP[kind])
+    # Token ids, canonically spelled, to a bias; whether an id is in the model's vocabulary is a documented 400.
+    bias = {"type": "object", "propertyNames": {"pattern": LOGIT_BIAS_KEY}, "maxProperties": MAX_LOGIT_BIAS,
+            "additionalProperties": {"type": "number", "minimum": LOGIT_BIAS_RANGE[0], "maximum": LOGIT_BIAS_RANGE[1]}}
+    props["logit_bias"] = {"anyOf": [bias, {"type": "null"}], "default": None}
+    for name, say in _EXTENSIONS.items():
+        props[name] = {**props[name], "description": say}
     stop = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
     props["stop"] = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": 4}, {"type": "null"}],
                      "default": None}

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from inferd.api.errors import ApiError, invalid
+from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
@@ -84,11 +85,17 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     timeout: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     # inferd (as vLLM): generate past end-of-sequence up to max_tokens; for benchmarks
     ignore_eos: bool | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # token id (a string) -> bias in [-100, 100]: checked by wire.sampling.parse_logit_bias; the ids against
+    # the model's vocabulary once it is known (pipeline.sampling.check_logit_bias)
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extensions (docs/api.md)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     # accepted at their no-op value only
     n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 class CompletionRequest(_SamplingFields, **_STRICT):
@@ -134,9 +141,6 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
 NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "n": ((1,), "1"),
     "best_of": ((1,), "1"),
-    "presence_penalty": ((0,), "0"),
-    "frequency_penalty": ((0,), "0"),
-    "logit_bias": (({},), "null or {}"),
     "echo": ((False,), "false"),
     "suffix": (("",), "null or \"\""),
     "top_logprobs": ((0,), "null or 0"),
@@ -235,6 +239,12 @@ class Prepared(msgspec.Struct, kw_only=True):
     continuous_usage: bool = False          # usage so far on every chunk (stream_options.continuous_usage_stats)
     ignore_eos: bool = False
     timeout: float | None = None            # the body's `timeout` (seconds), if any
+    top_k: int = 0                          # 0: no top-k filter (the wire's -1 too)
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), by token id
 
     def prompts(self) -> list[Prepared]:
         """One Prepared per prompt of a completions batch (just this one when it is not a batch)."""
@@ -276,7 +286,11 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
                    include_usage=bool(opts and opts.include_usage),
                    continuous_usage=bool(opts and opts.continuous_usage_stats), ignore_eos=bool(req.ignore_eos),
                    temperature=1.0 if req.temperature is None else req.temperature,
-                   top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout)
+                   top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout,
+                   top_k=max(req.top_k or 0, 0), min_p=req.min_p or 0.0,
+                   presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
+                   repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                   logit_bias=parse_logit_bias(req.logit_bias))
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:

@@ -322,7 +322,7 @@ class ReferenceEngine(LoraHost, Engine):
             if len(rows) != len(out.seqs):
                 logits = logits[rows]
             picked = [out.seqs[r] for r in rows]
-            sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked])
+            sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked], picked)
         except Exception:
             log.exception("engine_step_failed", request_ids=[seq.request_id for seq in out.seqs])
             for seq in out.seqs:

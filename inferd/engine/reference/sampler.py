@@ -1,18 +1,42 @@
 """Next-token choice per sequence: greedy (vectorized over the batch) or random sampling.
 
+What each parameter means, and in what order, is vLLM's (v1) sampler, so a client sees what
+vLLM would give it (vllm/v1/sample/sampler.py `Sampler.forward`/`sample`; the penalties are
+vllm/model_executor/layers/utils.py `apply_penalties`; logit_bias and min_p are the built-in
+LogitBiasLogitsProcessor and MinPLogitsProcessor of vllm/v1/sample/logits_processor/builtin.py):
+1. `logit_bias` is added to the logits (a processor that can change the argmax, so before the rest);
+2. penalties: `repetition_penalty` on every token of the prompt and the output so far (a positive
+   logit is divided by it, a negative one multiplied), then `frequency_penalty` times the token's
+   count in the output and `presence_penalty` once for a token in the output are subtracted;
+3. greedy rows (temperature 0, or top_k 1) take the argmax of those logits;
+4. temperature;
+5. `min_p`: tokens less likely than min_p times the most likely one go;
+6. top-k, then top-p.
+
 Random sampling draws from the sequence's own np.random.Generator, seeded from the request's
 seed, exactly one uniform per token: a seeded request gives the same output whatever else
-shares its batch. Order of filters: temperature, then top-k, then top-p (as HF and vLLM).
+shares its batch. A batch none of whose rows sets a penalty or a bias pays nothing for them; a row that
+does pays for the tokens it has seen, not for the vocabulary.
 """
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 import numpy as np
 
 from inferd.engine.validation import seed64
 from inferd.types import SamplingParams
+
+
+class Context(Protocol):
+    """What the penalties read of a row (an engine's Sequence has both): its token ids so far, prompt
+    then output, and how many of them are the prompt."""
+
+    token_ids: Seq[int]
+    num_prompt_tokens: int
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
@@ -24,22 +48,59 @@ def make_rng(seed: int | None) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seed64(seed) if seed is not None else secrets.randbits(64)))
 
 
-def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids still allowed after temperature, top-k and top-p, and their probabilities.
+@functools.lru_cache(maxsize=1024)
+def _bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A request's logit_bias as index and value arrays: built once, not at every step."""
+    return np.array([t for t, _ in bias], dtype=np.int64), np.array([b for _, b in bias], dtype=np.float64)
 
-    Candidates are ordered by descending logit (ties by token id) whenever a filter sorts them,
-    by token id otherwise; probabilities sum to 1.
+
+def adjust_logits(logits: np.ndarray, params: Seq[SamplingParams], contexts: Seq[Context]) -> np.ndarray:
+    """Rows of `logits` ([rows, vocab]) with logit_bias added and the penalties applied (a copy)."""
+    out = logits.copy()
+    for r, p in enumerate(params):
+        adjust_row(out[r], p, contexts[r])
+    return out
+
+
+def adjust_row(row: np.ndarray, p: SamplingParams, context: Context) -> None:
+    """One row's logit_bias and penalties, in place.
+
+    vLLM builds a [rows, vocab] bin count and updates every logit; the same arithmetic on just the
+    tokens a row has seen costs its context's length instead of the vocabulary's.
+    """
+    if p.logit_bias:
+        ids, values = _bias_arrays(p.logit_bias)
+        row[ids] += values
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(context.token_ids, dtype=np.int64))
+        values = row[seen]
+        row[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+    if p.frequency_penalty or p.presence_penalty:
+        token_ids, num_prompt = context.token_ids, context.num_prompt_tokens
+        if len(token_ids) > num_prompt:
+            ids, counts = np.unique(np.asarray(token_ids[num_prompt:], dtype=np.int64), return_counts=True)
+            row[ids] -= p.frequency_penalty * counts + p.presence_penalty
+
+
+def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids still allowed after temperature, min-p, top-k and top-p, and their probabilities.
+
+    `logits` are one row after `adjust_logits`. Candidates are ordered by descending logit (ties
+    by token id) whenever a filter sorts them, by token id otherwise; probabilities sum to 1.
     """
     scaled = logits.astype(np.float64) / params.temperature
-    vocab = scaled.shape[0]
-    if 0 < params.top_k < vocab:
-        top = np.argpartition(-scaled, params.top_k - 1)[:params.top_k]
-        ids = top[np.lexsort((top, -scaled[top]))]
-    elif params.top_p < 1.0:
-        ids = np.argsort(-scaled, kind="stable")
-    else:
-        ids = np.arange(vocab)
+    ids = np.arange(scaled.shape[0])
+    if params.min_p > 0.0:
+        # a token's probability over the most likely one's is exp(its scaled logit - the largest)
+        ids = np.flatnonzero(np.exp(scaled - scaled.max()) >= params.min_p)
     values = scaled[ids]
+    if 0 < params.top_k < ids.shape[0]:
+        top = np.argpartition(-values, params.top_k - 1)[:params.top_k]
+        order = top[np.lexsort((ids[top], -values[top]))]
+        ids, values = ids[order], values[order]
+    elif params.top_p < 1.0:
+        order = np.argsort(-values, kind="stable")       # ids ascend, so ties stay in token-id order
+        ids, values = ids[order], values[order]
     probs = np.exp(values - values.max())
     probs /= probs.sum()
     if params.top_p < 1.0:
@@ -62,10 +123,19 @@ def sample_one(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
 class Sampler:
     """Picks one token per row of `logits` ([rows, vocab] float32)."""
 
-    def sample(self, logits: np.ndarray, params: Seq[SamplingParams],
-               rngs: Seq[np.random.Generator | None]) -> list[int]:
+    def sample(self, logits: np.ndarray, params: Seq[SamplingParams], rngs: Seq[np.random.Generator | None],
+               contexts: Seq[Context] | None = None) -> list[int]:
+        """`contexts` (each row's token ids so far and prompt length; the engine passes its sequences)
+        are read only when a row sets a penalty or a logit_bias."""
         if logits.shape[0] != len(params):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} sequences")
+        adjusted = [i for i, p in enumerate(params) if p.adjusts_logits]
+        if adjusted:
+            if contexts is None:
+                raise ValueError("penalties and logit_bias need each row's token ids")
+            logits = logits.copy()          # the caller's stay as the model made them
+            for i in adjusted:
+                adjust_row(logits[i], params[i], contexts[i])
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy) == len(params):
             return np.argmax(logits, axis=1).tolist()

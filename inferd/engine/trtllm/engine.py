@@ -30,6 +30,7 @@ from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, Stop
 from inferd.engine.validation import seed64, validate_request
 from inferd.engine.adapters import AdapterError, AdapterInfo, UnknownAdapter, unknown_adapter_request
 from inferd.engine.trtllm.loras import TrtllmLoras
+from inferd.engine.trtllm.sampling import penalty_kwargs, refuse_unsupported
 from inferd.engine.trtllm.stats import RequestLedger
 from inferd.engine.trtllm.stream import ABORT_GRACE_S, TrackedRequest
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
@@ -106,6 +107,7 @@ class TrtllmEngine(Engine):
         self._perf_metrics = False     # SamplingParams.return_perf_metrics exists (per-request timing)
         self._max_input_len = 0
         self._vocab_size = 0
+        self._embedding_vocab = 0      # the engine's vocabulary, padding included (embedding_bias's size)
         self._ledger = RequestLedger()
         self._reqs = self._ledger.requests     # request id -> TrackedRequest, until the executor lets go
         self._rng = random.Random()
@@ -122,7 +124,8 @@ class TrtllmEngine(Engine):
         self._stats_wakeup = asyncio.Event()
         self.tokenizer, build, pretrained, manifest = await asyncio.to_thread(self._read_dirs)
         # Ids both the model embeds and the tokenizer decodes (an engine's vocab may be padded beyond it).
-        self._vocab_size = min(self.tokenizer.vocab_size, int(pretrained.get("vocab_size") or self.tokenizer.vocab_size))
+        self._embedding_vocab = int(pretrained.get("vocab_size") or self.tokenizer.vocab_size)
+        self._vocab_size = min(self.tokenizer.vocab_size, self._embedding_vocab)
         self._llm = await asyncio.to_thread(self._load)      # slow: engine load, executor start
         self._gen_params = frozenset(inspect.signature(self._llm.generate_async).parameters)
         self._perf_metrics = "return_perf_metrics" in inspect.signature(self._api["SamplingParams"]).parameters
@@ -242,6 +245,7 @@ class TrtllmEngine(Engine):
         # illegal memory access that takes the whole executor down, not just this request.
         validate_request(request, vocab_size=self._vocab_size, max_model_len=info.max_model_len,
                          kv_capacity_tokens=info.num_kv_blocks * info.block_size if self._ledger.kv_known.is_set() else None)
+        refuse_unsupported(sp)
         if prompt_len > self._max_input_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens; this engine accepts at most "
                                  f"{self._max_input_len}", "prompt")
@@ -293,6 +297,7 @@ class TrtllmEngine(Engine):
             # The executor's seed is a C++ uint64; a value outside it would fail the request at enqueue.
             seed = seed64(sp.seed) if sp.seed is not None else self._rng.getrandbits(63)
             kw.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, seed=seed)
+        kw.update(penalty_kwargs(sp, self._embedding_vocab))
         return self._api["SamplingParams"](**kw)
 
     def abort(self, request_id: str) -> None:

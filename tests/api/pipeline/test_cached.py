@@ -63,3 +63,15 @@ async def test_a_hit_replays_as_a_stream(tmp_path):
     assert (miss, hit) == ("miss", "hit")
     text = lambda cs: "".join(c.choices[0].text for c in cs if c.choices)   # noqa: E731
     assert text(second) == text(first) and second[-1].usage.completion_tokens == 12
+
+
+async def test_penalties_and_logit_bias_are_part_of_the_key(tmp_path):
+    # every SamplingParams field is hashed: a request differing only in one of them is another entry
+    keys = {"a": create_key(tmp_path / "keys.jsonl", KeyHasher(None), "a")[1]}
+    path = write_config(tmp_path / "c.toml", {"small": sim_model(time_scale=0.0)}, CONFIG)
+    variants = [{}, {"presence_penalty": 1.0}, {"frequency_penalty": 1.0}, {"logit_bias": {"5": 2}},
+                {"logit_bias": {"5": 3}}, {"top_k": 5}, {"min_p": 0.1}, {"repetition_penalty": 1.1}]
+    async with running(path) as (_, url), aiohttp.ClientSession() as http:
+        first = [(await post(http, url, keys["a"], {**BODY, **v}))[0] for v in variants]
+        again = [(await post(http, url, keys["a"], {**BODY, **v}))[0] for v in variants]
+    assert first == ["miss"] * len(variants) and again == ["hit"] * len(variants)

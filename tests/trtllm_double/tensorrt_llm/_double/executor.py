@@ -69,7 +69,11 @@ class FakeModel:
     def __init__(self, candidates: list[int]) -> None:
         self.candidates = candidates
 
-    def next_token(self, context: list[int], greedy: bool, seed: int, n_generated: int) -> int:
+    def next_token(self, context: list[int], greedy: bool, seed: int, n_generated: int, bias=None) -> int:
+        # Its logits are flat, so an embedding_bias with a positive entry decides the token: its largest
+        # (lowest id on a tie), as the penalty kernel adds the bias to the logits before sampling.
+        if bias is not None and float(bias.max()) > 0:
+            return int(bias.argmax())
         key = (tuple(context[-4:]), len(context)) if greedy else (tuple(context[-4:]), len(context), seed)
         h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
         return self.candidates[h % len(self.candidates)]
@@ -184,6 +188,7 @@ class FakeExecutor:
         else:
             try:
                 sp._check_sampling_config()
+                self._check_embedding_bias(sp.embedding_bias)
             except RuntimeError as exc:
                 error = str(exc)
         if error is not None:
@@ -200,6 +205,15 @@ class FakeExecutor:
         a.blocks_to_complete = self.pool.blocks_for(prompt_len + a.max_tokens)
         a.arrival = time.monotonic()
         self._waiting.append(a)
+
+    def _check_embedding_bias(self, bias) -> None:
+        """SamplingParams documents embedding_bias as a kFP32 tensor of shape [vocab_size]; the executor
+        reads vocab_size values of it, so anything else fails the request at enqueue."""
+        if bias is None:
+            return
+        if str(getattr(bias, "dtype", "")) != "torch.float32" or tuple(getattr(bias, "shape", ())) != (self.vocab_size,):
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: embeddingBias must be a kFP32 tensor of "
+                               f"shape [{self.vocab_size}]")
 
     def _remaining_blocks(self, a: _Active) -> int:
         return a.blocks_to_complete - len(a.held) - a.private
@@ -274,7 +288,7 @@ class FakeExecutor:
         if controls.eos_after is not None and n + 1 >= controls.eos_after and a.end_id != -1:
             token = a.end_id
         else:
-            token = self.model.next_token(context, a.greedy, a.seed, n)
+            token = self.model.next_token(context, a.greedy, a.seed, n, a.request.sampling_params.embedding_bias)
         a.iters += 1
         if not a.first_token:
             a.first_token = time.monotonic()
