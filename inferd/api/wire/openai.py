@@ -28,6 +28,9 @@ MAX_MESSAGES = 2048
 MAX_STOP_CHARS = 256
 # A list of prompts in /v1/completions becomes one engine request per prompt (LangChain sends up to 20).
 MAX_PROMPTS = 64
+# `n`: choices per prompt, each its own engine request; `[server] max_n` may lower this cap, never raise it.
+MAX_N = 16
+ChoiceCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_N)]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
@@ -84,8 +87,8 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     timeout: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     # inferd (as vLLM): generate past end-of-sequence up to max_tokens; for benchmarks
     ignore_eos: bool | None = None
+    n: ChoiceCount | None = None            # choices per prompt (see Prepared.choice_seed)
     # accepted at their no-op value only
-    n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -132,7 +135,6 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
 
 # field -> (values that leave the output unchanged, how to say it). None always counts as absent.
 NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), "1"),
     "best_of": ((1,), "1"),
     "presence_penalty": ((0,), "0"),
     "frequency_penalty": ((0,), "0"),
@@ -235,6 +237,15 @@ class Prepared(msgspec.Struct, kw_only=True):
     continuous_usage: bool = False          # usage so far on every chunk (stream_options.continuous_usage_stats)
     ignore_eos: bool = False
     timeout: float | None = None            # the body's `timeout` (seconds), if any
+    n: int = 1                              # choices per prompt
+
+    def choice_seed(self, j: int) -> int | None:
+        """The seed of a prompt's choice `j`: the request's seed + j (modulo 2**64, kept signed), so a
+        seeded request gives the same n choices whatever is batched with it, and choice 0 is what the
+        same request with n=1 gives."""
+        if self.seed is None:
+            return None
+        return (self.seed + j + 2**63) % 2**64 - 2**63
 
     def prompts(self) -> list[Prepared]:
         """One Prepared per prompt of a completions batch (just this one when it is not a batch)."""
@@ -276,7 +287,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
                    include_usage=bool(opts and opts.include_usage),
                    continuous_usage=bool(opts and opts.continuous_usage_stats), ignore_eos=bool(req.ignore_eos),
                    temperature=1.0 if req.temperature is None else req.temperature,
-                   top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout)
+                   top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout, n=req.n or 1)
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:
