@@ -1,8 +1,8 @@
 """Several choices (a list of prompts in /v1/completions, or `n` > 1): engine streams answered as one
 response with one choice each, prompt-major (prompt i's choice j is index i*n + j).
 
-Each choice is its own engine request (they batch in flight anyway; a prompt's n choices share its
-full KV blocks through the engine's prefix cache once one has computed them). Usage counts every
+Each choice is its own engine request (they batch in flight anyway; on an engine with prefix caching
+a prompt's n choices fork from the first one's computed prompt, inferd.engine.scheduler). Usage counts every
 choice's output and each prompt once, as OpenAI's does for `n`. A streamed response interleaves
 their chunks, each with its choice `index`, as OpenAI's API does, and ends (usage summed, `[DONE]`)
 once every choice has its finish_reason. One choice ending abnormally (deadline, abort, engine error)
@@ -47,17 +47,21 @@ class Choices:
         return list(await asyncio.gather(*(stream.collect() for stream in self.streams)))
 
 
-def merged_final(finals: list[Delta], per_prompt: int = 1) -> Delta:
-    """The request-level end of several choices, for status, metrics, rollouts and the log line: the first
-    abnormal end if any (else the first choice's), the first choice's timing, and usage summed: every
-    choice's output, each prompt's tokens once (from the first of its `per_prompt` choices)."""
-    end = next((d for d in finals if d.finish_reason not in OPENAI_FINISH), finals[0])
-    usage = Usage.summed([d.usage for d in finals if d.usage is not None])
+def merged_final(finals: list[Delta | None], per_prompt: int = 1) -> Delta:
+    """The request-level end of several choices (None: one that has not ended), for status, metrics,
+    rollouts and the log line: the first abnormal end if any (else the first choice's), the first
+    choice's timing, and usage summed: every choice's output, each prompt's tokens once (from the first
+    ended of its `per_prompt` consecutive choices)."""
+    done = [d for d in finals if d is not None]
+    end = next((d for d in done if d.finish_reason not in OPENAI_FINISH), done[0])
+    usage = Usage.summed([d.usage for d in done if d.usage is not None])
     if usage is not None and per_prompt > 1:
-        firsts = [d.usage for d in finals[::per_prompt] if d.usage is not None]
+        groups = (finals[i:i + per_prompt] for i in range(0, len(finals), per_prompt))
+        firsts = [u for u in (next((d.usage for d in g if d is not None and d.usage is not None), None)
+                              for g in groups) if u is not None]
         usage = Usage(prompt_tokens=sum(u.prompt_tokens for u in firsts), completion_tokens=usage.completion_tokens,
                       cached_tokens=sum(u.cached_tokens for u in firsts))
-    return Delta(token_ids=[], finish_reason=end.finish_reason, usage=usage, timing=finals[0].timing,
+    return Delta(token_ids=[], finish_reason=end.finish_reason, usage=usage, timing=done[0].timing,
                  error=end.error)
 
 
@@ -116,7 +120,7 @@ class ChoicesSender(Sender):
     def _end_with(self, frames: list[bytes], closing: list[bytes], tokens: int) -> None:
         entry = self.entry
         entry.closing = True
-        entry.final = merged_final([d for d in self._finals if d is not None], entry.stream.per_prompt)
+        entry.final = merged_final(self._finals, entry.stream.per_prompt)
         self.send(b"".join(frames + closing))
         self._on_tokens(tokens)
         entry.stream.cancel()            # no-op for choices that ended; aborts the rest

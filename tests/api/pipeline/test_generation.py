@@ -125,3 +125,17 @@ async def test_a_prompts_n_choices_fork_from_its_computed_prompt_on_the_referenc
     # same seeds give alone: the shared and copied K/V is the prompt's
     assert served.engine._scheduler.num_forks >= 1
     assert [c.text for c in resp.choices] == [s.choices[0].text for s in singles]
+
+
+async def test_n_on_trtllm_sends_n_requests_each_with_n_1_and_its_own_seed(serve, tiny_artifact, tmp_path):
+    from tests.trtllm_double.harness import trtllm_on_double      # noqa: PLC0415  (imports the double)
+
+    async with trtllm_on_double(tiny_artifact, tmp_path) as engine:
+        from tensorrt_llm._double import controls                   # noqa: PLC0415
+
+        served = await serve({"t": engine})
+        controls.calls.clear()
+        resp = await served.sdk.completions.create(model="t", prompt="hello", max_tokens=3, n=3, seed=40)
+        assert [c.index for c in resp.choices] == [0, 1, 2] and resp.usage.completion_tokens == 9
+        params = [kwargs["sampling_params"] for name, kwargs in controls.calls if name == "generate_async"]
+        assert sorted(p.seed for p in params) == [40, 41, 42] and {p.n for p in params} == {1}
