@@ -114,6 +114,7 @@ async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that
             stream = await sdk.completions.create(**SHORT, stream=True, stream_options={"include_usage": True})
             chunks = [c async for c in stream]
         assert chunks[-1].usage.completion_tokens == 4
+        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room again")
         async with http.post(a_url + "/v1/completions", json={**SHORT, "n": 2}) as resp:   # forwarded as sent:
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id            # the peer applies n
             body = await resp.json()

@@ -139,3 +139,17 @@ async def test_n_on_trtllm_sends_n_requests_each_with_n_1_and_its_own_seed(serve
         assert [c.index for c in resp.choices] == [0, 1, 2] and resp.usage.completion_tokens == 9
         params = [kwargs["sampling_params"] for name, kwargs in controls.calls if name == "generate_async"]
         assert sorted(p.seed for p in params) == [40, 41, 42] and {p.n for p in params} == {1}
+
+
+async def test_a_streamed_chat_with_n_announces_the_role_once_per_choice(served):
+    whole = await served.sdk.chat.completions.create(model="sim", messages=CHAT, max_tokens=4, n=2, seed=3)
+    stream = await served.sdk.chat.completions.create(model="sim", messages=CHAT, max_tokens=4, n=2, seed=3,
+                                                      stream=True)
+    roles, texts = {0: [], 1: []}, {0: "", 1: ""}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles[choice.index].append(choice.delta.role)
+            texts[choice.index] += choice.delta.content or ""
+    assert roles == {0: ["assistant"], 1: ["assistant"]}
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]
