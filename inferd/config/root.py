@@ -81,6 +81,8 @@ class ServerConfig(ConfigTable):
     allow_plaintext_non_loopback: bool = False
     # .pub files one of which must have signed every engine artifact (docs/artifacts.md); () = none.
     trusted_keys: tuple[str, ...] = ()
+    # The most choices one request may ask for with `n` (each is an engine sequence): 1..16.
+    max_n: int = 16
 
 
 class SimConfig(ConfigTable):
@@ -219,6 +221,8 @@ def _server_errors(s: ServerConfig) -> list[str]:
         errors.append(f"server.min_residency_s: must be >= 0 seconds, got {s.min_residency_s}")
     if s.refused_bytes_per_s == float("inf"):
         errors.append("server.refused_bytes_per_s: must be finite (0 turns pacing off), got inf")
+    if not 1 <= s.max_n <= 16:          # 16: the wire format's own cap (inferd.api.wire.openai.MAX_N)
+        errors.append(f"server.max_n: must be in 1..16, got {s.max_n}")
     if s.drain_grace_s < 0:
         errors.append(f"server.drain_grace_s: must be >= 0, got {s.drain_grace_s}")
     if not s.engines_root:

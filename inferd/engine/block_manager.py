@@ -9,6 +9,10 @@ its tokens (the first link salted per tenant, see sequence.prefix_salt), so a la
 with the same prefix reuses it by reference. Freed blocks that carry a hash stay findable until
 they are evicted for reuse, least recently freed first; blocks without a hash are reused first.
 `prefix_caching=False` (the sim: it has no KV contents to share) finds and registers nothing.
+
+Fork: a sequence whose prompt another one has already computed (the `n` choices of one prompt)
+takes that one's full blocks by reference and a copy of its last partial block (copy-on-write: the
+two will write different tokens after the prompt), so it computes only its prompt's last token.
 """
 from __future__ import annotations
 
@@ -94,6 +98,32 @@ class BlockManager:
         seq.block_table = table
         seq.num_computed_tokens = len(cached) * self.block_size
         seq.num_registered_blocks = len(cached)
+
+    # -- a sequence started from another's computed prompt (fork) ----------------------------
+    def can_fork(self) -> bool:
+        """A fork always takes one new block: the copy of the partial block, or a fresh one."""
+        return self.num_free_blocks >= 1
+
+    def fork(self, src: Sequence, dst: Sequence, num_tokens: int) -> tuple[int, int] | None:
+        """`dst` (holding nothing) gets `src`'s K/V of its first `num_tokens` tokens: the full blocks
+        shared, the partial one copied into a new block, which also has room for dst's next token.
+        Returns (source block, new block) whose K/V the engine must copy before its next forward pass,
+        or None when `num_tokens` ends on a block boundary (nothing to copy)."""
+        if dst.block_table:
+            raise BlockManagerError(f"{dst.request_id}: fork into a sequence that holds blocks")
+        if num_tokens > src.num_computed_tokens:
+            raise BlockManagerError(f"{src.request_id}: fork of {num_tokens} tokens, {src.num_computed_tokens} computed")
+        if not self.can_fork():
+            raise BlockManagerError(f"{dst.request_id}: no room to fork")
+        full = num_tokens // self.block_size
+        shared = src.block_table[:full]
+        for block_id in shared:
+            self.ref_counts[block_id] += 1
+        new = self._take_free_block()
+        dst.block_table = [*shared, new]
+        dst.num_computed_tokens = num_tokens
+        dst.num_registered_blocks = full
+        return (src.block_table[full], new) if num_tokens % self.block_size else None
 
     # -- a sequence that holds blocks: next prefill chunk or a decode token ---------------
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:

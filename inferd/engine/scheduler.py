@@ -13,12 +13,21 @@ Two policies are arguments, because the backends that share this scheduler diffe
 reference engine: a chunked prefill is never preempted by its own later chunks); without it, when
 the step's chunk fits (the sim, which models an engine that allocates as contexts grow).
 `pack_inputs=False` skips the packed arrays for an executor that has no model to feed (the sim).
+
+Fork (with prefix caching, so the reference engine and not the sim, whose n sequences cost n): a
+waiting sequence whose prompt (and salt) is the same as a running one's (the `n` choices of one
+prompt) waits until that one has computed all but the prompt's last token, then starts from its
+blocks (BlockManager.fork: full blocks shared, the partial one copied) and computes only that last
+token, for logits of its own. The copies are in SchedulerOutput.block_copies, for the engine to make
+before the step's forward pass.
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import hashlib
 
 import numpy as np
 
@@ -44,6 +53,7 @@ class SchedulerOutput:
     first_admitted: int = 0         # seqs[first_admitted:] came from the waiting queue this step
     kv_tokens: int = 0              # K/V entries the step's attention reads (each row's context after it)
     attention_pairs: int = 0        # (query, key) pairs the step's attention computes
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, new) K/V to copy first (forks)
 
     @property
     def empty(self) -> bool:
@@ -72,6 +82,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # admission order: newest last
         self.num_preemptions = 0
+        self.num_forks = 0
+        # prompt key -> the running sequence computing that prompt, which later identical ones fork from
+        self._leaders: dict[bytes, Sequence] | None = {} if block_manager.prefix_caching else None
 
     # -- queue ---------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -89,6 +102,7 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
+        self._forget_leader(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -103,14 +117,27 @@ class Scheduler:
         while (not out.preempted and self.waiting and budget > 0
                and len(self.running) < self.max_batch_size):
             seq = self.waiting[0]
-            cached = bm.lookup_prefix(seq)
-            remaining = seq.num_tokens - len(cached) * bm.block_size
-            n = min(remaining, budget)
-            # admit only when the whole remaining prompt fits, so a chunked prefill is not
-            # preempted half-way by its own later chunks (or, without reserve_whole_prompt, this chunk)
-            if not bm.can_allocate(seq, cached, remaining if self.reserve_whole_prompt else n):
-                break
-            bm.allocate(seq, cached, n)
+            leader = self._leader_of(seq) if self._leaders is not None else None
+            if leader is not None:
+                # its prompt is being computed: fork once it is (FCFS, so the rest wait with it)
+                if leader.num_computed_tokens < seq.num_tokens - 1 or not bm.can_fork():
+                    break
+                copy = bm.fork(leader, seq, seq.num_tokens - 1)
+                if copy is not None:
+                    out.block_copies.append(copy)
+                self.num_forks += 1
+                n = 1
+            else:
+                cached = bm.lookup_prefix(seq)
+                remaining = seq.num_tokens - len(cached) * bm.block_size
+                n = min(remaining, budget)
+                # admit only when the whole remaining prompt fits, so a chunked prefill is not
+                # preempted half-way by its own later chunks (or, without reserve_whole_prompt, this chunk)
+                if not bm.can_allocate(seq, cached, remaining if self.reserve_whole_prompt else n):
+                    break
+                bm.allocate(seq, cached, n)
+                if seq.prompt_key is not None and not seq.admitted:
+                    self._leaders[seq.prompt_key] = seq
             self.waiting.popleft()
             if not seq.admitted:
                 seq.admitted = True
@@ -171,7 +198,22 @@ class Scheduler:
         bm.append(seq, n)
         return True
 
+    def _leader_of(self, seq: Sequence) -> Sequence | None:
+        """The running sequence `seq` (never admitted yet) can fork from: same salt, same prompt."""
+        if seq.admitted or seq.num_tokens < 2:
+            return None
+        if seq.prompt_key is None:
+            tokens = np.asarray(seq.token_ids, dtype=np.int64).tobytes()
+            seq.prompt_key = hashlib.blake2b(seq.salt + tokens, digest_size=16).digest()
+        return self._leaders.get(seq.prompt_key)
+
+    def _forget_leader(self, seq: Sequence) -> None:
+        """`seq` stops holding its prompt's blocks (finished, preempted): nothing forks from it any more."""
+        if self._leaders is not None and seq.prompt_key is not None and self._leaders.get(seq.prompt_key) is seq:
+            del self._leaders[seq.prompt_key]
+
     def _preempt(self, seq: Sequence) -> None:
+        self._forget_leader(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)     # first in line again: it was admitted before the rest

@@ -36,6 +36,7 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
+        "prompt_key",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
@@ -59,6 +60,7 @@ class Sequence:
         self.engine_state: Any = None           # the engine's per-request output state (stream, detokenizer)
         self.lora_name = lora                   # the LoRA adapter the request names
         self.lora: Any = None                   # the adapter it holds, pinned while held (reference: LoraWeights)
+        self.prompt_key: bytes | None = None    # salt + prompt digest: identical prompts fork (Scheduler)
 
     @property
     def num_tokens(self) -> int:

@@ -98,7 +98,7 @@ async def test_unexpected_error_is_a_500_envelope_with_request_id_and_no_traceba
 
 
 async def test_flood_of_malformed_requests_leaves_the_daemon_serving(served):
-    bad = [b"{", b'{"model": 1}', b'{"model": "sim", "prompt": "x", "n": 5}', b"\xff\xfe", b"[]",
+    bad = [b"{", b'{"model": 1}', b'{"model": "sim", "prompt": "x", "n": 17}', b"\xff\xfe", b"[]",
            b'{"model": "sim", "messages": "no"}', b'{"model": "sim", "prompt": [1, "a", [2]]}']
     paths = ["/v1/completions", "/v1/chat/completions"]
     results = await asyncio.gather(*(post(served, bad[i % len(bad)], path=paths[i % 2]) for i in range(200)))

@@ -127,7 +127,7 @@ async def test_errors_surface_as_typed_sdk_exceptions(served):
         await served.sdk.completions.create(model="sim", prompt="a", extra_body={"mirostat": 2})
     assert exc.value.body["param"] == "mirostat"
     with pytest.raises(openai.BadRequestError) as exc:
-        await served.sdk.chat.completions.create(model="sim", messages=[{"role": "user", "content": "a"}], n=2)
+        await served.sdk.chat.completions.create(model="sim", messages=[{"role": "user", "content": "a"}], n=17)
     assert exc.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as exc:
         await served.sdk.completions.create(model="sim", prompt=[5000], max_tokens=1)

@@ -114,7 +114,12 @@ async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that
             stream = await sdk.completions.create(**SHORT, stream=True, stream_options={"include_usage": True})
             chunks = [c async for c in stream]
         assert chunks[-1].usage.completion_tokens == 4
-        assert a.state.cluster.spillovers["forwarded"] == 2
+        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room again")
+        async with http.post(a_url + "/v1/completions", json={**SHORT, "n": 2}) as resp:   # forwarded as sent:
+            assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id            # the peer applies n
+            body = await resp.json()
+            assert [c["index"] for c in body["choices"]] == [0, 1] and body["usage"]["completion_tokens"] == 8
+        assert a.state.cluster.spillovers["forwarded"] == 3
     # the caller's trace context went on to the peer (neither node traces): both request lines carry it
     assert len([r for r in caplog.records if getattr(r, "fields", {}).get("traceparent") == TRACEPARENT]) == 2
 

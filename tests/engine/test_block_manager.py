@@ -159,3 +159,19 @@ def test_reusing_idle_cached_blocks_shrinks_the_room_for_new_ones():
     assert len(cached) == 2
     assert not bm.can_allocate(b, cached, b.num_tokens - 8)
     assert bm.can_allocate(b, cached, 4)    # cached prefix + one new block
+
+
+def test_fork_shares_full_blocks_and_copies_the_partial_one_into_a_new_block():
+    bm = BlockManager(8, BS)
+    src = seq(range(10), rid="src")
+    admit(bm, src)
+    dst = seq(range(10), rid="dst")
+    assert bm.fork(src, dst, 9) == (src.block_table[2], dst.block_table[2])
+    assert dst.block_table[:2] == src.block_table[:2] and dst.num_computed_tokens == 9
+    assert [bm.ref_counts[b] for b in dst.block_table] == [2, 2, 1]
+    bm.free(src)
+    assert [bm.ref_counts[b] for b in dst.block_table] == [1, 1, 1]
+    aligned = seq(range(9), rid="aligned")
+    assert bm.fork(dst, aligned, 8) is None and len(aligned.block_table) == 3
+    with pytest.raises(BlockManagerError):
+        bm.fork(dst, aligned, 8)                     # it holds blocks now

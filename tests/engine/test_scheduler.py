@@ -21,6 +21,8 @@ class FakePagedModel:
         self.kv = np.full(num_blocks * BS, -1, dtype=np.int64)
 
     def forward(self, out: SchedulerOutput) -> list[int]:
+        for src, dst in out.block_copies:       # forks: copied before anything is written or read
+            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
         self.kv[out.slot_mapping] = out.token_ids
         tokens = []
         for table, ctx in zip(out.block_tables, out.context_lens):
@@ -75,7 +77,7 @@ def solo_outputs(max_tokens=8):
 
 def test_step_packs_decodes_before_prefill_within_the_token_budget():
     sched, model = make(max_num_tokens=16)
-    a, b, c = new_seq("a", range(1, 11)), new_seq("b", range(1, 11)), new_seq("c", range(1, 4))
+    a, b, c = new_seq("a", range(1, 11)), new_seq("b", range(2, 12)), new_seq("c", range(1, 4))
     for s in (a, b, c):
         sched.add(s)
     out = step(sched, model)
@@ -194,3 +196,49 @@ def test_finish_removes_a_waiting_or_running_sequence_and_frees_its_blocks():
     sched.finish(b, FinishReason.ABORT)
     assert not sched.has_work() and sched.block_manager.num_used_blocks == 0
     assert a.finish_reason is FinishReason.ABORT and b.status is SequenceStatus.FINISHED
+
+
+def test_an_identical_prompt_forks_once_the_first_computed_it_sharing_full_blocks_and_copying_the_last():
+    sched, model = make()
+    a, b = new_seq("a", range(10, 20)), new_seq("b", range(10, 20))     # 10 tokens: 2 full blocks + 2
+    sched.add(a)
+    sched.add(b)
+    first = step(sched, model)
+    assert first.seqs == [a] and first.num_new_tokens == [10]           # b waits for a's prompt
+    second = step(sched, model)
+    assert second.seqs == [a, b] and second.num_new_tokens == [1, 1]    # b computes only its last prompt token
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert second.block_copies == [(a.block_table[2], b.block_table[2])]
+    assert b.num_cached_tokens == 9 and sched.num_forks == 1
+    assert sched.block_manager.ref_counts[a.block_table[0]] == 2
+    outputs = run_all(sched, model, [])
+    alone, model2 = make()
+    expected = run_all(alone, model2, [new_seq("c", range(10, 20))])["c"]
+    assert a.completion_token_ids == b.completion_token_ids == expected and outputs == {}
+
+
+def test_a_fork_at_a_block_boundary_copies_nothing():
+    sched, model = make()
+    a, b = new_seq("a", range(9)), new_seq("b", range(9))              # 8 tokens shared: 2 full blocks
+    run = run_all(sched, model, [a, b])
+    assert sched.num_forks == 1 and run["a"] == run["b"]
+
+
+def test_prompts_of_other_tenants_or_that_differ_do_not_fork():
+    sched, model = make()
+    a, b, c = new_seq("a", range(10)), new_seq("b", range(10)), new_seq("c", [*range(9), 42])
+    b.salt = prefix_salt("other")
+    for s in (a, b, c):
+        sched.add(s)
+    assert step(sched, model).seqs == [a, b, c] and sched.num_forks == 0
+
+
+def test_a_sequence_whose_leader_ended_starts_from_the_prefix_cache_instead():
+    sched, model = make()
+    a, b = new_seq("a", range(10), max_tokens=1), new_seq("b", range(10))
+    sched.add(a)
+    sched.add(b)
+    step(sched, model)
+    assert a.finished
+    out = step(sched, model)
+    assert out.seqs == [b] and out.num_new_tokens == [2] and sched.num_forks == 0

@@ -1,6 +1,7 @@
 """The request path's side of the response cache (inferd.cache): which requests may use it, under what key.
 
-A request is cacheable when its tenant opted in (`cache_responses = true`), it has one choice, and
+A request is cacheable when its tenant opted in (`cache_responses = true`), it has one choice (one
+prompt and `n` = 1: a list of prompts or `n` > 1 makes several), and
 its output is determined by its input: greedy (temperature 0) or seeded. The key is the tenant
 (never shared across tenants), the exact model version and adapter that would serve it, the prompt's
 token ids and every sampling parameter. `Cache-Control: no-cache` skips the lookup (the fresh answer

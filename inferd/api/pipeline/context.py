@@ -81,6 +81,16 @@ class RequestContext:
         return self.request[keys.REQUEST_ID]
 
     @property
+    def choices_per_prompt(self) -> int:
+        """`n`: consecutive entries of prompt_ids share one prompt (1 for embeddings)."""
+        return getattr(self.prepared, "n", 1)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompts' tokens, each prompt once however many choices it has (as usage reports them)."""
+        return sum(map(len, self.prompt_ids[::self.choices_per_prompt]))
+
+    @property
     def arrival(self) -> float:
         """time.monotonic() when the request arrived (the front middleware stamps it)."""
         return self.timeline.arrival

@@ -3,6 +3,8 @@ whether this model can take it, and its token ids and sampling, judged cheapest 
 """
 from __future__ import annotations
 
+import msgspec
+
 from inferd.api.errors import invalid
 from inferd.api.wire.openai import decode, prepare
 from inferd.api.pipeline import sampling
@@ -15,6 +17,10 @@ async def decode_body(ctx: RequestContext) -> None:
     """The body as a typed request (400 naming the field), and the semantic rules msgspec cannot express."""
     ctx.wire = decode(ctx.kind, ctx.body)
     ctx.prepared = prepare(ctx.kind, ctx.wire)
+    max_n = ctx.state.config.server.max_n
+    if ctx.prepared.n > max_n:
+        raise invalid(f"n: at most {max_n} choices per request on this server, got {ctx.prepared.n}.", param="n",
+                      code="invalid_value")
 
 
 async def check_generative(ctx: RequestContext) -> None:
@@ -33,15 +39,18 @@ async def check_length_bound_of_prompts(ctx: RequestContext) -> None:
 async def tokenize_and_resolve_sampling(ctx: RequestContext) -> None:
     """logit_bias's token ids against the vocabulary, then each prompt's token ids (inline when short, the
     bounded pool when long) and its SamplingParams (inferd.api.pipeline.sampling), one prompt after the
-    other: a list of prompts gives one choice each."""
+    other: each prompt gives `n` choices, prompt-major (choice i*n + j is prompt i's j-th), each its own
+    engine request with its own seed (Prepared.choice_seed). A prompt is tokenized once for its n choices."""
     limits = sampling.Limits(max_model_len=ctx.engine.info.max_model_len, tenancy=ctx.state.tenancy,
                              tenant=ctx.tenant, allowed_model=ctx.allowed_model,
                              degraded_max_tokens=ctx.degraded_max_tokens)
     sampling.check_logit_bias(ctx.prepared, ctx.engine.tokenizer.vocab_size)
     for part in ctx.prepared.prompts():
         ids = await tokenize(ctx.engine, part, len(ctx.body), ctx.deadline)
-        ctx.prompt_ids.append(ids)
-        ctx.sampling.append(sampling.resolve(part, len(ids), limits))
+        params = sampling.resolve(part, len(ids), limits)
+        for j in range(part.n):
+            ctx.prompt_ids.append(ids)
+            ctx.sampling.append(params if j == 0 else msgspec.structs.replace(params, seed=part.choice_seed(j)))
 
 
 async def check_content_policy(ctx: RequestContext) -> None:

@@ -41,7 +41,7 @@ async def send_output(ctx: RequestContext) -> web.StreamResponse:
     if (ctx.cache_plan is not None and ctx.cache_hit is None) or (retention and len(streams) == 1):
         ctx.recording = RecordingStream(streams[0])     # its text as the client got it: cache, transcript
         streams = [ctx.recording]
-    stream = ctx.delivered = streams[0] if len(streams) == 1 else Choices(streams)
+    stream = ctx.delivered = streams[0] if len(streams) == 1 else Choices(streams, ctx.choices_per_prompt)
     inflight = request.app[keys.INFLIGHT]
     entry = None
     try:
@@ -72,7 +72,7 @@ async def send_output(ctx: RequestContext) -> web.StreamResponse:
 
 async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     p, state = ctx.prepared, ctx.state
-    running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
+    running = RunningUsage(ctx.prompt_tokens) if p.continuous_usage else None
     encoder = ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
                            hold_done=state.ledger is not None, timeline=ctx.timeline)
     withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
@@ -108,7 +108,7 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
 
 async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
     finals = await stream.collect() if isinstance(stream, Choices) else [await stream.collect()]
-    ctx.last = finals[0] if len(finals) == 1 else merged_final(finals)
+    ctx.last = finals[0] if len(finals) == 1 else merged_final(finals, ctx.choices_per_prompt)
     resp = _json_response(ctx, finals, entry.timed_out)
     ctx.status = final_status(ctx.last, entry)
     ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value

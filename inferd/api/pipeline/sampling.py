@@ -33,9 +33,9 @@ FIELDS = {"completion": FieldNames("prompt", "max_tokens"), "chat": FieldNames("
 
 def charge_estimate(p: Prepared) -> int:
     """Output tokens to charge before the prompt is tokenized (a request served by a peer): the client's
-    max_tokens per choice, or the completions default; chat's default is decided by the peer."""
+    max_tokens per choice (n per prompt), or the completions default; chat's default is decided by the peer."""
     per_choice = p.max_tokens or (COMPLETIONS_DEFAULT_MAX_TOKENS if p.kind == "completion" else 0)
-    return per_choice * len(p.prompts())
+    return per_choice * len(p.prompts()) * p.n
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: 
     else the prompt and the `delivered` output tokens (an abandoned or refused request)."""
     state, usage = ctx.state, last.usage if last is not None else None
     if usage is None:
-        usage = Usage(prompt_tokens=sum(map(len, ctx.prompt_ids)) if delivered else 0, completion_tokens=delivered)
+        usage = Usage(prompt_tokens=ctx.prompt_tokens if delivered else 0, completion_tokens=delivered)
     version = ctx.engine.info.version
     price = price_for(state.config.prices, ctx.route.target)
     cost = 0.0 if price is None else price.cost(usage.prompt_tokens, usage.completion_tokens)

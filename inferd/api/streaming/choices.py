@@ -1,6 +1,9 @@
-"""A list of prompts in /v1/completions: n engine streams answered as one response with n choices.
+"""Several choices (a list of prompts in /v1/completions, or `n` > 1): engine streams answered as one
+response with one choice each, prompt-major (prompt i's choice j is index i*n + j).
 
-Each prompt is its own engine request (they batch in flight anyway). A streamed response interleaves
+Each choice is its own engine request (they batch in flight anyway; on an engine with prefix caching
+a prompt's n choices fork from the first one's computed prompt, inferd.engine.scheduler). Usage counts every
+choice's output and each prompt once, as OpenAI's does for `n`. A streamed response interleaves
 their chunks, each with its choice `index`, as OpenAI's API does, and ends (usage summed, `[DONE]`)
 once every choice has its finish_reason. One choice ending abnormally (deadline, abort, engine error)
 ends the whole response with that error and cancels the others: a partial batch never looks complete.
@@ -22,8 +25,9 @@ class Choices:
     """The n admitted streams of one request, shaped like one RequestStream where the SSE writer and
     the watchdog use it (`listen`, `cancel`, `request_id`)."""
 
-    def __init__(self, streams: list[RequestStream]) -> None:
+    def __init__(self, streams: list[RequestStream], per_prompt: int = 1) -> None:
         self.streams = streams
+        self.per_prompt = per_prompt            # n: consecutive streams share one prompt
         self.request_id = streams[0].request_id
 
     def listen(self, listener: Callable[[], None] | None) -> None:
@@ -43,12 +47,21 @@ class Choices:
         return list(await asyncio.gather(*(stream.collect() for stream in self.streams)))
 
 
-def merged_final(finals: list[Delta]) -> Delta:
-    """The request-level end of n choices, for status, metrics, rollouts and the log line: the first
-    abnormal end if any (else the first choice's), usage summed, the first choice's timing."""
-    end = next((d for d in finals if d.finish_reason not in OPENAI_FINISH), finals[0])
-    usage = Usage.summed([d.usage for d in finals if d.usage is not None])
-    return Delta(token_ids=[], finish_reason=end.finish_reason, usage=usage, timing=finals[0].timing,
+def merged_final(finals: list[Delta | None], per_prompt: int = 1) -> Delta:
+    """The request-level end of several choices (None: one that has not ended), for status, metrics,
+    rollouts and the log line: the first abnormal end if any (else the first choice's), the first
+    choice's timing, and usage summed: every choice's output, each prompt's tokens once (from the first
+    ended of its `per_prompt` consecutive choices)."""
+    done = [d for d in finals if d is not None]
+    end = next((d for d in done if d.finish_reason not in OPENAI_FINISH), done[0])
+    usage = Usage.summed([d.usage for d in done if d.usage is not None])
+    if usage is not None and per_prompt > 1:
+        groups = (finals[i:i + per_prompt] for i in range(0, len(finals), per_prompt))
+        firsts = [u for u in (next((d.usage for d in g if d is not None and d.usage is not None), None)
+                              for g in groups) if u is not None]
+        usage = Usage(prompt_tokens=sum(u.prompt_tokens for u in firsts), completion_tokens=usage.completion_tokens,
+                      cached_tokens=sum(u.cached_tokens for u in firsts))
+    return Delta(token_ids=[], finish_reason=end.finish_reason, usage=usage, timing=done[0].timing,
                  error=end.error)
 
 
@@ -94,7 +107,7 @@ class ChoicesSender(Sender):
                 return
             frames.append(encoder.final(delta.text, finish, len(delta.token_ids)))
         if all(final is not None for final in self._finals):
-            last = merged_final(self._finals)
+            last = merged_final(self._finals, self.entry.stream.per_prompt)
             if self._include_usage and last.usage is not None:
                 frames.append(self._encoders[0].usage(last.usage))
             self._end_with(frames, [self._encoders[0].done(last.usage, last.timing)], tokens)
@@ -107,7 +120,7 @@ class ChoicesSender(Sender):
     def _end_with(self, frames: list[bytes], closing: list[bytes], tokens: int) -> None:
         entry = self.entry
         entry.closing = True
-        entry.final = merged_final([d for d in self._finals if d is not None])
+        entry.final = merged_final(self._finals, entry.stream.per_prompt)
         self.send(b"".join(frames + closing))
         self._on_tokens(tokens)
         entry.stream.cancel()            # no-op for choices that ended; aborts the rest

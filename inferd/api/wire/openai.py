@@ -29,6 +29,9 @@ MAX_MESSAGES = 2048
 MAX_STOP_CHARS = 256
 # A list of prompts in /v1/completions becomes one engine request per prompt (LangChain sends up to 20).
 MAX_PROMPTS = 64
+# `n`: choices per prompt, each its own engine request; `[server] max_n` may lower this cap, never raise it.
+MAX_N = 16
+ChoiceCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_N)]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
@@ -94,8 +97,7 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     top_k: TopK | None = None
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
-    # accepted at their no-op value only
-    n: int | None = None
+    n: ChoiceCount | None = None            # choices per prompt (see Prepared.choice_seed)
 
 
 class CompletionRequest(_SamplingFields, **_STRICT):
@@ -139,7 +141,6 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
 
 # field -> (values that leave the output unchanged, how to say it). None always counts as absent.
 NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), "1"),
     "best_of": ((1,), "1"),
     "echo": ((False,), "false"),
     "suffix": (("",), "null or \"\""),
@@ -245,6 +246,15 @@ class Prepared(msgspec.Struct, kw_only=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), by token id
+    n: int = 1                              # choices per prompt
+
+    def choice_seed(self, j: int) -> int | None:
+        """The seed of a prompt's choice `j`: the request's seed + j (modulo 2**64, kept signed), so a
+        seeded request gives the same n choices whatever is batched with it, and choice 0 is what the
+        same request with n=1 gives."""
+        if self.seed is None:
+            return None
+        return (self.seed + j + 2**63) % 2**64 - 2**63
 
     def prompts(self) -> list[Prepared]:
         """One Prepared per prompt of a completions batch (just this one when it is not a batch)."""
@@ -290,7 +300,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
                    top_k=max(req.top_k or 0, 0), min_p=req.min_p or 0.0,
                    presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                    repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                   logit_bias=parse_logit_bias(req.logit_bias))
+                   logit_bias=parse_logit_bias(req.logit_bias), n=req.n or 1)
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:

@@ -318,6 +318,8 @@ class ReferenceEngine(LoraHost, Engine):
                              block_tables=out.block_tables, loras=[seq.lora for seq in out.seqs])
         rows = out.sample_rows
         try:
+            for src, dst in out.block_copies:       # forked sequences' partial blocks, before they are read
+                self._kv.copy_block(src, dst)
             logits = self.model.forward(batch, self._kv)
             if len(rows) != len(out.seqs):
                 logits = logits[rows]

@@ -43,6 +43,13 @@ class PagedKVCache:
         self.k[layer][slot_mapping] = k
         self.v[layer][slot_mapping] = v
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block `dst` becomes a copy of block `src` in every layer (a forked sequence's partial block)."""
+        bs = self.block_size
+        for layer in range(self.num_layers):
+            self.k[layer][dst * bs:(dst + 1) * bs] = self.k[layer][src * bs:(src + 1) * bs]
+            self.v[layer][dst * bs:(dst + 1) * bs] = self.v[layer][src * bs:(src + 1) * bs]
+
     def gather(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K and V at `slots` (any int array shape S): two arrays of shape S + (num_kv_heads, head_dim)."""
         return self.k[layer][slots], self.v[layer][slots]

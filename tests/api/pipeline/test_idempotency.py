@@ -51,6 +51,21 @@ async def test_the_sdk_gets_the_same_completion_back_and_a_stream_replays_as_the
             assert [c.model_dump() for c in again] == [c.model_dump() for c in chunks]
 
 
+async def test_a_replay_of_n_choices_returns_every_choice_as_first_answered(tmp_path):
+    async with running_daemon(config(tmp_path)) as (_, _, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            body = {**BODY, "n": 3, "temperature": 1.0}
+            first = await sdk.completions.create(**body, extra_headers={"Idempotency-Key": "n-1"})
+            second = await sdk.completions.create(**body, extra_headers={"Idempotency-Key": "n-1"})
+            assert len(first.choices) == 3 and second.model_dump() == first.model_dump()
+            chunks = [c async for c in await sdk.completions.create(
+                **body, stream=True, extra_headers={"Idempotency-Key": "n-2"})]
+            again = [c async for c in await sdk.completions.create(
+                **body, stream=True, extra_headers={"Idempotency-Key": "n-2"})]
+            assert {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2}
+            assert [c.model_dump() for c in again] == [c.model_dump() for c in chunks]
+
+
 async def test_a_key_in_flight_is_409_and_a_malformed_key_is_400(tmp_path):
     slow = {**BODY, "max_tokens": 200, "ignore_eos": True}
     async with running_daemon(config(tmp_path, time_scale=1.0)) as (daemon, _, url), aiohttp.ClientSession() as http:

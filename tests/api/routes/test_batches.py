@@ -55,6 +55,23 @@ async def test_a_batch_runs_every_line_once_and_writes_output_and_error_files_in
         assert len(rows) == 5 and {(r.endpoint, r.status) for r in rows} == {("batch:chat.completions", 200)}
 
 
+async def test_a_batch_line_with_n_gets_n_choices_as_the_route_answers(tmp_path):
+    async with serve(tmp_path) as (node, _):
+        client = node.sdk()
+        with pytest.raises(openai.BadRequestError, match="line 2: body.n"):     # lines are checked at upload
+            await upload(client, chat_line("n-3", n=3), chat_line("n-17", n=17))
+        file_id = await upload(client, chat_line("n-3", n=3, seed=5))
+        batch = await client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        runs = Runs()
+        async with node.runner(runs, concurrency=2):
+            assert await runs.end_of(batch.id) == "completed"
+        done = await client.batches.retrieve(batch.id)
+        [line] = output_lines((await client.files.content(done.output_file_id)).content)
+        body = line["response"]["body"]
+        assert [c["index"] for c in body["choices"]] == [0, 1, 2] and body["usage"]["completion_tokens"] == 9
+
+
 async def test_creating_a_batch_checks_its_file_endpoint_and_window(tmp_path):
     async with serve(tmp_path) as (node, _):
         client = node.sdk()

@@ -6,8 +6,9 @@ import openai
 import pytest
 
 from inferd.api.pipeline.admit import SharedLease
+from inferd.api.streaming.choices import merged_final
 from inferd.config import TenantConfig
-from inferd.types import Usage
+from inferd.types import Delta, FinishReason, Usage
 from tests.api.conftest import metric_value, sim_engine
 
 PROMPTS = ["first prompt", "the second", "and a third one"]
@@ -135,3 +136,15 @@ async def test_a_client_that_leaves_a_streamed_batch_frees_every_choice(serve):
     await stream.close()
     assert await served.state.wait_idle(5.0)
     assert served.engine.stats().running == 0       # the sim frees an aborted request in abort itself
+
+
+def test_merged_usage_counts_every_choices_output_and_each_prompts_tokens_once():
+    def final(prompt, out):
+        return Delta(token_ids=[], finish_reason=FinishReason.LENGTH,
+                     usage=Usage(prompt_tokens=prompt, completion_tokens=out, cached_tokens=prompt // 2))
+
+    finals = [final(4, 1), final(4, 2), final(6, 3), final(6, 4)]        # two prompts, n=2, prompt-major
+    assert merged_final(finals, 2).usage == Usage(prompt_tokens=10, completion_tokens=10, cached_tokens=5)
+    assert merged_final(finals).usage.prompt_tokens == 20                  # a list of four prompts
+    # ended abnormally with choices still running: the prompts that have an ended choice
+    assert merged_final([None, final(4, 2), None, None], 2).usage.prompt_tokens == 4

@@ -58,13 +58,13 @@ def test_malformed_json_and_invalid_utf8_are_400():
 
 @pytest.mark.parametrize("field,value", [
     ("n", 1), ("echo", False),
-    ("best_of", 1), ("suffix", None), ("logprobs", None), ("n", None)])
+    ("best_of", 1), ("suffix", None), ("logprobs", None), ("n", None), ("n", 16)])
 def test_completion_no_op_values_are_accepted(field, value):
     prepare("completion", decode("completion", completion(**{field: value})))
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("echo", True), ("best_of", 3), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5)])
+    ("echo", True), ("best_of", 3), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5)])
 def test_completion_values_that_change_output_are_rejected_by_name(field, value):
     err = rejected("completion", completion(**{field: value}))
     assert err.param == field and err.code == "unsupported_parameter"
@@ -82,13 +82,27 @@ def test_chat_no_op_values_are_accepted(field, value):
 @pytest.mark.parametrize("field,value", [
     ("logprobs", True), ("top_logprobs", 2), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
     ("response_format", {"type": "json_object"}), ("modalities", ["text", "audio"]),
-    ("reasoning_effort", "high"), ("n", 2)])
+    ("reasoning_effort", "high")])
 def test_chat_values_that_change_output_are_rejected_by_name(field, value):
     assert rejected("chat", chat(**{field: value})).param == field
 
 
 def test_bool_does_not_pass_for_a_number():
     assert rejected("completion", completion(n=True)).param == "n"
+
+
+@pytest.mark.parametrize("value", [0, 17, -1, 2.5])
+def test_n_outside_1_to_16_is_rejected_naming_n(value):
+    err = rejected("completion", completion(n=value))
+    assert err.param == "n" and err.code == "invalid_value"
+
+
+def test_n_is_choices_per_prompt_with_a_seed_per_choice_derived_from_the_request_seed():
+    p = prepare("chat", decode("chat", chat(n=3, seed=7)))
+    assert p.n == 3 and [p.choice_seed(j) for j in range(3)] == [7, 8, 9]
+    top = prepare("chat", decode("chat", chat(n=2, seed=2**63 - 1)))
+    assert top.choice_seed(1) == -(2**63)       # wraps modulo 2**64, as the engines take seeds
+    assert prepare("chat", decode("chat", chat(n=2))).choice_seed(1) is None
 
 
 def test_every_no_op_parameter_is_a_declared_field():
