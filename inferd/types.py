@@ -33,6 +33,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()          # stop strings: text ends before them, never streamed
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # As vLLM's SamplingParams: None = no log-probabilities; k >= 0 = each generated token's own
+    # log-probability and its k most likely alternatives. Raw values: log_softmax of the model's
+    # logits before temperature, penalties or filters (vLLM's default `raw_logprobs`).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
 
     @property
     def greedy(self) -> bool:
@@ -80,6 +85,15 @@ class EngineTiming(msgspec.Struct, frozen=True, kw_only=True):
     finished: float | None = None
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One position's raw log-probabilities: the token there, its logprob, and the k most likely
+    tokens at that position as (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class Delta(msgspec.Struct, kw_only=True):
     """A piece of one request's output stream.
 
@@ -95,6 +109,11 @@ class Delta(msgspec.Struct, kw_only=True):
     timing: EngineTiming | None = None
     error: str | None = None            # set with FinishReason.ERROR: a message safe for clients
     embedding: Any = None               # embedding engines' final delta: the input's vector (numpy float32)
+    # Requests with SamplingParams.logprobs: one entry per token id of this delta, in order.
+    logprobs: list[TokenLogprob] | None = None
+    # Requests with SamplingParams.prompt_logprobs: every prompt token's (None for the first, which
+    # has no context), on the stream's first delta that carries any.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

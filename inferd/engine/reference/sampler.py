@@ -12,7 +12,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from inferd.engine.validation import seed64
-from inferd.types import SamplingParams
+from inferd.types import SamplingParams, TokenLogprob
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
@@ -57,6 +57,29 @@ def sample_one(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
     u = rng.random()
     index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     return int(ids[min(index, ids.shape[0] - 1)])
+
+
+def token_logprobs(logits: np.ndarray, chosen: Seq[int], ks: Seq[int]) -> list[TokenLogprob]:
+    """Row i's raw log-probability of token `chosen[i]` and its `ks[i]` most likely tokens (ties by id).
+
+    Raw: log_softmax of the logits as the model gave them, before temperature, penalties and filters,
+    as vLLM's default `logprobs_mode="raw_logprobs"` reports them (vllm/config/model.py). float64, so
+    the values agree with transformers' float32 log_softmax to well under 1e-4.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    out: list[TokenLogprob] = []
+    for i, (token, k) in enumerate(zip(chosen, ks)):
+        row = x[i]
+        top: tuple[tuple[int, float], ...] = ()
+        if k > 0:
+            k = min(k, row.shape[0])
+            ids = np.argpartition(-row, k - 1)[:k]
+            ids = ids[np.lexsort((ids, -row[ids]))]
+            top = tuple(zip(ids.tolist(), row[ids].tolist()))
+        out.append(TokenLogprob(int(token), float(row[token]), top))
+    return out
 
 
 class Sampler:
