@@ -70,7 +70,8 @@ def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
     if limits.degraded_max_tokens is not None:
         max_tokens = min(max_tokens, limits.degraded_max_tokens)
     return SamplingParams(max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-                          stop=p.stop, ignore_eos=p.ignore_eos)
+                          stop=p.stop, ignore_eos=p.ignore_eos,
+                          logprobs=p.logprobs, prompt_logprobs=p.logprobs if p.echo else None)
 
 
 def _tenant_limit(p: Prepared, prompt_len: int, want: int, limits: Limits) -> int:
