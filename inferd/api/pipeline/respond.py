@@ -98,7 +98,7 @@ def _logprob_formats(ctx: RequestContext, count: int) -> list[LogprobFormat] | N
 async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     p, state = ctx.prepared, ctx.state
     running = RunningUsage(sum(map(len, ctx.prompt_ids))) if p.continuous_usage else None
-    formats = ctx.extras["logprobs"]
+    formats = ctx.extras.get("logprobs")
     encoder = (ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
                             hold_done=state.ledger is not None, timeline=ctx.timeline) if formats is None else
                LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
