@@ -10,8 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from inferd.engine import StreamWrapper, merge_deltas
-from inferd.engine.stream import add_logprobs
+from inferd.engine import StreamWrapper, add_logprobs, merge_deltas
 from inferd.types import Delta, EngineTiming, Usage
 
 

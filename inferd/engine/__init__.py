@@ -24,12 +24,12 @@ from inferd.engine.base import (
     InvalidRequest,
 )
 from inferd.engine.loading import run_load
-from inferd.engine.stream import RequestStream, StreamWrapper, merge_deltas
+from inferd.engine.stream import RequestStream, StreamWrapper, add_logprobs, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, TokenizerLoadError
 
 __all__ = [
     "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "AdapterSignatureError",
     "Capacity", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "HFTokenizer",
     "InvalidRequest", "RequestStream", "StreamWrapper", "TokenizerLoadError", "UnknownAdapter",
-    "check_adapter_signature", "merge_deltas", "resolve_adapter_source", "run_load",
+    "add_logprobs", "check_adapter_signature", "merge_deltas", "resolve_adapter_source", "run_load",
 ]
