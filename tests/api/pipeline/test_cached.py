@@ -63,3 +63,17 @@ async def test_a_hit_replays_as_a_stream(tmp_path):
     assert (miss, hit) == ("miss", "hit")
     text = lambda cs: "".join(c.choices[0].text for c in cs if c.choices)   # noqa: E731
     assert text(second) == text(first) and second[-1].usage.completion_tokens == 12
+
+
+async def test_a_logprobs_request_is_never_answered_from_a_plain_entry_and_its_own_hit_keeps_them(tmp_path):
+    key = create_key(tmp_path / "keys.jsonl", KeyHasher(None), "a")[1]
+    path = write_config(tmp_path / "c.toml", {"small": sim_model()}, CONFIG)
+    with_logprobs = {**BODY, "logprobs": 2, "echo": True}
+    async with running(path) as (_, url), aiohttp.ClientSession() as http:
+        plain = await post(http, url, key, BODY)
+        first = await post(http, url, key, with_logprobs)
+        again = await post(http, url, key, with_logprobs)
+    assert (plain[0], first[0], again[0]) == ("miss", "miss", "hit")
+    assert plain[1]["choices"][0]["logprobs"] is None
+    assert first[1]["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    assert again[1]["choices"][0] == first[1]["choices"][0]
