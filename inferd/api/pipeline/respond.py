@@ -91,8 +91,9 @@ def _logprob_formats(ctx: RequestContext, count: int) -> list[LogprobFormat] | N
         given = prompts[i].prompt_text if len(prompts) == count else None
         return given if given is not None else tokenizer.decode(ctx.prompt_ids[i])
 
-    return [LogprobFormat(p.kind, p.logprobs, decode, echo_text=echo_text(i), prompt_ids=ctx.prompt_ids[i])
-            for i in range(count)]
+    vocab_entry = getattr(tokenizer, "id_to_token", None)       # the sim's tokenizer has no vocabulary list
+    return [LogprobFormat(p.kind, p.logprobs, decode, echo_text=echo_text(i), prompt_ids=ctx.prompt_ids[i],
+                          vocab_entry=vocab_entry) for i in range(count)]
 
 
 async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:

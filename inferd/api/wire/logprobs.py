@@ -4,7 +4,9 @@ Shapes as OpenAI's API and vLLM answer them (vllm/entrypoints/openai/serving_cha
 `_get_top_logprobs`; serving_completion.py `_create_completion_logprobs`; protocol.py `ChatCompletionLogProbs`,
 `CompletionLogProbs`):
 - chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}],
-  "refusal": null}; `bytes` is the token text's UTF-8 (errors replaced, as vLLM), top_logprobs the k most likely.
+  "refusal": null}; `bytes` is the token text's UTF-8 (as vLLM), except for a token that is part of a character
+  (text U+FFFD), whose own bytes come from its vocabulary entry where its form says them (byte-level BPE,
+  SentencePiece byte fallback), so clients can join them; top_logprobs the k most likely.
 - completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}, ...], "text_offset"}; each
   top_logprobs entry holds the k most likely and the sampled token (so up to k + 1, as OpenAI documents);
   with echo the prompt's tokens come first, the very first with null logprob and null top_logprobs.
@@ -16,6 +18,7 @@ character, a possible stop string) have theirs delivered with the chunk that car
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import orjson
@@ -25,19 +28,50 @@ from inferd.engine import StreamWrapper
 from inferd.types import Delta, TokenLogprob
 
 _FLOOR = -9999.0
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")      # SentencePiece's byte fallback
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet (printable stand-ins for the 256 byte values), char -> byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = dict(zip(map(chr, keep), keep)), 0
+    for b in range(256):
+        if b not in keep:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def token_bytes(vocab_entry: str | None) -> bytes | None:
+    """A token's own bytes from its vocabulary entry, for a token that is part of a character (its decoded text
+    is U+FFFD): OpenAI's `bytes` exist so such pieces can be joined. None when the entry's form is unknown."""
+    if vocab_entry is None:
+        return None
+    m = _BYTE_TOKEN.fullmatch(vocab_entry)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    if all(c in _BYTE_LEVEL for c in vocab_entry):
+        return bytes(_BYTE_LEVEL[c] for c in vocab_entry)
+    return None
 
 
 class LogprobFormat:
     """One choice's pending log-probabilities (and echoed prompt) until a chunk or body takes them."""
 
-    __slots__ = ("_chat", "_top", "_decode", "_names", "_echo", "_prompt_first", "_pending", "_offset", "wants")
+    __slots__ = ("_chat", "_top", "_decode", "_names", "_echo", "_prompt_first", "_pending", "_offset", "wants",
+                 "_vocab_entry")
 
     def __init__(self, kind: str, top: int | None, decode: Callable[[list[int]], str], *,
-                 echo_text: str | None = None, prompt_ids: Sequence[int] = ()) -> None:
+                 echo_text: str | None = None, prompt_ids: Sequence[int] = (),
+                 vocab_entry: Callable[[int], str | None] | None = None) -> None:
         self._chat = kind == "chat"
         self._top = top or 0
         self.wants = top is not None            # the client asked for log-probabilities (not just echo)
         self._decode = decode
+        self._vocab_entry = vocab_entry         # token id -> its vocabulary entry (exact bytes of partial characters)
         self._names: dict[int, str] = {}
         self._echo = echo_text                  # sent once, before the first output text
         self._prompt_first = prompt_ids[0] if prompt_ids else 0
@@ -76,7 +110,13 @@ class LogprobFormat:
 
     def _chat_item(self, token_id: int, logprob: float) -> dict:
         token = self._name(token_id)
-        return {"token": token, "logprob": max(logprob, _FLOOR), "bytes": list(token.encode("utf-8", "replace"))}
+        raw = None
+        if "\ufffd" in token and self._vocab_entry is not None:
+            raw = token_bytes(self._vocab_entry(token_id))
+        # vLLM sends the decoded text's UTF-8 (a partial character as U+FFFD's); the token's own bytes are
+        # what OpenAI's field is for, where the vocabulary says them
+        return {"token": token, "logprob": max(logprob, _FLOOR),
+                "bytes": list(raw if raw is not None else token.encode("utf-8", "replace"))}
 
     def _chat_object(self, pending: list) -> dict:
         content = []
