@@ -64,22 +64,23 @@ def token_logprobs(logits: np.ndarray, chosen: Seq[int], ks: Seq[int]) -> list[T
 
     Raw: log_softmax of the logits as the model gave them, before temperature, penalties and filters,
     as vLLM's default `logprobs_mode="raw_logprobs"` reports them (vllm/config/model.py). float64, so
-    the values agree with transformers' float32 log_softmax to well under 1e-4.
+    the values agree with transformers' float32 log_softmax to well under 1e-4. One vectorized pass for
+    all rows: this runs every step for every row that asked.
     """
     x = np.asarray(logits, dtype=np.float64)
     x = x - x.max(axis=1, keepdims=True)
     x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
-    out: list[TokenLogprob] = []
-    for i, (token, k) in enumerate(zip(chosen, ks)):
-        row = x[i]
-        top: tuple[tuple[int, float], ...] = ()
-        if k > 0:
-            k = min(k, row.shape[0])
-            ids = np.argpartition(-row, k - 1)[:k]
-            ids = ids[np.lexsort((ids, -row[ids]))]
-            top = tuple(zip(ids.tolist(), row[ids].tolist()))
-        out.append(TokenLogprob(int(token), float(row[token]), top))
-    return out
+    rows = np.arange(x.shape[0])
+    own = x[rows, np.asarray(chosen, dtype=np.int64)].tolist()
+    kmax = min(max(ks, default=0), x.shape[1])
+    if kmax <= 0:
+        return [TokenLogprob(int(t), v) for t, v in zip(chosen, own)]
+    ids = np.argpartition(-x, kmax - 1, axis=1)[:, :kmax]
+    vals = np.take_along_axis(x, ids, axis=1)
+    order = np.lexsort((ids, -vals))          # per row: by value descending, then by id
+    ids, vals = np.take_along_axis(ids, order, axis=1).tolist(), np.take_along_axis(vals, order, axis=1).tolist()
+    return [TokenLogprob(int(t), v, tuple(zip(i[:k], w[:k])))
+            for t, v, i, w, k in zip(chosen, own, ids, vals, ks)]
 
 
 class Sampler:
