@@ -116,3 +116,19 @@ async def test_out_of_range_logprobs_settings_are_400s_naming_the_field(api, kin
     with pytest.raises(openai.BadRequestError) as err:
         await call
     assert err.value.body["param"] == param
+
+
+async def test_each_prompt_of_a_list_echoes_its_own_prompt_and_logprobs_streamed_and_not(api):
+    prompts = ["the quick brown fox", "jumps over"]
+    kw = dict(model="m", prompt=prompts, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    whole = await api.sdk.completions.create(**kw)
+    by_index = {c.index: c for c in whole.choices}
+    stream = await api.sdk.completions.create(**kw, stream=True)
+    texts, tokens = {0: "", 1: ""}, {0: [], 1: []}
+    async for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            tokens[c.index] += c.logprobs.tokens if c.logprobs else []
+    for i, prompt in enumerate(prompts):
+        assert by_index[i].text.startswith(prompt) and texts[i] == by_index[i].text
+        assert by_index[i].logprobs.token_logprobs[0] is None and tokens[i] == by_index[i].logprobs.tokens
