@@ -42,6 +42,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float = 1.0     # prompt and output tokens: positive logits / it, negative ones * it
     min_p: float = 0.0                  # drop tokens less likely than min_p x the most likely one
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias added to its logit), by token id
+    # As vLLM's SamplingParams: None = no log-probabilities; k >= 0 = each generated token's own
+    # log-probability and its k most likely alternatives. Raw values: log_softmax of the model's
+    # logits before temperature, penalties or filters (vLLM's default `raw_logprobs`).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +100,15 @@ class EngineTiming(msgspec.Struct, frozen=True, kw_only=True):
     finished: float | None = None
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One position's raw log-probabilities: the token there, its logprob, and the k most likely
+    tokens at that position as (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class Delta(msgspec.Struct, kw_only=True):
     """A piece of one request's output stream.
 
@@ -110,6 +124,11 @@ class Delta(msgspec.Struct, kw_only=True):
     timing: EngineTiming | None = None
     error: str | None = None            # set with FinishReason.ERROR: a message safe for clients
     embedding: Any = None               # embedding engines' final delta: the input's vector (numpy float32)
+    # Requests with SamplingParams.logprobs: one entry per token id of this delta, in order.
+    logprobs: list[TokenLogprob] | None = None
+    # Requests with SamplingParams.prompt_logprobs: every prompt token's (None for the first, which
+    # has no context), on the stream's first delta that carries any.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

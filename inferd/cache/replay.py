@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from inferd.engine import StreamWrapper, merge_deltas
+from inferd.engine import StreamWrapper, add_logprobs, merge_deltas
 from inferd.types import Delta, EngineTiming, Usage
 
 
@@ -23,7 +23,8 @@ class ReplayStream:
             token_ids=list(stored.token_ids), text=stored.text, finish_reason=stored.finish_reason,
             usage=Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                         cached_tokens=usage.prompt_tokens),           # the whole prompt was served from cache
-            timing=EngineTiming(submitted=now, first_scheduled=now, first_token=now, finished=now))
+            timing=EngineTiming(submitted=now, first_scheduled=now, first_token=now, finished=now),
+            logprobs=stored.logprobs, prompt_logprobs=stored.prompt_logprobs)
         self._tokens = len(stored.token_ids)
         self._taken = False
 
@@ -71,8 +72,11 @@ class RecordingStream(StreamWrapper):
         self._ids: list[int] = []
         self._texts: list[str] = []
         self._final: Delta | None = None
+        self._lp = Delta(token_ids=[])           # log-probabilities read (requests that asked for them)
 
     def _read(self, delta: Delta) -> Delta:
+        if delta.logprobs is not None or delta.prompt_logprobs is not None:
+            add_logprobs(self._lp, delta)
         self._ids.extend(delta.token_ids)
         self._texts.append(delta.text)
         if delta.finish_reason is not None:
@@ -85,4 +89,5 @@ class RecordingStream(StreamWrapper):
         if f is None:
             return None
         return Delta(token_ids=self._ids, text="".join(self._texts), finish_reason=f.finish_reason, usage=f.usage,
-                     timing=f.timing, error=f.error)
+                     timing=f.timing, error=f.error, logprobs=self._lp.logprobs,
+                     prompt_logprobs=self._lp.prompt_logprobs)

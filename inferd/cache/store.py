@@ -16,9 +16,17 @@ ENTRY_OVERHEAD_BYTES = 600        # the key (tenant, 32-byte digest), the Delta,
 TOKEN_ID_BYTES = 36               # a Python int in a list: the pointer and the int object
 
 
+LOGPROB_BYTES = 120               # a TokenLogprob: the struct, its int, its float, its (empty) tuple, a list slot
+ALTERNATIVE_BYTES = 140           # one (token id, logprob) pair of its alternatives
+
+
 def entry_bytes(delta: Delta) -> int:
     """What an entry costs in memory, about: keys are digests, so this bounds the process's memory."""
-    return ENTRY_OVERHEAD_BYTES + len(delta.text.encode()) + 49 + TOKEN_ID_BYTES * len(delta.token_ids)
+    size = ENTRY_OVERHEAD_BYTES + len(delta.text.encode()) + 49 + TOKEN_ID_BYTES * len(delta.token_ids)
+    if delta.logprobs is not None or delta.prompt_logprobs is not None:   # requests that asked for them
+        entries = [e for e in (*(delta.logprobs or ()), *(delta.prompt_logprobs or ())) if e is not None]
+        size += LOGPROB_BYTES * len(entries) + ALTERNATIVE_BYTES * sum(len(e.top) for e in entries)
+    return size
 
 
 class ResponseCache:

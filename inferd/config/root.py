@@ -103,6 +103,9 @@ class TrtllmConfig(ConfigTable):
     enable_block_reuse: bool = True
     scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
     enable_chunked_prefill: bool = True
+    # TensorRT-LLM's logprobs need generation logits gathered for every request (a cost all pay): off, a
+    # request with logprobs is a 400 naming it (docs/trtllm-api.md)
+    gather_generation_logits: bool = False
     lora_adapters: dict[str, str] = {}    # adapter name -> directory (the older spelling of models.X.lora_adapters)
 
 

@@ -24,13 +24,14 @@ from inferd.engine.base import (
     InvalidRequest,
 )
 from inferd.engine.loading import run_load
-from inferd.engine.stream import RequestStream, StreamWrapper, merge_deltas
+from inferd.engine.stream import RequestStream, StreamWrapper, add_logprobs, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, TokenizerLoadError
 from inferd.engine.validation import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, PENALTY_RANGE
 
 __all__ = [
     "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "AdapterSignatureError",
     "Capacity", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "HFTokenizer",
-    "InvalidRequest", "LOGIT_BIAS_RANGE", "MAX_LOGIT_BIAS", "PENALTY_RANGE", "RequestStream", "StreamWrapper", "TokenizerLoadError", "UnknownAdapter",
-    "check_adapter_signature", "merge_deltas", "resolve_adapter_source", "run_load",
+    "InvalidRequest", "LOGIT_BIAS_RANGE", "MAX_LOGIT_BIAS", "PENALTY_RANGE", "RequestStream", "StreamWrapper",
+    "TokenizerLoadError", "UnknownAdapter", "add_logprobs", "check_adapter_signature", "merge_deltas",
+    "resolve_adapter_source", "run_load",
 ]

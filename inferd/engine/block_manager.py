@@ -64,7 +64,9 @@ class BlockManager:
         The block holding the last token is never reused even when cached: at least one token
         must be computed to produce the logits for the next one.
         """
-        if not self.prefix_caching:
+        # Prompt log-probabilities need the logits at every prompt position, so such a prompt is computed
+        # whole, as vLLM v1 does (KVCacheManager.get_computed_blocks skips its lookup for them).
+        if not self.prefix_caching or (seq.sampling is not None and seq.sampling.prompt_logprobs is not None):
             return []
         usable = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []

@@ -28,7 +28,7 @@ def merge_deltas(deltas: list[Delta]) -> Delta:
     for d in deltas:
         token_ids.extend(d.token_ids)
     last = deltas[-1]
-    return Delta(
+    merged = Delta(
         token_ids=token_ids,
         text="".join(d.text for d in deltas),
         finish_reason=last.finish_reason,
@@ -36,6 +36,21 @@ def merge_deltas(deltas: list[Delta]) -> Delta:
         timing=last.timing,
         error=last.error,
     )
+    for d in deltas:
+        if d.logprobs is not None or d.prompt_logprobs is not None:
+            add_logprobs(merged, d)
+    return merged
+
+
+def add_logprobs(into: Delta, d: Delta) -> None:
+    """Append d's log-probabilities to `into`'s (requests that asked for them only: never on the
+    plain path). Prompt ones come once per stream, so the first seen is kept."""
+    if d.logprobs is not None:
+        if into.logprobs is None:
+            into.logprobs = []
+        into.logprobs.extend(d.logprobs)
+    if d.prompt_logprobs is not None and into.prompt_logprobs is None:
+        into.prompt_logprobs = d.prompt_logprobs
 
 
 class RequestStream:
@@ -46,7 +61,7 @@ class RequestStream:
     """
 
     __slots__ = ("request_id", "_ids", "_texts", "_last", "_count", "_waiter", "_listener", "_final_pushed",
-                 "_final_read", "_on_cancel")
+                 "_final_read", "_on_cancel", "_lp")
 
     def __init__(self, request_id: str, on_cancel: Callable[[str], None] | None = None) -> None:
         self.request_id = request_id
@@ -59,6 +74,7 @@ class RequestStream:
         self._final_pushed = False
         self._final_read = False
         self._on_cancel = on_cancel
+        self._lp: Delta | None = None         # log-probabilities pending (requests that asked only)
 
     # -- producer side (engine) --------------------------------------------------------
     def push(self, delta: Delta) -> None:
@@ -67,6 +83,10 @@ class RequestStream:
         self._ids.extend(delta.token_ids)
         self._texts.append(delta.text)
         self._last = delta
+        if delta.logprobs is not None or delta.prompt_logprobs is not None:
+            if self._lp is None:
+                self._lp = Delta(token_ids=[])
+            add_logprobs(self._lp, delta)
         if delta.finish_reason is not None:
             self._final_pushed = True
         self._count += 1
@@ -135,6 +155,11 @@ class RequestStream:
         else:
             delta = Delta(token_ids=self._ids, text="".join(self._texts), finish_reason=last.finish_reason,
                           usage=last.usage, timing=last.timing, error=last.error)
+        lp = self._lp
+        if lp is not None:
+            self._lp = None
+            if delta is not last:
+                delta.logprobs, delta.prompt_logprobs = lp.logprobs, lp.prompt_logprobs
         self._ids = []
         self._texts = []
         self._last = None

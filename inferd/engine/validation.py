@@ -36,6 +36,9 @@ def failure_message(request_id: str) -> str:
     return f"the engine failed this request; see server logs for request {request_id}"
 
 
+MAX_LOGPROBS = 20      # alternatives per position: OpenAI's top_logprobs bound, the widest the API asks
+
+
 def validate_request(request: GenerationRequest, *, vocab_size: int, max_model_len: int,
                      kv_capacity_tokens: int | None = None) -> None:
     """Raise InvalidRequest for a request no engine of this shape can run.
@@ -63,6 +66,10 @@ def validate_request(request: GenerationRequest, *, vocab_size: int, max_model_l
         raise InvalidRequest("stop strings must be non-empty", "stop")
     if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in sp.stop_token_ids):
         raise InvalidRequest(f"stop_token_ids must lie in [0, {vocab_size})", "stop_token_ids")
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(sp, name)
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
+            raise InvalidRequest(f"{name} must be null or an integer in [0, {MAX_LOGPROBS}]", "logprobs")
     total = len(prompt) + sp.max_tokens
     if total > max_model_len:
         # A prompt that fills the context alone is the prompt's fault, whatever max_tokens says.

@@ -179,6 +179,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             enable_block_reuse=t.enable_block_reuse,
             scheduler_policy=t.scheduler_policy,
             enable_chunked_prefill=t.enable_chunked_prefill,
+            gather_generation_logits=t.gather_generation_logits,
             lora_adapters=dict(served_adapters(model)),
             model_name=artifact_name(name, model),
             version=version,

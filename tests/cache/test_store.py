@@ -1,6 +1,6 @@
 from inferd.cache import ResponseCache
 from inferd.cache.store import entry_bytes
-from inferd.types import Delta, FinishReason, Usage
+from inferd.types import Delta, FinishReason, TokenLogprob, Usage
 
 
 class Clock:
@@ -58,3 +58,11 @@ def test_expired_entries_are_swept_and_opted_out_tenants_dropped():
 
 def test_an_entry_is_costed_for_its_token_ids_as_python_holds_them():
     assert entry_bytes(gen("x" * 10)) - entry_bytes(gen("")) >= 10 + 10 * 36
+
+
+def test_an_entry_with_logprobs_counts_their_memory():
+    plain = Delta(token_ids=[1, 2], text="ab", finish_reason=FinishReason.STOP)
+    top = ((1, -0.1), (2, -0.2))
+    with_lp = Delta(token_ids=[1, 2], text="ab", finish_reason=FinishReason.STOP,
+                    logprobs=[TokenLogprob(1, -0.1, top), TokenLogprob(2, -0.2, top)], prompt_logprobs=[None])
+    assert entry_bytes(with_lp) - entry_bytes(plain) >= 2 * 100 + 4 * 100

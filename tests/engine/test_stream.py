@@ -108,3 +108,25 @@ def test_cancel_asks_the_engine_to_abort_once_and_never_after_the_final() -> Non
     done.cancel()
     assert aborted == ["r"]
     RequestStream("n").cancel()                               # no engine hook: nothing to do
+
+
+def test_logprobs_merge_in_token_order_and_prompt_ones_come_once() -> None:
+    from inferd.types import TokenLogprob
+
+    a, b, c = (TokenLogprob(t, -float(t)) for t in (1, 2, 3))
+    prompt = [None, TokenLogprob(9, -0.5)]
+    stream = RequestStream("r")
+    stream.push(Delta(token_ids=[1], text="a", logprobs=[a], prompt_logprobs=prompt))
+    stream.push(Delta(token_ids=[2], text="b", logprobs=[b]))
+    merged = stream.take()
+    assert merged.logprobs == [a, b] and merged.prompt_logprobs == prompt
+    stream.push(Delta(token_ids=[3], text="c", logprobs=[c],
+                      finish_reason=FinishReason.STOP, usage=USAGE, timing=TIMING))
+    last = stream.take()
+    assert last.logprobs == [c] and last.prompt_logprobs is None
+    whole = merge_deltas([merged, last])
+    assert whole.logprobs == [a, b, c] and whole.prompt_logprobs == prompt
+    plain = RequestStream("p")
+    plain.push(Delta(token_ids=[1], text="a"))
+    plain.push(Delta(token_ids=[2], text="b"))
+    assert plain.take().logprobs is None

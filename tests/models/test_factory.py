@@ -60,10 +60,12 @@ def test_trtllm_backend_gets_its_section(tmp_path):
     name, model, server = model_and_server({
         "backend": "trtllm", "max_batch_size": 8,
         "trtllm": {"engine_dir": str(tmp_path / "eng"), "scheduler_policy": "max_utilization",
-                   "kv_cache_max_tokens": 4096, "lora_adapters": {"a": str(tmp_path / "a")}}})
+                   "kv_cache_max_tokens": 4096, "lora_adapters": {"a": str(tmp_path / "a")},
+                   "gather_generation_logits": True}})
     engine = build_engine(name, model, server)
     assert isinstance(engine, TrtllmEngine)
     assert engine.engine_dir == tmp_path / "eng"
+    assert engine._gather_logits            # logprobs answered (docs/trtllm-api.md)
     assert engine.tokenizer_dir == tmp_path / "eng"
     assert (engine.info.backend, engine.info.model_name) == ("trtllm", "m")
 

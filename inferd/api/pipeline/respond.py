@@ -25,6 +25,7 @@ from inferd.api.wire.responses import (
     completion_body,
 )
 from inferd.api.pipeline.safety import filter_output
+from inferd.api.wire.logprobs import LogprobChunkEncoder, LogprobFormat, LogprobStream
 from inferd.api.streaming.sse import Sender, stream_response
 from inferd.api.pipeline.transcripts import retention_s
 from inferd.api.pipeline.versioned import mirror_to_shadow
@@ -41,6 +42,9 @@ async def send_output(ctx: RequestContext) -> web.StreamResponse:
     if (ctx.cache_plan is not None and ctx.cache_hit is None) or (retention and len(streams) == 1):
         ctx.recording = RecordingStream(streams[0])     # its text as the client got it: cache, transcript
         streams = [ctx.recording]
+    formats = ctx.extras["logprobs"] = _logprob_formats(ctx, len(streams))
+    if formats:
+        streams = [LogprobStream(s, f) for s, f in zip(streams, formats)]
     stream = ctx.delivered = streams[0] if len(streams) == 1 else Choices(streams, ctx.choices_per_prompt)
     inflight = request.app[keys.INFLIGHT]
     entry = None
@@ -70,11 +74,37 @@ async def send_output(ctx: RequestContext) -> web.StreamResponse:
             ctx.client_gone = entry.client_gone
 
 
+def _logprob_formats(ctx: RequestContext, count: int) -> list[LogprobFormat] | None:
+    """Each choice's logprobs/echo formatter, for requests that asked for either (None: the plain path)."""
+    p = ctx.prepared
+    if p.logprobs is None and not p.echo:
+        return None
+    tokenizer = ctx.engine.tokenizer
+    prompts = p.prompts()
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    def echo_text(i: int) -> str | None:
+        if not p.echo:
+            return None
+        given = prompts[i // ctx.choices_per_prompt].prompt_text    # n choices per prompt, prompt-major
+        return given if given is not None else tokenizer.decode(ctx.prompt_ids[i])
+
+    vocab_entry = getattr(tokenizer, "id_to_token", None)       # the sim's tokenizer has no vocabulary list
+    return [LogprobFormat(p.kind, p.logprobs, decode, echo_text=echo_text(i), prompt_ids=ctx.prompt_ids[i],
+                          vocab_entry=vocab_entry) for i in range(count)]
+
+
 async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     p, state = ctx.prepared, ctx.state
     running = RunningUsage(ctx.prompt_tokens) if p.continuous_usage else None
-    encoder = ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
-                           hold_done=state.ledger is not None, timeline=ctx.timeline)
+    formats = ctx.extras.get("logprobs")
+    encoder = (ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
+                            hold_done=state.ledger is not None, timeline=ctx.timeline) if formats is None else
+               LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
+                                   usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
+                                   timeline=ctx.timeline))
     withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
     ctx.status = CLIENT_GONE            # until the stream ends: what a client that left gets recorded as
 
@@ -126,12 +156,14 @@ def final_status(last: Delta, entry) -> int:
 def _json_response(ctx: RequestContext, finals: list[Delta], timed_out: bool) -> web.Response:
     """The whole response from each choice's final (merged) delta; any abnormal end is the response's error."""
     choices = []
-    for last in finals:
+    formats = ctx.extras.get("logprobs")
+    for i, last in enumerate(finals):
         finish = OPENAI_FINISH.get(last.finish_reason)
         if finish is None:
             raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
-        choices.append((last.text, finish))
+        choices.append((last.text if formats is None else formats[i].text(last.text), finish))
     usage = ctx.last.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(last.token_ids) for last in finals))
     ctx.headers["Server-Timing"] = ctx.timeline.server_timing(finals[0].timing, time.monotonic())
-    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage), headers=ctx.headers,
+    logprobs = None if formats is None else [f.take(always=True) for f in formats]
+    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage, logprobs), headers=ctx.headers,
                         content_type="application/json")

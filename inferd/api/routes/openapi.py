@@ -22,7 +22,6 @@ import orjson
 from inferd import __version__
 from inferd.api.wire.admin_requests import AdapterAction
 from inferd.api.wire.openai import (
-    LOGPROBS_NO_OP,
     MAX_PROMPTS,
     MAX_STOP_CHARS,
     NO_OP_VALUES,
@@ -100,7 +99,6 @@ def _tighten_sampling(schema: dict, kind: str) -> None:
     for name, (values, say) in NO_OP_VALUES.items():
         if name in props:
             props[name] = _no_op(values, say)
-    props["logprobs"] = _no_op(*LOGPROBS_NO_OP[kind])
     # Token ids, canonically spelled, to a bias; whether an id is in the model's vocabulary is a documented 400.
     bias = {"type": "object", "propertyNames": {"pattern": LOGIT_BIAS_KEY}, "maxProperties": MAX_LOGIT_BIAS,
             "additionalProperties": {"type": "number", "minimum": LOGIT_BIAS_RANGE[0], "maximum": LOGIT_BIAS_RANGE[1]}}
@@ -113,6 +111,9 @@ def _tighten_sampling(schema: dict, kind: str) -> None:
     # As OpenAI: stream_options for a response that is not a stream would be silently ignored, so it is a 400.
     schema["anyOf"] = [{"properties": {"stream": {"const": True}}, "required": ["stream"]},
                        {"properties": {"stream_options": {"type": "null"}}}]
+    if kind == "chat":      # as OpenAI: top_logprobs only with logprobs true
+        schema["allOf"] = [{"anyOf": [{"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+                                      {"properties": {"top_logprobs": {"type": "null"}}}]}]
 
 
 def _prompt_schema() -> dict:

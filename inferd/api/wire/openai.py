@@ -33,6 +33,9 @@ MAX_PROMPTS = 64
 MAX_N = 16
 ChoiceCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_N)]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
+# Log-probability alternatives per token, as OpenAI bounds them: chat's top_logprobs 0..20, completions' logprobs 0..5.
+TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]
+CompletionLogprobs = Annotated[int, msgspec.Meta(ge=0, le=5)]
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
@@ -105,8 +108,8 @@ class CompletionRequest(_SamplingFields, **_STRICT):
 
     prompt: Prompt
     best_of: int | None = None
-    echo: bool | None = None
-    logprobs: int | None = None
+    echo: bool | None = None                    # the prompt's text (with logprobs, its tokens') before the output
+    logprobs: CompletionLogprobs | None = None
     suffix: str | None = None
 
 
@@ -116,7 +119,7 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -142,9 +145,7 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
 # field -> (values that leave the output unchanged, how to say it). None always counts as absent.
 NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((1,), "1"),
-    "echo": ((False,), "false"),
     "suffix": (("",), "null or \"\""),
-    "top_logprobs": ((0,), "null or 0"),
     "tools": (([],), "null or []"),
     "tool_choice": (("none",), "null or \"none\""),
     "functions": (([],), "null or []"),
@@ -162,8 +163,6 @@ NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_cache_retention": (("in_memory",), "null or \"in_memory\""),
     "prompt_cache_options": ((), "null"),
 }
-# `logprobs` differs: a bool on chat, an int (how many) on completions; any non-null int asks for output.
-LOGPROBS_NO_OP = {"chat": ((False,), "null or false"), "completion": ((), "null")}
 
 _decoders = {
     "completion": msgspec.json.Decoder(CompletionRequest),
@@ -247,6 +246,8 @@ class Prepared(msgspec.Struct, kw_only=True):
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), by token id
     n: int = 1                              # choices per prompt
+    logprobs: int | None = None             # log-probabilities with this many alternatives per token (None: none)
+    echo: bool = False                      # completions: the prompt before the output (and its logprobs)
 
     def choice_seed(self, j: int) -> int | None:
         """The seed of a prompt's choice `j`: the request's seed + j (modulo 2**64, kept signed), so a
@@ -273,10 +274,6 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
         if not _is_no_op(value, allowed):
             raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {_show(value)}).",
                           param=name, code="unsupported_parameter")
-    allowed, say = LOGPROBS_NO_OP[kind]
-    if not _is_no_op(req.logprobs, allowed):
-        raise invalid(f"logprobs: not supported by this server; only {say} is accepted.", param="logprobs",
-                      code="unsupported_parameter")
     opts = req.stream_options
     if opts is not None and not req.stream:
         # As OpenAI: options for a stream that is not one would be silently ignored.
@@ -301,11 +298,24 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
                    presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                    repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                    logit_bias=parse_logit_bias(req.logit_bias), n=req.n or 1)
+    _prepare_logprobs(kind, req, out)
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:
         _prepare_messages(req, out)
     return out
+
+
+def _prepare_logprobs(kind: str, req: CompletionRequest | ChatCompletionRequest, out: Prepared) -> None:
+    """Chat: `logprobs: true` and top_logprobs alternatives; completions: `logprobs: k` alternatives, and `echo`."""
+    if kind == "completion":
+        out.logprobs, out.echo = req.logprobs, bool(req.echo)
+        return
+    if req.top_logprobs is not None and req.logprobs is not True:
+        # As OpenAI's API: alternatives without the tokens' own log-probabilities are a request error.
+        raise invalid("top_logprobs: requires logprobs to be true.", param="top_logprobs", code="invalid_value")
+    if req.logprobs:
+        out.logprobs = req.top_logprobs or 0
 
 
 def _show(value: Any) -> str:

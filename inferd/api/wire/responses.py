@@ -68,16 +68,20 @@ class Identity:
                 "system_fingerprint": self.fingerprint}
 
 
-def completion_body(ident: Identity, choices: list[tuple[str, str]], usage: Usage) -> bytes:
-    """The whole (not streamed) response: `choices` are (text, finish_reason) in index order."""
+def completion_body(ident: Identity, choices: list[tuple[str, str]], usage: Usage,
+                    logprobs: list[dict | None] | None = None) -> bytes:
+    """The whole (not streamed) response: `choices` are (text, finish_reason) in index order; `logprobs`
+    each choice's logprobs object (inferd.api.wire.logprobs), when the request asked for them."""
+    lps = logprobs or [None] * len(choices)
     if ident.kind == "chat":
         body = ident.header("chat.completion")
         body["choices"] = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                            "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)]
+                            "logprobs": lp, "finish_reason": finish}
+                           for i, ((text, finish), lp) in enumerate(zip(choices, lps))]
     else:
         body = ident.header("text_completion")
-        body["choices"] = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-                           for i, (text, finish) in enumerate(choices)]
+        body["choices"] = [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+                           for i, ((text, finish), lp) in enumerate(zip(choices, lps))]
     body["usage"] = usage_dict(usage)
     return orjson.dumps(body)
 

@@ -26,7 +26,7 @@ from inferd.engine.reference.adapter_host import LoraHost
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
-from inferd.engine.reference.sampler import Sampler, make_rng
+from inferd.engine.reference.sampler import Sampler, make_rng, token_logprobs
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.sequence import Sequence, prefix_salt
 from inferd.observability import get_logger, request_context
@@ -320,11 +320,17 @@ class ReferenceEngine(LoraHost, Engine):
         try:
             for src, dst in out.block_copies:       # forked sequences' partial blocks, before they are read
                 self._kv.copy_block(src, dst)
-            logits = self.model.forward(batch, self._kv)
+            logits = self._forward(out, batch)
             if len(rows) != len(out.seqs):
                 logits = logits[rows]
             picked = [out.seqs[r] for r in rows]
             sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked], picked)
+            wanted = [j for j, s in enumerate(picked) if s.sampling.logprobs is not None]
+            if wanted:      # only the rows that asked pay for log_softmax (of the logits as the model made them)
+                found = token_logprobs(logits[wanted], [sampled[j] for j in wanted],
+                                       [picked[j].sampling.logprobs for j in wanted])
+                for j, lp in zip(wanted, found):
+                    picked[j].engine_state.pending_logprob = lp
         except Exception:
             log.exception("engine_step_failed", request_ids=[seq.request_id for seq in out.seqs])
             for seq in out.seqs:
@@ -352,6 +358,19 @@ class ReferenceEngine(LoraHost, Engine):
         first = self._ema_latency == 0.0
         self._ema_latency = elapsed if first else (1 - _EMA) * self._ema_latency + _EMA * elapsed
         self._ema_tokens = out.num_tokens if first else (1 - _EMA) * self._ema_tokens + _EMA * out.num_tokens
+
+    def _forward(self, out, batch: ForwardBatch):
+        """The step's logits; sequences that want prompt log-probabilities and are still in their prompt
+        also get the logits at every prompt position of this chunk (only they pay the LM head there)."""
+        every = [i for i, seq in enumerate(out.seqs) if seq.sampling.prompt_logprobs is not None
+                 and seq.num_computed_tokens < seq.num_prompt_tokens - 1]
+        if not every:
+            return self.model.forward(batch, self._kv)
+        logits, full = self.model.forward_every(batch, self._kv, every)
+        for i, chunk in zip(every, full):
+            seq = out.seqs[i]
+            seq.engine_state.prompt_logits(seq, seq.num_computed_tokens, chunk)
+        return logits
 
     def _publish(self, taken: tuple[int, int, int]) -> None:
         sched, blocks_needed = self._scheduler, self._blocks.blocks_needed

@@ -142,6 +142,24 @@ class LlamaModel:
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> np.ndarray:
         """Run one step; returns float32 [num_seqs, vocab]: the logits of each sequence's last token."""
+        x, plan = self._step_hidden(batch, kv)
+        last = _rms_norm(x[plan.last_rows], self.final_norm, self.config.rms_norm_eps)
+        return last @ self.lm_head.T
+
+    def forward_every(self, batch: ForwardBatch, kv: PagedKVCache,
+                      every: Sequence[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """`forward`, plus the logits at every new token of the sequences `every` (indexes into the batch),
+        float32 [query_len, vocab] each: what prompt log-probabilities need. Only those rows pay the LM head."""
+        x, plan = self._step_hidden(batch, kv)
+        eps = self.config.rms_norm_eps
+        last = _rms_norm(x[plan.last_rows], self.final_norm, eps) @ self.lm_head.T
+        ends = np.cumsum(batch.query_lens)
+        full = [_rms_norm(x[ends[i] - batch.query_lens[i]:ends[i]], self.final_norm, eps) @ self.lm_head.T
+                for i in every]
+        return last, full
+
+    def _step_hidden(self, batch: ForwardBatch, kv: PagedKVCache):
+        """The decoder layers over one step's packed tokens (K/V written to `kv`): residual [T, hidden], plan."""
         plan = self._plan(batch, kv)
 
         def attend(index: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -150,8 +168,7 @@ class LlamaModel:
 
         x = self._layers(np.asarray(batch.token_ids, dtype=np.int64), batch.positions, attend,
                          lora_groups(batch.loras, batch.query_lens))   # base matmuls for all rows, deltas per adapter
-        last = _rms_norm(x[plan.last_rows], self.final_norm, self.config.rms_norm_eps)
-        return last @ self.lm_head.T
+        return x, plan
 
     def encode_hidden(self, batch: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Each sequence's final hidden states (after the last RMSNorm, as transformers' LlamaModel returns

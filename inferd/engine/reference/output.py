@@ -5,16 +5,20 @@ that may start a stop string, stamps timing, and builds the deltas, final ones w
 """
 from __future__ import annotations
 
+import numpy as np
+
+from inferd.engine.reference.sampler import token_logprobs
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
 from inferd.engine.sequence import Sequence
-from inferd.types import Delta, EngineTiming, FinishReason, Usage
+from inferd.types import Delta, EngineTiming, FinishReason, TokenLogprob, Usage
 
 
 class RequestOutput:
     """One request's output side: its stream, detokenizer, stop matcher and timing stamps."""
 
-    __slots__ = ("stream", "submitted", "first_scheduled", "first_token", "detok", "stop")
+    __slots__ = ("stream", "submitted", "first_scheduled", "first_token", "detok", "stop", "wants_logprobs",
+                 "pending_logprob", "prompt_logprobs", "prompt_logprobs_sent")
 
     def __init__(self, stream: RequestStream, submitted: float) -> None:
         self.stream = stream
@@ -23,11 +27,36 @@ class RequestOutput:
         self.first_token: float | None = None
         self.detok: IncrementalDetokenizer | None = None
         self.stop: StopMatcher | None = None
+        self.wants_logprobs = False
+        self.pending_logprob: TokenLogprob | None = None         # the newest token's, until its delta
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.prompt_logprobs_sent = False
 
     def start(self, tokenizer, seq: Sequence) -> None:
         """Step thread, when the request is taken: the detokenizer decodes prompt context."""
         self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids)
         self.stop = StopMatcher(seq.sampling.stop) if seq.sampling.stop else None
+        sp = seq.sampling
+        self.wants_logprobs = sp.logprobs is not None or sp.prompt_logprobs is not None
+        if sp.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]         # the first prompt token has no context: null, as OpenAI
+
+    def prompt_logits(self, seq: Sequence, start: int, logits: np.ndarray) -> None:
+        """The logits at positions start.. of seq's prompt (one prefill chunk): the log-probabilities of
+        the prompt tokens after them. A recomputed chunk (after a preemption) adds nothing twice."""
+        done = self.prompt_logprobs
+        lo = max(start, len(done) - 1)            # position j's logits score token j + 1
+        hi = min(start + logits.shape[0], seq.num_prompt_tokens - 1)
+        if lo < hi:
+            k = seq.sampling.prompt_logprobs
+            done.extend(token_logprobs(logits[lo - start:hi - start], seq.token_ids[lo + 1:hi + 1], [k] * (hi - lo)))
+
+    def _attach_logprobs(self, delta: Delta) -> Delta:
+        if self.pending_logprob is not None:
+            delta.logprobs, self.pending_logprob = [self.pending_logprob], None
+        if self.prompt_logprobs is not None and not self.prompt_logprobs_sent:
+            delta.prompt_logprobs, self.prompt_logprobs_sent = self.prompt_logprobs, True
+        return delta
 
     def on_token(self, seq: Sequence, now: float) -> tuple[Delta, bool]:
         """The delta for seq's newest token, and whether a stop string ended the text there.
@@ -49,9 +78,11 @@ class RequestOutput:
         if hit:
             seq.finish_reason = FinishReason.STOP
         elif not finished:
-            return Delta(token_ids=[token], text=text), False
-        return Delta(token_ids=[token], text=text, finish_reason=FinishReason.STOP if hit else seq.finish_reason,
-                     usage=self.usage(seq), timing=self.timing(now)), hit
+            delta = Delta(token_ids=[token], text=text)
+            return (self._attach_logprobs(delta) if self.wants_logprobs else delta), False
+        delta = Delta(token_ids=[token], text=text, finish_reason=FinishReason.STOP if hit else seq.finish_reason,
+                      usage=self.usage(seq), timing=self.timing(now))
+        return (self._attach_logprobs(delta) if self.wants_logprobs else delta), hit
 
     def final(self, seq: Sequence, reason: FinishReason, now: float, error: str | None = None) -> Delta:
         return Delta(token_ids=[], finish_reason=reason, usage=self.usage(seq), timing=self.timing(now), error=error)

@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from inferd.engine.validation import seed64
-from inferd.types import SamplingParams
+from inferd.types import SamplingParams, TokenLogprob
 
 
 class Context(Protocol):
@@ -118,6 +118,34 @@ def sample_one(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
     u = rng.random()
     index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     return int(ids[min(index, ids.shape[0] - 1)])
+
+
+def token_logprobs(logits: np.ndarray, chosen: Seq[int], ks: Seq[int]) -> list[TokenLogprob]:
+    """Row i's raw log-probability of token `chosen[i]` and its `ks[i]` most likely tokens (ties by id).
+
+    Raw: log_softmax of the logits as the model gave them, before temperature, penalties and filters,
+    as vLLM's default `logprobs_mode="raw_logprobs"` reports them (vllm/config/model.py). float64, so
+    the values agree with transformers' float32 log_softmax to well under 1e-4. One vectorized pass for
+    all rows: this runs every step for every row that asked.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    rows = np.arange(x.shape[0])
+    own = x[rows, np.asarray(chosen, dtype=np.int64)].tolist()
+    kmax = min(max(ks, default=0), x.shape[1])
+    if kmax <= 0:
+        return [TokenLogprob(int(t), v) for t, v in zip(chosen, own)]
+    # k argmax passes, each masking what it found: already most likely first, ties by lowest id, and several
+    # times faster than argpartition for k <= 20 at every vocabulary size measured (512 to 128k)
+    ids = np.empty((x.shape[0], kmax), dtype=np.int64)
+    vals = np.empty((x.shape[0], kmax))
+    for j in range(kmax):
+        best = x.argmax(axis=1)
+        ids[:, j], vals[:, j] = best, x[rows, best]
+        x[rows, best] = -np.inf
+    return [TokenLogprob(int(t), v, tuple(zip(i[:k], w[:k])))
+            for t, v, i, w, k in zip(chosen, own, ids.tolist(), vals.tolist(), ks)]
 
 
 class Sampler:

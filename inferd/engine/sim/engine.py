@@ -34,6 +34,7 @@ from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
+from inferd.engine.sim.logprobs import synthetic_logprob, synthetic_prompt_logprobs
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
@@ -163,8 +164,10 @@ class SimEngine(Engine):
         stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
         eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * _EOS_SCALE)
         stream = RequestStream(request.request_id, on_cancel=self.abort)
-        return SimSequence(request.request_id, stream, prompt, sp.max_tokens, key, stop_ids, eos_threshold,
-                           StopMatcher(sp.stop) if sp.stop else None)
+        seq = SimSequence(request.request_id, stream, prompt, sp.max_tokens, key, stop_ids, eos_threshold,
+                          StopMatcher(sp.stop) if sp.stop else None)
+        seq.logprobs, seq.prompt_logprobs = sp.logprobs, sp.prompt_logprobs
+        return seq
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.get(request_id)
@@ -172,7 +175,7 @@ class SimEngine(Engine):
             self._finish(seq, FinishReason.ABORT, [], "")
 
     def _finish(self, seq: SimSequence, reason: FinishReason, token_ids: list[int], text: str,
-                error: str | None = None) -> None:
+                error: str | None = None, lp: dict | None = None) -> None:
         """Release the sequence's slot and blocks now, and end its stream."""
         seq.done = True
         del self._seqs[seq.request_id]
@@ -182,7 +185,21 @@ class SimEngine(Engine):
                               first_token=seq.first_token, finished=time.monotonic())
         usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=seq.num_completion_tokens)
         seq.stream.push(Delta(token_ids=token_ids, text=text, finish_reason=reason, usage=usage, timing=timing,
-                              error=error))
+                              error=error, **(lp or {})))
+
+    def _logprobs(self, seq: SimSequence, token: int, pos: int) -> dict | None:
+        """The synthetic log-probabilities a token's delta carries (sim.logprobs), for requests that asked."""
+        if seq.logprobs is None and seq.prompt_logprobs is None:
+            return None
+        vocab = self.tokenizer.generation_ids
+        out: dict = {}
+        if seq.logprobs is not None:
+            out["logprobs"] = [synthetic_logprob(seq.key, pos, token, seq.logprobs, vocab)]
+        if seq.prompt_logprobs is not None:
+            out["prompt_logprobs"] = synthetic_prompt_logprobs(seq.token_ids[:seq.num_prompt_tokens],
+                                                               seq.prompt_logprobs, vocab)
+            seq.prompt_logprobs = None
+        return out
 
     # -- admission's view ------------------------------------------------------------------------
     def capacity(self) -> Capacity:
@@ -293,23 +310,28 @@ class SimEngine(Engine):
             if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
                 token = tokenizer.eos_token_ids[0]
             token_ids.append(token)
+            lp = self._logprobs(seq, token, pos) if seq.logprobs is not None or seq.prompt_logprobs is not None \
+                else None
             produced += 1
             if seq.first_token is None:
                 seq.first_token = now
             if token in seq.stop_ids:
                 text = seq.matcher.flush() if seq.matcher is not None else ""
-                self._finish(seq, FinishReason.STOP, [token], text)
+                self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
                 continue
             text = pieces[token]
             if seq.matcher is not None:
                 text, stopped = seq.matcher.push(text)
                 if stopped:
-                    self._finish(seq, FinishReason.STOP, [token], text)
+                    self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
                     continue
             if pos + 1 >= seq.max_tokens:
                 if seq.matcher is not None:
                     text += seq.matcher.flush()
-                self._finish(seq, FinishReason.LENGTH, [token], text)
+                self._finish(seq, FinishReason.LENGTH, [token], text, lp=lp)
                 continue
-            seq.stream.push_token(token, text)
+            if lp is None:
+                seq.stream.push_token(token, text)
+            else:
+                seq.stream.push(Delta(token_ids=[token], text=text, **lp))
         self._gen_tokens += produced

@@ -27,7 +27,7 @@ class SimSequence(Sequence):
     """One request inside the sim: the shared scheduler's sequence, plus what the engine needs to emit tokens."""
 
     __slots__ = ("stream", "max_tokens", "key", "stop_ids", "eos_threshold", "matcher", "submitted",
-                 "first_scheduled", "first_token", "done")
+                 "first_scheduled", "first_token", "done", "logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: str, stream: RequestStream, prompt_token_ids: list[int] | tuple[int, ...],
                  max_tokens: int, key: int, stop_ids: frozenset[int], eos_threshold: int,
@@ -43,6 +43,8 @@ class SimSequence(Sequence):
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
         self.done = False              # its stream has ended
+        self.logprobs: int | None = None           # synthetic log-probabilities (sim.logprobs), as asked
+        self.prompt_logprobs: int | None = None    # and for the prompt, on the first delta (then None)
         # self.lora: the name of the LoRA adapter it runs with (its cost: sim.lora)
 
     @property

@@ -77,7 +77,7 @@ class TrtllmEngine(Engine):
                  scheduler_policy: str = "guaranteed_no_evict", enable_chunked_prefill: bool = True,
                  lora_adapters: dict[str, str] | None = None, model_name: str | None = None,
                  version: str | None = None, verify: bool = True,
-                 adapter_trusted_keys: dict[str, str] | None = None) -> None:
+                 adapter_trusted_keys: dict[str, str] | None = None, gather_generation_logits: bool = False) -> None:
         if scheduler_policy not in SCHEDULER_POLICIES:
             raise ValueError(f"scheduler_policy must be one of {sorted(SCHEDULER_POLICIES)}, got {scheduler_policy!r}")
         if kv_cache_free_gpu_memory_fraction is not None and not 0 < kv_cache_free_gpu_memory_fraction < 1:
@@ -97,6 +97,9 @@ class TrtllmEngine(Engine):
         self._loras = TrtllmLoras(lora_adapters or {}, trusted=adapter_trusted_keys, verify=True)
         self._model_name, self._version = model_name, version
         self._verify = verify
+        # TensorRT-LLM's logprobs need the engine to gather generation logits for every request (a cost all
+        # pay, so off unless asked): without it a logprobs request is a 400 naming `logprobs`.
+        self._gather_logits = gather_generation_logits
         self.info = EngineInfo(backend="trtllm", model_name=model_name or self.engine_dir.name,
                                version=version or "unknown", max_model_len=0, block_size=0, num_kv_blocks=0,
                                max_batch_size=0, max_num_tokens=0, hardware="gpu")
@@ -189,6 +192,8 @@ class TrtllmEngine(Engine):
             kwargs["max_batch_size"] = self._max_batch_size
         if self._max_num_tokens is not None:
             kwargs["max_num_tokens"] = self._max_num_tokens
+        if self._gather_logits:
+            kwargs["gather_generation_logits"] = True
         return api["LLM"](model=str(self.engine_dir), tokenizer=str(self.tokenizer_dir), **kwargs)
 
     async def warmup(self) -> None:
@@ -249,6 +254,7 @@ class TrtllmEngine(Engine):
         if prompt_len > self._max_input_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens; this engine accepts at most "
                                  f"{self._max_input_len}", "prompt")
+        self._check_logprobs(sp)
         blocks = blocks_for(prompt_len + sp.max_tokens, info.block_size)
         lora = None
         if request.lora is not None:
@@ -280,6 +286,17 @@ class TrtllmEngine(Engine):
         self._stats_wakeup.set()
         return stream
 
+    def _check_logprobs(self, sp: SamplingParams) -> None:
+        """What TensorRT-LLM cannot answer is a 400 naming the parameter (docs/trtllm-api.md, logprobs)."""
+        if sp.prompt_logprobs is not None:
+            # tensorrt_llm/executor/result.py compute_logprobs: prompt logprobs are each position's top-k only,
+            # never the prompt token's own value, which echo's token_logprobs must carry.
+            raise InvalidRequest("echo with logprobs is not available on the TensorRT-LLM backend: its prompt "
+                                 "logprobs do not include each prompt token's own log-probability", "echo")
+        if sp.logprobs is not None and not self._gather_logits:
+            raise InvalidRequest("logprobs is not available on this TensorRT-LLM engine: it runs without "
+                                 "gather_generation_logits", "logprobs")
+
     def _sampling_params(self, sp: SamplingParams) -> Any:
         eos = self.tokenizer.eos_token_ids
         stop_ids = list(sp.stop_token_ids)
@@ -289,6 +306,8 @@ class TrtllmEngine(Engine):
                                   stop_token_ids=stop_ids or None, include_stop_str_in_output=True)
         if eos:
             kw["end_id"] = eos[0]
+        if sp.logprobs is not None:
+            kw["logprobs"] = max(1, sp.logprobs)     # 0 returns none (compute_logprobs: `if k_logprobs`)
         if self._perf_metrics:
             kw["return_perf_metrics"] = True   # the executor's own prefill timing, for Server-Timing
         if sp.greedy:

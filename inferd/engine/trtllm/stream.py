@@ -20,13 +20,33 @@ from typing import Any, Protocol
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
 from inferd.engine.validation import failure_message
-from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
+from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, TokenLogprob, Usage
 
 log = logging.getLogger("inferd.engine.trtllm")
 
 ABORT_GRACE_S = 5.0          # how long a cancelled request may take to report 'cancelled'
 FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "timeout": FinishReason.DEADLINE,
                   "cancelled": FinishReason.ABORT}
+
+
+def token_logprobs(entries: Any, ids: list[int], start: int, k: int) -> list[TokenLogprob]:
+    """CompletionOutput.logprobs for ids[start:]: TensorRT-LLM's LogprobResults (a {token id: Logprob(logprob,
+    rank)} dict per generated token: its top-k plus the sampled one) or, from the C++ path, plain floats
+    (tensorrt_llm/executor/result.py). The list is aligned to the end of the tokens, so a whole list and a
+    step's tail both work; a token without an entry gets -inf (the API clamps it to -9999)."""
+    entries = entries or []
+    offset = len(ids) - len(entries)
+    out = []
+    for i in range(start, len(ids)):
+        token, j = ids[i], i - offset
+        entry = entries[j] if 0 <= j < len(entries) else None
+        if isinstance(entry, dict):
+            own = entry.get(token)
+            top = sorted(((t, lp.logprob) for t, lp in entry.items()), key=lambda p: (-p[1], p[0]))[:k]
+            out.append(TokenLogprob(token, own.logprob if own is not None else float("-inf"), tuple(top)))
+        else:
+            out.append(TokenLogprob(token, float(entry) if entry is not None else float("-inf")))
+    return out
 
 
 def _seconds(value: Any) -> float:
@@ -47,7 +67,7 @@ class TrackedRequest:
 
     __slots__ = ("id", "stream", "output", "ledger", "task", "prompt_len", "blocks", "seq", "sent", "emitted",
                  "detok", "matcher", "stopped", "aborting", "overdue", "submitted", "first_token", "cached",
-                 "ended", "released")
+                 "ended", "released", "logprobs", "pending_logprobs")
 
     def __init__(self, request: GenerationRequest, stream: RequestStream, output: Any, ledger: RequestBook,
                  blocks: int, detok: IncrementalDetokenizer, matcher: StopMatcher | None) -> None:
@@ -71,6 +91,8 @@ class TrackedRequest:
         self.cached = 0
         self.ended = False                # the client's stream has its final delta
         self.released = False             # no longer counted in capacity (the executor let it go)
+        self.logprobs = request.sampling.logprobs   # alternatives per token the client asked for (None: none)
+        self.pending_logprobs: list[TokenLogprob] | None = None
 
     # -- cancelling ----------------------------------------------------------------------------------------
     def cancel_in_executor(self) -> None:
@@ -120,6 +142,9 @@ class TrackedRequest:
         c = out.outputs[0]
         ids = c.token_ids
         new = list(ids[self.sent:]) if len(ids) > self.sent else []
+        if new and self.logprobs is not None:
+            found = token_logprobs(c.logprobs, list(ids), self.sent, self.logprobs)
+            self.pending_logprobs = (self.pending_logprobs or []) + found
         self.sent = max(self.sent, len(ids))
         self.cached = getattr(out, "cached_tokens", 0) or 0
         if new and self.first_token is None:
@@ -148,7 +173,7 @@ class TrackedRequest:
         self.emitted += len(new)
         if not final:
             if new or text:
-                self.stream.push(Delta(token_ids=new, text=text))
+                self.stream.push(Delta(token_ids=new, text=text, logprobs=self._take_logprobs(len(new))))
             return
         reason = FinishReason.STOP if self.stopped else FINISH_REASONS.get(c.finish_reason, FinishReason.ABORT)
         if self.aborting and not self.stopped:
@@ -179,10 +204,19 @@ class TrackedRequest:
         now = time.monotonic()
         first = self.first_token if self.first_token is not None else now
         self.stream.push(Delta(token_ids=token_ids or [], text=text, finish_reason=reason, error=error,
+                               logprobs=self._take_logprobs(len(token_ids or [])),
                                usage=Usage(prompt_tokens=self.prompt_len, completion_tokens=self.emitted,
                                            cached_tokens=cached),
                                timing=EngineTiming(submitted=self.submitted, first_scheduled=self._scheduled_at(first),
                                                    first_token=first, finished=now)))
+
+    def _take_logprobs(self, count: int) -> list[TokenLogprob] | None:
+        """The entries of the `count` tokens a delta delivers (requests that asked for logprobs only)."""
+        if self.logprobs is None:
+            return None
+        pending = self.pending_logprobs or []
+        self.pending_logprobs = pending[count:]
+        return pending[:count]
 
     def _scheduled_at(self, first_token: float) -> float:
         """When the request's prefill started, on our clock.

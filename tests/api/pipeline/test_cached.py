@@ -75,3 +75,17 @@ async def test_penalties_and_logit_bias_are_part_of_the_key(tmp_path):
         first = [(await post(http, url, keys["a"], {**BODY, **v}))[0] for v in variants]
         again = [(await post(http, url, keys["a"], {**BODY, **v}))[0] for v in variants]
     assert first == ["miss"] * len(variants) and again == ["hit"] * len(variants)
+
+
+async def test_a_logprobs_request_is_never_answered_from_a_plain_entry_and_its_own_hit_keeps_them(tmp_path):
+    key = create_key(tmp_path / "keys.jsonl", KeyHasher(None), "a")[1]
+    path = write_config(tmp_path / "c.toml", {"small": sim_model()}, CONFIG)
+    with_logprobs = {**BODY, "logprobs": 2, "echo": True}
+    async with running(path) as (_, url), aiohttp.ClientSession() as http:
+        plain = await post(http, url, key, BODY)
+        first = await post(http, url, key, with_logprobs)
+        again = await post(http, url, key, with_logprobs)
+    assert (plain[0], first[0], again[0]) == ("miss", "miss", "hit")
+    assert plain[1]["choices"][0]["logprobs"] is None
+    assert first[1]["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    assert again[1]["choices"][0] == first[1]["choices"][0]

@@ -64,14 +64,36 @@ def test_completion_no_op_values_are_accepted(field, value):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("echo", True), ("best_of", 3), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5)])
+    ("best_of", 3), ("suffix", "end")])
 def test_completion_values_that_change_output_are_rejected_by_name(field, value):
     err = rejected("completion", completion(**{field: value}))
     assert err.param == field and err.code == "unsupported_parameter"
 
 
+@pytest.mark.parametrize("fields,logprobs,echo", [
+    ({"logprobs": 0}, 0, False), ({"logprobs": 5, "echo": True}, 5, True), ({"echo": True}, None, True)])
+def test_completion_logprobs_and_echo_are_prepared(fields, logprobs, echo):
+    p = prepare("completion", decode("completion", completion(**fields)))
+    assert (p.logprobs, p.echo) == (logprobs, echo)
+
+
+@pytest.mark.parametrize("kind,fields,param", [
+    ("completion", {"logprobs": 6}, "logprobs"), ("completion", {"logprobs": -1}, "logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"top_logprobs": 0}, "top_logprobs"), ("chat", {"logprobs": False, "top_logprobs": 3}, "top_logprobs")])
+def test_logprobs_settings_out_of_range_or_alone_are_rejected_by_name(kind, fields, param):
+    body = completion(**fields) if kind == "completion" else chat(**fields)
+    assert rejected(kind, body).param == param
+
+
+@pytest.mark.parametrize("fields,logprobs", [({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 20}, 20),
+                                             ({"logprobs": False}, None)])
+def test_chat_logprobs_are_prepared_with_their_top_count(fields, logprobs):
+    assert prepare("chat", decode("chat", chat(**fields))).logprobs == logprobs
+
+
 @pytest.mark.parametrize("field,value", [
-    ("logprobs", False), ("top_logprobs", 0), ("tools", []), ("tool_choice", "none"),
+    ("logprobs", False), ("tools", []), ("tool_choice", "none"),
     ("response_format", {"type": "text"}), ("parallel_tool_calls", True), ("modalities", ["text"]),
     ("store", False), ("service_tier", "auto"), ("metadata", {"k": "v"}), ("user", "u1"),
     ("stream_options", {"include_usage": True, "include_obfuscation": False}), ("stream_options", None)])
@@ -80,7 +102,7 @@ def test_chat_no_op_values_are_accepted(field, value):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("logprobs", True), ("top_logprobs", 2), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
+    ("top_logprobs", 2), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
     ("response_format", {"type": "json_object"}), ("modalities", ["text", "audio"]),
     ("reasoning_effort", "high")])
 def test_chat_values_that_change_output_are_rejected_by_name(field, value):

@@ -8,6 +8,7 @@ import pytest
 
 from inferd.engine.reference.kv_cache import PagedKVCache
 from inferd.engine.reference.model import ForwardBatch, ForwardBatchError, LlamaModel
+from inferd.engine.reference.sampler import token_logprobs
 
 # The `parity` extra (in `test`) installs both, so CI runs this module. A GPU node's pytest (the
 # `gpu-test` extra beside TensorRT-LLM's own torch/transformers) may lack them or have transformers 4.x,
@@ -58,17 +59,7 @@ class Sequence:
 
 def step(model: LlamaModel, kv: PagedKVCache, work: list[tuple[Sequence, int]]) -> np.ndarray:
     """One packed step: each (sequence, n) computes its next n uncomputed tokens."""
-    ids, positions, slots = [], [], []
-    for seq, n in work:
-        pos = np.arange(seq.computed, seq.computed + n)
-        ids.append(np.asarray(seq.tokens)[pos])
-        positions.append(pos)
-        slots.append(kv.slots_for_positions(seq.blocks, pos))
-        seq.computed += n
-    batch = ForwardBatch(token_ids=np.concatenate(ids), positions=np.concatenate(positions),
-                         slot_mapping=np.concatenate(slots), query_lens=[n for _, n in work],
-                         context_lens=[seq.computed for seq, _ in work], block_tables=[s.blocks for s, _ in work])
-    return model.forward(batch, kv)
+    return model.forward(_batch(kv, work), kv)
 
 
 def shuffled_blocks(num_blocks: int, seed: int) -> list[int]:
@@ -129,6 +120,45 @@ def test_prefix_blocks_shared_with_another_sequence_are_attended(pair):
     ours = step(model, kv, [(second, 5)])
 
     np.testing.assert_allclose(ours[0], hf_logits(hf, second.tokens)[-1], atol=1e-3)
+
+
+def test_logprobs_at_every_prompt_position_equal_hf_log_softmax_through_chunks(pair):
+    """forward_every over a prefill in two chunks (beside another sequence) then token_logprobs: each prompt
+    token's log-probability and its top 5 are transformers' log_softmax of the same checkpoint within 1e-4."""
+    hf, model = pair
+    rng = np.random.default_rng(8)
+    prompt, other_prompt = rng.integers(0, VOCAB, 15).tolist(), rng.integers(0, VOCAB, 5).tolist()
+    kv = model.new_kv_cache(num_blocks=32, block_size=BLOCK)
+    free = shuffled_blocks(32, seed=9)
+    seq, other = Sequence(kv, [free.pop() for _ in range(4)], prompt), Sequence(kv, [free.pop() for _ in range(2)],
+                                                                                  other_prompt)
+    rows = []
+    for work in ([(other, 5), (seq, 9)], [(seq, 6)]):
+        last, full = model.forward_every(_batch(kv, work), kv, [len(work) - 1])
+        rows.append(full[0])
+    logits = np.concatenate(rows)            # [15, vocab]: position j scores token j + 1
+    expected = torch.log_softmax(torch.tensor(hf_logits(hf, prompt), dtype=torch.float64), dim=-1).numpy()
+    found = token_logprobs(logits[:-1], prompt[1:], [5] * 14)
+    for j, entry in enumerate(found):
+        assert abs(entry.logprob - expected[j, prompt[j + 1]]) <= 1e-4
+        ids = [t for t, _ in entry.top]
+        assert ids == np.argsort(-expected[j], kind="stable")[:5].tolist()
+        np.testing.assert_allclose([v for _, v in entry.top], expected[j, ids], atol=1e-4)
+    np.testing.assert_allclose(last[0], hf_logits(hf, prompt)[-1], atol=1e-3)   # the next token's, as forward's
+
+
+def _batch(kv: PagedKVCache, work: list[tuple[Sequence, int]]) -> ForwardBatch:
+    """Each (sequence, n) of `work` computing its next n uncomputed tokens, packed."""
+    ids, positions, slots = [], [], []
+    for seq, n in work:
+        pos = np.arange(seq.computed, seq.computed + n)
+        ids.append(np.asarray(seq.tokens)[pos])
+        positions.append(pos)
+        slots.append(kv.slots_for_positions(seq.blocks, pos))
+        seq.computed += n
+    return ForwardBatch(token_ids=np.concatenate(ids), positions=np.concatenate(positions),
+                        slot_mapping=np.concatenate(slots), query_lens=[n for _, n in work],
+                        context_lens=[seq.computed for seq, _ in work], block_tables=[s.blocks for s, _ in work])
 
 
 def test_bf16_checkpoint_matches_hf_loading_it_as_float32(tmp_path: Path):

@@ -21,6 +21,28 @@ _NO_LOOP = ("The asyncio event loop was not present during initialization, so as
 
 
 @dataclass(slots=True)
+class Logprob:
+    """Holds logprob and vocab rank for a token (as the real one)."""
+    logprob: float
+    rank: Optional[int] = None
+
+
+def _fake_logprobs(context: list[int], token: int, k: int, candidates: list[int]) -> dict:
+    """A deterministic stand-in for compute_logprobs' per-token dict: top-k (the sampled token first) plus
+    the sampled token; values negative and decreasing, ranks from 1."""
+    key = len(context) * 7919 + sum(context[-4:])
+    value = -0.25 - (key % 50) / 100.0
+    out = {token: Logprob(value, 1)}
+    i = 0
+    while len(out) < k and i < len(candidates):
+        other = candidates[(key + i) % len(candidates)]
+        i += 1
+        if other not in out:
+            out[other] = Logprob(value - len(out), len(out) + 1)
+    return out
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str = ""
@@ -109,6 +131,15 @@ class GenerationResult:
         self.cached_tokens = response.cached_tokens
         out = self._outputs[response.sequence_index]
         out._last_token_ids_len = len(out.token_ids)
+        k = self.sampling_params.logprobs
+        if k:   # the real result replaces the list with the whole of it (out._last_logprobs_len: the old length)
+            context = list(self.prompt_token_ids) + list(out.token_ids)
+            added = []
+            for t in response.output_token_ids:
+                added.append(_fake_logprobs(context, t, k, list(range(3, 64))))
+                context.append(t)
+            out._last_logprobs_len = len(out.logprobs)
+            out.logprobs = out.logprobs + added
         out.token_ids.extend(response.output_token_ids)
         if response.finish_reason == "cancelled":
             out.finish_reason = "cancelled"

@@ -196,6 +196,11 @@ class BaseLLM:
             sp._setup(self.tokenizer)
         elif sp.stop is not None:
             sp._setup(self.tokenizer)
+        if sp.logprobs and not self.args.get("gather_generation_logits"):
+            # _check_arguments on the TensorRT backend (docs/trtllm-api.md): logprobs need generation logits
+            raise ValueError("`gather_generation_logits` must be True when `logprobs` is set")
+        if sp.prompt_logprobs:
+            raise ValueError("`prompt_logprobs` requires an engine built with `gather_context_logits`")
         max_seq_len = self.build_config["max_seq_len"]
         if not self.args.get("enable_chunked_prefill") and len(ids) + sp.max_tokens > max_seq_len:
             raise ValueError(f"The sum of prompt length ({len(ids)}), query length (0) and max_tokens "
