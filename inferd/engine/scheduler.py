@@ -199,8 +199,10 @@ class Scheduler:
         return True
 
     def _leader_of(self, seq: Sequence) -> Sequence | None:
-        """The running sequence `seq` (never admitted yet) can fork from: same salt, same prompt."""
-        if seq.admitted or seq.num_tokens < 2:
+        """The running sequence `seq` (never admitted yet) can fork from: same salt, same prompt. Never one
+        that wants its prompt's log-probabilities: those need the logits at every prompt position, which a
+        fork does not compute (as they skip prefix-cache hits)."""
+        if seq.admitted or seq.num_tokens < 2 or (seq.sampling is not None and seq.sampling.prompt_logprobs is not None):
             return None
         if seq.prompt_key is None:
             tokens = np.asarray(seq.token_ids, dtype=np.int64).tobytes()

@@ -127,6 +127,20 @@ async def test_a_prompts_n_choices_fork_from_its_computed_prompt_on_the_referenc
     assert [c.text for c in resp.choices] == [s.choices[0].text for s in singles]
 
 
+async def test_n_choices_with_echo_and_logprobs_each_get_every_prompt_tokens_logprob(reference):
+    """A choice that wants its prompt's log-probabilities computes its whole prompt: it never forks from
+    another choice's blocks, which would leave it the last prompt token's only."""
+    served = reference
+    prompt = "a long enough prompt to fill more than one block of sixteen tokens " * 2
+    resp = await served.sdk.completions.create(model="tiny", prompt=prompt, max_tokens=4, n=2, seed=3,
+                                               echo=True, logprobs=1)
+    first, second = (c.logprobs for c in resp.choices)
+    assert len(first.tokens) == len(second.tokens) == resp.usage.prompt_tokens + 4
+    assert first.token_logprobs[0] is None and second.token_logprobs[0] is None
+    prompt_len = resp.usage.prompt_tokens
+    assert first.token_logprobs[1:prompt_len] == pytest.approx(second.token_logprobs[1:prompt_len], abs=1e-6)
+
+
 async def test_n_on_trtllm_sends_n_requests_each_with_n_1_and_its_own_seed(serve, tiny_artifact, tmp_path):
     from tests.trtllm_double.harness import trtllm_on_double      # noqa: PLC0415  (imports the double)
 
