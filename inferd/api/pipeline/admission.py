@@ -49,7 +49,7 @@ async def charge_quota(ctx: RequestContext) -> None:
                                       sampling=params, tenant=ctx.tenant, lora=ctx.route.lora))
     ctx.extras["gens"] = gens
     ctx.reached = CHARGED
-    ctx.quota_lease = None if ctx.forwarded else charge(ctx.state.tenancy, ctx.tenant, gens)
+    ctx.quota_lease = None if ctx.forwarded else charge(ctx.state.tenancy, ctx.tenant, gens, ctx.choices_per_prompt)
 
 
 async def look_up_cache(ctx: RequestContext) -> None:
@@ -84,7 +84,8 @@ async def wait_for_admission(ctx: RequestContext) -> None:
         admitting = replay(ctx, ctx.extras["ident"].id, ctx.cache_hit, ctx.quota_lease)
     else:
         admitting = admit(ctx.state.tenancy, ctx.tenant, ctx.model, ctx.engine, ctx.extras["gens"], ctx.deadline,
-                          ctx.quota_lease, priority=PriorityClass.BATCH if ctx.is_batch else None)
+                          ctx.quota_lease, priority=PriorityClass.BATCH if ctx.is_batch else None,
+                          choices_per_prompt=ctx.choices_per_prompt)
     try:
         ctx.extras["admitted"] = await (ctx.queued.wait(admitting) if ctx.queued is not None else admitting)
     except (InvalidRequest, EngineUnavailable) as exc:

@@ -119,14 +119,16 @@ class Admitted(msgspec.Struct, kw_only=True):
 
 
 class SharedLease:
-    """One quota lease held by the n engine requests of one HTTP request (a list of prompts): each
-    request releases its share, and the lease goes back, with their usage summed, when the last does."""
+    """One quota lease held by the engine requests of one HTTP request (a list of prompts, `n` choices of
+    each): each request releases its share, and the lease goes back, with their usage summed, when the
+    last does. A prompt's tokens count once however many choices it has (`choices_per_prompt`, the
+    requests in prompt-major order), as they are charged, billed and reported."""
 
-    def __init__(self, lease: Lease, n: int) -> None:
+    def __init__(self, lease: Lease, n: int, choices_per_prompt: int = 1) -> None:
         self._lease = lease
         self._pending = n
         self._usages: list[Usage] = []
-        self.shares = [_LeaseShare(self) for _ in range(n)]
+        self.shares = [_LeaseShare(self, i % choices_per_prompt == 0) for i in range(n)]
 
     def _release(self, usage: Usage | None) -> None:
         if usage is not None:
@@ -137,32 +139,39 @@ class SharedLease:
 
 
 class _LeaseShare:
-    __slots__ = ("_shared", "_released")
+    __slots__ = ("_shared", "_released", "_counts_prompt")
 
-    def __init__(self, shared: SharedLease) -> None:
+    def __init__(self, shared: SharedLease, counts_prompt: bool) -> None:
         self._shared = shared
         self._released = False
+        self._counts_prompt = counts_prompt     # the first choice of its prompt: it carries the prompt's tokens
 
     def release(self, usage: Usage | None) -> None:
         if not self._released:           # idempotent, as Lease.release
             self._released = True
+            if usage is not None and not self._counts_prompt:
+                usage = msgspec.structs.replace(usage, prompt_tokens=0, cached_tokens=0)
             self._shared._release(usage)
 
 
-def charge(tenancy: Tenancy, tenant: str, gens: list[GenerationRequest]) -> Lease:
-    """Charge the tenant's quota once for all of `gens` (one per prompt): 429 when it has no room."""
+def charge(tenancy: Tenancy, tenant: str, gens: list[GenerationRequest], choices_per_prompt: int = 1) -> Lease:
+    """Charge the tenant's quota once for all of `gens` (one per choice, prompt-major, `choices_per_prompt`
+    of each prompt, whose tokens count once): 429 when it has no room."""
     try:
-        return tenancy.quota.acquire(tenant, prompt_tokens=sum(len(g.prompt_token_ids) for g in gens),
+        prompt_tokens = sum(len(g.prompt_token_ids) for g in gens[::choices_per_prompt])
+        return tenancy.quota.acquire(tenant, prompt_tokens=prompt_tokens,
                                      max_tokens=sum(g.sampling.max_tokens for g in gens))
     except QuotaExceeded as exc:
         raise quota_error(exc) from None
 
 
 async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens: list[GenerationRequest],
-                deadline: float, lease: Lease | None, *, priority: PriorityClass | None = None) -> Admitted:
+                deadline: float, lease: Lease | None, *, priority: PriorityClass | None = None,
+                choices_per_prompt: int = 1) -> Admitted:
     """Wait in the engine's admission queue until each of `gens` is released to it; all are admitted
     or none is. `lease` is the quota `charge` took (None: charged elsewhere, by the peer that
     forwarded the request). `priority`: a class other than the tenant's (batch lines: `batch`).
+    `choices_per_prompt`: `gens` are n choices of each prompt, prompt-major (SharedLease).
 
     The lease travels with the requests: admission releases it when a request is refused, leaves the
     queue, or ends (refunding the tokens it did not use). Raises ApiError (429/503/504), or the
@@ -177,7 +186,8 @@ async def admit(tenancy: Tenancy, tenant: str, model: str, engine: Engine, gens:
         if len(gens) == 1:
             streams = [await queue.admit(gens[0], deadline=deadline, lease=lease, priority=priority)]
         else:
-            shares = SharedLease(lease, len(gens)).shares if lease is not None else [None] * len(gens)
+            shares = (SharedLease(lease, len(gens), choices_per_prompt).shares if lease is not None
+                      else [None] * len(gens))
             streams = await _admit_all(queue, gens, deadline, shares, priority)
     except AdmissionRejected as exc:
         raise rejection_error(exc, tenancy.quota.headers(tenant) if lease is not None else {}) from None

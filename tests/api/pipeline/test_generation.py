@@ -90,18 +90,20 @@ async def test_n_over_the_servers_max_n_is_a_400_naming_n(serve):
     assert info.value.body["param"] == "n" and "at most 2" in info.value.body["message"]
 
 
-async def test_the_quota_charges_n_times_max_tokens_up_front_and_refunds_what_was_not_used(serve):
-    # a minute's bucket of a million tokens refills about 17 a second: levels below hold within a few tokens
-    served = await serve(tenants={"local": TenantConfig(tokens_per_minute=1_000_000)})
-    raw = await served.sdk.completions.with_raw_response.create(model="sim", prompt="a", max_tokens=200, n=3,
-                                                                stop=["e"])
+async def test_the_quota_charges_the_prompt_once_and_n_times_max_tokens_then_refunds_what_was_not_used(serve):
+    # a minute's bucket of 2,000 tokens refills about 33 a second: levels below hold within a few tokens
+    served = await serve(tenants={"local": TenantConfig(tokens_per_minute=2_000)})
+    # a prompt long enough that counting it three times (once per choice) would be far outside the margins
+    raw = await served.sdk.completions.with_raw_response.create(model="sim", prompt="one two three " * 20,
+                                                                max_tokens=200, n=3, stop=["e"])
     resp = raw.parse()
-    charged = 1_000_000 - int(raw.headers["X-RateLimit-Remaining-Tokens"])
-    assert abs(charged - 3 * (resp.usage.prompt_tokens + 200)) <= 20           # at the charge, before the run
+    charged = 2_000 - int(raw.headers["X-RateLimit-Remaining-Tokens"])
+    assert resp.usage.prompt_tokens > 40
+    assert abs(charged - (resp.usage.prompt_tokens + 3 * 200)) <= 10           # at the charge, before the run
     assert resp.usage.completion_tokens < 600                                   # a stop string ended some early
     after = served.state.tenancy.quota.headers("local")["X-RateLimit-Remaining-Tokens"]
-    used = 3 * resp.usage.prompt_tokens + resp.usage.completion_tokens         # each choice ran its prompt
-    assert abs((1_000_000 - int(after)) - used) <= 40
+    used = resp.usage.prompt_tokens + resp.usage.completion_tokens     # the prompt once, as usage and billing
+    assert abs((2_000 - int(after)) - used) <= 10
 
 
 async def test_n_greater_than_1_is_kept_out_of_the_response_cache(serve):
