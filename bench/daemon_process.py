@@ -11,6 +11,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,8 @@ def run_daemon(config_path: Path) -> None:
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     """SIGTERM (the daemon drains), then SIGKILL if it has not exited within `timeout` seconds."""
+    if proc.poll() is not None:
+        return
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=timeout)
@@ -110,3 +115,39 @@ def create_key(config: Path, tenant: str, *scopes: str, cwd: Path | None = None)
     if found is None:
         raise RuntimeError(f"keys create failed: {out.stdout}{out.stderr}")
     return found.group()
+
+
+def http_status(url: str) -> int | None:
+    """The status GET `url` answers (None: nothing listening)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
+
+
+def serve_config(config_path: Path, workdir: Path, timeout: float, tag: str) -> tuple[subprocess.Popen, int, Path]:
+    """`inferd serve --config` on a config whose port is 0: the process, the port it logged, its log file,
+    once GET /readyz answers 200. Exits with the log's tail if it is not ready within `timeout` seconds."""
+    log_path = workdir / "daemon.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "inferd", "serve", "--config", str(config_path)],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    deadline = time.monotonic() + timeout
+    port = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        for line in log_path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "listening":
+                port = int(event["port"])
+        if port and http_status(f"http://127.0.0.1:{port}/readyz") == 200:
+            return proc, port, log_path
+        time.sleep(0.2)
+    stop(proc, 40.0)
+    raise SystemExit(f"[{tag}] daemon not ready within {timeout:.0f} s; see {log_path}:\n"
+                     + "\n".join(log_path.read_text().splitlines()[-20:]))

@@ -36,9 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from daemon_process import serve_config, stop  # noqa: E402 (bench/ is this script's own directory)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GUIDELLM = os.environ.get("GUIDELLM", "/tmp/guidellm-venv/bin/guidellm")
@@ -152,53 +152,13 @@ def tokenizer_dir(args: argparse.Namespace) -> Path:
 
 
 # -- 2. the daemon ----------------------------------------------------------------------------------
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except OSError:
-        return None
-
-
 def start_daemon(args: argparse.Namespace, max_concurrent: int) -> tuple[subprocess.Popen, int, Path]:
     config_path = args.workdir / "inferd.toml"
     config_path.write_text(CONFIG.format(
         engines_root=args.workdir / "engines", model=args.model, profile=args.sim_profile,
         time_scale=args.time_scale, max_model_len=args.max_model_len,
         max_batch_size=args.max_batch_size, max_concurrent=max_concurrent))
-    log_path = args.workdir / "daemon.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "inferd", "serve", "--config", str(config_path)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=args.workdir)
-    log.close()
-    deadline = time.monotonic() + 60
-    port = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        for line in log_path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "listening":
-                port = int(event["port"])
-        if port and http_status(f"http://127.0.0.1:{port}/readyz") == 200:
-            return proc, port, log_path
-        time.sleep(0.2)
-    stop_daemon(proc)
-    raise SystemExit(f"[guidellm_run] daemon not ready within 60 s; see {log_path}:\n"
-                     + "\n".join(log_path.read_text().splitlines()[-20:]))
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)   # graceful drain; nothing is in flight by now
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return serve_config(config_path, args.workdir, 60.0, "guidellm_run")
 
 
 # -- 3. guidellm ------------------------------------------------------------------------------------
@@ -319,7 +279,7 @@ def main() -> int:
         return 1
     finally:
         if proc is not None:
-            stop_daemon(proc)
+            stop(proc, 40.0)
             print(f"[guidellm_run] inferd stopped (exit {proc.returncode})", flush=True)
     if returncode != 0 or not report.exists():
         print(f"[guidellm_run] guidellm exited {returncode}", flush=True)

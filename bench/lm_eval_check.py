@@ -37,14 +37,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from daemon_process import serve_config, stop  # noqa: E402 (bench/ is this script's own directory)
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -131,47 +129,8 @@ def write_config(workdir: Path) -> Path:
     return path
 
 
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except OSError:
-        return None
-
-
 def start_daemon(config_path: Path, workdir: Path) -> tuple[subprocess.Popen, int, Path]:
-    log_path = workdir / "daemon.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inferd", "serve", "--config", str(config_path)],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-    deadline = time.monotonic() + 120
-    port = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        for line in log_path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "listening":
-                port = int(event["port"])
-        if port and http_status(f"http://127.0.0.1:{port}/readyz") == 200:
-            return proc, port, log_path
-        time.sleep(0.2)
-    stop_daemon(proc)
-    raise SystemExit(f"[lm_eval_check] daemon not ready within 120 s; see {log_path}:\n"
-                     + "\n".join(log_path.read_text().splitlines()[-20:]))
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return serve_config(config_path, workdir, 120.0, "lm_eval_check")
 
 
 def daemon_errors(log_path: Path) -> list[str]:
@@ -271,7 +230,7 @@ def main() -> int:
         else:
             failed = False
     finally:
-        stop_daemon(proc)
+        stop(proc, 40.0)
         if args.keep:
             print(f"[lm_eval_check] work folder kept: {workdir}")
         elif args.workdir is None:
