@@ -64,9 +64,9 @@ class BlockManager:
         The block holding the last token is never reused even when cached: at least one token
         must be computed to produce the logits for the next one.
         """
-        # Prompt log-probabilities need the logits at every prompt position, so such a prompt is computed
-        # whole, as vLLM v1 does (KVCacheManager.get_computed_blocks skips its lookup for them).
-        if not self.prefix_caching or (seq.sampling is not None and seq.sampling.prompt_logprobs is not None):
+        # A prompt whose every position's logits are wanted is computed whole, as vLLM v1 does
+        # (KVCacheManager.get_computed_blocks skips its lookup for them).
+        if not self.prefix_caching or seq.needs_prompt_logits:
             return []
         usable = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []
@@ -129,12 +129,11 @@ class BlockManager:
 
     # -- a sequence that holds blocks: next prefill chunk or a decode token ---------------
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        # inline blocks_for: this runs for every running sequence every step
-        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         return needed <= 0 or needed <= self.num_free_blocks
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
-        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if needed <= 0:
             return
         if needed > self.num_free_blocks:

@@ -199,10 +199,9 @@ class Scheduler:
         return True
 
     def _leader_of(self, seq: Sequence) -> Sequence | None:
-        """The running sequence `seq` (never admitted yet) can fork from: same salt, same prompt. Never one
-        that wants its prompt's log-probabilities: those need the logits at every prompt position, which a
-        fork does not compute (as they skip prefix-cache hits)."""
-        if seq.admitted or seq.num_tokens < 2 or (seq.sampling is not None and seq.sampling.prompt_logprobs is not None):
+        """The running sequence `seq` (never admitted yet) can fork from: same salt, same prompt. Never for
+        one that needs its prompt's logits: a fork computes only the last prompt token."""
+        if seq.admitted or seq.num_tokens < 2 or seq.needs_prompt_logits:
             return None
         if seq.prompt_key is None:
             tokens = np.asarray(seq.token_ids, dtype=np.int64).tobytes()

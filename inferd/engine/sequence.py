@@ -36,7 +36,7 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
-        "prompt_key",
+        "prompt_key", "needs_prompt_logits",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
@@ -46,6 +46,9 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.sampling = sampling if sampling is not None else SamplingParams()
+        # Prompt log-probabilities need the logits at every prompt position: such a prompt is computed
+        # whole, never taken from the prefix cache or forked from another's (as vLLM v1).
+        self.needs_prompt_logits = self.sampling.prompt_logprobs is not None
         self.salt = salt
         self.arrival = arrival                  # submission order: the scheduler's FCFS key
         self.status = SequenceStatus.WAITING

@@ -54,11 +54,13 @@ def _bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.nd
     return np.array([t for t, _ in bias], dtype=np.int64), np.array([b for _, b in bias], dtype=np.float64)
 
 
-def adjust_logits(logits: np.ndarray, params: Seq[SamplingParams], contexts: Seq[Context]) -> np.ndarray:
-    """Rows of `logits` ([rows, vocab]) with logit_bias added and the penalties applied (a copy)."""
+def adjust_logits(logits: np.ndarray, params: Seq[SamplingParams], contexts: Seq[Context],
+                  rows: Seq[int] | None = None) -> np.ndarray:
+    """`logits` ([rows, vocab]) with logit_bias added and the penalties applied to `rows` (default: every
+    row), as a copy: the caller's stay as the model made them."""
     out = logits.copy()
-    for r, p in enumerate(params):
-        adjust_row(out[r], p, contexts[r])
+    for r in range(len(params)) if rows is None else rows:
+        adjust_row(out[r], params[r], contexts[r])
     return out
 
 
@@ -161,9 +163,7 @@ class Sampler:
         if adjusted:
             if contexts is None:
                 raise ValueError("penalties and logit_bias need each row's token ids")
-            logits = logits.copy()          # the caller's stay as the model made them
-            for i in adjusted:
-                adjust_row(logits[i], params[i], contexts[i])
+            logits = adjust_logits(logits, params, contexts, adjusted)
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy) == len(params):
             return np.argmax(logits, axis=1).tolist()

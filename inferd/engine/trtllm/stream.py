@@ -143,7 +143,7 @@ class TrackedRequest:
         ids = c.token_ids
         new = list(ids[self.sent:]) if len(ids) > self.sent else []
         if new and self.logprobs is not None:
-            found = token_logprobs(c.logprobs, list(ids), self.sent, self.logprobs)
+            found = token_logprobs(c.logprobs, ids, self.sent, self.logprobs)
             self.pending_logprobs = (self.pending_logprobs or []) + found
         self.sent = max(self.sent, len(ids))
         self.cached = getattr(out, "cached_tokens", 0) or 0
