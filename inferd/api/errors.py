@@ -156,3 +156,8 @@ def too_many_connections_response() -> web.Response:
     resp.headers["Server"] = SERVER_HEADER
     resp.force_close()
     return resp
+
+
+def draining() -> ApiError:
+    """503 for new work on a node that is draining (the request path and the tokenizer routes)."""
+    return unavailable("The server is draining; retry on another node.", code="draining")

@@ -6,9 +6,9 @@
                 and the spend so far of budgets added or changed
     cluster     the key file re-read; timings, seeds, spillover and quota sharing; the old key accepted for
                 key_grace_s
+    versions    new versions load; phase 2; what left the config retires (inferd.daemon.version_reload)
     tls         the new certificate and key, into the listener's live context: new handshakes get them,
                 open connections keep theirs
-    versions    new versions load; phase 2; what left the config retires (inferd.daemon.version_reload)
 
 Every check runs before anything applies, so an invalid policy, keys file, cluster key or certificate
 changes nothing. The TLS step is the one exception to "checks change nothing": it is the last check,
@@ -17,6 +17,7 @@ changes between its check and its use still refuses the whole reload.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from inferd.api import ServerState
@@ -33,9 +34,9 @@ def reload_steps(state: ServerState, models: ModelsReload, tls: ListenerTls | No
     steps: list[Reloadable] = [models.routes, NodeReload(state), TenancyReload(state)]
     if state.cluster is not None:
         steps.append(ClusterReload(state.cluster))
-    if tls is not None:
-        steps.append(TlsReload(tls))
     steps.append(models.versions)
+    if tls is not None:     # last: its check puts the certificate live once every other check has passed
+        steps.append(TlsReload(tls))
     return steps
 
 
@@ -50,7 +51,9 @@ class NodeReload:
         return Policies(new.policies, lambda tenant: state.tenancy.tenants.get(tenant))
 
     async def check(self, new: Config) -> Policies:
-        return self._policies(new)      # ClassifierError: a classifier that does not load refuses the reload
+        # Loading classifiers imports plugins (and maybe a model): off the loop. ClassifierError: one that
+        # does not load refuses the reload.
+        return await asyncio.to_thread(self._policies, new)
 
     async def reconfigure(self, new: Config, checked: Policies | None = None) -> None:
         state = self.state

@@ -66,8 +66,7 @@ class ModelsReload:
                 raise
         else:
             await versions.unload_when_idle(key)
-        control.breakers.forget(key)
-        await self.state.tenancy.retire(engine)
+        await self.state.version_unloaded(key, engine)
 
     async def wait_retired(self) -> None:
         """Tests and shutdown: wait until every retired version has unloaded."""

@@ -4,8 +4,6 @@ the response cache, a peer with room, and the engine's weighted-fair admission q
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 
 from aiohttp import web
 
@@ -15,7 +13,7 @@ from inferd.api.pipeline.cached import cache_plan, lookup, replay
 from inferd.api.pipeline.degrade import DEGRADED_HEADER
 from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.pipeline.context import CHARGED, RUNNING, RequestContext
-from inferd.api.wire.responses import Identity
+from inferd.api.wire.responses import new_identity
 from inferd.api.pipeline.spill import NODE_HEADER, spill, wants_spill
 from inferd.api.pipeline.versioned import make_room_for_live
 from inferd.api.streaming.waiting import QueuedStream
@@ -28,10 +26,9 @@ async def name_the_response(ctx: RequestContext) -> None:
     """The completion's id, the served model (`name@version[:adapter]`), and the headers saying how it
     was served (degraded, by which node)."""
     engine, route = ctx.engine, ctx.route
-    cid = ("chatcmpl-" if ctx.kind == "chat" else "cmpl-") + secrets.token_hex(12)
     label = ctx.headers["X-Inferd-Model-Version"]
     served = f"{ctx.model}@{label}" if route.lora is None else f"{ctx.model}@{label}:{route.lora}"
-    ctx.extras["ident"] = Identity(ctx.kind, cid, int(time.time()), served, f"inferd-{__version__}-{engine.info.backend}")
+    ctx.extras["ident"] = new_identity(ctx.kind, served, f"inferd-{__version__}-{engine.info.backend}")
     if ctx.degraded:
         ctx.headers[DEGRADED_HEADER] = ctx.degraded
     if ctx.state.cluster is not None:
@@ -44,7 +41,8 @@ async def charge_quota(ctx: RequestContext) -> None:
     cid = ctx.extras["ident"].id
     gens = []
     for i, (ids, params) in enumerate(zip(ctx.prompt_ids, ctx.sampling)):
-        make_room_for_live(ctx.state, ctx.engine, len(ids), params)
+        if i % ctx.choices_per_prompt == 0:     # a prompt's n choices need the same room: ask once
+            make_room_for_live(ctx.state, ctx.engine, len(ids), params)
         gens.append(GenerationRequest(request_id=cid if i == 0 else f"{cid}-{i}", prompt_token_ids=tuple(ids),
                                       sampling=params, tenant=ctx.tenant, lora=ctx.route.lora))
     ctx.extras["gens"] = gens
@@ -63,13 +61,13 @@ async def spill_to_peer(ctx: RequestContext) -> web.StreamResponse | None:
     lease = ctx.quota_lease
     if ctx.cache_hit is not None or lease is None or ctx.headers_out or not wants_spill(ctx):
         return None
-    ctx.extras["served_by_peer"] = True     # while a peer has it, the peer records, bills and judges it
+    ctx.served_by_peer = True     # while a peer has it, the peer records, bills and judges it
     try:
         spilled = await spill(ctx, lease, {**lease.headers, "X-Request-Id": ctx.request_id})
     except (asyncio.CancelledError, ConnectionError):     # its client left before a peer answered
         lease.release(None)
         raise
-    ctx.extras["served_by_peer"] = spilled is not None     # no peer took it: it runs here
+    ctx.served_by_peer = spilled is not None     # no peer took it: it runs here
     return spilled
 
 

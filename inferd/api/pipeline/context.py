@@ -63,6 +63,8 @@ class RequestContext:
     obs: RequestObservation | None = None
     quota_lease: Lease | None = None    # the tenant's quota charge (None: a peer charged it)
     headers: dict[str, str] = field(default_factory=dict)   # the response's own headers
+    tracked: Any = None                 # state.track()'s in-flight count, entered by begin_tracking
+    served_by_peer: bool = False        # a peer took it (spill): the peer records, bills and judges it
     extras: dict[str, Any] = field(default_factory=dict)    # endpoint-specific facts (embeddings: width)
     queued: QueuedStream | None = None  # the stream whose headers went out while it waited, if any
     last: Delta | None = None           # the final (merged) delta, once the engine gave one

@@ -19,7 +19,7 @@ from inferd.api.auth import authenticate
 from inferd.api.pipeline.body import check_json_content_type, read_body
 from inferd.api.pipeline.cold_start import early_stream, spill_cold_start, wait_for_model
 from inferd.api.pipeline.degrade import degrade
-from inferd.api.errors import unavailable
+from inferd.api.errors import draining, unavailable
 from inferd.api.pipeline.internal import batch_caller
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.spill import VERSION_HEADER, check_forwarded_body, forwarded_identity
@@ -30,7 +30,7 @@ from inferd.cluster import FORWARDED_HEADER
 
 async def refuse_while_draining(ctx: RequestContext) -> None:
     if ctx.state.draining:
-        raise unavailable("The server is draining; retry on another node.", code="draining")
+        raise draining()
 
 
 async def refuse_while_store_fails(ctx: RequestContext) -> None:

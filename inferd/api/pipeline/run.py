@@ -11,8 +11,6 @@ part of Server-Timing ends and the fair queue's wait begins.
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
@@ -25,7 +23,7 @@ from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.settle import settle
 from inferd.api.pipeline.timeline import ADMISSION, Timeline
 from inferd.api.pipeline.tracking import begin_tracking
-from inferd.api.wire.responses import ChunkEncoder, Identity
+from inferd.api.wire.responses import ChunkEncoder, new_identity
 from inferd.models import VersionLease
 
 Stage = Callable[[RequestContext], Awaitable[web.StreamResponse | None]]
@@ -119,7 +117,8 @@ class Pipeline:
 
     async def _run(self, ctx: RequestContext) -> web.StreamResponse:
         for name, stage in self.stages:
-            ctx.timeline.mark(name)
+            if name == ADMISSION:       # where `api` ends and the fair queue's wait begins
+                ctx.timeline.mark(name)
             response = await stage(ctx)
             if response is not None:
                 return response
@@ -145,9 +144,7 @@ async def _end_stream_with(ctx: RequestContext, err: ApiError) -> web.StreamResp
     waiting = ctx.queued if ctx.queued is not None else ctx.early
     ident = ctx.extras.get("ident")
     if ident is None:       # refused before it was named: the model it asked for
-        prefix = "chatcmpl-" if ctx.kind == "chat" else "cmpl-"
-        ident = Identity(ctx.kind, prefix + secrets.token_hex(12), int(time.time()), ctx.wire.model,
-                         f"inferd-{__version__}")
+        ident = new_identity(ctx.kind, ctx.wire.model, f"inferd-{__version__}")
     return await waiting.end_with(err, ChunkEncoder(ident, ctx.prepared.include_usage))
 
 

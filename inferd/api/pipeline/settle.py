@@ -45,7 +45,7 @@ async def settle(ctx: RequestContext, status: int, error: BaseException | None,
             try:
                 await _settle_in_flight(ctx, status)
             finally:
-                ctx.extras["tracked"].__exit__(None, None, None)
+                ctx.tracked.__exit__(None, None, None)
     finally:
         ctx.turn.close()
         ctx.version_lease.release()
@@ -55,8 +55,7 @@ async def settle(ctx: RequestContext, status: int, error: BaseException | None,
 def _settle_refused(ctx: RequestContext, status: int, error: BaseException | None) -> None:
     """Answered or refused before it was in flight: no ledger row, no trace."""
     state = ctx.state
-    if ctx.engine_failed:       # the version's failure: its breaker counts it
-        record_outcome(state, ctx.route.target, None, 503, None)
+    _record_version_outcome(ctx, status)
     if isinstance(error, ApiError):
         state.metrics.count_rejected(ctx.model, status, ctx.engine)
         if ctx.route is not None:
@@ -70,7 +69,7 @@ def _settle_refused(ctx: RequestContext, status: int, error: BaseException | Non
 
 async def _settle_in_flight(ctx: RequestContext, status: int) -> None:
     last, obs = ctx.last, ctx.obs
-    by_peer = ctx.extras.get("served_by_peer", False)     # the peer records, bills and judges it
+    by_peer = ctx.served_by_peer
     if ctx.reached >= CHARGED and not by_peer:
         await record_usage_once(ctx, last, status)      # the client left, or a bug: what was delivered is billed
     usage = last.usage if last is not None else None
@@ -102,8 +101,9 @@ def _record_version_outcome(ctx: RequestContext, status: int) -> None:
     """What the version did, for its rollouts and breaker: a cache hit or a refusal in admission says
     nothing about it; an engine that refused the request as unavailable does."""
     route = ctx.route
-    if ctx.engine_failed:
-        record_outcome(ctx.state, route.target, None, 503, None, adapter=route.lora)
+    if ctx.engine_failed:       # up front (health check) its breaker counts it even for an adapter request
+        record_outcome(ctx.state, route.target, None, 503, None,
+                       adapter=route.lora if ctx.reached > FRONT else None)
     elif ctx.cache_hit is None and (ctx.reached == RUNNING or ctx.last is not None):
         ttft = ctx.obs.ttft if ctx.kind != "embedding" else None    # an embedding has no first token
         record_outcome(ctx.state, route.target, ctx.last, status, ttft, adapter=route.lora)

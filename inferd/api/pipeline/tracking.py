@@ -19,8 +19,8 @@ async def begin_tracking(ctx: RequestContext) -> None:
     when [tracing] is configured, and the metrics observation its end finishes."""
     state, request, engine = ctx.state, ctx.request, ctx.engine
     ctx.turn.close()
-    tracked = ctx.extras["tracked"] = state.track()
-    tracked.__enter__()
+    ctx.tracked = state.track()
+    ctx.tracked.__enter__()
     ctx.obs = state.metrics.start_request(ctx.model, ctx.arrival, engine)    # the version that serves it
     ctx.reached = TRACKED
     label = version_label(engine)

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.auth import authenticate
-from inferd.api.errors import NOT_FOUND, ApiError, invalid, unavailable
+from inferd.api.errors import NOT_FOUND, ApiError, draining, invalid
 from inferd.api.pipeline import prompt_tokens
 from inferd.api.pipeline.admit import check_model_allowed, precheck_quota, quota_error, request_deadline
 from inferd.api.pipeline.body import check_json_content_type, read_body
@@ -90,7 +90,7 @@ def _caller(request: web.Request) -> tuple[ServerState, str, float]:
     here: the X-Request-Timeout header, and the tenant's and the server's caps)."""
     state = request.app[keys.STATE]
     if state.draining:          # as the request pipeline: a draining node takes no new work
-        raise unavailable("The server is draining; retry on another node.", code="draining")
+        raise draining()
     tenant = authenticate(request, "inference").tenant
     precheck_quota(state.tenancy, tenant)
     return state, tenant, request_deadline(request, None, state.tenancy, tenant, state.config.server,

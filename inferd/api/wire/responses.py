@@ -5,6 +5,7 @@ is encoded once per request and a chunk is `prefix + orjson(text) + suffix`, no 
 """
 from __future__ import annotations
 
+import secrets
 import time
 from typing import TYPE_CHECKING
 
@@ -66,6 +67,12 @@ class Identity:
     def header(self, object_name: str) -> dict:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
+
+
+def new_identity(kind: str, model: str, fingerprint: str) -> Identity:
+    """A response's constants with a fresh completion id (`chatcmpl-...` for chat, `cmpl-...` else), made now."""
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    return Identity(kind, prefix + secrets.token_hex(12), int(time.time()), model, fingerprint)
 
 
 def completion_body(ident: Identity, choices: list[tuple[str, str]], usage: Usage,
