@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -20,6 +20,22 @@ class FinishReason(str, enum.Enum):
     DEADLINE = "deadline"  # the request's deadline passed while it was generating
     ERROR = "error"        # the engine failed this request (Delta.error says why)
     CONTENT_FILTER = "content_filter"   # the tenant's safety policy stopped its output (inferd.safety)
+
+
+class GuidedDecoding(msgspec.Struct, frozen=True, kw_only=True):
+    """A grammar the output must follow, as plain data: the engine compiles it with xgrammar
+    (inferd.engine.grammar), cached per (tokenizer, GuidedDecoding).
+
+    kind           spec
+    json_schema    the JSON schema, as compact JSON text (sorted keys: equal schemas share a cache entry)
+    json_object    "" (any JSON object)
+    regex          the regular expression
+    choice         a JSON list of the allowed strings
+    grammar        an EBNF grammar (GBNF/xgrammar syntax, with a `root` rule)
+    """
+
+    kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+    spec: str = ""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +63,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # logits before temperature, penalties or filters (vLLM's default `raw_logprobs`).
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
+    guided: GuidedDecoding | None = None    # the output follows this grammar (None: free text)
 
     @property
     def greedy(self) -> bool:

@@ -81,7 +81,8 @@ def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
                           stop=p.stop, ignore_eos=p.ignore_eos, top_k=p.top_k, min_p=p.min_p,
                           presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                           repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias,
-                          logprobs=p.logprobs, prompt_logprobs=p.logprobs if p.echo else None)
+                          logprobs=p.logprobs, prompt_logprobs=p.logprobs if p.echo else None,
+                          guided=p.guided)
 
 
 def _tenant_limit(p: Prepared, prompt_len: int, want: int, limits: Limits) -> int:

@@ -16,6 +16,7 @@ import msgspec
 
 from inferd.api.errors import ApiError, invalid
 from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
+from inferd.types import GuidedDecoding
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
@@ -248,6 +249,12 @@ class Prepared(msgspec.Struct, kw_only=True):
     n: int = 1                              # choices per prompt
     logprobs: int | None = None             # log-probabilities with this many alternatives per token (None: none)
     echo: bool = False                      # completions: the prompt before the output (and its logprobs)
+    guided: GuidedDecoding | None = None    # the grammar the output follows (response_format, tools, vLLM's fields)
+    guided_param: str | None = None         # the request field that asked for it: errors name it
+    tools: list[dict] | None = None         # chat: the function tools, as the chat template takes them
+    tool_choice: str = "none"               # "none" | "auto" | "required" | "function" (tool_name's)
+    tool_name: str | None = None            # tool_choice naming one function
+    parallel_tool_calls: bool = True
 
     def choice_seed(self, j: int) -> int | None:
         """The seed of a prompt's choice `j`: the request's seed + j (modulo 2**64, kept signed), so a
