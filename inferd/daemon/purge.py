@@ -1,6 +1,6 @@
-"""Deleting what has outlived its period, on one schedule: transcripts past their tenant's retention,
-Idempotency-Key records past [store] idempotency_ttl_s (with the response each kept for replay), and
-cached responses past [cache] ttl_s. Whichever node wrote a row, any node's pass deletes it."""
+"""Deleting what has outlived its period, on one schedule: transcripts and stored responses past their
+tenant's retention, Idempotency-Key records past [store] idempotency_ttl_s (with the response each kept
+for replay), and cached responses past [cache] ttl_s. Whichever node wrote a row, any node's pass deletes it."""
 from __future__ import annotations
 
 import asyncio

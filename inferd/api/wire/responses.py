@@ -70,8 +70,9 @@ class Identity:
 
 
 def new_identity(kind: str, model: str, fingerprint: str) -> Identity:
-    """A response's constants with a fresh completion id (`chatcmpl-...` for chat, `cmpl-...` else), made now."""
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    """A response's constants with a fresh id (`chatcmpl-...` for chat, `resp_...` for the Responses API,
+    `cmpl-...` else), made now."""
+    prefix = {"chat": "chatcmpl-", "responses": "resp_"}.get(kind, "cmpl-")
     return Identity(kind, prefix + secrets.token_hex(12), int(time.time()), model, fingerprint)
 
 
