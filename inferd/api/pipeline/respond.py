@@ -99,12 +99,16 @@ def _logprob_formats(ctx: RequestContext, count: int) -> list[LogprobFormat] | N
 async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     p, state = ctx.prepared, ctx.state
     running = RunningUsage(ctx.prompt_tokens) if p.continuous_usage else None
-    formats = ctx.extras.get("logprobs")
-    encoder = (ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
-                            hold_done=state.ledger is not None, timeline=ctx.timeline) if formats is None else
-               LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
-                                   usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
-                                   timeline=ctx.timeline))
+    formats, output = ctx.extras.get("logprobs"), ctx.extras.get("output")
+    if output is not None:          # another wire format's events (the Responses API's)
+        encoder = output.encoder(ctx.extras["ident"], state.ledger is not None, ctx.timeline)
+    elif formats is None:
+        encoder = ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
+                               hold_done=state.ledger is not None, timeline=ctx.timeline)
+    else:
+        encoder = LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
+                                      usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
+                                      timeline=ctx.timeline)
     withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
     ctx.status = CLIENT_GONE            # until the stream ends: what a client that left gets recorded as
 
@@ -113,6 +117,8 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         ctx.status = final_status(entry.final, entry)
         try:
             await record_usage_once(ctx, entry.final, ctx.status, withhold=True)
+            if output is not None:      # kept before its client has the end: it can be continued at once
+                await output.keep(ctx, encoder.response)
         except ApiError as err:         # the stream ends with this error frame instead of [DONE]
             withheld.append(err)
             raise
@@ -143,6 +149,9 @@ async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
     ctx.status = final_status(ctx.last, entry)
     ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
     await record_usage_once(ctx, ctx.last, ctx.status, withhold=True)
+    output = ctx.extras.get("output")
+    if output is not None:
+        await output.keep(ctx, output.response)
     return resp
 
 
@@ -165,5 +174,7 @@ def _json_response(ctx: RequestContext, finals: list[Delta], timed_out: bool) ->
     usage = ctx.last.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(last.token_ids) for last in finals))
     ctx.headers["Server-Timing"] = ctx.timeline.server_timing(finals[0].timing, time.monotonic())
     logprobs = None if formats is None else [f.take(always=True) for f in formats]
-    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage, logprobs), headers=ctx.headers,
-                        content_type="application/json")
+    output = ctx.extras.get("output")
+    body = (completion_body(ctx.extras["ident"], choices, usage, logprobs) if output is None else
+            output.body(ctx.extras["ident"], *choices[0], usage))
+    return web.Response(body=body, headers=ctx.headers, content_type="application/json")

@@ -189,6 +189,12 @@ class ChunkEncoder:
             return usage_comment(usage) + done
         return done
 
+    closing = DONE_FRAME        # what ends a stream after an error frame (ResponseEventEncoder: nothing)
+
+    def held_done(self) -> bytes:
+        """What `done` held back (`hold_done`), sent by the writer once the ledger has the row."""
+        return DONE_FRAME
+
     def error(self, err: ApiError, usage: Usage | None) -> bytes:
         body = self._ident.header(self._object)
         body["choices"] = []

@@ -30,6 +30,14 @@ STATUS = {"stop": ("completed", None), "length": ("incomplete", "max_output_toke
           "content_filter": ("incomplete", "content_filter")}
 
 
+_CLOSING_EVENTS = (b"event: response.completed\n", b"event: response.incomplete\n")
+
+
+def ended_normally(stream: bytes) -> bool:
+    """Whether a /v1/responses event stream, as sent, ends with its closing event (not response.failed)."""
+    return stream.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].startswith(_CLOSING_EVENTS)
+
+
 def echo_of(req: ResponsesRequest, stored: bool) -> dict:
     """What a Response repeats of its request (whether it is stored: `stored`)."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else None
@@ -80,6 +88,7 @@ class ResponseEventEncoder:
     """The SSE frames of one streamed response (one output message)."""
 
     running = None                      # no continuous usage: the final event carries it
+    closing = b""                       # no `[DONE]` after an error: response.failed ends the stream
 
     def __init__(self, ident: Identity, echo: dict, *, hold_done: bool = False,
                  timeline: Timeline | None = None) -> None:
