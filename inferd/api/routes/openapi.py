@@ -36,6 +36,7 @@ from inferd.api.wire.embedding_format import MAX_INPUTS, EmbeddingRequest
 from inferd.api.wire.sampling import LOGIT_BIAS_KEY
 from inferd.engine import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS
 from inferd.api.routes.openapi_batches import batch_paths
+from inferd.api.routes.openapi_responses import responses_paths
 from inferd.api.routes.openapi_tokenization import tokenization_paths
 
 _REF = "#/components/schemas/{name}"
@@ -324,6 +325,9 @@ def document() -> dict:
                               **_errors(*_ADMIN_ERRORS, "404", "409")}}},
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
+            # OpenAI's Responses API (inferd.api.routes.openapi_responses); its schemas join `components`
+            **responses_paths({"type": "string", "pattern": MODEL_PATTERN}, _REF, _errors, _GENERATE_ERRORS,
+                              components),
             **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.routes.openapi_batches)
             # GET /v1/models/{model}, and vLLM's tokenizer routes (inferd.api.routes.openapi_tokenization)
             **tokenization_paths({"type": "string", "pattern": MODEL_PATTERN}, _REF.format(name="ChatMessage"),

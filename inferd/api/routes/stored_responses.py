@@ -18,7 +18,7 @@ from inferd.store import StoreError, StoredConversation
 
 # OpenAI's query parameters of GET, accepted at their no-op value only (a stored response is not replayed as
 # a stream, and has no extra fields to include).
-_NO_OP_QUERY = {"stream": ("false",), "include_obfuscation": ("false",), "include[]": ()}
+NO_OP_QUERY = {"stream": ("false",), "include_obfuscation": ("false",)}
 
 
 def add_routes(app: web.Application) -> None:
@@ -44,9 +44,9 @@ async def _find(request: web.Request) -> tuple[str, str, StoredConversation | No
 
 async def retrieve_response(request: web.Request) -> web.Response:
     for name, value in request.query.items():
-        if name not in _NO_OP_QUERY:
+        if name not in NO_OP_QUERY:
             raise invalid(f"Unrecognized query parameter: {name}", param=name, code="unknown_parameter")
-        if value not in _NO_OP_QUERY[name]:
+        if value not in NO_OP_QUERY[name]:
             raise invalid(f"{name}: not supported by this server (got {value[:40]!r}).", param=name,
                           code="unsupported_parameter")
     _, response_id, found = await _find(request)

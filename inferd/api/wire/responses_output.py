@@ -15,6 +15,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
+import msgspec
 import orjson
 
 from inferd.api.errors import ApiError
@@ -41,7 +42,7 @@ def ended_normally(stream: bytes) -> bool:
 def echo_of(req: ResponsesRequest, stored: bool) -> dict:
     """What a Response repeats of its request (whether it is stored: `stored`)."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else None
-    text = {"format": {"type": "text"} if fmt is None else orjson.loads(orjson.dumps(fmt))}
+    text = {"format": {"type": "text"} if fmt is None else msgspec.to_builtins(fmt)}
     return {"instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id, "store": stored, "temperature": req.temperature,

@@ -26,7 +26,7 @@ SchemaName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 TEXT_PART_TYPES = ("input_text", "output_text")
 
 
-class InputPart(msgspec.Struct, **_STRICT):
+class ResponseInputPart(msgspec.Struct, **_STRICT):
     """A part of an input message's content: text only (`input_text`; `output_text` in an assistant
     message the client passes back)."""
 
@@ -42,19 +42,19 @@ class InputPart(msgspec.Struct, **_STRICT):
     detail: Any = None
 
 
-class InputItem(msgspec.Struct, **_STRICT):
+class ResponseInputItem(msgspec.Struct, **_STRICT):
     """An item of `input`: a message ({role, content}, `type` "message" or absent), as EasyInputMessage or
     an output message passed back (with its `id` and `status`)."""
 
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"] | None = None
-    content: str | list[InputPart] | None = None
+    content: str | list[ResponseInputPart] | None = None
     id: str | None = None
     status: str | None = None
     phase: str | None = None
 
 
-class TextFormat(msgspec.Struct, **_STRICT):
+class ResponseTextFormat(msgspec.Struct, **_STRICT):
     """`text.format`: plain text, any JSON object, or JSON following `schema`."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -64,12 +64,12 @@ class TextFormat(msgspec.Struct, **_STRICT):
     description: str | None = None
 
 
-class TextConfig(msgspec.Struct, **_STRICT):
-    format: TextFormat | None = None
+class ResponseTextConfig(msgspec.Struct, **_STRICT):
+    format: ResponseTextFormat | None = None
     verbosity: str | None = None
 
 
-class StreamOptions(msgspec.Struct, **_STRICT):
+class ResponseStreamOptions(msgspec.Struct, **_STRICT):
     include_obfuscation: bool | None = None     # no-op value: false (we never add padding fields)
 
 
@@ -77,17 +77,17 @@ class ResponsesRequest(msgspec.Struct, **_STRICT):
     """POST /v1/responses"""
 
     model: str
-    input: str | Annotated[list[InputItem], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+    input: str | Annotated[list[ResponseInputItem], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     instructions: str | None = None
     max_output_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
+    stream_options: ResponseStreamOptions | None = None
     store: bool | None = None
     previous_response_id: str | None = None
     metadata: MetadataMap | None = None
-    text: TextConfig | None = None
+    text: ResponseTextConfig | None = None
     user: str | None = None
     safety_identifier: str | None = None        # annotation only
     prompt_cache_key: str | None = None         # a routing hint; our prefix cache is automatic
@@ -165,7 +165,7 @@ def prepare(req: ResponsesRequest) -> tuple[Prepared, list[dict]]:
     return out, inputs
 
 
-def input_messages(value: str | list[InputItem]) -> list[dict]:
+def input_messages(value: str | list[ResponseInputItem]) -> list[dict]:
     """`input` as chat messages ({role, content}); "developer" is OpenAI's newer name for system."""
     if isinstance(value, str):
         if not value:
@@ -185,7 +185,7 @@ def input_messages(value: str | list[InputItem]) -> list[dict]:
     return messages
 
 
-def _text_of(parts: list[InputPart], where: str) -> str:
+def _text_of(parts: list[ResponseInputPart], where: str) -> str:
     texts = []
     for j, part in enumerate(parts):
         at = f"{where}.content[{j}]"
@@ -200,9 +200,14 @@ def _text_of(parts: list[InputPart], where: str) -> str:
     return "\n".join(texts)
 
 
-def _prepare_format(text: TextConfig | None, out: Prepared) -> None:
+def _prepare_format(text: ResponseTextConfig | None, out: Prepared) -> None:
     """`text.format` -> the grammar the output follows (json_object, json_schema); `text` is no grammar."""
     fmt = text.format if text is not None else None
+    if fmt is not None and fmt.type != "json_schema":
+        for name in ("name", "schema", "strict", "description"):     # json_schema's own fields
+            if getattr(fmt, name) is not None:
+                raise invalid(f"text.format.{name}: not allowed with type {fmt.type!r}.", param=f"text.format.{name}",
+                              code="unknown_parameter")
     if text is not None and text.verbosity not in (None, "medium"):
         raise invalid(f"text.verbosity: not supported by this server; only null or \"medium\" is accepted (got "
                       f"{_show(text.verbosity)}).", param="text.verbosity", code="unsupported_parameter")

@@ -13,6 +13,7 @@ import pytest
 
 COMPLETION = {"model": "m", "prompt": "x"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+RESPONSE = {"model": "m", "input": "x"}
 
 
 def _message(**fields) -> dict:
@@ -121,6 +122,42 @@ CASES = [
     ("chat/completions", {**CHAT, "store": True}),
     ("chat/completions", {**CHAT, "prompt_cache_retention": "in_memory"}),
     ("chat/completions", {**CHAT, "prompt_cache_retention": "24h"}),
+    ("responses", {**RESPONSE, "input": ""}),
+    ("responses", {**RESPONSE, "input": []}),
+    ("responses", {**RESPONSE, "input": [{"role": "user", "content": "x"}]}),
+    ("responses", {**RESPONSE, "input": [{"type": "message", "role": "developer", "content": "x"}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "user"}]}),
+    ("responses", {**RESPONSE, "input": [{"content": "x"}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "tool", "content": "x"}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "assistant", "content": [
+        {"type": "output_text", "text": "x", "annotations": []}], "id": "msg_1", "status": "completed"}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "user", "content": [{"type": "input_text"}]}]}),
+    ("responses", {**RESPONSE, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "x", "file_id": "f"}]}]}),
+    ("responses", {**RESPONSE, "max_output_tokens": 0}),
+    ("responses", {**RESPONSE, "max_output_tokens": 16, "temperature": 0, "top_p": 0.5, "instructions": "be"}),
+    ("responses", {**RESPONSE, "max_tokens": 16}),
+    ("responses", {**RESPONSE, "store": False, "metadata": {"k": "v"}}),
+    ("responses", {**RESPONSE, "metadata": {str(i): "v" for i in range(17)}}),
+    ("responses", {**RESPONSE, "previous_response_id": "resp_abc"}),
+    ("responses", {**RESPONSE, "previous_response_id": "chatcmpl-1"}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "text"}}}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "text", "name": "x"}}}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "json_object"}}}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "json_schema", "name": "x"}}}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "json_schema", "name": None, "schema": {}}}}),
+    ("responses", {**RESPONSE, "text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}}),
+    ("responses", {**RESPONSE, "text": {"verbosity": "low"}}),
+    ("responses", {**RESPONSE, "tool_choice": "auto", "tools": []}),
+    ("responses", {**RESPONSE, "background": True}),
+    ("responses", {**RESPONSE, "truncation": "auto"}),
+    ("responses", {**RESPONSE, "truncation": "disabled"}),
+    ("responses", {**RESPONSE, "reasoning": {"effort": "low"}}),
+    ("responses", {**RESPONSE, "stream_options": {"include_obfuscation": False}}),
+    ("responses", {**RESPONSE, "stream": True, "stream_options": {"include_obfuscation": False}}),
 ]
 
 

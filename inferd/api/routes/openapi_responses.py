@@ -1,0 +1,88 @@
+"""The Responses API's operations in the OpenAPI document (inferd.api.routes.openapi merges them in).
+
+POST /v1/responses's schema is generated from ResponsesRequest, the struct its decoder uses, with the rules
+`prepare` checks after decoding added (no-op-only parameters, message items with a role and content, text
+parts only, text.format's fields per type, `stream_options` only with `stream`), so a body the schema allows
+is one validation accepts. What no schema can say is a documented 400/404: `store: true` for a tenant whose
+retention keeps no text, a previous_response_id that is not the caller's (404), and what depends on the model.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from inferd.api.routes.stored_responses import NO_OP_QUERY
+from inferd.api.wire.responses_request import NO_OP_VALUES, TEXT_PART_TYPES, ResponsesRequest
+
+_NOT_TEXT = ("image_url", "file_id", "file_data", "filename", "file_url", "detail")
+_TEXT_FORMAT_ONLY = ("name", "schema", "strict", "description")
+
+
+def _no_op(values: tuple, say: str) -> dict:
+    return {"enum": [None, *values], "default": None, "description": f"Not implemented by this server: accepted only as {say}."}
+
+
+def _tighten(components: dict, name: str, model: dict) -> None:
+    props = components[name]["properties"]
+    props["model"] = model
+    for field, (values, say) in NO_OP_VALUES.items():
+        props[field] = _no_op(values, say)
+    input_schema = props["input"]["anyOf"]
+    props["input"] = {"anyOf": [{"type": "string", "minLength": 1} if s.get("type") == "string" else s
+                                for s in input_schema]}
+    props["previous_response_id"] = {"anyOf": [{"type": "string", "pattern": r"^resp_[A-Za-z0-9]{1,64}$"},
+                                               {"type": "null"}], "default": None}
+    components[name]["anyOf"] = [{"properties": {"stream": {"const": True}}, "required": ["stream"]},
+                                 {"properties": {"stream_options": {"type": "null"}}}]
+    item = components["ResponseInputItem"]
+    content = [c for c in item["properties"]["content"]["anyOf"] if c != {"type": "null"}]
+    item["properties"]["content"] = {"anyOf": content}
+    item["properties"]["role"] = {"enum": ["user", "assistant", "system", "developer"]}
+    item["required"] = ["role", "content"]
+    part = components["ResponseInputPart"]
+    part["properties"].update({"type": {"enum": list(TEXT_PART_TYPES)}, "text": {"type": "string"},
+                               **{f: {"type": "null", "default": None} for f in _NOT_TEXT}})
+    part["required"] = ["type", "text"]
+    fmt = components["ResponseTextFormat"]
+    fmt["oneOf"] = [
+        {"properties": {"type": {"const": "json_schema"}, "name": {"type": "string"}, "schema": {"type": "object"}},
+         "required": ["type", "name", "schema"]},
+        {"properties": {"type": {"enum": ["text", "json_object"]},
+                        **{f: {"type": "null"} for f in _TEXT_FORMAT_ONLY}}}]
+    components["ResponseTextConfig"]["properties"]["verbosity"] = {"enum": [None, "medium"], "default": None}
+    components["ResponseStreamOptions"]["properties"]["include_obfuscation"] = {"enum": [None, False], "default": None}
+
+
+def responses_paths(model: dict, ref: str, errors: Callable[..., dict], generate_errors: tuple[str, ...],
+                    components: dict) -> dict:
+    """The paths, after adding ResponsesRequest's schemas to `components` (`ref`: the $ref template)."""
+    (request,), generated = msgspec.json.schema_components([ResponsesRequest], ref_template=ref)
+    components.update(generated)
+    name = request["$ref"].rsplit("/", 1)[1]
+    _tighten(components, name, model)
+    response_id = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    ok = {"application/json": {"schema": {"type": "object"}}}
+    stream = "text/event-stream"
+    return {
+        "/v1/responses": {"post": {
+            "summary": "Create a model response (OpenAI's Responses API)",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": ref.format(name=name)}}}},
+            "responses": {"200": {"description": "A `response` object, or with `stream: true` its typed events "
+                                                 "(`event: response.created` ... `response.completed`), each with "
+                                                 "a sequence_number; no [DONE]",
+                                  "headers": {"X-Request-Id": {"schema": {"type": "string"}},
+                                              "X-Inferd-Model-Version": {"schema": {"type": "string"}}},
+                                  "content": {**ok, stream: {"schema": {"type": "string"}}}},
+                          **errors(*generate_errors)}}},
+        "/v1/responses/{response_id}": {
+            "get": {"summary": "A stored response (the caller's, still within its retention)",
+                    "parameters": [response_id, *({"name": q, "in": "query", "required": False,
+                                                   "schema": {"enum": ["false"]}} for q in NO_OP_QUERY)],
+                    "responses": {"200": {"description": "The `response` object", "content": ok},
+                                  **errors("400", "401", "403", "404", "500", "503")}},
+            "delete": {"summary": "Delete a stored response", "parameters": [response_id],
+                       "responses": {"200": {"description": "{id, object: response, deleted: true}", "content": ok},
+                                     **errors("401", "403", "404", "500", "503")}},
+        },
+    }
