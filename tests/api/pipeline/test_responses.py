@@ -1,0 +1,148 @@
+"""POST /v1/responses through the real daemon with the official SDK: the Response object and its typed
+events, stored per tenant under its retention, continued by previous_response_id, with chat's ledger,
+idempotency and errors naming the Responses API's own fields."""
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from inferd.store import UsageFilter
+from tests.api.batch_harness import serve
+
+KEPT = '[tenants.local]\nretention = "1h"\n'
+TENANTS = '[tenants.a]\nretention = "1h"\n[tenants.b]\nretention = "1h"\n'
+EVENTS_IN_ORDER = ["response.created", "response.in_progress", "response.output_item.added",
+                   "response.content_part.added"]
+CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+
+
+async def test_a_response_has_its_output_usage_and_a_length_cut_says_incomplete(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        r = await node.sdk().responses.create(model="sim", input="hello there", instructions="be brief",
+                                              max_output_tokens=4, metadata={"k": "v"})
+    assert r.object == "response" and r.id.startswith("resp_") and r.model.startswith("sim@")
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].type == "message" and r.output[0].role == "assistant" and r.output_text
+    assert r.usage.output_tokens == 4 and r.usage.input_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.instructions == "be brief" and r.max_output_tokens == 4 and r.metadata == {"k": "v"} and r.store
+
+
+async def test_a_stream_sends_the_typed_events_in_order_and_its_deltas_make_the_output(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        stream = await node.sdk().responses.create(model="sim", input="hello", max_output_tokens=6, stream=True)
+        events = [event async for event in stream]
+        stored = await node.sdk().responses.retrieve(events[-1].response.id)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == EVENTS_IN_ORDER and kinds[-4:] == CLOSING + ["response.incomplete"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-4].text == text == events[-1].response.output_text == stored.output_text
+    assert events[-1].response.usage.output_tokens == 6
+
+
+async def test_a_stream_ends_with_its_closing_event_and_no_done_sentinel(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
+        async with http.post(node.url + "/v1/responses", json={"model": "sim", "input": "hi", "stream": True}) as resp:
+            body = await resp.text()
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    frames = [f for f in body.split("\n\n") if f.startswith("event: ")]
+    assert frames[-1].startswith("event: response.completed\n") or frames[-1].startswith("event: response.incomplete")
+    assert "[DONE]" not in body
+
+
+async def test_previous_response_id_puts_the_stored_conversation_before_the_input(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        sdk = node.sdk()
+        first = await sdk.responses.create(model="sim", input="hello there", max_output_tokens=5)
+        again = await sdk.responses.create(model="sim", input="and more", max_output_tokens=5)
+        follow = await sdk.responses.create(model="sim", input="and more", max_output_tokens=5,
+                                            previous_response_id=first.id, stream=True)
+        events = [e async for e in follow]
+    done = events[-1].response
+    assert done.previous_response_id == first.id
+    # the first turn's input and output come before this input (templating adds a little more)
+    assert done.usage.input_tokens >= again.usage.input_tokens + first.usage.input_tokens - 3 + 5
+
+
+async def test_an_unknown_previous_response_id_is_404_naming_it(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        with pytest.raises(openai.NotFoundError) as caught:
+            await node.sdk().responses.create(model="sim", input="x", previous_response_id="resp_00000000")
+    assert caught.value.body["param"] == "previous_response_id"
+
+
+async def test_another_tenants_response_cannot_be_read_deleted_or_continued(tmp_path):
+    async with serve(tmp_path, TENANTS, keys_for=("a", "b")) as (node, (key_a, key_b)):
+        a, b = node.sdk(key_a), node.sdk(key_b)
+        made = await a.responses.create(model="sim", input="mine", max_output_tokens=3)
+        for call in (b.responses.retrieve(made.id), b.responses.delete(made.id),
+                     b.responses.create(model="sim", input="x", previous_response_id=made.id)):
+            with pytest.raises(openai.NotFoundError):
+                await call
+        assert (await a.responses.retrieve(made.id)).output_text == made.output_text
+
+
+async def test_a_deleted_response_is_gone(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
+        made = await node.sdk().responses.create(model="sim", input="x", max_output_tokens=3)
+        async with http.delete(f"{node.url}/v1/responses/{made.id}") as resp:
+            assert await resp.json() == {"id": made.id, "object": "response", "deleted": True}
+        with pytest.raises(openai.NotFoundError):
+            await node.sdk().responses.retrieve(made.id)
+
+
+async def test_a_tenant_whose_retention_keeps_no_text_stores_nothing_and_store_true_is_400(tmp_path):
+    async with serve(tmp_path) as (node, _):
+        made = await node.sdk().responses.create(model="sim", input="x", max_output_tokens=3)
+        assert made.store is False
+        with pytest.raises(openai.NotFoundError):
+            await node.sdk().responses.retrieve(made.id)
+        with pytest.raises(openai.BadRequestError) as caught:
+            await node.sdk().responses.create(model="sim", input="x", store=True)
+    assert caught.value.body["param"] == "store"
+
+
+async def test_store_false_is_not_kept_even_with_retention(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        made = await node.sdk().responses.create(model="sim", input="x", max_output_tokens=3, store=False)
+        with pytest.raises(openai.NotFoundError):
+            await node.sdk().responses.retrieve(made.id)
+
+
+async def test_the_ledger_records_it_under_the_responses_endpoint(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        made = await node.sdk().responses.create(model="sim", input="x", max_output_tokens=3)
+        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+    assert [(r.endpoint, r.completion_tokens, r.status) for r in rows] == [("responses", 3, 200)]
+    assert rows[0].prompt_tokens == made.usage.input_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_idempotency_key_replays_the_same_response(tmp_path, stream):
+    body = {"model": "sim", "input": "x", "max_output_tokens": 3, "stream": stream}
+    headers = {"Idempotency-Key": "k1"}
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
+        answers = []
+        for _ in range(2):
+            async with http.post(node.url + "/v1/responses", json=body, headers=headers) as resp:
+                answers.append((resp.headers.get("Idempotent-Replayed"), await resp.read()))
+    assert answers[0][0] is None and answers[1][0] == "true" and answers[0][1] == answers[1][1]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": "x", "max_output_tokens": 100_000}, "max_output_tokens"),
+    ({"input": "x", "max_tokens": 3}, "max_tokens"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
+    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+])
+async def test_errors_name_the_responses_api_fields(tmp_path, body, param):
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
+        async with http.post(node.url + "/v1/responses", json={"model": "sim", **body}) as resp:
+            answer = json.loads(await resp.read())
+    assert resp.status == 400 and answer["error"]["param"] == param, answer
