@@ -3,10 +3,17 @@ events, stored per tenant under its retention, continued by previous_response_id
 idempotency and errors naming the Responses API's own fields."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from inferd.store import UsageFilter
@@ -146,3 +153,69 @@ async def test_errors_name_the_responses_api_fields(tmp_path, body, param):
         async with http.post(node.url + "/v1/responses", json={"model": "sim", **body}) as resp:
             answer = json.loads(await resp.read())
     assert resp.status == 400 and answer["error"]["param"] == param, answer
+
+
+# -- across a restart of a real `inferd serve` process ------------------------------------------------
+
+SERVE_CONFIG = """[server]
+port = 0
+state_dir = "{state}"
+drain_grace_s = 5.0
+[models.sim]
+backend = "sim"
+max_batch_size = 4
+max_num_tokens = 64
+num_kv_blocks = 64
+[models.sim.sim]
+profile = "tiny"
+time_scale = 0.0
+max_model_len = 512
+[tenants.local]
+retention = "1h"
+"""
+
+
+async def _logged(proc: asyncio.subprocess.Process, event: str) -> dict:
+    """The daemon's first JSON log line with `event` (it logs `listening` once it serves)."""
+    while True:
+        raw = await proc.stderr.readline()
+        if not raw:
+            pytest.fail(f"inferd serve exited before logging {event!r}")
+        with contextlib.suppress(ValueError):
+            line = orjson.loads(raw)
+            if line.get("event") == event:
+                return line
+
+
+@contextlib.asynccontextmanager
+async def inferd_serve(config: Path) -> AsyncIterator[str]:
+    """`inferd serve --config` as a process, its URL once it serves; SIGTERM and its exit afterwards."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "inferd", "serve", "--config", str(config),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        listening = await asyncio.wait_for(_logged(proc, "listening"), 60)
+        yield f"http://127.0.0.1:{listening['port']}"
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(_logged(proc, "stopped"), 30)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_previous_response_id_continues_a_conversation_after_the_daemon_restarts(tmp_path):
+    config = tmp_path / "inferd.toml"
+    config.write_text(SERVE_CONFIG.format(state=tmp_path / "state"))
+    async with inferd_serve(config) as url, openai.AsyncOpenAI(base_url=url + "/v1", api_key="x",
+                                                               max_retries=0) as sdk:
+        first = await sdk.responses.create(model="sim", input="remember this", max_output_tokens=4)
+    async with inferd_serve(config) as url, openai.AsyncOpenAI(base_url=url + "/v1", api_key="x",
+                                                               max_retries=0) as sdk:
+        assert (await sdk.responses.retrieve(first.id)).output_text == first.output_text
+        stream = await sdk.responses.create(model="sim", input="go on", max_output_tokens=4,
+                                            previous_response_id=first.id, stream=True)
+        last = [event async for event in stream][-1].response
+        alone = await sdk.responses.create(model="sim", input="go on", max_output_tokens=4, store=False)
+    assert last.previous_response_id == first.id and last.output_text
+    assert last.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
