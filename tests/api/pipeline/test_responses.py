@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import httpx
 import openai
 import orjson
 import pytest
@@ -127,6 +128,18 @@ async def test_the_ledger_records_it_under_the_responses_endpoint(tmp_path):
         rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
     assert [(r.endpoint, r.completion_tokens, r.status) for r in rows] == [("responses", 3, 200)]
     assert rows[0].prompt_tokens == made.usage.input_tokens
+
+
+async def test_langchain_chat_model_on_the_responses_api_invokes_streams_and_passes_its_answer_back(tmp_path):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    async with serve(tmp_path, KEPT) as (node, _), httpx.AsyncClient() as http:
+        llm = langchain_openai.ChatOpenAI(model="sim", base_url=node.url + "/v1", api_key="x", max_tokens=5,
+                                          use_responses_api=True, max_retries=0, http_async_client=http)
+        first = await llm.ainvoke([("system", "be brief"), ("human", "hello")])
+        chunks = [chunk async for chunk in llm.astream("hello again")]
+        again = await llm.ainvoke([("human", "hello"), first, ("human", "more")])    # its output passed back
+    assert first.response_metadata["id"].startswith("resp_") and first.text and first.usage_metadata["output_tokens"] == 5
+    assert "".join(chunk.text for chunk in chunks) and again.text
 
 
 @pytest.mark.parametrize("stream", [False, True])
