@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -140,6 +142,28 @@ async def test_langchain_chat_model_on_the_responses_api_invokes_streams_and_pas
         again = await llm.ainvoke([("human", "hello"), first, ("human", "more")])    # its output passed back
     assert first.response_metadata["id"].startswith("resp_") and first.text and first.usage_metadata["output_tokens"] == 5
     assert "".join(chunk.text for chunk in chunks) and again.text
+
+
+async def test_the_llm_cli_with_responses_true_answers_and_continues_a_conversation(tmp_path):
+    """`llm` (simonw/llm) with `responses: true` in extra-openai-models.yaml: a prompt, then `-c`, which sends the
+    conversation back as input items (its own store: false)."""
+    exe = shutil.which("llm", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("the llm CLI is not installed")
+    async with serve(tmp_path, KEPT) as (node, _):
+        (tmp_path / "extra-openai-models.yaml").write_text(
+            f"- model_id: inferd\n  model_name: sim\n  api_base: {node.url}/v1\n  responses: true\n")
+        env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "x"}
+        outputs = []
+        for args in (["-m", "inferd", "hello"], ["-c", "more please", "--no-stream"]):
+            proc = await asyncio.create_subprocess_exec(exe, *args, "-o", "max_tokens", "4", env=env,
+                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            outputs.append(out.decode().strip())
+        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+    assert all(outputs) and [r.endpoint for r in rows] == ["responses", "responses"]
+    assert rows[1].prompt_tokens > rows[0].prompt_tokens + 4        # the first turn came back as input
 
 
 @pytest.mark.parametrize("stream", [False, True])
