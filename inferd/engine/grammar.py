@@ -189,7 +189,7 @@ class Grammars:
 class GrammarState:
     """One sequence's place in its grammar: the tokens it accepted so far. Used by one thread at a time."""
 
-    __slots__ = ("_matcher", "_bitmask", "_bytes", "_size", "_allowed")
+    __slots__ = ("_matcher", "_bitmask", "_bytes", "_size", "_allowed", "failed")
 
     def __init__(self, compiled: Any, vocab_size: int) -> None:
         xgr = _xgrammar()
@@ -198,6 +198,7 @@ class GrammarState:
         self._bytes = self._bitmask.numpy().view(np.uint8)   # the same memory, as bytes (little-endian words)
         self._size = vocab_size
         self._allowed: np.ndarray | None = None               # the mask of the current state, once computed
+        self.failed = False          # a token it did not allow was accepted: the output cannot follow it any more
 
     def allowed(self) -> np.ndarray:
         """Which token ids the grammar allows next (bool, one per id up to vocab_size)."""
@@ -217,7 +218,9 @@ class GrammarState:
     def accept(self, token: int) -> bool:
         """Advance by one generated token; False when the grammar does not allow it (state unchanged)."""
         self._allowed = None
-        return bool(self._matcher.accept_token(int(token)))
+        ok = bool(self._matcher.accept_token(int(token)))
+        self.failed = self.failed or not ok
+        return ok
 
     @property
     def terminated(self) -> bool:
