@@ -128,6 +128,12 @@ class Grammars:
                 self._compiler = xgr.GrammarCompiler(self._make_info(xgr), max_threads=2, cache_enabled=False)
             return self._compiler
 
+    def cached(self, guided: GuidedDecoding) -> bool:
+        """Whether `guided` is compiled already (matcher() will not block); a cached refusal is not."""
+        with self._lock:
+            hit = self._cache.get(guided)
+        return hit is not None and not isinstance(hit[0], GrammarError)
+
     def compile(self, guided: GuidedDecoding) -> Any:
         """The compiled grammar (an xgrammar CompiledGrammar); blocking. Raises GrammarError."""
         with self._lock:
