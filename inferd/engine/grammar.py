@@ -102,30 +102,34 @@ class Grammars:
         self._max_entries, self._max_bytes = max_entries, max_bytes
         self._lock = threading.Lock()
         self._compiler: Any = None
+        self._not_json: np.ndarray | None = None      # tokens holding a control character (see _control_tokens)
         self._cache: OrderedDict[GuidedDecoding, tuple[Any, int]] = OrderedDict()   # value: (grammar | error, bytes)
         self._bytes = 0
         self.compiles = 0            # compiles done (a cached grammar, or a cached refusal, compiles nothing)
 
     @classmethod
-    def for_hf(cls, tokenizer: HFTokenizer, vocab_size: int | None = None) -> Grammars:
+    def for_hf(cls, tokenizer: HFTokenizer, vocab_size: int | None = None, **bounds: int) -> Grammars:
         """For a Hugging Face tokenizer; `vocab_size`: the model's logits width (default: the tokenizer's)."""
         size = max(vocab_size or 0, tokenizer.vocab_size)
         stops = tuple(tokenizer.eos_token_ids)
-        return cls(lambda xgr: _hf_info(xgr, tokenizer, size, stops), size)
+        return cls(lambda xgr: _hf_info(xgr, tokenizer, size, stops), size, **bounds)
 
     @classmethod
-    def for_pieces(cls, pieces: Sequence[bytes], stop_token_ids: Sequence[int], vocab_size: int) -> Grammars:
+    def for_pieces(cls, pieces: Sequence[bytes], stop_token_ids: Sequence[int], vocab_size: int,
+                   **bounds: int) -> Grammars:
         """For a vocabulary given as each id's bytes (b"" for special tokens), e.g. the sim's."""
         stops = list(stop_token_ids)
         return cls(lambda xgr: xgr.TokenizerInfo(list(pieces), xgr.VocabType.RAW, vocab_size=vocab_size,
-                                                 stop_token_ids=stops), vocab_size)
+                                                 stop_token_ids=stops), vocab_size, **bounds)
 
     def _get_compiler(self) -> Any:
         with self._lock:
             if self._compiler is None:
                 xgr = _xgrammar()
+                info = self._make_info(xgr)
+                self._not_json = _control_tokens(info.decoded_vocab, self.vocab_size)
                 # xgrammar's own cache is off: ours is the one bound (entries and bytes).
-                self._compiler = xgr.GrammarCompiler(self._make_info(xgr), max_threads=2, cache_enabled=False)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
 
     def cached(self, guided: GuidedDecoding) -> bool:
@@ -183,26 +187,44 @@ class Grammars:
             if isinstance(exc, GrammarError):
                 raise
             raise GrammarError(f"the {kind.replace('_', ' ')} was refused: {_clean(exc)}") from None
-        if not GrammarState(compiled, self.vocab_size).allowed().any():
+        if not GrammarState(compiled, self.vocab_size, self._banned(kind)).allowed().any():
             raise GrammarError(f"the {kind.replace('_', ' ')} admits no output")
         return compiled
 
     def matcher(self, guided: GuidedDecoding) -> GrammarState:
         """A fresh matcher for one sequence (compiles on a cache miss: blocking)."""
-        return GrammarState(self.compile(guided), self.vocab_size)
+        compiled = self.compile(guided)
+        return GrammarState(compiled, self.vocab_size, self._banned(guided.kind))
+
+    def _banned(self, kind: str) -> np.ndarray | None:
+        # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids
+        # (Python's json.loads refuses them); compact JSON has no other place for them either.
+        return self._not_json if kind in ("json_schema", "json_object") else None
+
+
+def _control_tokens(decoded: Sequence[bytes], vocab_size: int) -> np.ndarray:
+    """True for each token id whose text holds a byte below 0x20 (special tokens decode empty: never)."""
+    banned = np.zeros(vocab_size, dtype=bool)
+    controls = bytes(range(32))
+    for tid, piece in enumerate(decoded[:vocab_size]):
+        if piece and piece.translate(None, controls) != piece:
+            banned[tid] = True
+    return banned
 
 
 class GrammarState:
     """One sequence's place in its grammar: the tokens it accepted so far. Used by one thread at a time."""
 
-    __slots__ = ("_matcher", "_bitmask", "_bytes", "_size", "_allowed", "failed")
+    __slots__ = ("_matcher", "_bitmask", "_bytes", "_size", "_allowed", "_keep", "failed")
 
-    def __init__(self, compiled: Any, vocab_size: int) -> None:
+    def __init__(self, compiled: Any, vocab_size: int, banned: np.ndarray | None = None) -> None:
+        """`banned`: token ids never allowed, whatever the grammar says (one flag per id)."""
         xgr = _xgrammar()
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._bytes = self._bitmask.numpy().view(np.uint8)   # the same memory, as bytes (little-endian words)
         self._size = vocab_size
+        self._keep = None if banned is None or not banned.any() else ~banned
         self._allowed: np.ndarray | None = None               # the mask of the current state, once computed
         self.failed = False          # a token it did not allow was accepted: the output cannot follow it any more
 
@@ -210,7 +232,10 @@ class GrammarState:
         """Which token ids the grammar allows next (bool, one per id up to vocab_size)."""
         if self._allowed is None:
             self._matcher.fill_next_token_bitmask(self._bitmask)
-            self._allowed = np.unpackbits(self._bytes, bitorder="little", count=self._size).view(bool)
+            allowed = np.unpackbits(self._bytes, bitorder="little", count=self._size).view(bool)
+            if self._keep is not None:
+                allowed &= self._keep
+            self._allowed = allowed
         return self._allowed
 
     def mask(self, row: np.ndarray) -> None:
