@@ -17,6 +17,7 @@ import aiohttp
 import httpx
 import openai
 import orjson
+import pydantic
 import pytest
 
 from inferd.store import UsageFilter
@@ -130,6 +131,23 @@ async def test_the_ledger_records_it_under_the_responses_endpoint(tmp_path):
         rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
     assert [(r.endpoint, r.completion_tokens, r.status) for r in rows] == [("responses", 3, 200)]
     assert rows[0].prompt_tokens == made.usage.input_tokens
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+async def test_text_format_json_schema_constrains_the_output_so_responses_parse_returns_the_object(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        parsed = await node.sdk().responses.parse(model="sim", input="a person", text_format=Person,
+                                                  max_output_tokens=200)
+        stream = await node.sdk().responses.create(model="sim", input="json", max_output_tokens=200, stream=True,
+                                                   text={"format": {"type": "json_object"}})
+        last = [event async for event in stream][-1].response
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Person)
+    assert parsed.text.format.type == "json_schema" and parsed.text.format.name == "Person"
+    assert last.status == "completed" and isinstance(json.loads(last.output_text), dict)
 
 
 async def test_langchain_chat_model_on_the_responses_api_invokes_streams_and_passes_its_answer_back(tmp_path):
