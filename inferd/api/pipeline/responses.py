@@ -15,6 +15,7 @@ works at once, and after a restart.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import orjson
 
@@ -22,8 +23,9 @@ from inferd.api.errors import NOT_FOUND, ApiError, invalid, store_unavailable
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.wire.openai import decode_with
 from inferd.api.wire.responses import Identity
-from inferd.api.wire.responses_output import ResponseEventEncoder, echo_of, finished_response, new_item_id
-from inferd.api.wire.responses_request import ResponsesRequest, decoder, prepare
+from inferd.api.wire.responses_events import ResponseEventEncoder
+from inferd.api.wire.responses_output import STATUS, echo_of, finished_response, output_items
+from inferd.api.wire.responses_request import ResponsesRequest, decoder, item_messages, prepare, prompt_chars
 from inferd.api.pipeline.timeline import Timeline
 from inferd.store import StoreError, StoredConversation
 from inferd.types import Usage
@@ -54,7 +56,7 @@ async def decode_request(ctx: RequestContext) -> None:
         before = await _conversation(ctx, req.previous_response_id)
         head = prepared.messages[:1] if req.instructions else []
         prepared.messages = head + before + inputs
-        prepared.prompt_chars = sum(len(m["content"]) for m in prepared.messages)
+        prepared.prompt_chars = prompt_chars(prepared.messages)
     ctx.wire, ctx.prepared = req, prepared
     stored = retention if req.store is not False else 0.0
     ctx.extras["output"] = ResponsesOutput(req, before + inputs, stored)
@@ -85,11 +87,14 @@ class ResponsesOutput:
         self.echo = echo_of(req, stored_s > 0)
         self.response: dict | None = None
 
-    def encoder(self, ident: Identity, hold_done: bool, timeline: Timeline) -> ResponseEventEncoder:
-        return ResponseEventEncoder(ident, self.echo, hold_done=hold_done, timeline=timeline)
+    def encoder(self, ident: Identity, hold_done: bool, timeline: Timeline | None,
+                parser: Any = None) -> ResponseEventEncoder:
+        """The stream's encoder; `parser`: the output's tool call parser when tools are in play."""
+        return ResponseEventEncoder(ident, self.echo, hold_done=hold_done, timeline=timeline, parser=parser)
 
-    def body(self, ident: Identity, text: str, finish: str, usage: Usage) -> bytes:
-        self.response = finished_response(ident, self.echo, new_item_id(), text, finish, usage)
+    def body(self, ident: Identity, text: str, finish: str, usage: Usage, parser: Any = None) -> bytes:
+        pieces = [text] if parser is None else parser.feed(text) + parser.close()
+        self.response = finished_response(ident, self.echo, output_items(pieces, STATUS[finish][0]), finish, usage)
         return orjson.dumps(self.response)
 
     async def keep(self, ctx: RequestContext, response: dict | None) -> None:
@@ -97,9 +102,7 @@ class ResponsesOutput:
         a store that fails is a 503, so the client never holds an id that names nothing."""
         if not self.stored_s or response is None or ctx.state.storage is None:
             return
-        text = "".join(part["text"] for item in response["output"] if item["type"] == "message"
-                       for part in item["content"])
-        conversation = self.conversation + [{"role": "assistant", "content": text}]
+        conversation = self.conversation + item_messages(response["output"])
         now = time.time()
         record = StoredConversation(id=response["id"], tenant=ctx.tenant, model=response["model"], created_at=now,
                                     expires_at=now + self.stored_s, previous_response_id=self.req.previous_response_id,

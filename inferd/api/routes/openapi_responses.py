@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.api.routes.stored_responses import NO_OP_QUERY
-from inferd.api.wire.responses_request import NO_OP_VALUES, TEXT_PART_TYPES, ResponsesRequest
+from inferd.api.wire.responses_request import ITEM_FIELDS, NO_OP_VALUES, TEXT_PART_TYPES, ResponsesRequest
 
 _NOT_TEXT = ("image_url", "file_id", "file_data", "filename", "file_url", "detail")
 _TEXT_FORMAT_ONLY = ("name", "schema", "strict", "description")
@@ -35,11 +35,7 @@ def _tighten(components: dict, name: str, model: dict) -> None:
                                                {"type": "null"}], "default": None}
     components[name]["anyOf"] = [{"properties": {"stream": {"const": True}}, "required": ["stream"]},
                                  {"properties": {"stream_options": {"type": "null"}}}]
-    item = components["ResponseInputItem"]
-    content = [c for c in item["properties"]["content"]["anyOf"] if c != {"type": "null"}]
-    item["properties"]["content"] = {"anyOf": content}
-    item["properties"]["role"] = {"enum": ["user", "assistant", "system", "developer"]}
-    item["required"] = ["role", "content"]
+    components["ResponseInputItem"] = _item_schema(components["ResponseInputItem"])
     part = components["ResponseInputPart"]
     part["properties"].update({"type": {"enum": list(TEXT_PART_TYPES)}, "text": {"type": "string"},
                                **{f: {"type": "null", "default": None} for f in _NOT_TEXT}})
@@ -52,6 +48,24 @@ def _tighten(components: dict, name: str, model: dict) -> None:
                         **{f: {"type": "null"} for f in _TEXT_FORMAT_ONLY}}}]
     components["ResponseTextConfig"]["properties"]["verbosity"] = {"enum": [None, "medium"], "default": None}
     components["ResponseStreamOptions"]["properties"]["include_obfuscation"] = {"enum": [None, False], "default": None}
+
+
+def _item_schema(generated: dict) -> dict:
+    """One variant per item type (a message's `type` may be absent): its own fields required and not null,
+    the other types' fields null (inferd.api.wire.responses_request._ITEM_FIELDS)."""
+    props = generated["properties"]
+    base = {k: v for k, v in generated.items() if k not in ("properties", "required", "title")}
+    variants = []
+    for kind, (required, foreign) in ITEM_FIELDS.items():
+        own = {name: {"anyOf": [t for t in props[name].get("anyOf", [props[name]]) if t != {"type": "null"}]}
+               for name in required}
+        if kind == "message":
+            own["role"] = {"enum": ["user", "assistant", "system", "developer"]}
+        kind_schema = {"enum": [None, kind]} if kind == "message" else {"const": kind}
+        variants.append({**base, "properties": {**props, **own, "type": kind_schema,
+                                                **{name: {"type": "null"} for name in foreign}},
+                         "required": [*required] if kind == "message" else ["type", *required]})
+    return {"title": generated["title"], "anyOf": variants}
 
 
 def responses_paths(model: dict, ref: str, errors: Callable[..., dict], generate_errors: tuple[str, ...],

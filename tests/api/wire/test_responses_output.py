@@ -1,81 +1,51 @@
-"""The Response object and the typed events of a streamed one, as the SSE writer drives the encoder
-(content ..., final, usage, done; or error)."""
+"""The whole Response: output items from text and tool call pieces, the status a finish gives, the request
+repeated, and whether a sent event stream ended normally."""
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 
-from inferd.api.errors import ApiError
 from inferd.api.wire.responses import Identity
-from inferd.api.wire.responses_output import ResponseEventEncoder, ended_normally, finished_response
+from inferd.api.wire.responses_output import ended_normally, finished_response, output_items
 from inferd.types import Usage
 
 IDENT = Identity("responses", "resp_1", 100, "m@v", "fp")
-ECHO = {"store": True, "instructions": None}
 
 
-def events(frames: bytes) -> list[dict]:
-    out = []
-    for frame in frames.decode().split("\n\n"):
-        if frame.startswith("event: "):
-            name, data = frame.split("\n", 1)
-            body = json.loads(data.removeprefix("data: "))
-            assert body["type"] == name.removeprefix("event: ")
-            out.append(body)
-    return out
+@dataclass
+class Call:
+    index: int
+    id: str
+    name: str
 
 
-def test_a_stream_is_created_then_its_deltas_then_the_done_events_and_completed_with_usage():
-    enc = ResponseEventEncoder(IDENT, ECHO)
-    frames = enc.content("Hel") + enc.content("lo") + enc.final("!", "stop") + enc.usage(Usage(prompt_tokens=3, completion_tokens=4)) + enc.done(None)
-    got = events(frames)
-    assert [e["type"] for e in got] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"]
-    assert [e["sequence_number"] for e in got] == list(range(len(got)))
-    assert got[0]["response"]["status"] == "in_progress" and got[0]["response"]["id"] == "resp_1"
-    assert {e["item_id"] for e in got[3:9]} == {got[2]["item"]["id"]} == {got[9]["item"]["id"]}
-    done = got[-1]["response"]
-    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "Hello!"
-    assert done["usage"] == {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7,
-                             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                             "output_tokens_details": {"reasoning_tokens": 0}}
-    assert ended_normally(frames)
-
-
-def test_a_length_cut_ends_incomplete_naming_max_output_tokens():
-    enc = ResponseEventEncoder(IDENT, ECHO)
-    got = events(enc.final("abc", "length") + enc.usage(Usage(prompt_tokens=1, completion_tokens=3)) + enc.done(None))
-    assert got[-1]["type"] == "response.incomplete"
-    assert got[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert got[-2]["item"]["status"] == "incomplete"
-
-
-def test_held_done_sends_the_closing_event_only_when_the_writer_asks():
-    enc = ResponseEventEncoder(IDENT, ECHO, hold_done=True)
-    head = enc.final("x", "stop") + enc.usage(Usage(prompt_tokens=1, completion_tokens=1)) + enc.done(None)
-    assert events(head)[-1]["type"] == "response.output_item.done"
-    assert events(enc.held_done())[0]["type"] == "response.completed"
-
-
-def test_an_abnormal_end_is_an_error_event_then_failed_and_no_done_sentinel():
-    enc = ResponseEventEncoder(IDENT, ECHO)
-    err = ApiError(504, "too late", code="deadline_exceeded")
-    frames = enc.content("a") + enc.error(err, None) + enc.closing + enc.done(None)
-    got = events(frames)
-    assert [e["type"] for e in got[-2:]] == ["error", "response.failed"]
-    assert got[-2]["code"] == "deadline_exceeded" and got[-2]["message"] == "too late"
-    assert got[-1]["response"]["status"] == "failed" and got[-1]["response"]["error"]["code"] == "deadline_exceeded"
-    assert b"[DONE]" not in frames and not ended_normally(frames)
-
-
-def test_a_refusal_before_any_output_says_created_then_failed():
-    got = events(ResponseEventEncoder(IDENT, ECHO).error(ApiError(429, "later", code="queue_full"), None))
-    assert [e["type"] for e in got] == ["response.created", "error", "response.failed"]
+@dataclass
+class Args:
+    index: int
+    text: str
 
 
 def test_the_whole_response_repeats_its_request_and_says_why_it_is_incomplete():
-    body = finished_response(IDENT, ECHO, "msg_1", "text", "content_filter", Usage(prompt_tokens=2, completion_tokens=1))
+    items = output_items(["te", "xt"], "incomplete")
+    body = finished_response(IDENT, {"store": True}, items, "content_filter", Usage(prompt_tokens=2, completion_tokens=1))
     assert body["object"] == "response" and body["created_at"] == 100 and body["model"] == "m@v"
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "content_filter"}
-    assert body["store"] is True and body["output"][0]["id"] == "msg_1"
+    assert body["store"] is True and body["output"][0]["content"][0]["text"] == "text"
+    assert body["output"][0]["id"].startswith("msg_") and body["usage"]["total_tokens"] == 3
+
+
+def test_calls_are_function_call_items_and_blank_text_around_them_is_no_message():
+    items = output_items(["\n", Call(0, "call_a", "f"), Args(0, "{}"), Call(1, "call_b", "g"), Args(1, '{"x"'),
+                          Args(1, ": 1}")], "completed")
+    assert [(i["type"], i["call_id"], i["name"], i["arguments"]) for i in items] == [
+        ("function_call", "call_a", "f", "{}"), ("function_call", "call_b", "g", '{"x": 1}')]
+    assert all(i["id"].startswith("fc_") and i["status"] == "completed" for i in items)
+
+
+def test_an_empty_output_is_one_empty_message():
+    assert [i["content"][0]["text"] for i in output_items([], "completed")] == [""]
+
+
+def test_a_stream_ended_normally_only_with_its_closing_event():
+    assert ended_normally(b"event: response.completed\ndata: {}\n\n")
+    assert ended_normally(b": server-timing x\n\nevent: response.incomplete\ndata: {}\n\n")
+    assert not ended_normally(b"event: response.failed\ndata: {}\n\n")

@@ -46,7 +46,31 @@ def test_message_items_keep_their_roles_and_join_their_text_parts():
     assert p.messages == inputs
 
 
+def test_function_calls_join_the_assistant_message_before_them_and_their_outputs_are_tool_messages():
+    _, inputs = prepared(input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "checking"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get", "arguments": '{"city": "Oslo"}', "id": "fc_1",
+         "status": "completed"},
+        {"type": "function_call", "call_id": "call_2", "name": "get", "arguments": "not json"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "cold"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "?"}]}])
+    assert inputs == [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "checking", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get", "arguments": {"city": "Oslo"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "get", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "?"}]
+
+
 @pytest.mark.parametrize(("body", "param"), [
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "role": "user"}]},
+     "input[0].role"),
+    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output"),
+    ({"input": [{"role": "user", "content": "x", "call_id": "c"}]}, "input[0].call_id"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ({"max_tokens": 3}, "max_tokens"),
     ({"input": ""}, "input"),
     ({"input": []}, "input"),
