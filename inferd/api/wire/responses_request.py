@@ -76,6 +76,23 @@ class ResponseTextConfig(msgspec.Struct, **_STRICT):
     verbosity: str | None = None
 
 
+class ResponseFunctionTool(msgspec.Struct, **_STRICT):
+    """A function tool in the Responses API's flat shape (chat nests the same fields under `function`)."""
+
+    type: Literal["function"]
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseToolChoiceFunction(msgspec.Struct, **_STRICT):
+    """tool_choice naming one function: {"type": "function", "name"}."""
+
+    type: Literal["function"]
+    name: str
+
+
 class ResponseStreamOptions(msgspec.Struct, **_STRICT):
     include_obfuscation: bool | None = None     # no-op value: false (we never add padding fields)
 
@@ -98,8 +115,8 @@ class ResponsesRequest(msgspec.Struct, **_STRICT):
     user: str | None = None
     safety_identifier: str | None = None        # annotation only
     prompt_cache_key: str | None = None         # a routing hint; our prefix cache is automatic
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ResponseFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponseToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     # OpenAI's, accepted at their no-op value only (NO_OP_VALUES)
     background: bool | None = None
@@ -121,8 +138,6 @@ class ResponsesRequest(msgspec.Struct, **_STRICT):
 
 
 NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": (([],), "null or []"),
-    "tool_choice": (("none", "auto"), "null, \"none\" or \"auto\""),
     "background": ((False,), "null or false"),
     "include": (([],), "null or []"),
     "max_tool_calls": ((), "null"),
@@ -169,7 +184,17 @@ def prepare(req: ResponsesRequest) -> tuple[Prepared, list[dict]]:
                    top_p=1.0 if req.top_p is None else req.top_p)
     out.prompt_chars = prompt_chars(out.messages)
     _prepare_format(req.text, out)
+    _prepare_tools(req, out)
     return out, inputs
+
+
+def _prepare_tools(req: ResponsesRequest, out: Prepared) -> None:
+    """Function tools (not yet served by this branch: only none)."""
+    if req.tools:
+        raise invalid("tools: not supported by this server yet; only null or [] is accepted.", param="tools",
+                      code="unsupported_parameter")
+    if req.tool_choice not in (None, "none", "auto"):
+        raise invalid("tool_choice: only allowed when tools are specified.", param="tool_choice", code="invalid_value")
 
 
 def prompt_chars(messages: list[dict]) -> int:

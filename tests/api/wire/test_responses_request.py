@@ -89,7 +89,7 @@ def test_function_calls_join_the_assistant_message_before_them_and_their_outputs
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"text": {"verbosity": "high"}}, "text.verbosity"),
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
