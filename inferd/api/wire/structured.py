@@ -27,8 +27,9 @@ from inferd.types import GuidedDecoding
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
 _TAGGED = dict(_STRICT, tag_field="type")
-# OpenAI's rule for a response format's name (their API's 400 quotes this pattern).
-NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+# OpenAI's rule for a response format's name (their API's 400 quotes this pattern). \Z, not $: Python's $
+# also matches before a final newline; /openapi.json writes it with $ (ECMA's, which does not).
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}\Z"
 # vLLM's constraints, in the order a request's two are judged (the second is the one named).
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
 # vLLM's options beside the constraint that inferd does not implement: accepted only at their no-op value.

@@ -73,6 +73,7 @@ def test_completions_take_response_format_as_vllm_does():
     ({}, "response_format.type", "missing_required_parameter"),
     ({"type": "json_schema", "json_schema": {"name": "has space"}}, "response_format.json_schema.name", "invalid_value"),
     ({"type": "json_schema", "json_schema": {"name": "x" * 65}}, "response_format.json_schema.name", "invalid_value"),
+    ({"type": "json_schema", "json_schema": {"name": "x\n"}}, "response_format.json_schema.name", "invalid_value"),
     (schema_format(schema=[1]), "response_format.json_schema.schema", "invalid_value"),
     (schema_format(strict="yes"), "response_format.json_schema.strict", "invalid_value"),
 ])
