@@ -151,8 +151,11 @@ def _schema_object(value: str | dict[str, Any]) -> dict[str, Any]:
 
 
 def compact(schema: dict[str, Any]) -> str:
-    """The schema as compact JSON with sorted keys: equal schemas are one cache entry (GuidedDecoding)."""
-    return msgspec.json.encode(schema, order="sorted").decode()
+    """The schema as compact JSON, keys in the client's order: not sorted, because xgrammar writes an object's
+    keys in the order of its schema's `properties` and OpenAI documents that the output keeps the schema's
+    order (a schema putting `reasoning` before `answer` relies on it). The same schema sent again, as one
+    client's code does, is the same text, so it is one entry of the engine's compile cache."""
+    return msgspec.json.encode(schema).decode()
 
 
 def legacy_hint(param: str) -> str:

@@ -65,8 +65,8 @@ async def test_the_grammar_compiles_in_the_pool_not_on_the_event_loop(served, st
     assert status == 200, body
     ((thread, guided),) = fake.calls
     assert thread != threading.get_ident()
-    assert guided.kind == "json_schema" and guided.spec == '{"properties":{"ok":{"type":"boolean"}},' \
-                                                           '"required":["ok"],"type":"object"}'
+    assert guided.kind == "json_schema" and guided.spec == '{"type":"object","properties":{"ok":{"type":"boolean"}},' \
+                                                           '"required":["ok"]}'
 
 
 async def test_a_request_without_a_grammar_compiles_nothing(served, stand_in):
