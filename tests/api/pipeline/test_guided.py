@@ -122,7 +122,6 @@ async def test_a_compile_still_running_at_the_deadline_is_a_504(served, stand_in
 
 async def test_the_response_cache_key_holds_the_grammar(serve):
     served = await serve(tenants={"local": TenantConfig(cache_responses=True)})
-    served.engine.grammars = StandIn(served.engine.grammars)
     body = {**CHAT, "temperature": 0}
     other = {**SCHEMA, "properties": {"ok": {"type": "integer"}}}
     answers = []
