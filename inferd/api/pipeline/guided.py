@@ -4,7 +4,8 @@ cannot serve is a 400 naming the field that asked for it, never a failure inside
 The compile runs in the bounded pool tokenization uses (inferd.api.pipeline.prompt_tokens.POOL), so it
 never blocks the event loop, and it counts against the request's deadline: a 504 when it passes. The
 engine's Grammars caches compiled grammars (and refusals) per tokenizer, so a second request with the
-same schema compiles nothing; the engine then finds it in that cache when it builds the request's matcher.
+same schema compiles nothing (nor waits for a pool thread); the engine finds it in that cache when it builds
+the request's matcher. A cached refusal is compiled again in the pool, where it answers at once.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ async def compile_guided(engine: Engine, p: Prepared, deadline: float) -> None:
     if grammars is None:
         raise invalid(f"{param}: structured output is not supported by the {engine.info.backend} backend.",
                       param=param, code="unsupported_parameter")
+    if grammars.cached(guided):        # compiled for an earlier request: nothing to wait for
+        return
     try:
         await POOL.run(lambda: grammars.compile(guided), deadline)
     except GrammarUnavailable:

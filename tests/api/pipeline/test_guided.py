@@ -24,8 +24,9 @@ class StandIn:
     """A Grammars that records its compiles (thread, grammar), raises `error` if set, and blocks on `gate`
     if set; the rest of the engine's Grammars interface goes to `inner` (None before a real one exists)."""
 
-    def __init__(self, inner, error: Exception | None = None, gate: threading.Event | None = None) -> None:
-        self.inner, self.error, self.gate = inner, error, gate
+    def __init__(self, inner, error: Exception | None = None, gate: threading.Event | None = None,
+                 cached: bool = False) -> None:
+        self.inner, self.error, self.gate, self.is_cached = inner, error, gate, cached
         self.calls: list[tuple[int, GuidedDecoding]] = []
         self.entered = threading.Event()
 
@@ -37,6 +38,9 @@ class StandIn:
         if self.error is not None:
             raise self.error
         return self.inner.compile(guided) if self.inner is not None else None
+
+    def cached(self, guided: GuidedDecoding) -> bool:
+        return self.is_cached
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -63,10 +67,16 @@ async def test_the_grammar_compiles_in_the_pool_not_on_the_event_loop(served, st
     fake = stand_in()
     status, _, body = await post(served, {**CHAT, "response_format": FORMAT})
     assert status == 200, body
-    ((thread, guided),) = fake.calls
-    assert thread != threading.get_ident()
+    assert fake.calls and all(thread != threading.get_ident() for thread, _ in fake.calls)
+    guided = fake.calls[0][1]
     assert guided.kind == "json_schema" and guided.spec == '{"type":"object","properties":{"ok":{"type":"boolean"}},' \
                                                            '"required":["ok"]}'
+
+
+async def test_a_grammar_compiled_already_goes_straight_on_without_the_pool(served, stand_in):
+    fake = stand_in(cached=True)
+    assert (await post(served, {**CHAT, "response_format": FORMAT}))[0] == 200
+    assert fake.calls == []
 
 
 async def test_a_request_without_a_grammar_compiles_nothing(served, stand_in):
