@@ -192,6 +192,8 @@ def decode_with(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     except UnicodeDecodeError:
         raise invalid("Request body is not valid UTF-8.", code="invalid_encoding") from None
+    except RecursionError:      # a free-form value (a JSON schema, say) nested past the decoder's stack
+        raise invalid("Request body is nested too deeply.", code="invalid_json") from None
 
 
 def _validation_error(text: str) -> ApiError:

@@ -142,3 +142,11 @@ def test_a_text_response_format_beside_structured_outputs_is_one_constraint():
 def test_vllms_removed_guided_fields_are_unknown_and_the_400_says_what_replaced_them(old, new):
     err = rejected("chat", **{old: "x"})
     assert err.param == old and err.code == "unknown_parameter" and new in err.message
+
+
+def test_a_schema_nested_past_the_decoders_stack_is_a_400_not_a_500():
+    deep = "[" * 100_000 + "]" * 100_000
+    body = json.dumps({**CHAT, "response_format": schema_format(schema={"x": 0})}).replace("0", deep, 1)
+    with pytest.raises(ApiError) as info:
+        decode("chat", body.encode())
+    assert info.value.status == 400 and info.value.code == "invalid_json"
