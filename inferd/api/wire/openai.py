@@ -16,7 +16,7 @@ import msgspec
 
 from inferd.api.errors import ApiError, invalid
 from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
-from inferd.api.wire.structured import ResponseFormat, StructuredOutputs, guided_for, legacy_hint
+from inferd.api.wire.structured import ResponseFormat, StructuredOutputs, guided_for, legacy_hint, set_guided
 from inferd.types import GuidedDecoding
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
@@ -312,7 +312,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
     _prepare_logprobs(kind, req, out)
     guided = guided_for(req.response_format, req.structured_outputs)
     if guided is not None:
-        out.guided, out.guided_param = guided
+        set_guided(out, *guided)
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:

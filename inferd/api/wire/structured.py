@@ -95,6 +95,15 @@ def guided_for(response_format: ResponseFormat | None,
     return found[0] if found else None
 
 
+def set_guided(out: Any, guided: GuidedDecoding, param: str) -> None:
+    """Give `out` (a Prepared) its grammar, asked for by `param`; a 400 naming `param` when another field set
+    one already (tool_choice "required" beside a json_schema response_format, say): one grammar per output."""
+    if out.guided is not None:
+        raise invalid(f"{param}: only one constraint on the output per request; {out.guided_param} already sets "
+                      "one.", param=param, code="conflicting_constraints")
+    out.guided, out.guided_param = guided, param
+
+
 def _from_response_format(fmt: ResponseFormat) -> list[tuple[GuidedDecoding, str]]:
     if isinstance(fmt, JsonObjectFormat):
         return [(GuidedDecoding(kind="json_object"), "response_format")]

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from inferd.api.errors import ApiError
-from inferd.api.wire.openai import decode, prepare
+from inferd.api.wire.openai import Prepared, decode, prepare
+from inferd.api.wire.structured import set_guided
 from inferd.types import GuidedDecoding
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -150,3 +151,13 @@ def test_a_schema_nested_past_the_decoders_stack_is_a_400_not_a_500():
     with pytest.raises(ApiError) as info:
         decode("chat", body.encode())
     assert info.value.status == 400 and info.value.code == "invalid_json"
+
+
+def test_a_second_field_asking_for_a_grammar_is_a_400_naming_it():
+    p = prepared("chat", response_format={"type": "json_object"})
+    with pytest.raises(ApiError) as info:
+        set_guided(p, GuidedDecoding(kind="json_schema", spec="{}"), "tool_choice")
+    assert info.value.param == "tool_choice" and "response_format" in info.value.message
+    fresh = Prepared(kind="chat")
+    set_guided(fresh, GuidedDecoding(kind="regex", spec="a"), "structured_outputs.regex")
+    assert (fresh.guided.kind, fresh.guided_param) == ("regex", "structured_outputs.regex")
