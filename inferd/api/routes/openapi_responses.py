@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from inferd.api.routes.openapi_structured import NAME_PATTERN
 from inferd.api.routes.stored_responses import NO_OP_QUERY
 from inferd.api.wire.responses_request import ITEM_FIELDS, NO_OP_VALUES, TEXT_PART_TYPES, ResponsesRequest
 
@@ -41,6 +42,8 @@ def _tighten(components: dict, name: str, model: dict) -> None:
                                **{f: {"type": "null", "default": None} for f in _NOT_TEXT}})
     part["required"] = ["type", "text"]
     fmt = components["ResponseTextFormat"]
+    fmt["properties"]["name"] = {"anyOf": [{"type": "string", "pattern": NAME_PATTERN}, {"type": "null"}],
+                                 "default": None}
     fmt["oneOf"] = [
         {"properties": {"type": {"const": "json_schema"}, "name": {"type": "string"}, "schema": {"type": "object"}},
          "required": ["type", "name", "schema"]},

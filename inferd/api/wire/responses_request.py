@@ -18,12 +18,13 @@ import msgspec
 from inferd.api.errors import invalid
 from inferd.api.wire.openai import (_STRICT, MAX_MESSAGES, NO_OP_VALUES as CHAT_NO_OP_VALUES, PositiveInt, Prepared,
                                     Temperature, TopP, _is_no_op, _show)
+from inferd.api.wire.structured import NAME_PATTERN, compact, set_guided
 from inferd.types import GuidedDecoding
 
 MAX_METADATA_KEYS = 16      # as OpenAI's `metadata`: 16 pairs, keys up to 64 characters, values up to 512
 MetadataMap = Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
                         msgspec.Meta(max_length=MAX_METADATA_KEYS)]
-SchemaName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+SchemaName = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]     # OpenAI's rule, as response_format's
 TEXT_PART_TYPES = ("input_text", "output_text")
 
 
@@ -303,9 +304,8 @@ def _prepare_format(text: ResponseTextConfig | None, out: Prepared) -> None:
                       f"{_show(text.verbosity)}).", param="text.verbosity", code="unsupported_parameter")
     if fmt is None or fmt.type == "text":
         return
-    out.guided_param = "text.format"
     if fmt.type == "json_object":
-        out.guided = GuidedDecoding(kind="json_object")
+        set_guided(out, GuidedDecoding(kind="json_object"), "text.format")
         return
     if fmt.name is None:
         raise invalid("text.format.name: required for a json_schema format.", param="text.format.name",
@@ -313,8 +313,8 @@ def _prepare_format(text: ResponseTextConfig | None, out: Prepared) -> None:
     if fmt.schema is None:
         raise invalid("text.format.schema: required for a json_schema format.", param="text.format.schema",
                       code="missing_required_parameter")
-    # compact, sorted keys (equal schemas share a compiled grammar); msgspec, as orjson refuses big integers
-    out.guided = GuidedDecoding(kind="json_schema", spec=msgspec.json.encode(fmt.schema, order="sorted").decode())
+    # compact, keys in the client's order: the output's keys follow the schema's (inferd.api.wire.structured)
+    set_guided(out, GuidedDecoding(kind="json_schema", spec=compact(fmt.schema)), "text.format")
 
 
 def decoder() -> msgspec.json.Decoder:

@@ -202,6 +202,8 @@ async def test_an_idempotency_key_replays_the_same_response(tmp_path, stream):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "no-such-type"}}}},
+     "text.format"),        # xgrammar refuses it: the grammar stage names the field that asked
 ])
 async def test_errors_name_the_responses_api_fields(tmp_path, body, param):
     async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
