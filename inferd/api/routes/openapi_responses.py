@@ -29,6 +29,8 @@ def _tighten(components: dict, name: str, model: dict) -> None:
     props["model"] = model
     for field, (values, say) in NO_OP_VALUES.items():
         props[field] = _no_op(values, say)
+    props["tools"] = _no_op(([],), "null or [] (function tools: once the tool call code is in)")
+    props["tool_choice"] = _no_op(("none", "auto"), "null, \"none\" or \"auto\" without tools")
     input_schema = props["input"]["anyOf"]
     props["input"] = {"anyOf": [{"type": "string", "minLength": 1} if s.get("type") == "string" else s
                                 for s in input_schema]}
