@@ -25,7 +25,8 @@ from inferd.api.wire.openai import decode_with
 from inferd.api.wire.responses import Identity
 from inferd.api.wire.responses_events import ResponseEventEncoder
 from inferd.api.wire.responses_output import STATUS, echo_of, finished_response, output_items
-from inferd.api.wire.responses_request import ResponsesRequest, decoder, item_messages, prepare, prompt_chars
+from inferd.api.wire.responses_items import item_messages, prompt_chars
+from inferd.api.wire.responses_request import ResponsesRequest, decoder, prepare
 from inferd.api.pipeline.timeline import Timeline
 from inferd.store import StoreError, StoredConversation
 from inferd.types import Usage

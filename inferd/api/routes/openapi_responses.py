@@ -14,7 +14,8 @@ import msgspec
 
 from inferd.api.routes.openapi_structured import NAME_PATTERN
 from inferd.api.routes.stored_responses import NO_OP_QUERY
-from inferd.api.wire.responses_request import ITEM_FIELDS, NO_OP_VALUES, TEXT_PART_TYPES, ResponsesRequest
+from inferd.api.wire.responses_items import ITEM_FIELDS, TEXT_PART_TYPES
+from inferd.api.wire.responses_request import NO_OP_VALUES, ResponsesRequest
 
 _NOT_TEXT = ("image_url", "file_id", "file_data", "filename", "file_url", "detail")
 _TEXT_FORMAT_ONLY = ("name", "schema", "strict", "description")

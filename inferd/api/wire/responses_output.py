@@ -8,14 +8,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import orjson
 
-from inferd.api.errors import ApiError
 from inferd.api.wire.responses import Identity
-from inferd.types import EngineTiming, Usage
+from inferd.types import Usage
 
 if TYPE_CHECKING:
-    from inferd.api.pipeline.timeline import Timeline
     from inferd.api.wire.responses_request import ResponsesRequest
 
 # A finish_reason (OpenAI's, inferd.api.wire.responses.OPENAI_FINISH) -> (status, incomplete_details.reason).
