@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import SERVER_ERROR, ApiError
-from inferd.api.wire.responses import DONE_FRAME, OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
+from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation, get_logger, request_context
 from inferd.types import Delta, FinishReason
