@@ -35,7 +35,8 @@ def echo_of(req: ResponsesRequest, stored: bool) -> dict:
     return {"instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id, "store": stored, "temperature": req.temperature,
-            "text": text, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "text": text, "tool_choice": msgspec.to_builtins(req.tool_choice) if req.tool_choice is not None else "auto",
+            "tools": msgspec.to_builtins(req.tools or []),
             "top_p": req.top_p, "truncation": "disabled", "background": False, "user": req.user}
 
 
