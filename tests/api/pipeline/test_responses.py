@@ -133,6 +133,27 @@ async def test_the_ledger_records_it_under_the_responses_endpoint(tmp_path):
     assert rows[0].prompt_tokens == made.usage.input_tokens
 
 
+SAFETY = """
+[tenants.local]
+retention = "1h"
+policy = "p"
+[policies.p.input]
+words = ["forbidden phrase"]
+[policies.p.output]
+patterns = ["."]
+"""
+
+
+async def test_the_tenants_content_policy_refuses_input_naming_it_and_an_output_stop_says_content_filter(tmp_path):
+    async with serve(tmp_path, SAFETY) as (node, _):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await node.sdk().responses.create(model="sim", input="a forbidden phrase")
+        stopped = await node.sdk().responses.create(model="sim", input="hello", max_output_tokens=5)
+    assert (caught.value.body["code"], caught.value.body["param"]) == ("content_filter", "input")
+    assert stopped.status == "incomplete" and stopped.incomplete_details.reason == "content_filter"
+    assert stopped.output_text == ""
+
+
 class Person(pydantic.BaseModel):
     name: str
     age: int
