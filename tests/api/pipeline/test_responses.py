@@ -125,12 +125,15 @@ async def test_store_false_is_not_kept_even_with_retention(tmp_path):
             await node.sdk().responses.retrieve(made.id)
 
 
-async def test_the_ledger_records_it_under_the_responses_endpoint(tmp_path):
-    async with serve(tmp_path, KEPT) as (node, _):
+async def test_the_ledger_and_the_tenants_request_count_record_it_under_the_responses_endpoint(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
         made = await node.sdk().responses.create(model="sim", input="x", max_output_tokens=3)
         rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+        async with http.get(node.url + "/metrics") as resp:
+            metrics = await resp.text()
     assert [(r.endpoint, r.completion_tokens, r.status) for r in rows] == [("responses", 3, 200)]
     assert rows[0].prompt_tokens == made.usage.input_tokens
+    assert 'inferd_tenant_requests_total{status="200",tenant="local"} 1.0' in metrics
 
 
 SAFETY = """
