@@ -129,6 +129,8 @@ class SimEngine(Engine):
                 pass
             except Exception:   # the loop had failed: already logged, its requests already ended
                 pass
+        for compiling in list(self._compiling.values()):
+            compiling.cancel()     # its sequence ends with the others below
         for request_id in list(self._seqs):
             self.abort(request_id)
 
@@ -170,6 +172,11 @@ class SimEngine(Engine):
         except GrammarError as exc:
             if not seq.done:
                 self._finish(seq, FinishReason.ERROR, [], "", error=str(exc))
+            return
+        except Exception:    # a bug, not the client's grammar: its stream still ends
+            log.exception("sim_grammar_compile_failed", request_id=seq.request_id)
+            if not seq.done:
+                self._finish(seq, FinishReason.ERROR, [], "", error=failure_message(seq.request_id))
             return
         if seq.done:
             return              # aborted (or closed) meanwhile
