@@ -2,8 +2,9 @@
 validates against it (jsonschema).
 
 Schemas are what Hypothesis draws from the keywords xgrammar implements (type, properties, required,
-additionalProperties, items, min/maxItems, min/maxLength, minimum/maximum, enum, const, anyOf), nested up to
-three levels, with bounds drawn independently so some contradict each other (minimum > maximum, ...):
+additionalProperties, items, min/maxItems, min/maxLength, minimum/maximum, enum, const, anyOf): nested up to
+8 leaves, half of them under an object, array or anyOf at the top, with bounds drawn independently so some
+contradict each other (minimum > maximum, ...):
 those must be a GrammarError (the API's 400), never anything else. Keywords xgrammar ignores (`not`,
 `allOf` with several members, `format`...) are left out: it would accept output they forbid.
 
@@ -77,7 +78,8 @@ def containers(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
     return st.one_of(array(), obj(), any_of)
 
 
-SCHEMAS = st.recursive(leaves(), containers, max_leaves=8)
+NESTED = st.recursive(leaves(), containers, max_leaves=8)
+SCHEMAS = st.one_of(NESTED, containers(NESTED))      # half of them an object, array or anyOf at the top
 
 
 @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
