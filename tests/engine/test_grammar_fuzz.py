@@ -4,15 +4,15 @@ validates against it (jsonschema).
 Schemas are what Hypothesis draws from the keywords xgrammar implements (type, properties, required,
 additionalProperties, items, min/maxItems, min/maxLength, minimum/maximum, enum, const, anyOf): nested up to
 8 leaves, half of them under an object, array or anyOf at the top, with bounds drawn independently so some
-contradict each other (minimum > maximum, ...):
-those must be a GrammarError (the API's 400), never anything else. Keywords xgrammar ignores (`not`,
-`allOf` with several members, `format`...) are left out: it would accept output they forbid.
+contradict each other (minimum > maximum, ...): those must be a GrammarError (the API's 400), never anything
+else. Keywords xgrammar 0.2.8 ignores (`not`; `allOf` with several members, of which it warns) are left out:
+it would accept output they forbid.
 
 Output comes from tests/engine/grammar_walk.py: seeded random logits under the grammar's mask, with a
 bias toward closing tokens that grows with length (without it a random walk almost never closes a
-string). Every token is still one the mask allowed, and the walk must end within 3,000 tokens. String
-lengths are bounded at 8 and array sizes at 4 in the generated schemas, so walks stay short and the
-whole test runs in well under a minute on two cores. derandomize=True: CI sees the same 1,000 schemas.
+string). Every token is still one the mask allowed, and the walk must end within 3,000 tokens. Length
+and size bounds are drawn small (min/maxLength up to 8, min/maxItems up to 4), so walks stay short and the
+whole test takes ~10 s on two cores. derandomize=True: CI sees the same 1,000 schemas.
 """
 from __future__ import annotations
 
