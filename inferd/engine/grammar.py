@@ -107,6 +107,7 @@ class Grammars:
         self.vocab_size = vocab_size
         self._max_entries, self._max_bytes = max_entries, max_bytes
         self._lock = threading.Lock()
+        self._init_lock = threading.Lock()
         self._compiler: Any = None
         self._not_json: np.ndarray | None = None      # tokens holding a control character (see _control_tokens)
         self._cache: OrderedDict[GuidedDecoding, tuple[Any, int]] = OrderedDict()   # value: (grammar | error, bytes)
@@ -130,7 +131,9 @@ class Grammars:
                                                  stop_token_ids=stops), vocab_size, **bounds)
 
     def _get_compiler(self) -> Any:
-        with self._lock:
+        # Its own lock: building the tokenizer info takes a while for a large vocabulary, and the event loop
+        # takes _lock (cached, verdict) meanwhile.
+        with self._init_lock:
             if self._compiler is None:
                 xgr = _xgrammar()
                 info = self._make_info(xgr)
