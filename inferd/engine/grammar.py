@@ -217,6 +217,14 @@ class Grammars:
         compiled = self.compile(guided)
         return GrammarState(compiled, self.vocab_size, self._banned(guided.kind))
 
+    def cached_matcher(self, guided: GuidedDecoding) -> GrammarState | None:
+        """A fresh matcher when `guided` is compiled already, else None: never compiles (safe on the loop)."""
+        with self._lock:
+            hit = self._cache.get(guided)
+        if hit is None or isinstance(hit[0], GrammarError):
+            return None
+        return GrammarState(hit[0], self.vocab_size, self._banned(guided.kind))
+
     def _banned(self, kind: str) -> np.ndarray | None:
         # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids
         # (Python's json.loads refuses them); compact JSON has no other place for them either.

@@ -154,11 +154,12 @@ class SimEngine(Engine):
         self._adapters.acquire(seq, request.lora)
         self._prompt_tokens += seq.prompt_len
         guided = request.sampling.guided
-        if guided is not None and not self.grammars.cached(guided):
-            self._compiling[seq.request_id] = asyncio.get_running_loop().create_task(self._compile_then_add(seq, guided))
-            return seq.stream
         if guided is not None:
-            seq.grammar = self.grammars.matcher(guided)     # compiled already (the API's grammar stage)
+            seq.grammar = self.grammars.cached_matcher(guided)     # compiled already (the API's grammar stage)
+            if seq.grammar is None:
+                task = asyncio.get_running_loop().create_task(self._compile_then_add(seq, guided))
+                self._compiling[seq.request_id] = task
+                return seq.stream
         self._scheduler.add(seq)
         self._wakeup.set()
         return seq.stream
