@@ -15,6 +15,7 @@ which is a subset of what the schema accepts, so the output always validates.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -34,6 +35,7 @@ __all__ = ["GrammarError", "GrammarState", "GrammarUnavailable", "Grammars", "MA
 MAX_SPEC_BYTES = 64 * 1024          # a schema, regex or grammar longer than this is refused before compiling
 MAX_ENTRIES = 256                   # compiled grammars (and refusals) kept per tokenizer
 MAX_CACHE_BYTES = 512 * 1024 * 1024  # and their memory: a grammar over a 128k vocabulary can take megabytes
+MAX_VERDICTS = 16384                # whether a grammar compiled, remembered per digest (see Grammars.verdict)
 _JSON_OBJECT = '{"type":"object"}'  # OpenAI's json_object: any object (not any JSON value)
 # xgrammar's messages start with its log prefix: "[01:16:47] /project/cpp/json_schema_converter.cc:4944: "
 _LOG_PREFIX = re.compile(r"^\s*\[[0-9:]+\]\s+\S+:\d+:\s*")
@@ -62,6 +64,10 @@ def _clean(exc: BaseException) -> str:
     lines = [_LOG_PREFIX.sub("", line).strip() for line in str(exc).splitlines()]
     text = " ".join(line for line in lines if line)
     return text[:500] or type(exc).__name__
+
+
+def _digest(guided: GuidedDecoding) -> bytes:
+    return hashlib.blake2b(f"{guided.kind}\0{guided.spec}".encode(), digest_size=16).digest()
 
 
 def choice_regex(spec: str) -> str:
@@ -101,10 +107,12 @@ class Grammars:
         self.vocab_size = vocab_size
         self._max_entries, self._max_bytes = max_entries, max_bytes
         self._lock = threading.Lock()
+        self._init_lock = threading.Lock()
         self._compiler: Any = None
         self._not_json: np.ndarray | None = None      # tokens holding a control character (see _control_tokens)
         self._cache: OrderedDict[GuidedDecoding, tuple[Any, int]] = OrderedDict()   # value: (grammar | error, bytes)
         self._bytes = 0
+        self._verdicts: OrderedDict[bytes, str] = OrderedDict()    # digest -> "" (compiled) or the refusal
         self.compiles = 0            # compiles done (a cached grammar, or a cached refusal, compiles nothing)
 
     @classmethod
@@ -123,7 +131,9 @@ class Grammars:
                                                  stop_token_ids=stops), vocab_size, **bounds)
 
     def _get_compiler(self) -> Any:
-        with self._lock:
+        # Its own lock: building the tokenizer info takes a while for a large vocabulary, and the event loop
+        # takes _lock (cached, verdict) meanwhile.
+        with self._init_lock:
             if self._compiler is None:
                 xgr = _xgrammar()
                 info = self._make_info(xgr)
@@ -131,6 +141,13 @@ class Grammars:
                 # xgrammar's own cache is off: ours is the one bound (entries and bytes).
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
+
+    def verdict(self, guided: GuidedDecoding) -> str | None:
+        """Without compiling: "" when `guided` compiled, xgrammar's reason when it was refused, None when it was
+        never compiled. Remembered longer than the grammars themselves (a digest each), for backends that
+        compile elsewhere (TensorRT-LLM) and must not hand over a grammar xgrammar refuses."""
+        with self._lock:
+            return self._verdicts.get(_digest(guided))
 
     def cached(self, guided: GuidedDecoding) -> bool:
         """Whether `guided` is compiled already (matcher() will not block); a cached refusal is not."""
@@ -161,6 +178,10 @@ class Grammars:
             entry = (exc, 0)
         with self._lock:
             self.compiles += 1
+            self._verdicts[_digest(guided)] = str(entry[0]) if isinstance(entry[0], GrammarError) else ""
+            self._verdicts.move_to_end(_digest(guided))
+            if len(self._verdicts) > MAX_VERDICTS:
+                self._verdicts.popitem(last=False)
             if guided not in self._cache:
                 self._cache[guided] = entry
                 self._bytes += entry[1]
@@ -195,6 +216,14 @@ class Grammars:
         """A fresh matcher for one sequence (compiles on a cache miss: blocking)."""
         compiled = self.compile(guided)
         return GrammarState(compiled, self.vocab_size, self._banned(guided.kind))
+
+    def cached_matcher(self, guided: GuidedDecoding) -> GrammarState | None:
+        """A fresh matcher when `guided` is compiled already, else None: never compiles (safe on the loop)."""
+        with self._lock:
+            hit = self._cache.get(guided)
+        if hit is None or isinstance(hit[0], GrammarError):
+            return None
+        return GrammarState(hit[0], self.vocab_size, self._banned(guided.kind))
 
     def _banned(self, kind: str) -> np.ndarray | None:
         # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids

@@ -107,3 +107,26 @@ def test_accepting_a_token_the_grammar_forbids_marks_it_failed(grammars):
     state = grammars.matcher(GuidedDecoding(kind="regex", spec="abc"))
     assert not state.accept(TOKENIZER.token_to_id("z"))
     assert state.failed and not state.terminated
+
+
+def test_verdict_and_cached_matcher_never_compile(grammars):
+    bad = GuidedDecoding(kind="regex", spec="[")
+    assert grammars.verdict(SCHEMA) is None and grammars.cached_matcher(SCHEMA) is None
+    grammars.compile(SCHEMA)
+    with pytest.raises(GrammarError):
+        grammars.compile(bad)
+    assert grammars.verdict(SCHEMA) == "" and "refused" in grammars.verdict(bad)
+    assert grammars.cached_matcher(SCHEMA) is not None and grammars.cached_matcher(bad) is None
+    assert grammars.compiles == 2
+
+
+def test_json_never_allows_a_control_character(grammars):
+    state = grammars.matcher(GuidedDecoding(kind="json_schema", spec='{"type":"string"}'))
+    state.accept(TOKENIZER.token_to_id('"'))
+    allowed = state.allowed()
+    (control,) = TOKENIZER.encode("\x15", add_special_tokens=False)     # a byte token
+    assert not allowed[control] and not allowed[TOKENIZER.token_to_id("\n")]
+    assert allowed[TOKENIZER.token_to_id("a")]
+    regex = grammars.matcher(GuidedDecoding(kind="regex", spec="a\\nb"))
+    regex.accept(TOKENIZER.token_to_id("a"))
+    assert regex.allowed()[TOKENIZER.token_to_id("\n")]          # other grammars may ask for one

@@ -129,6 +129,8 @@ class SimEngine(Engine):
                 pass
             except Exception:   # the loop had failed: already logged, its requests already ended
                 pass
+        for compiling in list(self._compiling.values()):
+            compiling.cancel()     # its sequence ends with the others below
         for request_id in list(self._seqs):
             self.abort(request_id)
 
@@ -152,11 +154,12 @@ class SimEngine(Engine):
         self._adapters.acquire(seq, request.lora)
         self._prompt_tokens += seq.prompt_len
         guided = request.sampling.guided
-        if guided is not None and not self.grammars.cached(guided):
-            self._compiling[seq.request_id] = asyncio.get_running_loop().create_task(self._compile_then_add(seq, guided))
-            return seq.stream
         if guided is not None:
-            seq.grammar = self.grammars.matcher(guided)     # compiled already (the API's grammar stage)
+            seq.grammar = self.grammars.cached_matcher(guided)     # compiled already (the API's grammar stage)
+            if seq.grammar is None:
+                task = asyncio.get_running_loop().create_task(self._compile_then_add(seq, guided))
+                self._compiling[seq.request_id] = task
+                return seq.stream
         self._scheduler.add(seq)
         self._wakeup.set()
         return seq.stream
@@ -170,6 +173,11 @@ class SimEngine(Engine):
         except GrammarError as exc:
             if not seq.done:
                 self._finish(seq, FinishReason.ERROR, [], "", error=str(exc))
+            return
+        except Exception:    # a bug, not the client's grammar: its stream still ends
+            log.exception("sim_grammar_compile_failed", request_id=seq.request_id)
+            if not seq.done:
+                self._finish(seq, FinishReason.ERROR, [], "", error=failure_message(seq.request_id))
             return
         if seq.done:
             return              # aborted (or closed) meanwhile

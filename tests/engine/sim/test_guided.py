@@ -130,3 +130,11 @@ async def test_requests_without_a_grammar_are_unchanged(make_engine):
     free, guided = await asyncio.gather(finish(submit(engine, None, ignore_eos=True, max_tokens=20, temperature=0.0)),
                                         finish(submit(engine)))
     assert free.token_ids == alone.token_ids
+
+
+async def test_close_while_compiling_ends_the_stream_with_abort(make_engine):
+    engine = await make_engine()
+    stream = submit(engine, GuidedDecoding(kind="regex", spec="q[0-9]+z"))
+    await engine.close()
+    out = await finish(stream)
+    assert out.finish_reason is FinishReason.ABORT
