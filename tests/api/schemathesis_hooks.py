@@ -5,6 +5,11 @@ spelled as floats to check that a server reading JSON accepts them. inferd's dec
 refuses `"max_tokens": 2.0` with a 400 naming the field, as msgspec's strict decoding does), and
 no schema keyword can say so. This hook respells every whole float as the integer it equals; the
 schema cannot tell the difference, so no request changes from valid to invalid or back.
+
+A chat request's `tool_choice` naming a function must name one of its `tools`: JSON Schema cannot compare
+two values of one body, so the schema allows any name and the server answers a documented 400 for an
+undeclared one. This hook renames such a choice to the first declared tool, the only way the schema's
+valid requests can be ones the server accepts.
 """
 from __future__ import annotations
 
@@ -23,6 +28,18 @@ def _as_ints(value: Any) -> Any:
     return value
 
 
+def _named_tool_declared(body: Any) -> Any:
+    if not isinstance(body, dict):
+        return body
+    choice, tools = body.get("tool_choice"), body.get("tools")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) and isinstance(tools, list) and tools:
+        first = tools[0]
+        name = first.get("function", {}).get("name") if isinstance(first, dict) else None
+        if isinstance(name, str):
+            body = {**body, "tool_choice": {**choice, "function": {**choice["function"], "name": name}}}
+    return body
+
+
 @schemathesis.hook
 def map_body(context: schemathesis.HookContext, body: Any) -> Any:
-    return _as_ints(body)
+    return _named_tool_declared(_as_ints(body))
