@@ -26,6 +26,8 @@ from inferd.api.wire.responses import (
 )
 from inferd.api.pipeline.safety import filter_output
 from inferd.api.wire.logprobs import LogprobChunkEncoder, LogprobFormat, LogprobStream
+from inferd.api.wire.tool_calls import ToolCallParser, parser_for
+from inferd.api.wire.tool_stream import ToolChunkEncoder, finish_with_calls, tool_message
 from inferd.api.streaming.sse import Sender, stream_response
 from inferd.api.pipeline.transcripts import retention_s
 from inferd.api.pipeline.versioned import mirror_to_shadow
@@ -100,7 +102,11 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     p, state = ctx.prepared, ctx.state
     running = RunningUsage(ctx.prompt_tokens) if p.continuous_usage else None
     formats = ctx.extras.get("logprobs")
-    encoder = (ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
+    tools = _tool_parsers(ctx)
+    encoder = (ToolChunkEncoder(tools, ctx.extras["ident"], p.include_usage, formats=formats, running=running,
+                                usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
+                                timeline=ctx.timeline) if tools is not None else
+               ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
                             hold_done=state.ledger is not None, timeline=ctx.timeline) if formats is None else
                LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
                                    usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
@@ -146,6 +152,18 @@ async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
     return resp
 
 
+def _tool_parsers(ctx: RequestContext):
+    """A maker of each choice's tool-call parser (None: no tools in play): the model's own format comes from its
+    artifact's manifest (EngineInfo.tool_call_format)."""
+    fmt = getattr(getattr(ctx.engine, "info", None), "tool_call_format", "hermes")
+    if parser_for(ctx.prepared, fmt) is None:
+        return None
+
+    def make() -> ToolCallParser:
+        return parser_for(ctx.prepared, fmt)
+    return make
+
+
 def final_status(last: Delta, entry) -> int:
     """The status a finished generation answers with: 200, or its abnormal end's (504 past the deadline)."""
     if entry.timed_out:
@@ -157,13 +175,22 @@ def _json_response(ctx: RequestContext, finals: list[Delta], timed_out: bool) ->
     """The whole response from each choice's final (merged) delta; any abnormal end is the response's error."""
     choices = []
     formats = ctx.extras.get("logprobs")
+    tools = _tool_parsers(ctx)
+    calls: list[list[dict] | None] = []
     for i, last in enumerate(finals):
         finish = OPENAI_FINISH.get(last.finish_reason)
         if finish is None:
             raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
-        choices.append((last.text if formats is None else formats[i].text(last.text), finish))
+        text = last.text if formats is None else formats[i].text(last.text)
+        if tools is not None:
+            parser = tools()
+            text, made = tool_message(parser, text)
+            finish = finish_with_calls(finish, parser)
+            calls.append(made)
+        choices.append((text, finish))
     usage = ctx.last.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(last.token_ids) for last in finals))
     ctx.headers["Server-Timing"] = ctx.timeline.server_timing(finals[0].timing, time.monotonic())
     logprobs = None if formats is None else [f.take(always=True) for f in formats]
-    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage, logprobs), headers=ctx.headers,
+    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage, logprobs, calls or None),
+                        headers=ctx.headers,
                         content_type="application/json")

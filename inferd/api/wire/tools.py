@@ -11,15 +11,15 @@ model free and its own tool-call format is parsed (inferd.api.wire.tool_calls).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from inferd.api.errors import invalid
 from inferd.types import GuidedDecoding
 
-if TYPE_CHECKING:
-    from inferd.api.wire.openai import ChatCompletionRequest, ChatMessage, Prepared
+# The request, message and Prepared structs are inferd.api.wire.openai's, which imports this module: typed
+# loosely here (Any) so the two do not import each other.
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
 # OpenAI's rule for a function's name.
@@ -65,7 +65,7 @@ class MessageToolCall(msgspec.Struct, **_STRICT):
     function: CalledFunction
 
 
-def prepare_tools(req: ChatCompletionRequest, out: Prepared) -> None:
+def prepare_tools(req: Any, out: Any) -> None:
     """Fill out.tools / tool_choice / tool_name / parallel_tool_calls, and the grammar of required/named."""
     tools = req.tools or []
     if len(tools) > MAX_TOOLS:
@@ -124,12 +124,12 @@ def required_schema(tools: list[Tool], parallel: bool) -> dict:
     return schema
 
 
-def _guide(out: Prepared, schema: dict) -> None:
+def _guide(out: Any, schema: dict) -> None:
     out.guided = GuidedDecoding(kind="json_schema", spec=json.dumps(schema, sort_keys=True, separators=(",", ":")))
     out.guided_param = "tool_choice"
 
 
-def tool_message_fields(m: ChatMessage, where: str, msg: dict) -> None:
+def tool_message_fields(m: Any, where: str, msg: dict) -> None:
     """An assistant message's `tool_calls` and a tool message's `tool_call_id`, into the template's message
     `msg`. Arguments that parse are given as objects (templates write them with `tojson`), as transformers
     and vLLM do."""

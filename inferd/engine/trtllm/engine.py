@@ -23,8 +23,14 @@ import random
 from pathlib import Path
 from typing import Any
 
-from inferd.artifacts import MANIFEST_FILE, ArtifactError, Manifest, read_manifest, verify_artifact
-from inferd.artifacts.manifest import template_tool_call_format
+from inferd.artifacts import (
+    MANIFEST_FILE,
+    ArtifactError,
+    Manifest,
+    read_manifest,
+    template_tool_call_format,
+    verify_artifact,
+)
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest, blocks_for
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
