@@ -15,6 +15,11 @@ COMPLETION = {"model": "m", "prompt": "x"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
 
 
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "strict": True,
+                                         "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 def _message(**fields) -> dict:
     return {**CHAT, "messages": [{"role": "user", "content": "x", **fields}]}
 
@@ -121,6 +126,27 @@ CASES = [
     ("chat/completions", {**CHAT, "store": True}),
     ("chat/completions", {**CHAT, "prompt_cache_retention": "in_memory"}),
     ("chat/completions", {**CHAT, "prompt_cache_retention": "24h"}),
+    ("chat/completions", {**CHAT, "tools": [TOOL]}),
+    ("chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False}),
+    ("chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ("chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "sometimes"}),
+    ("chat/completions", {**CHAT, "tools": [TOOL] * 129}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+    ("chat/completions", {**CHAT, "tool_choice": "required"}),
+    ("chat/completions", {**CHAT, "parallel_tool_calls": False}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "tool_call_id": "c"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant", "tool_calls": [CALL]}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant", "tool_calls": [CALL], "tool_call_id": "c"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant", "tool_calls": [{**CALL, "type": "x"}]}]}),
+    ("chat/completions", _message(tool_calls=[CALL])),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x", "tool_call_id": "c",
+                                                "tool_calls": [CALL]}]}),
 ]
 
 
