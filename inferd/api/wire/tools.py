@@ -125,7 +125,8 @@ def required_schema(tools: list[Tool], parallel: bool) -> dict:
 
 
 def _guide(out: Any, schema: dict) -> None:
-    out.guided = GuidedDecoding(kind="json_schema", spec=json.dumps(schema, sort_keys=True, separators=(",", ":")))
+    # compact, keys in the client's order: the output's keys follow the order of a schema's properties
+    out.guided = GuidedDecoding(kind="json_schema", spec=msgspec.json.encode(schema).decode())
     out.guided_param = "tool_choice"
 
 
