@@ -26,18 +26,17 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START, IM_END, PAD_TOKEN)
 # through raise_exception so a bad request gets a clear error instead of a silent prompt.
 # ChatML, with Qwen2.5's (Hermes-style) tools: the tools' JSON inside <tools></tools> in the system turn, calls as
 # <tool_call>{"name": ..., "arguments": ...}</tool_call> in the assistant's turn, tool results as
-# <tool_response> in a user turn (the tool_call_format "hermes" parses the calls back).
+# <tool_response> in a user turn (the tool_call_format "hermes" parses the calls back). Qwen's instructions are
+# cut to one line: the synthetic models follow none, and their contexts are short (tiny's is 512 tokens).
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}"
     "{{ '<|im_start|>system\n' }}"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
-    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n'"
-    " 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{{ '# Tools\n\n<tools>' }}"
     "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
-    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments within '"
-    " '<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": '"
-    " '<args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    "{{ '\n</tools>\n\nCalls: <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n'"
+    " '</tool_call><|im_end|>\n' }}"
     "{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
