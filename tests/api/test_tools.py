@@ -163,3 +163,28 @@ async def test_the_output_filter_sees_the_arguments(tmp_path):
     sent = "".join(tc.function.arguments or "" for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ())
     assert not any(city in sent for city in ("Paris", "Oslo", "Lima"))
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["content_filter"]
+
+
+async def test_several_choices_each_make_their_own_calls_streamed_and_not(api):
+    kw = dict(model="m", messages=QUESTION, tools=api.tools, tool_choice="required", n=2, seed=6)
+    whole = await api.sdk.chat.completions.create(**kw)
+    assert [c.finish_reason for c in whole.choices] == ["tool_calls", "tool_calls"]
+    for choice in whole.choices:
+        check_calls(choice.message.tool_calls)
+    stream = await api.sdk.chat.completions.create(**kw, stream=True)
+    chunks = [c async for c in stream]
+    named = {(c.choices[0].index, tc.function.name) for c in chunks if c.choices
+             for tc in c.choices[0].delta.tool_calls or () if tc.id}
+    assert {i for i, _ in named} == {0, 1}
+    assert sorted(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason) == \
+        ["tool_calls", "tool_calls"]
+
+
+async def test_logprobs_come_with_the_calls_one_entry_per_token(api):
+    kw = dict(model="m", messages=QUESTION, tools=api.tools, tool_choice="required", seed=7, logprobs=True)
+    whole = await api.sdk.chat.completions.create(**kw)
+    assert len(whole.choices[0].logprobs.content) == whole.usage.completion_tokens
+    stream = await api.sdk.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(entries) == chunks[-1].usage.completion_tokens
