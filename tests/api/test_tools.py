@@ -100,6 +100,7 @@ async def test_the_prompt_is_the_models_own_template_with_the_tools_rendered(api
     assert whole.usage.prompt_tokens == len(expected)
     plain = await api.sdk.chat.completions.create(model="m", messages=QUESTION, max_tokens=1)
     assert plain.usage.prompt_tokens < whole.usage.prompt_tokens
+    assert api.engine.info.tool_call_format == "hermes"     # the manifest's (reference), ChatML's (sim)
 
 
 @pytest.mark.parametrize("stream", [False, True])
