@@ -155,12 +155,13 @@ async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
 def _tool_parsers(ctx: RequestContext):
     """A maker of each choice's tool-call parser (None: no tools in play): the model's own format comes from its
     artifact's manifest (EngineInfo.tool_call_format)."""
-    fmt = getattr(getattr(ctx.engine, "info", None), "tool_call_format", "hermes")
-    if parser_for(ctx.prepared, fmt) is None:
+    p = ctx.prepared
+    if p.kind != "chat" or p.tool_choice == "none" or not p.tools:     # completions have no tools
         return None
+    fmt = ctx.engine.info.tool_call_format
 
     def make() -> ToolCallParser:
-        return parser_for(ctx.prepared, fmt)
+        return parser_for(p, fmt)
     return make
 
 
