@@ -332,13 +332,14 @@ class ReferenceEngine(LoraHost, Engine):
             if len(rows) != len(out.seqs):
                 logits = logits[rows]
             picked = [out.seqs[r] for r in rows]
-            sampled = self._sampler.sample(grammar_masked(logits, picked), [s.sampling for s in picked],
+            logits = grammar_masked(logits, picked)
+            sampled = self._sampler.sample(logits, [s.sampling for s in picked],
                                            [s.rng for s in picked], picked)
             for seq, token in zip(picked, sampled):
                 if seq.grammar is not None:
                     seq.grammar.accept(token)
             wanted = [j for j, s in enumerate(picked) if s.sampling.logprobs is not None]
-            if wanted:      # only the rows that asked pay for log_softmax (of the logits as the model made them)
+            if wanted:      # only the rows that asked pay for log_softmax (a grammar's mask included, as vLLM)
                 found = token_logprobs(logits[wanted], [sampled[j] for j in wanted],
                                        [picked[j].sampling.logprobs for j in wanted])
                 for j, lp in zip(wanted, found):
