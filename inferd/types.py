@@ -27,7 +27,8 @@ class GuidedDecoding(msgspec.Struct, frozen=True, kw_only=True):
     (inferd.engine.grammar), cached per (tokenizer, GuidedDecoding).
 
     kind           spec
-    json_schema    the JSON schema, as compact JSON text (sorted keys: equal schemas share a cache entry)
+    json_schema    the JSON schema, as compact JSON text in the client's key order (the output's keys follow
+                   the order of `properties`, as OpenAI's do; the same schema sent again is the same entry)
     json_object    "" (any JSON object)
     regex          the regular expression
     choice         a JSON list of the allowed strings

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
 from inferd.engine.stream import RequestStream
 from inferd.types import GenerationRequest
+
+if TYPE_CHECKING:
+    from inferd.engine.grammar import Grammars
 
 
 class EngineError(Exception):
@@ -113,11 +116,17 @@ class Engine(abc.ABC):
     time for the sim (as its stats), the executor's iteration latency for trtllm. It may be called from
     an engine's own thread, so it must be thread-safe (Prometheus histograms are) and quick; engines log
     an exception from it and carry on.
+
+    `grammars`, when set, compiles a request's grammar (the API does it off the loop before submit, so
+    a refusal is a 400); the engine masks that request's logits by it.
     """
 
     info: EngineInfo
     tokenizer: Tokenizer
     step_observer: Callable[[float], None] | None = None
+    # This engine's compiled grammars (inferd.engine.grammar), for requests with SamplingParams.guided;
+    # None: it cannot constrain its output (the API answers 400 naming the field that asked).
+    grammars: Grammars | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:

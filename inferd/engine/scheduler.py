@@ -291,6 +291,12 @@ class Scheduler:
             return FinishReason.STOP
         if not params.ignore_eos and token in self.eos_token_ids:
             return FinishReason.STOP
+        grammar = seq.grammar
+        if grammar is not None:     # it ended (even on an EOS that ignore_eos lets through), or it cannot go on
+            if grammar.terminated:
+                return FinishReason.STOP
+            if grammar.failed:
+                return FinishReason.ERROR
         if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None

@@ -36,7 +36,7 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
-        "prompt_key", "needs_prompt_logits",
+        "prompt_key", "needs_prompt_logits", "grammar",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
@@ -64,6 +64,10 @@ class Sequence:
         self.lora_name = lora                   # the LoRA adapter the request names
         self.lora: Any = None                   # the adapter it holds, pinned while held (reference: LoraWeights)
         self.prompt_key: bytes | None = None    # salt + prompt digest: identical prompts fork (Scheduler)
+        # A GrammarState (inferd.engine.grammar) when sampling.guided is set: the engine masks this sequence's
+        # logits by it and feeds it each sampled token once (a recompute after preemption samples none of
+        # the old ones again, so the matcher never sees a token twice); it ending ends the sequence.
+        self.grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -147,6 +147,11 @@ class HFTokenizer:
                    eos_token=_token_content(config.get("eos_token")), extra_eos_token_ids=extra_eos,
                    chat_template=chat_template, add_bos_token=config.get("add_bos_token"))
 
+    @property
+    def backend_tokenizer(self) -> _RustTokenizer:
+        """The `tokenizers.Tokenizer` underneath (as transformers names it): xgrammar reads its vocabulary."""
+        return self._tok
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -9,6 +9,7 @@ from inferd.api.errors import invalid
 from inferd.api.wire.openai import decode, prepare
 from inferd.api.pipeline import sampling
 from inferd.api.pipeline.context import RequestContext
+from inferd.api.pipeline.guided import compile_guided
 from inferd.api.pipeline.safety import check_input
 from inferd.api.pipeline.prompt_tokens import check_length_bound, tokenize
 
@@ -51,6 +52,12 @@ async def tokenize_and_resolve_sampling(ctx: RequestContext) -> None:
         for j in range(part.n):
             ctx.prompt_ids.append(ids)
             ctx.sampling.append(params if j == 0 else msgspec.structs.replace(params, seed=part.choice_seed(j)))
+
+
+async def compile_grammar(ctx: RequestContext) -> None:
+    """The output's grammar (response_format, vLLM's structured_outputs, tools), compiled off the loop before
+    the request is charged or queued: one the engine cannot serve is a 400 naming the field that asked."""
+    await compile_guided(ctx.engine, ctx.prepared, ctx.deadline)
 
 
 async def check_content_policy(ctx: RequestContext) -> None:

@@ -47,6 +47,7 @@ GENERATION: Sequence[tuple[str, Stage]] = (
     ("health", front.check_engine_healthy),
     ("length", generation.check_length_bound_of_prompts),
     ("tokenize", generation.tokenize_and_resolve_sampling),
+    ("grammar", generation.compile_grammar),
     ("policy", generation.check_content_policy),
     ("track", begin_tracking),
     ("identity", admission.name_the_response),

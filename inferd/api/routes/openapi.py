@@ -37,6 +37,7 @@ from inferd.api.wire.tools import MAX_TOOLS
 from inferd.api.wire.sampling import LOGIT_BIAS_KEY
 from inferd.engine import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS
 from inferd.api.routes.openapi_batches import batch_paths
+from inferd.api.routes.openapi_structured import tighten_structured
 from inferd.api.routes.openapi_tokenization import tokenization_paths
 
 _REF = "#/components/schemas/{name}"
@@ -195,6 +196,7 @@ def request_schemas() -> tuple[str, str, dict]:
     components["ChatMessage"] = _chat_message_schema(components["ChatMessage"])
     _tighten_tools(components, chat_name)
     components["ContentPart"] = _content_part_schema(components["ContentPart"])
+    tighten_structured(components, completion_name, chat_name)
     return completion_name, chat_name, components
 
 

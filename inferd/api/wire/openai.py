@@ -16,6 +16,7 @@ import msgspec
 
 from inferd.api.errors import ApiError, invalid
 from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
+from inferd.api.wire.structured import ResponseFormat, StructuredOutputs, guided_for, legacy_hint, set_guided
 from inferd.api.wire.tools import MessageToolCall, Tool, ToolChoice, prepare_tools, tool_message_fields
 from inferd.types import GuidedDecoding
 
@@ -103,6 +104,9 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
     n: ChoiceCount | None = None            # choices per prompt (see Prepared.choice_seed)
+    # the output's grammar (inferd.api.wire.structured): OpenAI's (vLLM takes it on completions too), vLLM's
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_SamplingFields, **_STRICT):
@@ -127,7 +131,6 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
@@ -150,7 +153,6 @@ NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": (("",), "null or \"\""),
     "functions": (([],), "null or []"),
     "function_call": (("none",), "null or \"none\""),
-    "response_format": (({"type": "text"},), "null or {\"type\": \"text\"}"),
     "audio": ((), "null"),
     "modalities": ((["text"],), "null or [\"text\"]"),
     "prediction": ((), "null"),
@@ -189,6 +191,8 @@ def decode_with(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     except UnicodeDecodeError:
         raise invalid("Request body is not valid UTF-8.", code="invalid_encoding") from None
+    except RecursionError:      # a free-form value (a JSON schema, say) nested past the decoder's stack
+        raise invalid("Request body is nested too deeply.", code="invalid_json") from None
 
 
 def _validation_error(text: str) -> ApiError:
@@ -198,7 +202,7 @@ def _validation_error(text: str) -> ApiError:
     field = _FIELD.search(detail)
     if detail.startswith("Object contains unknown field"):
         param = _join(where, field.group(1) if field else "")
-        return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param,
+        return ApiError(400, f"Unrecognized request argument supplied: {param}{legacy_hint(param)}", param=param,
                         code="unknown_parameter")
     if detail.startswith("Object missing required field"):
         param = _join(where, field.group(1) if field else "")
@@ -305,6 +309,9 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
                    repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                    logit_bias=parse_logit_bias(req.logit_bias), n=req.n or 1)
     _prepare_logprobs(kind, req, out)
+    guided = guided_for(req.response_format, req.structured_outputs)
+    if guided is not None:
+        set_guided(out, *guided)
     if kind == "completion":
         _prepare_prompt(req.prompt, out)
     else:

@@ -125,7 +125,10 @@ def required_schema(tools: list[Tool], parallel: bool) -> dict:
 
 
 def _guide(out: Any, schema: dict) -> None:
-    # compact, keys in the client's order: the output's keys follow the order of a schema's properties
+    """The calls' grammar (compact, keys in the client's order: the output's keys follow the order of a schema's
+    properties). It replaces a response_format's: under "required" or a named function the whole output is
+    calls, and response_format shapes a text answer, of which there is none (as OpenAI's API: a forced call is a
+    call whatever response_format says)."""
     out.guided = GuidedDecoding(kind="json_schema", spec=msgspec.json.encode(schema).decode())
     out.guided_param = "tool_choice"
 

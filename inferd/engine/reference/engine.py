@@ -18,6 +18,7 @@ from pathlib import Path
 
 from inferd.artifacts import read_manifest, template_tool_call_format, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.grammar import GrammarError, Grammars
 from inferd.engine.loading import run_load
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer
@@ -26,7 +27,7 @@ from inferd.engine.reference.adapter_host import LoraHost
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
-from inferd.engine.reference.sampler import Sampler, make_rng, token_logprobs
+from inferd.engine.reference.sampler import Sampler, grammar_masked, make_rng, token_logprobs
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.sequence import Sequence, prefix_salt
 from inferd.observability import get_logger, request_context
@@ -90,6 +91,7 @@ class ReferenceEngine(LoraHost, Engine):
         self.model = LlamaModel.from_pretrained(self.artifact_dir)
         self.tokenizer = HFTokenizer.from_dir(self.artifact_dir)
         config = self.model.config
+        self.grammars = Grammars.for_hf(self.tokenizer, config.vocab_size)   # lazy: xgrammar loads on first use
         self._adapters.bind(config)
         # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
         # default max_tokens to a context this engine then refuses.
@@ -270,6 +272,12 @@ class ReferenceEngine(LoraHost, Engine):
                     seq.engine_state.start(self.tokenizer, seq)
                     if not seq.sampling.greedy:
                         seq.rng = make_rng(seq.sampling.seed)
+                    if seq.sampling.guided is not None:    # compiled already by the API: a cache hit
+                        seq.grammar = self.grammars.matcher(seq.sampling.guided)
+                except GrammarError as exc:    # a caller that skipped the API's compile: its message is for the client
+                    deltas.append((seq.engine_state.stream, seq.engine_state.final(
+                        seq, FinishReason.ERROR, time.monotonic(), str(exc))))
+                    continue
                 except Exception:  # e.g. the tokenizer rejects the prompt ids
                     with request_context(seq.request_id):
                         log.exception("request_setup_failed")
@@ -326,9 +334,14 @@ class ReferenceEngine(LoraHost, Engine):
             if len(rows) != len(out.seqs):
                 logits = logits[rows]
             picked = [out.seqs[r] for r in rows]
-            sampled = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked], picked)
+            logits = grammar_masked(logits, picked)
+            sampled = self._sampler.sample(logits, [s.sampling for s in picked],
+                                           [s.rng for s in picked], picked)
+            for seq, token in zip(picked, sampled):
+                if seq.grammar is not None:
+                    seq.grammar.accept(token)
             wanted = [j for j, s in enumerate(picked) if s.sampling.logprobs is not None]
-            if wanted:      # only the rows that asked pay for log_softmax (of the logits as the model made them)
+            if wanted:      # only the rows that asked pay for log_softmax (a grammar's mask included, as vLLM)
                 found = token_logprobs(logits[wanted], [sampled[j] for j in wanted],
                                        [picked[j].sampling.logprobs for j in wanted])
                 for j, lp in zip(wanted, found):

@@ -13,6 +13,9 @@ from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
 from inferd.engine.sequence import Sequence
 from inferd.types import Delta, EngineTiming, FinishReason, TokenLogprob, Usage
 
+# The one token-level error (Scheduler._stop_reason): a grammar that allows no token at all in some state.
+_GRAMMAR_FAILED = "the output reached a point where its grammar allows no token"
+
 
 class RequestOutput:
     """One request's output side: its stream, detokenizer, stop matcher and timing stamps."""
@@ -80,8 +83,9 @@ class RequestOutput:
         elif not finished:
             delta = Delta(token_ids=[token], text=text)
             return (self._attach_logprobs(delta) if self.wants_logprobs else delta), False
-        delta = Delta(token_ids=[token], text=text, finish_reason=FinishReason.STOP if hit else seq.finish_reason,
-                      usage=self.usage(seq), timing=self.timing(now))
+        reason = FinishReason.STOP if hit else seq.finish_reason
+        delta = Delta(token_ids=[token], text=text, finish_reason=reason, usage=self.usage(seq), timing=self.timing(now),
+                      error=_GRAMMAR_FAILED if reason is FinishReason.ERROR else None)
         return (self._attach_logprobs(delta) if self.wants_logprobs else delta), hit
 
     def final(self, seq: Sequence, reason: FinishReason, now: float, error: str | None = None) -> Delta:

@@ -12,6 +12,8 @@ LogitBiasLogitsProcessor and MinPLogitsProcessor of vllm/v1/sample/logits_proces
 4. temperature;
 5. `min_p`: tokens less likely than min_p times the most likely one go;
 6. top-k, then top-p.
+Before all of them, a row with a grammar (SamplingParams.guided) has the tokens it does not allow set to
+-inf (`grammar_masked`), greedy and random rows alike.
 
 Random sampling draws from the sequence's own np.random.Generator, seeded from the request's
 seed, exactly one uniform per token: a seeded request gives the same output whatever else
@@ -148,6 +150,18 @@ def token_logprobs(logits: np.ndarray, chosen: Seq[int], ks: Seq[int]) -> list[T
         x[rows, best] = -np.inf
     return [TokenLogprob(int(t), v, tuple(zip(i[:k], w[:k])))
             for t, v, i, w, k in zip(chosen, own, ids.tolist(), vals.tolist(), ks)]
+
+
+def grammar_masked(logits: np.ndarray, rows: Seq) -> np.ndarray:
+    """`logits` with each row whose sequence has a grammar masked by it, in place: tokens it does not allow
+    next at -inf. vLLM's model runner applies xgrammar's bitmask the same way before its sampler, which
+    takes raw log-probabilities from the masked logits, so a guided row's logprobs are those (a token the
+    grammar forbids reports -inf, which the API clamps to -9999 as vLLM does). Rows without a grammar pay
+    nothing."""
+    for seq, row in zip(rows, logits):
+        if seq.grammar is not None:
+            seq.grammar.mask(row)
+    return logits
 
 
 class Sampler:

@@ -32,12 +32,14 @@ from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
 from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
+from inferd.engine.grammar import GrammarError
+from inferd.engine.sim.guided import GuidedChooser, sim_grammars
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
 from inferd.engine.sim.logprobs import synthetic_logprob, synthetic_prompt_logprobs
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
-from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
+from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, GuidedDecoding, Usage
 
 log = get_logger("inferd.engine.sim")   # the name operators filter on; it predates the sim package
 _EOS_SCALE = 1 << 20
@@ -73,6 +75,8 @@ class SimEngine(Engine):
         if not time_scale >= 0:
             raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
         self.tokenizer = sim_tokenizer(self.profile.vocab_size)
+        self.grammars = sim_grammars(self.tokenizer)
+        self._chooser = GuidedChooser(self.tokenizer)
         digest = hashlib.sha256(msgspec.json.encode(self.profile)).hexdigest()[:12]
         # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
         # default max_tokens to a context this engine then refuses.
@@ -88,6 +92,8 @@ class SimEngine(Engine):
         self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,
                                        max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
         self._seqs: dict[str, SimSequence] = {}
+        # sequences whose grammar is compiling off the loop (a cache miss): not in the scheduler yet
+        self._compiling: dict[str, asyncio.Task] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -123,6 +129,8 @@ class SimEngine(Engine):
                 pass
             except Exception:   # the loop had failed: already logged, its requests already ended
                 pass
+        for compiling in list(self._compiling.values()):
+            compiling.cancel()     # its sequence ends with the others below
         for request_id in list(self._seqs):
             self.abort(request_id)
 
@@ -144,10 +152,39 @@ class SimEngine(Engine):
         seq = self._new_seq(request)
         self._seqs[request.request_id] = seq
         self._adapters.acquire(seq, request.lora)
-        self._scheduler.add(seq)
         self._prompt_tokens += seq.prompt_len
+        guided = request.sampling.guided
+        if guided is not None:
+            seq.grammar = self.grammars.cached_matcher(guided)     # compiled already (the API's grammar stage)
+            if seq.grammar is None:
+                task = asyncio.get_running_loop().create_task(self._compile_then_add(seq, guided))
+                self._compiling[seq.request_id] = task
+                return seq.stream
+        self._scheduler.add(seq)
         self._wakeup.set()
         return seq.stream
+
+    async def _compile_then_add(self, seq: SimSequence, guided: GuidedDecoding) -> None:
+        """A grammar not compiled yet (a caller that skipped the API's grammar stage, or one evicted since)
+        compiles on a worker thread; the sequence is scheduled once it is."""
+        try:
+            await asyncio.to_thread(self.grammars.compile, guided)
+            grammar = self.grammars.matcher(guided)
+        except GrammarError as exc:
+            if not seq.done:
+                self._finish(seq, FinishReason.ERROR, [], "", error=str(exc))
+            return
+        except Exception:    # a bug, not the client's grammar: its stream still ends
+            log.exception("sim_grammar_compile_failed", request_id=seq.request_id)
+            if not seq.done:
+                self._finish(seq, FinishReason.ERROR, [], "", error=failure_message(seq.request_id))
+            return
+        if seq.done:
+            return              # aborted (or closed) meanwhile
+        del self._compiling[seq.request_id]
+        seq.grammar = grammar
+        self._scheduler.add(seq)
+        self._wakeup.set()
 
     def _new_seq(self, request: GenerationRequest) -> SimSequence:
         """Check the request (InvalidRequest naming the field) and build its sequence."""
@@ -180,12 +217,20 @@ class SimEngine(Engine):
         seq.done = True
         del self._seqs[seq.request_id]
         self._adapters.release(seq)
-        self._scheduler.remove(seq, reason)
+        if self._compiling.pop(seq.request_id, None) is None:
+            self._scheduler.remove(seq, reason)
         timing = EngineTiming(submitted=seq.submitted, first_scheduled=seq.first_scheduled,
                               first_token=seq.first_token, finished=time.monotonic())
         usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=seq.num_completion_tokens)
         seq.stream.push(Delta(token_ids=token_ids, text=text, finish_reason=reason, usage=usage, timing=timing,
                               error=error, **(lp or {})))
+
+    def _guided_token(self, seq: SimSequence, pos: int) -> int | None:
+        """A token the sequence's grammar allows (sim.guided), fed to it; None when it allows none."""
+        token = self._chooser.choose(seq.grammar, seq.key, pos)
+        if token is None or not seq.grammar.accept(token):
+            return None
+        return token
 
     def _logprobs(self, seq: SimSequence, token: int, pos: int) -> dict | None:
         """The synthetic log-probabilities a token's delta carries (sim.logprobs), for requests that asked."""
@@ -294,7 +339,7 @@ class SimEngine(Engine):
         tokenizer = self.tokenizer
         gen_ids = tokenizer.generation_ids
         num_gen = len(gen_ids)
-        pieces = tokenizer._pieces
+        pieces, first_piece = tokenizer._pieces, tokenizer.first_piece
         now = time.monotonic()
         produced = 0
         self._scheduler.computed(plan)
@@ -306,20 +351,26 @@ class SimEngine(Engine):
             if seq.num_computed_tokens < len(token_ids):
                 continue   # a prefill chunk: no token yet
             key = seq.key
-            token = gen_ids[hash((key, pos)) % num_gen]
-            if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
-                token = tokenizer.eos_token_ids[0]
+            if seq.grammar is not None:
+                token = self._guided_token(seq, pos)
+                if token is None:
+                    self._finish(seq, FinishReason.ERROR, [], "", error="the grammar allows no further token")
+                    continue
+            else:
+                token = gen_ids[hash((key, pos)) % num_gen]
+                if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
+                    token = tokenizer.eos_token_ids[0]
             token_ids.append(token)
             lp = self._logprobs(seq, token, pos) if seq.logprobs is not None or seq.prompt_logprobs is not None \
                 else None
             produced += 1
             if seq.first_token is None:
                 seq.first_token = now
-            if token in seq.stop_ids:
+            if token in seq.stop_ids or (seq.grammar is not None and seq.grammar.terminated):
                 text = seq.matcher.flush() if seq.matcher is not None else ""
                 self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
                 continue
-            text = pieces[token]
+            text = pieces[token] if token >= first_piece else tokenizer.decode([token])
             if seq.matcher is not None:
                 text, stopped = seq.matcher.push(text)
                 if stopped:

@@ -222,6 +222,16 @@ class SimTokenizer:
         # What the engine samples from: words, with the odd comma and full stop.
         self.generation_ids: tuple[int, ...] = tuple(word_ids) + (self._ids[","], self._ids["."])
 
+    first_piece = _FIRST_PIECE     # ids below are specials and raw bytes
+
+    def token_to_id(self, piece: str) -> int | None:
+        return self._ids.get(piece)
+
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes, as xgrammar's raw vocabulary takes them: specials empty, byte tokens their byte."""
+        return ([b""] * _BYTE0 + [bytes([b]) for b in range(256)]
+                + [p.encode() for p in self._pieces[_FIRST_PIECE:]])
+
     def piece(self, token_id: int) -> str:
         """The text one generated token adds (specials add nothing)."""
         return self._pieces[token_id]

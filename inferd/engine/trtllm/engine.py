@@ -36,6 +36,8 @@ from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
 from inferd.engine.validation import seed64, validate_request
 from inferd.engine.adapters import AdapterError, AdapterInfo, UnknownAdapter, unknown_adapter_request
+from inferd.engine.grammar import Grammars
+from inferd.engine.trtllm.guided import check_compiled, guided_decoding_params
 from inferd.engine.trtllm.loras import TrtllmLoras
 from inferd.engine.trtllm.sampling import penalty_kwargs, refuse_unsupported
 from inferd.engine.trtllm.stats import RequestLedger
@@ -67,9 +69,11 @@ def _import_trtllm() -> dict[str, Any]:
             SchedulerConfig,
         )
         from tensorrt_llm.llmapi import SamplingParams as TrtSamplingParams
+        from tensorrt_llm.sampling_params import GuidedDecodingParams
     except ImportError as exc:
         raise TrtllmNotInstalled(f"{INSTALL_HINT} [import failed: {exc}]") from exc
     return dict(LLM=LLM, CapacitySchedulerPolicy=CapacitySchedulerPolicy, KvCacheConfig=KvCacheConfig,
+                GuidedDecodingParams=GuidedDecodingParams,
                 LoRARequest=LoRARequest, RequestError=RequestError, SamplingParams=TrtSamplingParams,
                 SchedulerConfig=SchedulerConfig)
 
@@ -136,6 +140,9 @@ class TrtllmEngine(Engine):
         # Ids both the model embeds and the tokenizer decodes (an engine's vocab may be padded beyond it).
         self._embedding_vocab = int(pretrained.get("vocab_size") or self.tokenizer.vocab_size)
         self._vocab_size = min(self.tokenizer.vocab_size, self._embedding_vocab)
+        # Our own xgrammar over the same tokenizer: the API compiles with it (its 400s are every backend's);
+        # TensorRT-LLM compiles again in its executor and masks there (trtllm.guided).
+        self.grammars = Grammars.for_hf(self.tokenizer, self._embedding_vocab)
         self._llm = await asyncio.to_thread(self._load)      # slow: engine load, executor start
         self._gen_params = frozenset(inspect.signature(self._llm.generate_async).parameters)
         self._perf_metrics = "return_perf_metrics" in inspect.signature(self._api["SamplingParams"]).parameters
@@ -196,7 +203,8 @@ class TrtllmEngine(Engine):
         policy = getattr(api["CapacitySchedulerPolicy"], SCHEDULER_POLICIES[self._policy])
         kwargs: dict[str, Any] = dict(kv_cache_config=api["KvCacheConfig"](**kv),
                                       scheduler_config=api["SchedulerConfig"](capacity_scheduler_policy=policy),
-                                      enable_chunked_prefill=self._chunked)
+                                      enable_chunked_prefill=self._chunked,
+                                      guided_decoding_backend="xgrammar")    # structured output (trtllm.guided)
         if self._max_batch_size is not None:
             kwargs["max_batch_size"] = self._max_batch_size
         if self._max_num_tokens is not None:
@@ -260,6 +268,8 @@ class TrtllmEngine(Engine):
         validate_request(request, vocab_size=self._vocab_size, max_model_len=info.max_model_len,
                          kv_capacity_tokens=info.num_kv_blocks * info.block_size if self._ledger.kv_known.is_set() else None)
         refuse_unsupported(sp)
+        if sp.guided is not None:
+            check_compiled(self.grammars, sp.guided)
         if prompt_len > self._max_input_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens; this engine accepts at most "
                                  f"{self._max_input_len}", "prompt")
@@ -309,10 +319,13 @@ class TrtllmEngine(Engine):
     def _sampling_params(self, sp: SamplingParams) -> Any:
         eos = self.tokenizer.eos_token_ids
         stop_ids = list(sp.stop_token_ids)
-        if not sp.ignore_eos:
+        ignore_eos = sp.ignore_eos and sp.guided is None     # a grammar ends on the end token (trtllm.guided)
+        if not ignore_eos:
             stop_ids += [t for t in eos[1:] if t not in stop_ids]   # TRT has a single end_id
-        kw: dict[str, Any] = dict(max_tokens=sp.max_tokens, ignore_eos=sp.ignore_eos, detokenize=False,
+        kw: dict[str, Any] = dict(max_tokens=sp.max_tokens, ignore_eos=ignore_eos, detokenize=False,
                                   stop_token_ids=stop_ids or None, include_stop_str_in_output=True)
+        if sp.guided is not None:
+            kw["guided_decoding"] = guided_decoding_params(sp.guided, self._api["GuidedDecodingParams"])
         if eos:
             kw["end_id"] = eos[0]
         if sp.logprobs is not None:

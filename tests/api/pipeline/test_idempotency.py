@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import aiohttp
@@ -140,3 +141,15 @@ async def test_a_stream_that_ended_in_an_error_frame_is_not_kept_for_replay():
                                 config=SimpleNamespace(store=SimpleNamespace(idempotency_ttl_s=60.0)))
         await settle({CAPTURE: capture}, state, web.StreamResponse(status=200))
         assert state.idempotency.calls == [kept]
+
+
+async def test_a_structured_output_request_replays_and_one_whose_grammar_is_refused_releases_its_key(tmp_path):
+    guided = {**BODY, "max_tokens": 16, "structured_outputs": {"choice": ["yes", "no"]}}
+    async with running_daemon(config(tmp_path)) as (_, _, url), aiohttp.ClientSession() as http:
+        first = await post(http, url, guided, "g-1")
+        again = await post(http, url, guided, "g-1")
+        refused = await post(http, url, {**BODY, "structured_outputs": {"regex": "(unclosed"}}, "g-2")
+        retried = await post(http, url, {**BODY, "structured_outputs": {"regex": "(unclosed"}}, "g-2")
+    assert first[0] == 200 and json.loads(first[2])["choices"][0]["text"] in ("yes", "no")
+    assert again[1]["Idempotent-Replayed"] == "true" and again[2] == first[2]
+    assert refused[0] == retried[0] == 400 and "Idempotent-Replayed" not in retried[1]

@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+import jsonschema
 import openai
 import pytest
 
@@ -70,6 +71,34 @@ async def test_a_batch_line_with_n_gets_n_choices_as_the_route_answers(tmp_path)
         [line] = output_lines((await client.files.content(done.output_file_id)).content)
         body = line["response"]["body"]
         assert [c["index"] for c in body["choices"]] == [0, 1, 2] and body["usage"]["completion_tokens"] == 9
+
+
+async def test_a_batch_line_with_structured_output_follows_its_grammar_and_a_refused_one_fails_alone(tmp_path):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    async with serve(tmp_path) as (node, _):
+        client = node.sdk()
+        with pytest.raises(openai.BadRequestError, match="line 1: body.response_format.json_schema.name"):
+            await upload(client, chat_line("no-name", response_format={"type": "json_schema", "json_schema": {}}))
+        file_id = await upload(
+            client, chat_line("choice", max_tokens=16, structured_outputs={"choice": ["red", "green"]}),
+            chat_line("schema", max_tokens=64, response_format={"type": "json_schema",
+                                                                "json_schema": {"name": "ok", "schema": schema}}),
+            chat_line("bad-regex", structured_outputs={"regex": "(unclosed"}))
+        batch = await client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        runs = Runs()
+        async with node.runner(runs, concurrency=2):
+            assert await runs.end_of(batch.id) == "completed"
+        done = await client.batches.retrieve(batch.id)
+        out = {line["custom_id"]: line["response"]["body"]
+               for line in output_lines((await client.files.content(done.output_file_id)).content)}
+        [err] = output_lines((await client.files.content(done.error_file_id)).content)
+    assert out["choice"]["choices"][0]["message"]["content"] in ("red", "green")
+    jsonschema.validate(json.loads(out["schema"]["choices"][0]["message"]["content"]), schema)
+    assert err["custom_id"] == "bad-regex" and err["response"]["status_code"] == 400
+    assert (err["error"]["code"], err["response"]["body"]["error"]["param"]) == ("invalid_regex",
+                                                                                 "structured_outputs.regex")
 
 
 async def test_creating_a_batch_checks_its_file_endpoint_and_window(tmp_path):

@@ -24,6 +24,42 @@ def _message(**fields) -> dict:
     return {**CHAT, "messages": [{"role": "user", "content": "x", **fields}]}
 
 
+_SCHEMA = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}}
+STRUCTURED_CASES = [
+    # response_format and vLLM's structured_outputs (inferd.api.wire.structured)
+    ("chat/completions", {**CHAT, "response_format": _SCHEMA}),
+    ("completions", {**COMPLETION, "response_format": _SCHEMA}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "a\n"}}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x" * 64}}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                            "foo": 1}}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                            "schema": []}}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "text", "json_schema": {"name": "x"}}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "structural_tag"}}),
+    ("chat/completions", {**CHAT, "response_format": {}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": "a+"}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"choice": ["a", "b"]}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"json": {"type": "object"}, "regex": None}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"grammar": "root ::= \"a\""}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"json_object": True}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"json_object": False}}),
+    ("completions", {**COMPLETION, "structured_outputs": {}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": "a", "choice": ["a"]}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"choice": []}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": ""}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"json": 3}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": "a", "disable_any_whitespace": False}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": "a", "disable_any_whitespace": True}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": "a", "whitespace_pattern": " "}}),
+    ("completions", {**COMPLETION, "structured_outputs": {"regex": "a", "structural_tag": None}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}),
+    ("chat/completions", {**CHAT, "response_format": {"type": "text"}, "structured_outputs": {"regex": "a"}}),
+    ("chat/completions", {**CHAT, "guided_json": {"type": "object"}}),
+]
+
 CASES = [
     # (path, body); the expected answer is whatever the schema says, checked against the server
     ("completions", {**COMPLETION, "prompt": ""}),
@@ -147,6 +183,7 @@ CASES = [
     ("chat/completions", _message(tool_calls=[CALL])),
     ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x", "tool_call_id": "c",
                                                 "tool_calls": [CALL]}]}),
+    *STRUCTURED_CASES,
 ]
 
 
@@ -183,3 +220,10 @@ async def test_an_integer_spelled_as_a_float_is_refused_though_json_schema_calls
     assert (await _validator(served, "completions")).is_valid(body)
     status, answer = await _status(served, "completions", body)
     assert status == 400 and answer["error"]["param"] == "max_tokens"
+
+
+async def test_vllms_json_text_for_a_schema_is_accepted_though_the_document_allows_only_the_object(served):
+    """No JSON Schema keyword can say "a string holding a JSON object": the document is the stricter."""
+    body = {**COMPLETION, "structured_outputs": {"json": '{"type": "object"}'}}
+    assert not (await _validator(served, "completions")).is_valid(body)
+    assert (await _status(served, "completions", body))[0] == 404

@@ -126,3 +126,11 @@ def test_history_with_calls_and_tool_results_reaches_the_template_with_parsed_ar
 ])
 def test_bad_tool_messages_are_a_400_naming_the_field(message, param):
     assert rejected(messages=[message]).param == param
+
+
+def test_a_forced_call_is_the_output_whatever_response_format_asks_of_a_text_answer():
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    p = prepared(tools=[CLOCK], tool_choice="required", response_format=fmt)
+    assert p.guided_param == "tool_choice" and json.loads(p.guided.spec)["type"] == "array"
+    auto = prepared(tools=[CLOCK], response_format=fmt)       # auto: the answer may be text, shaped as asked
+    assert auto.guided_param == "response_format.json_schema.schema"

@@ -17,6 +17,12 @@ class GuidedDecodingParams:
     json_object: bool = False
     structural_tag: Optional[str] = None
 
+    def _validate(self):
+        num_guides = sum(bool(getattr(self, name)) for name in ("json", "regex", "grammar", "json_object",
+                                                                "structural_tag"))
+        if num_guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {num_guides}.")
+
 
 @dataclass(slots=True, kw_only=True)
 class SamplingParams:
@@ -95,6 +101,8 @@ class SamplingParams:
                              f"Please set to best_of=1, got best_of={self.best_of}.")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}")
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
         self.logprobs = self.logprobs and int(self.logprobs)
         self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
 

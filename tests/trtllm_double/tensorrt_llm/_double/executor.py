@@ -61,6 +61,7 @@ class _Active:
     first_scheduled: float = 0.0
     first_token: float = 0.0
     first_iter: int | None = None
+    matcher: object = None                 # its grammar's xgrammar matcher (guided decoding)
 
 
 class FakeModel:
@@ -69,21 +70,26 @@ class FakeModel:
     def __init__(self, candidates: list[int]) -> None:
         self.candidates = candidates
 
-    def next_token(self, context: list[int], greedy: bool, seed: int, n_generated: int, bias=None) -> int:
+    def next_token(self, context: list[int], greedy: bool, seed: int, n_generated: int, bias=None,
+                   allowed=None) -> int:
         # Its logits are flat, so an embedding_bias with a positive entry decides the token: its largest
         # (lowest id on a tie), as the penalty kernel adds the bias to the logits before sampling.
         if bias is not None and float(bias.max()) > 0:
             return int(bias.argmax())
         key = (tuple(context[-4:]), len(context)) if greedy else (tuple(context[-4:]), len(context), seed)
         h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
-        return self.candidates[h % len(self.candidates)]
+        pool = self.candidates
+        if allowed is not None:      # a grammar's mask: flat logits, so any token it allows, the end token too
+            pool = [int(t) for t in allowed.nonzero()[0]]
+        return pool[h % len(pool)]
 
 
 class FakeExecutor:
-    def __init__(self, *, model: FakeModel, vocab_size: int, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
+    def __init__(self, *, model: FakeModel, guided=None, vocab_size: int, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
                  max_input_len: int, num_blocks: int, tokens_per_block: int, enable_block_reuse: bool,
                  enable_chunked_context: bool, lora_enabled: bool, error_handler_owner) -> None:
         self.model = model
+        self.guided = guided               # _double.guided.GuidedDecoder, when built with guided decoding
         self.vocab_size = vocab_size
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
@@ -230,6 +236,9 @@ class FakeExecutor:
             a.computed = reused * self.pool.tokens_per_block
             a.cached_tokens = a.computed
             a.first_scheduled, a.first_iter = time.monotonic(), self._iter
+            guide = a.request.sampling_params.guided_decoding
+            if guide is not None and self.guided is not None:   # compiled in the step, as guidedDecoder.cpp
+                a.matcher = self.guided.matcher(guide)
             self._active.append(a)
             reserved += self._remaining_blocks(a)
 
@@ -288,7 +297,11 @@ class FakeExecutor:
         if controls.eos_after is not None and n + 1 >= controls.eos_after and a.end_id != -1:
             token = a.end_id
         else:
-            token = self.model.next_token(context, a.greedy, a.seed, n, a.request.sampling_params.embedding_bias)
+            allowed = self.guided.allowed(a.matcher) if a.matcher is not None else None
+            token = self.model.next_token(context, a.greedy, a.seed, n, a.request.sampling_params.embedding_bias,
+                                          allowed)
+            if a.matcher is not None:
+                a.matcher.accept_token(token)
         a.iters += 1
         if not a.first_token:
             a.first_token = time.monotonic()

@@ -12,6 +12,7 @@ from typing import Any, List, Optional, Union
 
 from .._double.controls import controls
 from .._double.executor import FakeExecutor, FakeModel, _Fatal
+from .._double.guided import GuidedDecoder
 from ..executor.result import GenerationResult, IterationResult
 from ..executor.utils import RequestError, has_event_loop
 from ..sampling_params import SamplingParams
@@ -141,8 +142,12 @@ class BaseLLM:
             candidates = self.tokenizer.ordinary_token_ids()
         vocab_size = (engine_config.get("pretrained_config") or {}).get("vocab_size") or (
             self.tokenizer.vocab_size if self.tokenizer is not None else 259)
+        backend = kwargs.get("guided_decoding_backend")
+        if backend is not None and backend != "xgrammar":      # llm.py _build_model (TensorRT backend)
+            raise ValueError(f"Unrecognized guided decoding backend {backend}")
+        guided = GuidedDecoder(self.tokenizer, vocab_size) if backend == "xgrammar" else None
         self._executor = FakeExecutor(
-            model=FakeModel(candidates), vocab_size=vocab_size, max_batch_size=runtime_cap("max_batch_size", None),
+            model=FakeModel(candidates), guided=guided, vocab_size=vocab_size, max_batch_size=runtime_cap("max_batch_size", None),
             max_num_tokens=runtime_cap("max_num_tokens", 8192), max_seq_len=build["max_seq_len"],
             max_input_len=build["max_input_len"], num_blocks=min(limits), tokens_per_block=tpb,
             enable_block_reuse=kv.enable_block_reuse, enable_chunked_context=bool(kwargs.get("enable_chunked_prefill")),

@@ -31,6 +31,13 @@ class TransformersTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        return self._tok
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def ordinary_token_ids(self) -> list[int]:
         return sorted(set(self._tok.get_vocab().values()) - self.special_ids)
 
