@@ -7,6 +7,7 @@ request's end records (ledger row, metrics, rollouts, cache, transcript, trace, 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -152,7 +153,7 @@ async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
     return resp
 
 
-def _tool_parsers(ctx: RequestContext):
+def _tool_parsers(ctx: RequestContext) -> Callable[[], ToolCallParser] | None:
     """A maker of each choice's tool-call parser (None: no tools in play): the model's own format comes from its
     artifact's manifest (EngineInfo.tool_call_format)."""
     p = ctx.prepared
