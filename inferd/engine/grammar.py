@@ -1,7 +1,7 @@
 """Grammars: compile a GuidedDecoding with xgrammar, once per (tokenizer, grammar), and mask logits by it.
 
 - `Grammars` holds one tokenizer's compiled grammars in a bounded LRU cache keyed by the GuidedDecoding
-  (equal schemas are equal specs: the API sends compact sorted-keys JSON). `compile()` blocks (a small
+  (the API sends a schema as compact JSON in the client's key order). `compile()` blocks (a small
   JSON schema takes milliseconds, an EBNF grammar over a 128k vocabulary much longer): callers run it off
   the event loop. Refusals are cached too, so a client repeating a bad schema costs one compile.
 - `GrammarState` is one sequence's matcher: `mask(row)` sets the logits of tokens the grammar does not

@@ -173,7 +173,9 @@ async def tokenize(engine: Engine, p: Prepared, body_bytes: int, deadline: float
     def work() -> list[int]:
         if p.messages is not None:
             try:
-                text = tok.apply_chat_template(p.messages, add_generation_prompt=True)
+                # as transformers: the function tools go to the template, which renders them its own way
+                extra = {"tools": p.tools} if p.tools else {}
+                text = tok.apply_chat_template(p.messages, add_generation_prompt=True, **extra)
             except ValueError as exc:   # the template refused the messages (inferd.engine.tokenization.ChatTemplateError)
                 field = FIELDS[p.kind].prompt
                 raise invalid(f"{field}: {exc}", param=getattr(exc, "param", None) or field,

@@ -14,6 +14,7 @@ import msgspec
 
 from inferd.api.routes.openapi_structured import NAME_PATTERN
 from inferd.api.routes.stored_responses import NO_OP_QUERY
+from inferd.api.wire.tools import MAX_TOOLS
 from inferd.api.wire.responses_items import ITEM_FIELDS, TEXT_PART_TYPES
 from inferd.api.wire.responses_request import NO_OP_VALUES, ResponsesRequest
 
@@ -30,8 +31,6 @@ def _tighten(components: dict, name: str, model: dict) -> None:
     props["model"] = model
     for field, (values, say) in NO_OP_VALUES.items():
         props[field] = _no_op(values, say)
-    props["tools"] = _no_op(([],), "null or [] (function tools: once the tool call code is in)")
-    props["tool_choice"] = _no_op(("none", "auto"), "null, \"none\" or \"auto\" without tools")
     input_schema = props["input"]["anyOf"]
     props["input"] = {"anyOf": [{"type": "string", "minLength": 1} if s.get("type") == "string" else s
                                 for s in input_schema]}
@@ -44,6 +43,7 @@ def _tighten(components: dict, name: str, model: dict) -> None:
     part["properties"].update({"type": {"enum": list(TEXT_PART_TYPES)}, "text": {"type": "string"},
                                **{f: {"type": "null", "default": None} for f in _NOT_TEXT}})
     part["required"] = ["type", "text"]
+    _tighten_tools(components, name)
     fmt = components["ResponseTextFormat"]
     fmt["properties"]["name"] = {"anyOf": [{"type": "string", "pattern": NAME_PATTERN}, {"type": "null"}],
                                  "default": None}
@@ -54,6 +54,18 @@ def _tighten(components: dict, name: str, model: dict) -> None:
                         **{f: {"type": "null"} for f in _TEXT_FORMAT_ONLY}}}]
     components["ResponseTextConfig"]["properties"]["verbosity"] = {"enum": [None, "medium"], "default": None}
     components["ResponseStreamOptions"]["properties"]["include_obfuscation"] = {"enum": [None, False], "default": None}
+
+
+def _tighten_tools(components: dict, name: str) -> None:
+    """chat's `prepare_tools` rules (inferd.api.routes.openapi._tighten_tools) on the flat shape: parameters are
+    an object's schema; tool_choice other than "none" or "auto" only with tools. That a named tool_choice names
+    one of the tools is a documented 400 (JSON Schema cannot compare two values of a body)."""
+    params = components["ResponseFunctionTool"]["properties"]["parameters"]
+    params["anyOf"] = [{"type": "object", "properties": {"type": {"const": "object"}}}, {"type": "null"}]
+    components[name]["properties"]["tools"]["anyOf"][0]["maxItems"] = MAX_TOOLS
+    components[name].setdefault("allOf", []).append({"anyOf": [
+        {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+        {"properties": {"tool_choice": {"enum": [None, "none", "auto"]}}}]})
 
 
 def _item_schema(generated: dict) -> dict:

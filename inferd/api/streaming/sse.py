@@ -142,6 +142,8 @@ class Sender:
         self.pushed_at: float | None = None     # when the pending output began (Flusher.mark)
 
     def send(self, frame: bytes) -> None:
+        if not frame:       # an encoder holding text back (a tool call's start): a 0-length chunk would end the body
+            return
         if self.tee is not None:
             self.tee(frame)
         self._write(frame)

@@ -18,6 +18,8 @@ from inferd.api.errors import invalid
 from inferd.api.wire.openai import (_STRICT, MAX_MESSAGES, NO_OP_VALUES as CHAT_NO_OP_VALUES, PositiveInt, Prepared,
                                     Temperature, TopP, _is_no_op, _show)
 from inferd.api.wire.responses_items import ResponseInputItem, input_messages, prompt_chars
+from inferd.api.wire.responses_tools import prepare_response_tools
+from inferd.api.wire.tools import FunctionName
 from inferd.api.wire.structured import NAME_PATTERN, compact, set_guided
 from inferd.types import GuidedDecoding
 
@@ -46,7 +48,7 @@ class ResponseFunctionTool(msgspec.Struct, **_STRICT):
     """A function tool in the Responses API's flat shape (chat nests the same fields under `function`)."""
 
     type: Literal["function"]
-    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    name: FunctionName
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
@@ -150,17 +152,8 @@ def prepare(req: ResponsesRequest) -> tuple[Prepared, list[dict]]:
                    top_p=1.0 if req.top_p is None else req.top_p)
     out.prompt_chars = prompt_chars(out.messages)
     _prepare_format(req.text, out)
-    _prepare_tools(req, out)
+    prepare_response_tools(req, out)      # after text.format: a forced call replaces its grammar, as chat's
     return out, inputs
-
-
-def _prepare_tools(req: ResponsesRequest, out: Prepared) -> None:
-    """Function tools (not yet served by this branch: only none)."""
-    if req.tools:
-        raise invalid("tools: not supported by this server yet; only null or [] is accepted.", param="tools",
-                      code="unsupported_parameter")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise invalid("tool_choice: only allowed when tools are specified.", param="tool_choice", code="invalid_value")
 
 
 def _prepare_format(text: ResponseTextConfig | None, out: Prepared) -> None:

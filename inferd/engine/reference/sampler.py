@@ -153,17 +153,14 @@ def token_logprobs(logits: np.ndarray, chosen: Seq[int], ks: Seq[int]) -> list[T
 
 
 def grammar_masked(logits: np.ndarray, rows: Seq) -> np.ndarray:
-    """`logits` with each row whose sequence has a grammar masked by it (tokens it does not allow next at
-    -inf; vLLM applies xgrammar's bitmask the same way, before its sampler). In place, unless some row
-    reports log-probabilities: those stay the model's (raw), so they get a copy. Rows without a grammar
-    pay nothing."""
-    guided = [j for j, seq in enumerate(rows) if seq.grammar is not None]
-    if not guided:
-        return logits
-    if any(seq.sampling.logprobs is not None for seq in rows):
-        logits = logits.copy()
-    for j in guided:
-        rows[j].grammar.mask(logits[j])
+    """`logits` with each row whose sequence has a grammar masked by it, in place: tokens it does not allow
+    next at -inf. vLLM's model runner applies xgrammar's bitmask the same way before its sampler, which
+    takes raw log-probabilities from the masked logits, so a guided row's logprobs are those (a token the
+    grammar forbids reports -inf, which the API clamps to -9999 as vLLM does). Rows without a grammar pay
+    nothing."""
+    for seq, row in zip(rows, logits):
+        if seq.grammar is not None:
+            seq.grammar.mask(row)
     return logits
 
 

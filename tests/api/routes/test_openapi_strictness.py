@@ -16,6 +16,11 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
 RESPONSE = {"model": "m", "input": "x"}
 
 
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "strict": True,
+                                         "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 def _message(**fields) -> dict:
     return {**CHAT, "messages": [{"role": "user", "content": "x", **fields}]}
 
@@ -180,6 +185,17 @@ CASES = [
     ("responses", {**RESPONSE, "input": [{"type": "function_call_output", "call_id": "c"}]}),
     ("responses", {**RESPONSE, "input": [{"role": "user", "content": "x", "call_id": "c"}]}),
     ("responses", {**RESPONSE, "input": [{"type": "message", "role": "user", "content": "x", "output": None}]}),
+    ("responses", {**RESPONSE, "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}),
+    ("responses", {**RESPONSE, "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}),
+    ("responses", {**RESPONSE, "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
+                                                                                           "name": "f"}}),
+    ("responses", {**RESPONSE, "tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]}),
+    ("responses", {**RESPONSE, "tools": [{"type": "function", "name": "a b"}]}),
+    ("responses", {**RESPONSE, "tools": [{"type": "web_search"}]}),
+    ("responses", {**RESPONSE, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("responses", {**RESPONSE, "tool_choice": "required"}),
+    ("responses", {**RESPONSE, "tool_choice": "auto"}),
+    ("responses", {**RESPONSE, "tool_choice": {"type": "function", "name": "f"}}),
     ("responses", {**RESPONSE, "max_output_tokens": 0}),
     ("responses", {**RESPONSE, "max_output_tokens": 16, "temperature": 0, "top_p": 0.5, "instructions": "be"}),
     ("responses", {**RESPONSE, "max_tokens": 16}),
@@ -202,6 +218,27 @@ CASES = [
     ("responses", {**RESPONSE, "reasoning": {"effort": "low"}}),
     ("responses", {**RESPONSE, "stream_options": {"include_obfuscation": False}}),
     ("responses", {**RESPONSE, "stream": True, "stream_options": {"include_obfuscation": False}}),
+    ("chat/completions", {**CHAT, "tools": [TOOL]}),
+    ("chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False}),
+    ("chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ("chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "sometimes"}),
+    ("chat/completions", {**CHAT, "tools": [TOOL] * 129}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]}),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+    ("chat/completions", {**CHAT, "tool_choice": "required"}),
+    ("chat/completions", {**CHAT, "parallel_tool_calls": False}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "tool_call_id": "c"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant", "tool_calls": [CALL]}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant", "tool_calls": [CALL], "tool_call_id": "c"}]}),
+    ("chat/completions", {**CHAT, "messages": [{"role": "assistant", "tool_calls": [{**CALL, "type": "x"}]}]}),
+    ("chat/completions", _message(tool_calls=[CALL])),
+    ("chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x", "tool_call_id": "c",
+                                                "tool_calls": [CALL]}]}),
     *STRUCTURED_CASES,
 ]
 

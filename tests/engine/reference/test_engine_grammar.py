@@ -92,12 +92,15 @@ async def test_rows_without_a_grammar_are_unchanged(make_engine):
     json.loads(guided.text)
 
 
-async def test_logprobs_stay_the_models_under_a_grammar(make_engine):
+async def test_logprobs_under_a_grammar_are_those_of_the_masked_logits(make_engine):
     engine = await make_engine()
-    out = await engine.submit(req(engine, "lp", logprobs=3)).collect()
-    free = await engine.submit(req(engine, "lp2", guided=None, logprobs=3, max_tokens=1)).collect()
-    # the first position's top alternatives are the model's own, whatever the grammar allows there
-    assert out.logprobs[0].top == free.logprobs[0].top
+    out = await engine.submit(req(engine, "lp", logprobs=5)).collect()
+    # as vLLM: the grammar's mask comes before the sampler's raw logprobs, so at the first position the
+    # alternatives the grammar forbids are -inf and those it allows share all the probability
+    allowed = engine.grammars.matcher(GUIDED).allowed()
+    first = out.logprobs[0]
+    assert allowed[first.token_id] and first.logprob > float("-inf")
+    assert all((lp == float("-inf")) == (not allowed[tid]) for tid, lp in first.top)
 
 
 async def test_a_refused_grammar_submitted_directly_ends_with_its_message(make_engine):
