@@ -276,6 +276,33 @@ async def test_the_llm_cli_with_responses_true_answers_and_continues_a_conversat
     assert rows[1].prompt_tokens > rows[0].prompt_tokens + 4        # the first turn came back as input
 
 
+async def test_langchain_bind_tools_on_the_responses_api_calls_takes_the_tool_message_back_and_streams(tmp_path):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        return "sunny"
+
+    async with serve(tmp_path, KEPT) as (node, _), httpx.AsyncClient() as http:
+        llm = langchain_openai.ChatOpenAI(model="sim", base_url=node.url + "/v1", api_key="x", max_tokens=100,
+                                          use_responses_api=True, max_retries=0, http_async_client=http)
+        forced = llm.bind_tools([get_weather], tool_choice="required")
+        asked = await forced.ainvoke("weather in Paris?")
+        call = asked.tool_calls[0]
+        answer = await llm.bind_tools([get_weather]).ainvoke(
+            [("human", "weather in Paris?"), asked, ToolMessage("sunny", tool_call_id=call["id"])])
+        chunks = [chunk async for chunk in forced.astream("weather?")]
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+    assert answer.text or answer.tool_calls
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed = streamed + chunk
+    assert streamed.tool_calls and streamed.tool_calls[0]["name"] == "get_weather"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_idempotency_key_replays_the_same_response(tmp_path, stream):
     body = {"model": "sim", "input": "x", "max_output_tokens": 3, "stream": stream}
