@@ -6,16 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import httpx
-import jsonschema
 import openai
 import orjson
 import pydantic
@@ -158,73 +154,6 @@ async def test_the_tenants_content_policy_refuses_input_naming_it_and_an_output_
     assert stopped.output_text == ""
 
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-           "required": ["city", "days"], "additionalProperties": False}
-TOOLS = [{"type": "function", "name": "get_weather", "description": "The forecast", "parameters": WEATHER,
-          "strict": True}]
-
-
-async def _create(sdk, stream: bool, **kw):
-    """The whole response, streamed (the closing event's, response.completed or .incomplete) or not."""
-    if not stream:
-        return await sdk.responses.create(**kw)
-    events = [event async for event in await sdk.responses.create(stream=True, **kw)]
-    assert events[-1].type in ("response.completed", "response.incomplete")
-    return events[-1].response
-
-
-@pytest.mark.parametrize("stream", [False, True])
-async def test_a_tool_loop_a_required_call_then_its_output_by_previous_response_id_then_an_answer(tmp_path, stream):
-    async with serve(tmp_path, KEPT) as (node, _):
-        sdk = node.sdk()
-        first = await _create(sdk, stream, model="sim", input="Weather in Paris?", tools=TOOLS,
-                              tool_choice="required", parallel_tool_calls=False, max_output_tokens=200)
-        [call] = first.output
-        assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
-        jsonschema.validate(json.loads(call.arguments), WEATHER)
-        answer = await _create(sdk, stream, model="sim", previous_response_id=first.id, tools=TOOLS,
-                               tool_choice="none", max_output_tokens=6,
-                               input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
-    assert first.status == "completed" and first.tools[0].name == "get_weather"
-    assert answer.output[0].type == "message" and answer.output_text
-    assert answer.usage.input_tokens > first.usage.input_tokens     # the call and its output came back
-
-
-async def test_a_named_function_and_a_stateless_history_of_calls_and_outputs(tmp_path):
-    async with serve(tmp_path) as (node, _):
-        sdk = node.sdk()
-        first = await sdk.responses.create(model="sim", input="Weather?", tools=TOOLS, max_output_tokens=200,
-                                           tool_choice={"type": "function", "name": "get_weather"})
-        call = first.output[0]
-        history = [{"role": "user", "content": "Weather?"}, call.model_dump(exclude_none=True),
-                   {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
-        answer = await sdk.responses.create(model="sim", input=history, tools=TOOLS, max_output_tokens=5)
-    jsonschema.validate(json.loads(call.arguments), WEATHER)
-    assert answer.status in ("completed", "incomplete") and answer.output
-
-
-async def test_a_streamed_call_sends_its_arguments_in_pieces(tmp_path):
-    async with serve(tmp_path) as (node, _):
-        stream = await node.sdk().responses.create(model="sim", input="Weather?", tools=TOOLS, stream=True,
-                                                   tool_choice="required", max_output_tokens=200)
-        events = [event async for event in stream]
-    kinds = [e.type for e in events]
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    done = next(e for e in events if e.type == "response.function_call_arguments.done")
-    assert kinds[-1] == "response.completed" and "response.output_text.delta" not in kinds
-    assert len(deltas) > 1 and "".join(deltas) == done.arguments == events[-1].response.output[0].arguments
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-
-
-async def test_an_unknown_named_function_is_400_naming_tool_choice(tmp_path):
-    async with serve(tmp_path) as (node, _):
-        with pytest.raises(openai.BadRequestError) as caught:
-            await node.sdk().responses.create(model="sim", input="x", tools=TOOLS,
-                                              tool_choice={"type": "function", "name": "nope"})
-    assert caught.value.body["param"] == "tool_choice"
-
-
 class Person(pydantic.BaseModel):
     name: str
     age: int
@@ -240,67 +169,6 @@ async def test_text_format_json_schema_constrains_the_output_so_responses_parse_
     assert parsed.status == "completed" and isinstance(parsed.output_parsed, Person)
     assert parsed.text.format.type == "json_schema" and parsed.text.format.name == "Person"
     assert last.status == "completed" and isinstance(json.loads(last.output_text), dict)
-
-
-async def test_langchain_chat_model_on_the_responses_api_invokes_streams_and_passes_its_answer_back(tmp_path):
-    langchain_openai = pytest.importorskip("langchain_openai")
-    async with serve(tmp_path, KEPT) as (node, _), httpx.AsyncClient() as http:
-        llm = langchain_openai.ChatOpenAI(model="sim", base_url=node.url + "/v1", api_key="x", max_tokens=5,
-                                          use_responses_api=True, max_retries=0, http_async_client=http)
-        first = await llm.ainvoke([("system", "be brief"), ("human", "hello")])
-        chunks = [chunk async for chunk in llm.astream("hello again")]
-        again = await llm.ainvoke([("human", "hello"), first, ("human", "more")])    # its output passed back
-    assert first.response_metadata["id"].startswith("resp_") and first.text and first.usage_metadata["output_tokens"] == 5
-    assert "".join(chunk.text for chunk in chunks) and again.text
-
-
-async def test_the_llm_cli_with_responses_true_answers_and_continues_a_conversation(tmp_path):
-    """`llm` (simonw/llm) with `responses: true` in extra-openai-models.yaml: a prompt, then `-c`, which sends the
-    conversation back as input items (its own store: false)."""
-    exe = shutil.which("llm", path=str(Path(sys.executable).parent))
-    if exe is None:
-        pytest.skip("the llm CLI is not installed")
-    async with serve(tmp_path, KEPT) as (node, _):
-        (tmp_path / "extra-openai-models.yaml").write_text(
-            f"- model_id: inferd\n  model_name: sim\n  api_base: {node.url}/v1\n  responses: true\n")
-        env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "x"}
-        outputs = []
-        for args in (["-m", "inferd", "hello"], ["-c", "more please", "--no-stream"]):
-            proc = await asyncio.create_subprocess_exec(exe, *args, "-o", "max_tokens", "4", env=env,
-                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-            assert proc.returncode == 0, err.decode()
-            outputs.append(out.decode().strip())
-        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
-    assert all(outputs) and [r.endpoint for r in rows] == ["responses", "responses"]
-    assert rows[1].prompt_tokens > rows[0].prompt_tokens + 4        # the first turn came back as input
-
-
-async def test_langchain_bind_tools_on_the_responses_api_calls_takes_the_tool_message_back_and_streams(tmp_path):
-    langchain_openai = pytest.importorskip("langchain_openai")
-    from langchain_core.messages import ToolMessage
-    from langchain_core.tools import tool
-
-    @tool
-    def get_weather(city: str) -> str:
-        """The weather of a city."""
-        return "sunny"
-
-    async with serve(tmp_path, KEPT) as (node, _), httpx.AsyncClient() as http:
-        llm = langchain_openai.ChatOpenAI(model="sim", base_url=node.url + "/v1", api_key="x", max_tokens=100,
-                                          use_responses_api=True, max_retries=0, http_async_client=http)
-        forced = llm.bind_tools([get_weather], tool_choice="required")
-        asked = await forced.ainvoke("weather in Paris?")
-        call = asked.tool_calls[0]
-        answer = await llm.bind_tools([get_weather]).ainvoke(
-            [("human", "weather in Paris?"), asked, ToolMessage("sunny", tool_call_id=call["id"])])
-        chunks = [chunk async for chunk in forced.astream("weather?")]
-    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
-    assert answer.text or answer.tool_calls
-    streamed = chunks[0]
-    for chunk in chunks[1:]:
-        streamed = streamed + chunk
-    assert streamed.tool_calls and streamed.tool_calls[0]["name"] == "get_weather"
 
 
 @pytest.mark.parametrize("stream", [False, True])
