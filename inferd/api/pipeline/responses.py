@@ -21,6 +21,7 @@ import orjson
 
 from inferd.api.errors import NOT_FOUND, ApiError, invalid, store_unavailable
 from inferd.api.pipeline.context import RequestContext
+from inferd.api.state import ServerState
 from inferd.api.wire.openai import decode_with
 from inferd.api.wire.responses import Identity
 from inferd.api.wire.responses_events import ResponseEventEncoder
@@ -65,16 +66,26 @@ async def decode_request(ctx: RequestContext) -> None:
 
 async def _conversation(ctx: RequestContext, response_id: str) -> list[dict]:
     """The chat messages the stored response `response_id` ends with (its input, then its output)."""
-    storage = ctx.state.storage
-    if storage is None:
-        raise not_found(response_id, "previous_response_id")
-    try:
-        found = await storage.responses.get(ctx.tenant, response_id, time.time())
-    except StoreError:
-        raise store_unavailable() from None
+    found = await find_stored(ctx.state, ctx.tenant, response_id)
     if found is None:
         raise not_found(response_id, "previous_response_id")
     return orjson.loads(found.conversation)
+
+
+async def find_stored(state: ServerState, tenant: str, response_id: str) -> StoredConversation | None:
+    """`tenant`'s stored response `response_id`, if it is still kept: within the period it was written with,
+    and within the tenant's period as configured now (a shortened one, or "none", hides it at once; the next
+    purge deletes it). None for another tenant's. A store that fails is a 503."""
+    if state.storage is None:
+        return None
+    now = time.time()
+    try:
+        found = await state.storage.responses.get(tenant, response_id, now)
+    except StoreError:
+        raise store_unavailable() from None
+    if found is not None and found.created_at <= now - state.tenancy.tenants.get(tenant).retention_s:
+        return None
+    return found
 
 
 class ResponsesOutput:

@@ -5,14 +5,13 @@ Another tenant's id, an expired one, and one older than the tenant's retention p
 """
 from __future__ import annotations
 
-import time
 
 from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.auth import authenticate
 from inferd.api.errors import invalid, store_unavailable
-from inferd.api.pipeline.responses import not_found
+from inferd.api.pipeline.responses import find_stored, not_found
 from inferd.api.routes.stored import json_response
 from inferd.store import StoreError, StoredConversation
 
@@ -29,17 +28,7 @@ def add_routes(app: web.Application) -> None:
 async def _find(request: web.Request) -> tuple[str, str, StoredConversation | None]:
     tenant = authenticate(request, "inference").tenant
     response_id = request.match_info["response_id"]
-    state = request.app[keys.STATE]
-    if state.storage is None:
-        return tenant, response_id, None
-    now = time.time()
-    try:
-        found = await state.storage.responses.get(tenant, response_id, now)
-    except StoreError:
-        raise store_unavailable() from None
-    if found is not None and found.created_at <= now - state.tenancy.tenants.get(tenant).retention_s:
-        found = None        # past the tenant's period as configured now (the next purge deletes it)
-    return tenant, response_id, found
+    return tenant, response_id, await find_stored(request.app[keys.STATE], tenant, response_id)
 
 
 async def retrieve_response(request: web.Request) -> web.Response:

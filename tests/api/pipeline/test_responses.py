@@ -19,6 +19,7 @@ import pytest
 
 from inferd.store import UsageFilter
 from tests.api.batch_harness import serve
+from tests.daemon.harness import running, sim_model, write_config
 
 KEPT = '[tenants.local]\nretention = "1h"\n'
 TENANTS = '[tenants.a]\nretention = "1h"\n[tenants.b]\nretention = "1h"\n'
@@ -113,6 +114,19 @@ async def test_a_tenant_whose_retention_keeps_no_text_stores_nothing_and_store_t
         with pytest.raises(openai.BadRequestError) as caught:
             await node.sdk().responses.create(model="sim", input="x", store=True)
     assert caught.value.body["param"] == "store"
+
+
+async def test_a_tenant_set_back_to_retention_none_has_its_stored_responses_hidden_at_once(tmp_path):
+    config = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.0)}, KEPT)
+    async with running(config) as (daemon, url), openai.AsyncOpenAI(base_url=url + "/v1", api_key="x",
+                                                                    max_retries=0) as sdk:
+        made = await sdk.responses.create(model="sim", input="x", max_output_tokens=3)
+        config.write_text(config.read_text().replace('retention = "1h"', 'retention = "none"'))
+        assert (await daemon.reload()).ok
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.retrieve(made.id)
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.create(model="sim", input="y", previous_response_id=made.id)
 
 
 async def test_store_false_is_not_kept_even_with_retention(tmp_path):
