@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from inferd.api import ServerState
 from inferd.observability import get_logger
@@ -37,11 +37,11 @@ class Purger:
         self._started += 1
         state, now = self.state, self.clock()
         if state.storage is not None:
-            await purge_transcripts_once(state.storage.transcripts, now,
-                                         lambda tenant: state.tenancy.tenants.get(tenant).retention_s)
+            def retention_of(tenant: str) -> float:
+                return state.tenancy.tenants.get(tenant).retention_s
+            await purge_transcripts_once(state.storage.transcripts, now, retention_of)
             await purge_idempotency_once(state.storage.idempotency, now)
-            await purge_responses_once(state.storage.responses, now,
-                                       lambda tenant: state.tenancy.tenants.get(tenant).retention_s)
+            await purge_responses_once(state.storage.responses, now, retention_of)
         state.response_cache.sweep()        # cached text never outlives [cache] ttl_s
         self._finished += 1
         async with self._finishing:
@@ -67,29 +67,24 @@ async def purge_transcripts_once(transcripts: Transcripts, now: float,
     """Delete transcripts past their period: by the expiry each was written with, and by each tenant's
     retention now (`retention_of(tenant)`, 0 for "none"), so a shortened period or a tenant back on
     "none" takes effect at the next pass."""
-    try:
-        gone = await transcripts.purge(now, retention_of=retention_of)
-        if gone:
-            log.info("transcripts_purged", rows=gone)
-    except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
-        log.warning("transcripts_purge_failed", error=str(exc), error_type=type(exc).__name__)
+    await _logged("transcripts", transcripts.purge(now, retention_of=retention_of))
 
 
 async def purge_idempotency_once(idempotency: IdempotencyStore, now: float) -> None:
     """Delete Idempotency-Key records (and the responses they kept) whose TTL has passed."""
-    try:
-        gone = await idempotency.purge_expired(now)
-        if gone:
-            log.info("idempotency_purged", rows=gone)
-    except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
-        log.warning("idempotency_purge_failed", error=str(exc), error_type=type(exc).__name__)
+    await _logged("idempotency", idempotency.purge_expired(now))
 
 
 async def purge_responses_once(responses: ResponseStore, now: float, retention_of: Callable[[str], float]) -> None:
     """Delete stored responses (the Responses API's `store`) past their period, as transcripts."""
+    await _logged("responses", responses.purge(now, retention_of=retention_of))
+
+
+async def _logged(what: str, purge: Awaitable[int]) -> None:
+    """Await one purge, logging how many rows went, or its failure: the schedule must outlive any one."""
     try:
-        gone = await responses.purge(now, retention_of=retention_of)
+        gone = await purge
         if gone:
-            log.info("responses_purged", rows=gone)
+            log.info(f"{what}_purged", rows=gone)
     except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
-        log.warning("responses_purge_failed", error=str(exc), error_type=type(exc).__name__)
+        log.warning(f"{what}_purge_failed", error=str(exc), error_type=type(exc).__name__)

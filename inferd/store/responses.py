@@ -14,8 +14,8 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.store.db import Database
+from inferd.store.retention_purge import purge_expired
 
-PURGE_BATCH = 1000                  # rows per DELETE
 
 
 class StoredConversation(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,21 +57,6 @@ class ResponseStore:
         return await self._db.execute("DELETE FROM responses WHERE id = ? AND tenant = ?", (response_id, tenant)) > 0
 
     async def purge(self, now: float, *, retention_of: Callable[[str], float] | None = None) -> int:
-        """Delete responses whose period has ended; with `retention_of(tenant)` (seconds, 0 = "none") also
-        those older than the tenant's period now. How many went."""
-        gone = await self._delete_batched("expires_at <= ?", (now,))
-        if retention_of is not None:
-            for (tenant,) in await self._db.query("SELECT DISTINCT tenant FROM responses"):
-                gone += await self._delete_batched("tenant = ? AND created_at <= ?",
-                                                   (tenant, now - retention_of(tenant)))
-        return gone
-
-    async def _delete_batched(self, where: str, params: tuple) -> int:
-        total = 0
-        while True:
-            n = await self._db.execute(f"DELETE FROM responses WHERE seq IN (SELECT seq FROM responses WHERE "
-                                       f"{where} LIMIT {PURGE_BATCH})", params)
-            total += n
-            if n < PURGE_BATCH:
-                return total
+        """Delete responses past their period (inferd.store.retention_purge); how many went."""
+        return await purge_expired(self._db, "responses", now, retention_of)
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.store.db import Database
+from inferd.store.retention_purge import purge_expired
 
 MAX_TEXT_CHARS = 1_000_000          # one side of one request: a bound on what a debugging record keeps
-PURGE_BATCH = 1000                  # rows per DELETE
 
 
 class Transcript(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,24 +38,8 @@ class Transcripts:
             [(t.request_id, t.tenant, t.model, t.created_at, t.expires_at, _text(t.prompt), _text(t.completion))])
 
     async def purge(self, now: float, *, retention_of: Callable[[str], float] | None = None) -> int:
-        """Delete transcripts whose period has ended, in batches (the store's single writer is never held
-        for long); with `retention_of(tenant)` (seconds, 0 = "none") also those older than the tenant's
-        period now. How many went."""
-        gone = await self._delete_batched("expires_at <= ?", (now,))
-        if retention_of is not None:
-            for (tenant,) in await self._db.query("SELECT DISTINCT tenant FROM transcripts"):
-                gone += await self._delete_batched("tenant = ? AND created_at <= ?",
-                                                   (tenant, now - retention_of(tenant)))
-        return gone
-
-    async def _delete_batched(self, where: str, params: tuple) -> int:
-        total = 0
-        while True:
-            n = await self._db.execute(f"DELETE FROM transcripts WHERE seq IN (SELECT seq FROM transcripts WHERE "
-                                       f"{where} LIMIT {PURGE_BATCH})", params)
-            total += n
-            if n < PURGE_BATCH:
-                return total
+        """Delete transcripts past their period (inferd.store.retention_purge); how many went."""
+        return await purge_expired(self._db, "transcripts", now, retention_of)
 
     async def for_tenant(self, tenant: str, now: float, limit: int = 100) -> list[Transcript]:
         """The tenant's transcripts still within retention, newest first."""
