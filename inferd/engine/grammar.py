@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inferd.engine.schema_check import unenforced
 from inferd.types import GuidedDecoding
 
 if TYPE_CHECKING:
@@ -191,6 +192,8 @@ class Grammars:
 
     def _run_compiler(self, compiler: Any, guided: GuidedDecoding) -> Any:
         kind, spec = guided.kind, guided.spec
+        if kind == "json_schema":
+            _check_schema(spec)
         try:
             if kind == "json_schema":
                 compiled = compiler.compile_json_schema(spec, any_whitespace=False)
@@ -229,6 +232,18 @@ class Grammars:
         # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids
         # (Python's json.loads refuses them); compact JSON has no other place for them either.
         return self._not_json if kind in ("json_schema", "json_object") else None
+
+
+def _check_schema(spec: str) -> None:
+    """GrammarError for a schema xgrammar would compile without enforcing it (inferd.engine.schema_check)."""
+    try:
+        why = unenforced(json.loads(spec))
+    except ValueError:
+        return                  # not JSON: xgrammar's own message says so
+    except RecursionError:
+        raise GrammarError("the json schema is nested too deeply") from None
+    if why:
+        raise GrammarError(f"the json schema is refused {why}")
 
 
 def _control_tokens(decoded: Sequence[bytes], vocab_size: int) -> np.ndarray:

@@ -39,3 +39,19 @@ async def test_a_non_ascii_choice_arrives_whole_streamed_or_not(served, stream):
         text = (await served.sdk.completions.create(model="sim", prompt="x", max_tokens=20,
                                                     extra_body=extra)).choices[0].text
     assert text in choices, text
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"not": {}}, "`not`"),
+    ({"allOf": [{"type": "integer", "minimum": 5}, {"type": "integer", "maximum": 3}]}, "`allOf`"),
+    ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "'a'"),
+    ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 1}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "string", "maxLength": -1}, "`maxLength`"),
+])
+async def test_a_schema_the_grammar_would_not_enforce_is_a_400_not_output_that_fails_it(served, schema, named):
+    async with served.http.post(served.base_url + "/v1/chat/completions", json={
+            "model": "sim", "messages": MESSAGES, "max_tokens": 40, "response_format": schema_format(schema)}) as r:
+        body = await r.json()
+    assert r.status == 400, body
+    assert body["error"]["param"] == "response_format.json_schema.schema" and named in body["error"]["message"]
+    assert served.engine.stats().steps_total == 0

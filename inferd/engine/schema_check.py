@@ -1,0 +1,71 @@
+"""JSON Schema keywords that xgrammar compiles but does not enforce, found before compiling.
+
+xgrammar (0.2.x) ignores some keywords: a grammar built from such a schema accepts output the schema
+rejects, so "the output always validates" would be false, silently. Each was measured through the sim (its
+tokens obey the mask) and checked with `jsonschema`: `allOf` with two schemas or more (ignored whole: any
+JSON value), `not`, `if`/`then`/`else`, `uniqueItems`, `contains`/`minContains`/`maxContains`,
+`dependentRequired`/`dependentSchemas`/`dependencies`; `maxLength: -1` reads as "no bound"; and a
+`required` name that `properties` does not define can never be written (the grammar is strict: no property
+the schema does not name). Those are refused here, with where they are, as vLLM's xgrammar backend refuses
+the features it lacks (vllm/v1/structured_output/backend_xgrammar.py has_xgrammar_unsupported_json_features).
+`oneOf` is kept: xgrammar treats it as `anyOf`, exact for the disjoint unions Pydantic writes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["unenforced"]
+
+UNENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired",
+              "dependentSchemas", "dependencies")
+NON_NEGATIVE = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+# keywords whose value is a schema, a list of schemas, or a map of name -> schema
+_ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+        "additionalItems")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def unenforced(schema: Any) -> str | None:
+    """Why xgrammar would not enforce `schema` ("at #/properties/a: ..."), or None when it would."""
+    todo: list[tuple[Any, str]] = [(schema, "#")]
+    while todo:                     # iterative: the body's nesting bound is the only depth bound
+        node, where = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        why = _why(node)
+        if why:
+            return f"at {where}: {why}"
+        for key in _ONE:
+            todo.append((node.get(key), f"{where}/{key}"))
+        for key in _LIST:
+            value = node.get(key)
+            if isinstance(value, list):
+                todo.extend((sub, f"{where}/{key}/{i}") for i, sub in enumerate(value))
+        for key in _MAP:
+            value = node.get(key)
+            if isinstance(value, dict):
+                todo.extend((sub, f"{where}/{key}/{name}") for name, sub in value.items())
+    return None
+
+
+def _why(node: dict[str, Any]) -> str | None:
+    for key in UNENFORCED:
+        if key in node:
+            return f"`{key}` is not supported in structured output (the grammar cannot enforce it)"
+    if node.get("uniqueItems") is True:
+        return "`uniqueItems` is not supported in structured output (the grammar cannot enforce it)"
+    all_of = node.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
+        return "`allOf` with more than one schema is not supported in structured output; merge them into one"
+    for key in NON_NEGATIVE:
+        value = node.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            return f"`{key}` must be a non-negative integer"
+    required, properties = node.get("required"), node.get("properties")
+    if isinstance(required, list) and (isinstance(properties, dict) or node.get("type") == "object"):
+        missing = [name for name in required if name not in (properties or {})]
+        if missing:
+            return (f"`required` names {missing[0]!r}, which `properties` does not define (structured output "
+                    "writes only the properties a schema defines)")
+    return None

@@ -1,0 +1,39 @@
+"""unenforced(): the schema keywords xgrammar compiles but does not enforce are found, with where they are;
+the schemas it does enforce (what Pydantic and the OpenAI SDK write) pass."""
+from __future__ import annotations
+
+import pytest
+
+from inferd.engine.schema_check import unenforced
+
+
+@pytest.mark.parametrize(("schema", "where", "says"), [
+    ({"not": {}}, "#", "`not`"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "#", "`allOf`"),
+    ({"type": "integer", "if": {"minimum": 0}, "then": {"maximum": -5}}, "#", "`if`"),
+    ({"type": "array", "uniqueItems": True}, "#", "`uniqueItems`"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 7}}, "#", "`contains`"),
+    ({"type": "object", "dependentRequired": {"a": ["b"]}}, "#", "`dependentRequired`"),
+    ({"type": "string", "maxLength": -1}, "#", "`maxLength`"),
+    ({"type": "object", "properties": {}, "required": ["a"]}, "#", "'a'"),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "null"}, {"not": {"type": "string"}}]}}},
+     "#/properties/a/anyOf/1", "`not`"),
+    ({"$defs": {"d": {"type": "array", "items": {"uniqueItems": True}}}, "$ref": "#/$defs/d"},
+     "#/$defs/d/items", "`uniqueItems`"),
+])
+def test_an_unenforced_keyword_is_named_with_where_it_is(schema, where, says):
+    why = unenforced(schema)
+    assert why is not None and why.startswith(f"at {where}:") and says in why, why
+
+
+@pytest.mark.parametrize("schema", [
+    {},
+    {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"],
+     "additionalProperties": False},
+    {"allOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer"}}},     # older Pydantic's single allOf
+    {"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}}, {"type": "null"}]},
+    {"enum": [{"not": 1}, "if"]},            # const/enum values are data, not schemas
+    {"type": "object", "properties": {"not": {"type": "integer"}, "if": {"type": "string"}}},
+])
+def test_what_xgrammar_enforces_passes(schema):
+    assert unenforced(schema) is None
