@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.schema_check import unenforced
+from inferd.engine.schema_check import MAX_DEPTH, unenforced
 
 
 @pytest.mark.parametrize(("schema", "where", "says"), [
@@ -37,3 +37,16 @@ def test_an_unenforced_keyword_is_named_with_where_it_is(schema, where, says):
 ])
 def test_what_xgrammar_enforces_passes(schema):
     assert unenforced(schema) is None
+
+
+def nested(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_a_schema_nested_past_the_depth_bound_is_refused_before_its_slow_compile():
+    assert unenforced(nested(MAX_DEPTH)) is None
+    why = unenforced(nested(MAX_DEPTH + 1))
+    assert why is not None and f"deeper than {MAX_DEPTH}" in why and why.startswith("at #/properties/a/")
