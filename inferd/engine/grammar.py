@@ -31,7 +31,13 @@ from inferd.types import GuidedDecoding
 if TYPE_CHECKING:
     from inferd.engine.tokenization import HFTokenizer
 
-__all__ = ["GrammarError", "GrammarState", "GrammarUnavailable", "Grammars", "MAX_SPEC_BYTES"]
+__all__ = ["DEAD_END", "GrammarError", "GrammarState", "GrammarUnavailable", "Grammars", "MAX_SPEC_BYTES"]
+
+# A sequence's end (FinishReason.ERROR with this error) when its grammar allows no token at all: the client's
+# grammar asked for text no token can write (a JSON schema `pattern` requiring a raw control character, which
+# JSON strings cannot hold and the mask bans). The client's doing, not the engine's: the API answers 400 and
+# the version's breaker and rollouts do not count it (inferd.api.wire.responses, pipeline.versioned).
+DEAD_END = "the output reached a point where its grammar allows no token"
 
 MAX_SPEC_BYTES = 64 * 1024          # a schema, regex or grammar longer than this is refused before compiling
 MAX_ENTRIES = 256                   # compiled grammars (and refusals) kept per tokenizer

@@ -2,10 +2,14 @@
 answer is a 200 whose output follows the grammar, or a 400 naming the field; nothing leaks."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import jsonschema
 import pytest
+
+from inferd.engine.reference.engine import ReferenceEngine
+from tests.api.conftest import sim_engine
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -55,3 +59,33 @@ async def test_a_schema_the_grammar_would_not_enforce_is_a_400_not_output_that_f
     assert r.status == 400, body
     assert body["error"]["param"] == "response_format.json_schema.schema" and named in body["error"]["message"]
     assert served.engine.stats().steps_total == 0
+
+
+# A JSON string cannot hold a raw control character, and the mask bans them: after "a" nothing is allowed.
+DEAD_END_FORMAT = schema_format({"type": "string", "pattern": "^a\u0001b$"})
+
+
+@pytest.mark.parametrize("backend", ["sim", "reference"])
+async def test_a_grammar_that_dead_ends_is_a_400_for_that_request_alone_and_no_engine_failure(
+        serve, tiny_artifact, backend):
+    engine = sim_engine() if backend == "sim" else ReferenceEngine(
+        tiny_artifact, num_kv_blocks=64, block_size=16, max_batch_size=4, max_num_tokens=64)
+    served = await serve({"sim": engine})
+    free = await served.free_kv_blocks()
+    verdicts: list[bool] = []         # what the version's circuit breaker is told
+    breakers = served.state.control.breakers
+    record = breakers.record
+    breakers.record = lambda key, ok, ttft_s: (verdicts.append(ok), record(key, ok, ttft_s))[1]
+
+    async def chat(**extra):
+        async with served.http.post(served.base_url + "/v1/chat/completions", json={
+                "model": "sim", "messages": MESSAGES, "max_tokens": 12, **extra}) as r:
+            return r.status, await r.json()
+
+    answers = await asyncio.gather(chat(temperature=0), chat(response_format=DEAD_END_FORMAT),
+                                   chat(response_format=DEAD_END_FORMAT, temperature=0.7, seed=1))
+    assert answers[0][0] == 200, answers[0]               # batched beside it, an ordinary request is untouched
+    for status, body in answers[1:]:
+        assert status == 400 and body["error"]["code"] == "grammar_dead_end", body
+    assert False not in verdicts, verdicts             # the client's grammar failed it, not the engine
+    assert await served.free_kv_blocks() == free

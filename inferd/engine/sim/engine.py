@@ -32,7 +32,7 @@ from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
 from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
-from inferd.engine.grammar import GrammarError
+from inferd.engine.grammar import DEAD_END, GrammarError
 from inferd.engine.sim.guided import GuidedChooser, sim_grammars
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
@@ -362,7 +362,7 @@ class SimEngine(Engine):
             if seq.grammar is not None:
                 token = self._guided_token(seq, pos)
                 if token is None:
-                    self._finish(seq, FinishReason.ERROR, [], "", error="the grammar allows no further token")
+                    self._finish(seq, FinishReason.ERROR, [], "", error=DEAD_END)
                     continue
             else:
                 token = gen_ids[hash((key, pos)) % num_gen]
