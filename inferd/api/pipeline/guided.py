@@ -10,7 +10,8 @@ GRAMMAR_WORKERS compile threads; compiles queued behind those are dropped when t
 deadline passes, and cached grammars need no thread at all. The
 engine's Grammars caches compiled grammars (and refusals) per tokenizer, so a second request with the
 same schema compiles nothing (nor waits for a pool thread); the engine finds it in that cache when it builds
-the request's matcher. A cached refusal is compiled again in the pool, where it answers at once.
+the request's matcher. A refusal is remembered too (Grammars.verdict): a client repeating a bad schema gets
+its 400 at once, even while slow compiles hold every pool thread.
 """
 from __future__ import annotations
 
@@ -39,7 +40,10 @@ async def compile_guided(engine: Engine, p: Prepared, deadline: float) -> None:
                       param=param, code="unsupported_parameter")
     if grammars.cached(guided):        # compiled for an earlier request: nothing to wait for
         return
+    refused = grammars.verdict(guided)
     try:
+        if refused:                    # refused for an earlier request: the same 400, without a pool thread
+            raise GrammarError(refused)
         await GRAMMAR_POOL.run(lambda: grammars.compile(guided), deadline)
     except GrammarUnavailable:
         raise invalid(f"{param}: structured output needs xgrammar, which this server lacks (install "

@@ -157,6 +157,22 @@ async def test_compiles_past_their_deadline_hold_only_the_grammar_pool_not_token
     assert len(fake.calls) <= GRAMMAR_POOL.workers      # the compile queued behind them was dropped, never run
 
 
+async def test_a_refused_schema_sent_again_is_a_400_at_once_even_while_the_pool_is_busy(served):
+    bad = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {
+        "type": "integer", "minimum": 10, "maximum": 1}}}}
+    assert (await post(served, bad))[0] == 400
+    gate = threading.Event()
+    held = [GRAMMAR_POOL.submit(lambda: gate.wait(10)) for _ in range(GRAMMAR_POOL.workers)]
+    try:
+        status, _, body = await post(served, {**bad, "timeout": 5})
+    finally:
+        gate.set()
+    assert status == 400 and body["error"]["code"] == "invalid_schema", body
+    assert "minimum greater than maximum" in body["error"]["message"]
+    for fut in held:
+        fut.result(10)
+
+
 async def test_the_response_cache_key_holds_the_grammar(serve):
     served = await serve(tenants={"local": TenantConfig(cache_responses=True)})
     body = {**CHAT, "temperature": 0}
