@@ -157,9 +157,13 @@ class Grammars:
             return self._verdicts.get(_digest(guided))
 
     def cached(self, guided: GuidedDecoding) -> bool:
-        """Whether `guided` is compiled already (matcher() will not block); a cached refusal is not."""
+        """Whether `guided` is compiled already (matcher() will not block); a cached refusal is not. A hit counts
+        as a use: the API asks this for every request, so a schema in steady use is not evicted as least
+        recently used by a churn of one-off schemas (then compiled again, on the engine's side)."""
         with self._lock:
             hit = self._cache.get(guided)
+            if hit is not None:
+                self._cache.move_to_end(guided)
         return hit is not None and not isinstance(hit[0], GrammarError)
 
     def compile(self, guided: GuidedDecoding) -> Any:
@@ -230,6 +234,8 @@ class Grammars:
         """A fresh matcher when `guided` is compiled already, else None: never compiles (safe on the loop)."""
         with self._lock:
             hit = self._cache.get(guided)
+            if hit is not None:
+                self._cache.move_to_end(guided)      # a use, as in cached()
         if hit is None or isinstance(hit[0], GrammarError):
             return None
         return GrammarState(hit[0], self.vocab_size, self._banned(guided.kind))
