@@ -17,10 +17,10 @@ from aiohttp import web
 
 from inferd.api.admin import models as admin_models
 from inferd.api.admin import rollouts as admin
-from inferd.api.routes import batches, files, ops, tokenization
+from inferd.api.routes import batches, files, ops, stored_responses, tokenization
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
-from inferd.api.pipeline.run import create_chat_completion, create_completion, create_embedding
+from inferd.api.pipeline.run import create_chat_completion, create_completion, create_embedding, create_response
 from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
                                store_unavailable)
 from inferd.api.streaming.sse import Inflight
@@ -50,6 +50,8 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/embeddings", create_embedding)
+    app.router.add_post("/v1/responses", create_response)      # OpenAI's Responses API
+    stored_responses.add_routes(app)       # GET and DELETE /v1/responses/{id}
     app.router.add_get("/v1/models", ops.list_models)
     app.router.add_get("/v1/models/{model}", ops.retrieve_model)
     app.router.add_get("/healthz", ops.healthz)

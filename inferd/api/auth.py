@@ -29,7 +29,7 @@ PERMISSION = "permission_error"
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("inferd_principal", Principal)
 # Inference requests, counted per tenant (inferd_tenant_requests_total)
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"})
 CERTIFICATE_SCOPES = frozenset({"inference"})
 # getpeercert() attribute names -> the short names RFC 4514 (and openssl) write.
 _RDN_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",

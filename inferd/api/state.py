@@ -22,7 +22,7 @@ from inferd.models import ControlPlane, ModelLifecycle, ModelRegistry, ShadowDis
 from inferd.observability import Metrics, Tracing
 from inferd.safety import Policies
 from inferd.slo import SloTracker
-from inferd.store import Database, IdempotencyStore, Ledger, Transcripts
+from inferd.store import Database, IdempotencyStore, Ledger, ResponseStore, Transcripts
 from inferd.tenancy import Tenancy
 from inferd.types import ModelVersion
 
@@ -64,11 +64,12 @@ class StoreServices(NamedTuple):
     ledger: Ledger
     idempotency: IdempotencyStore
     transcripts: Transcripts      # text kept for tenants with a retention period
+    responses: ResponseStore      # the Responses API's stored responses (`store`)
 
     @classmethod
     def over(cls, database: Database, config: StoreConfig) -> StoreServices:
         return cls(database, Ledger(database, unavailable_retry_s=config.unavailable_retry_s),
-                   IdempotencyStore(database), Transcripts(database))
+                   IdempotencyStore(database), Transcripts(database), ResponseStore(database))
 
 
 class ServerState:

@@ -21,6 +21,7 @@ from inferd.artifacts.manifest import (
     resolve_artifact,
     sha256_file,
     staging_dir,
+    template_tool_call_format,
     verify_artifact,
 )
 from inferd.artifacts.signing import (
@@ -39,7 +40,7 @@ from inferd.artifacts.signing import (
 __all__ = [
     "LATEST_FILE", "MANIFEST_FILE", "SIGNATURE_FILE", "Architecture", "ArtifactError", "DefaultSampling",
     "EmbeddingSpec", "Manifest", "Progress", "SigningKeyError", "fingerprint", "generate_key_pair", "keygen_main",
-    "load_private_key", "load_public_key", "load_trusted_keys", "publish_artifact", "read_manifest",
+    "load_private_key", "load_public_key", "load_trusted_keys", "publish_artifact", "read_manifest", "template_tool_call_format",
     "read_signature", "resolve_artifact", "sha256_file", "sign_artifact", "sign_main", "staging_dir",
     "trusted_list", "verify_artifact", "verify_main", "verify_signed_artifact",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -99,6 +100,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     architecture: Architecture
     sampling: DefaultSampling = DefaultSampling()
     embedding: EmbeddingSpec | None = None   # an embedding model (None: a generative one)
+    # How its chat template writes tool calls (inferd.api.wire.tool_calls parses them back): "hermes"
+    # (<tool_call> JSON, ChatML models), "llama3_json" (Llama 3.x); None: its template has no tools.
+    tool_call_format: Literal["hermes", "llama3_json"] | None = None
     # Target-specific build settings (e.g. trtllm max_batch_size, tp_size); scalars only.
     build: dict[str, str | int | float | bool] = {}
     files: dict[str, FileEntry] = {}
@@ -308,7 +312,8 @@ def _make_world_readable(directory: Path) -> None:
 def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: str, source: str,
                      architecture: Architecture, sampling: DefaultSampling = DefaultSampling(),
                      build: dict[str, str | int | float | bool] | None = None,
-                     embedding: EmbeddingSpec | None = None, progress: Progress | None = None) -> Path:
+                     embedding: EmbeddingSpec | None = None, progress: Progress | None = None,
+                     tool_call_format: str | None = None) -> Path:
     """Hash `staging`, write its manifest, move it to `engines_root/name/<version>`, point LATEST at it.
 
     Idempotent: if that version exists (same content), it is verified and reused, never rewritten; it
@@ -317,7 +322,8 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
     files = hash_files(staging, progress)
     version = content_version(files)
     manifest = Manifest(name=name, version=version, target=target, source=source, architecture=architecture,
-                        sampling=sampling, embedding=embedding, build=build or {}, files=files)
+                        sampling=sampling, embedding=embedding, build=build or {}, files=files,
+                        tool_call_format=tool_call_format or tool_call_format_of(staging))
     (staging / MANIFEST_FILE).write_text(manifest_to_toml(manifest), encoding="utf-8")
     _make_world_readable(staging)
     final = Path(engines_root) / name / version
@@ -337,3 +343,28 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
                                 MANIFEST_FILE)
     _write_atomically(final.parent / LATEST_FILE, version + "\n")
     return final
+
+
+def tool_call_format_of(directory: Path) -> str | None:
+    """The tool-call format of the chat template in `directory` (tokenizer_config.json's, or chat_template.jinja)."""
+    config = Path(directory) / "tokenizer_config.json"
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8")).get("chat_template") if config.is_file() else None
+        jinja = Path(directory) / "chat_template.jinja"
+        template = raw if isinstance(raw, str) else json.dumps(raw) if raw else (
+            jinja.read_text(encoding="utf-8") if jinja.is_file() else "")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template_tool_call_format(template)
+
+
+def template_tool_call_format(template: str | None) -> str | None:
+    """The tool-call format a chat template writes, judged from its own markers: `<tool_call>` is Hermes'
+    (Qwen2.5, the synthetic ChatML models); Llama 3.x's headers (or its `<|python_tag|>`) with `tools` is
+    its JSON format. None: no template, or one without tools."""
+    template = template or ""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "tools" in template and ("<|python_tag|>" in template or "<|start_header_id|>" in template):
+        return "llama3_json"
+    return None

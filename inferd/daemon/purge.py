@@ -1,6 +1,6 @@
-"""Deleting what has outlived its period, on one schedule: transcripts past their tenant's retention,
-Idempotency-Key records past [store] idempotency_ttl_s (with the response each kept for replay), and
-cached responses past [cache] ttl_s. Whichever node wrote a row, any node's pass deletes it."""
+"""Deleting what has outlived its period, on one schedule: transcripts and stored responses past their
+tenant's retention, Idempotency-Key records past [store] idempotency_ttl_s (with the response each kept
+for replay), and cached responses past [cache] ttl_s. Whichever node wrote a row, any node's pass deletes it."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from inferd.api import ServerState
 from inferd.observability import get_logger
-from inferd.store import IdempotencyStore, Transcripts
+from inferd.store import IdempotencyStore, ResponseStore, Transcripts
 
 PURGE_INTERVAL_S = 60.0      # how often (retention periods are hours or days; idempotency TTLs a day)
 
@@ -40,6 +40,8 @@ class Purger:
             await purge_transcripts_once(state.storage.transcripts, now,
                                          lambda tenant: state.tenancy.tenants.get(tenant).retention_s)
             await purge_idempotency_once(state.storage.idempotency, now)
+            await purge_responses_once(state.storage.responses, now,
+                                       lambda tenant: state.tenancy.tenants.get(tenant).retention_s)
         state.response_cache.sweep()        # cached text never outlives [cache] ttl_s
         self._finished += 1
         async with self._finishing:
@@ -81,3 +83,13 @@ async def purge_idempotency_once(idempotency: IdempotencyStore, now: float) -> N
             log.info("idempotency_purged", rows=gone)
     except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
         log.warning("idempotency_purge_failed", error=str(exc), error_type=type(exc).__name__)
+
+
+async def purge_responses_once(responses: ResponseStore, now: float, retention_of: Callable[[str], float]) -> None:
+    """Delete stored responses (the Responses API's `store`) past their period, as transcripts."""
+    try:
+        gone = await responses.purge(now, retention_of=retention_of)
+        if gone:
+            log.info("responses_purged", rows=gone)
+    except Exception as exc:  # noqa: BLE001 - the purge must outlive any one failure
+        log.warning("responses_purge_failed", error=str(exc), error_type=type(exc).__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -49,7 +49,8 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            **extra: Any) -> str: ...
 
 
 class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +71,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     task: str = "generate"
     dimensions: int = 0                   # embed: the native vector width
     min_dimensions: int | None = None     # embed: truncation (Matryoshka) allowed down to this; None: not at all
+    # How the model writes tool calls ("hermes" | "llama3_json"), from its artifact's manifest: what
+    # tool_choice "auto" parses (inferd.api.wire.tool_calls). The sim's ChatML template is Hermes'.
+    tool_call_format: str = "hermes"
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,4 +1,4 @@
-"""Durable state: the usage ledger, idempotency keys, files and batches, on SQLite or PostgreSQL."""
+"""Durable state: the usage ledger, idempotency keys, files and batches, stored responses, on SQLite or PostgreSQL."""
 from __future__ import annotations
 
 from inferd.config import StoreConfig
@@ -8,6 +8,7 @@ from inferd.store.db import Database, DbStats, StoreCorrupt, StoreError, StoreLo
 from inferd.store.files import FileRecord, FileStore, file_insert_statement
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
+from inferd.store.responses import ResponseStore, StoredConversation
 from inferd.store.sqlite import SqliteDatabase
 from inferd.store.transcripts import Transcript, Transcripts
 from inferd.store.usage_cli import add_usage_parser, usage_main
@@ -20,6 +21,7 @@ __all__ = [
 ]
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
             "add_batches_parser", "batches_main", "file_insert_statement", "Transcript", "Transcripts"]
+__all__ += ["ResponseStore", "StoredConversation"]
 
 
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:

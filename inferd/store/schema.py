@@ -128,6 +128,21 @@ _TRANSCRIPTS = """CREATE TABLE IF NOT EXISTS transcripts (
     completion TEXT NOT NULL
 )"""
 
+# Responses API objects kept for `store` (inferd.store.responses): the response as served and the
+# conversation it ends (chat messages, JSON) that `previous_response_id` continues; per tenant, deleted
+# once expires_at (its creation plus the tenant's retention period) passes.
+_RESPONSES = """CREATE TABLE IF NOT EXISTS responses (
+    seq {seq},
+    id TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL,
+    model TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    previous_response_id TEXT,
+    response TEXT NOT NULL,
+    conversation TEXT NOT NULL
+)"""
+
 # _MIGRATIONS[i] takes a database from version i to version i + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -149,6 +164,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         _TRANSCRIPTS,
         "CREATE INDEX IF NOT EXISTS transcripts_expires ON transcripts (expires_at)",
         "CREATE INDEX IF NOT EXISTS transcripts_tenant ON transcripts (tenant, seq)",
+    ),
+    (   # 4: stored responses of the Responses API (inferd.store.responses)
+        _RESPONSES,
+        "CREATE INDEX IF NOT EXISTS responses_expires ON responses (expires_at)",
+        "CREATE INDEX IF NOT EXISTS responses_tenant ON responses (tenant, seq)",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)

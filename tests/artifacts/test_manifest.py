@@ -21,6 +21,8 @@ from inferd.artifacts.manifest import (
     read_manifest,
     resolve_artifact,
     staging_dir,
+    template_tool_call_format,
+    tool_call_format_of,
     verify_artifact,
 )
 
@@ -247,3 +249,24 @@ def test_publish_records_the_embedding_settings_and_refuses_other_ones_for_the_s
         publish_text(tmp_path, "m", "one", embedding=EmbeddingSpec(pooling="last"))
     assert info.value.file == "manifest.toml"
     assert read_manifest(published).embedding == spec
+
+
+# --- tool_call_format --------------------------------------------------------------------------
+
+def test_the_synthetic_models_manifest_says_their_template_writes_hermes_tool_calls(artifact: Path) -> None:
+    assert verify_artifact(artifact).tool_call_format == "hermes"
+    assert tool_call_format_of(artifact) == "hermes"
+
+
+def test_an_artifact_without_a_template_has_no_tool_call_format(tmp_path: Path) -> None:
+    assert read_manifest(publish_text(tmp_path, "m", "one")).tool_call_format is None
+
+
+@pytest.mark.parametrize(("template", "fmt"), [
+    ("{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>", "hermes"),
+    ("{% if tools %}<|start_header_id|>ipython<|end_header_id|>{% endif %}", "llama3_json"),
+    ("{{ '<|python_tag|>' }}{% if tools %}{% endif %}", "llama3_json"),
+    ("<|start_header_id|>user<|end_header_id|>", None),       # Llama 3 without tools in its template
+    ("<|im_start|>", None), (None, None)])
+def test_the_tool_call_format_is_judged_from_the_templates_own_markers(template, fmt) -> None:
+    assert template_tool_call_format(template) == fmt

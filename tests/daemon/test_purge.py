@@ -33,3 +33,19 @@ async def test_an_expired_idempotency_record_and_its_kept_response_are_gone_afte
         assert await records(daemon) == []
         async with http.post(url + "/v1/completions", json=BODY, headers={"Idempotency-Key": "k-1"}) as resp:
             assert resp.status == 200 and "Idempotent-Replayed" not in resp.headers     # runs afresh
+
+
+async def test_a_stored_response_past_its_tenants_retention_is_gone_after_the_purge_runs(tmp_path):
+    path = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.0)},
+                        '[tenants.local]\nretention = "1h"\n')
+    body = {"model": "sim", "input": "keep me", "max_output_tokens": 3}
+    async with running_daemon(load_config(path), purge_every_s=0.01) as (daemon, _, url), \
+            aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/responses", json=body) as resp:
+            made = await resp.json()
+        purger = daemon.purger
+        await asyncio.wait_for(purger.next_pass(), WAIT_S)
+        assert await daemon.state.store.query("SELECT id FROM responses") == [(made["id"],)]
+        purger.clock = lambda: time.time() + 3600 + 60             # a minute past its period
+        await asyncio.wait_for(purger.next_pass(), WAIT_S)
+        assert await daemon.state.store.query("SELECT id FROM responses") == []

@@ -62,6 +62,23 @@ def test_chat_template_renders_chatml_with_generation_prompt(tiny_tokenizer: HFT
     assert without == rendered.removesuffix("<|im_start|>assistant\n")
 
 
+def test_chat_template_renders_tools_calls_and_results_as_qwen_does(tiny_tokenizer: HFTokenizer) -> None:
+    tools = [{"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Time?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": {"zone": "UTC"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    rendered = tiny_tokenizer.apply_chat_template(messages, tools=tools)
+    assert rendered == (
+        "<|begin_of_text|><|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n"
+        '{"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}\n</tools>\n\n'
+        'Calls: <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nTime?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "clock", "arguments": {"zone": "UTC"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert tiny_tokenizer.apply_chat_template(messages[:2], tools=None) == tiny_tokenizer.apply_chat_template(messages[:2])
+
+
 def test_chat_prompt_encodes_with_a_single_bos_and_special_tokens_atomic(tiny_tokenizer: HFTokenizer) -> None:
     rendered = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "hello"}])
     ids = tiny_tokenizer.encode(rendered)

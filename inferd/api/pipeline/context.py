@@ -36,7 +36,7 @@ class RequestContext:
 
     request: web.Request
     state: ServerState
-    kind: str                           # "completion" | "chat" | "embedding"
+    kind: str                           # "completion" | "chat" | "responses" | "embedding"
     timeline: Timeline
     tenant: str = ""                    # from the API key (or `local` with auth off)
     turn: Turn = NO_TURN                # refusal pacing's turn (inferd.tenancy.refusals)

@@ -83,7 +83,8 @@ async def start_cold_model(ctx: RequestContext) -> web.StreamResponse | None:
     """A model not loaded here (a memory budget): a peer that has it serves it, or it loads here first
     (a stream gets its headers and pings meanwhile), or 503 with Retry-After."""
     state, request = ctx.state, ctx.request
-    if not ctx.forwarded and not ctx.is_batch and ctx.kind != "embedding":
+    # A Responses API request stays on the node that has its store (its previous_response_id, its `store`).
+    if not ctx.forwarded and not ctx.is_batch and ctx.kind in ("completion", "chat"):
         spilled = await spill_cold_start(state, request, ctx.tenant, ctx.wire.model, ctx.prepared, ctx.body,
                                          ctx.deadline)
         if spilled is not None:

@@ -22,6 +22,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.errors import INVALID_REQUEST, ApiError, invalid
 from inferd.api.wire.responses import DONE_FRAME
+from inferd.api.wire.responses_output import ended_normally
 from inferd.observability import get_logger
 from inferd.store import StoredResponse, StoreError
 
@@ -106,7 +107,7 @@ async def settle(request: web.BaseRequest, state, response: web.StreamResponse |
         body = response.body if isinstance(response, web.Response) else b"".join(capture.chunks)
         if isinstance(body, bytes) and len(body) > MAX_STORED_BYTES:
             body = None         # served, not kept (a large embeddings response, say)
-        elif not isinstance(response, web.Response) and not body.endswith(DONE_FRAME):
+        elif not isinstance(response, web.Response) and not (body.endswith(DONE_FRAME) or ended_normally(body)):
             body = None         # a stream that ended in an error frame (a bug, its ledger row not recorded)
     try:
         if not isinstance(body, bytes):

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from inferd.api.errors import TIMEOUT, ApiError, invalid
 from inferd.api.wire.openai import Prepared
+from inferd.api.pipeline.sampling import FIELDS
 from inferd.engine import Engine
 
 # Tokenize (and template) in the pool when the body or the conversation is big: the text alone
@@ -138,7 +139,7 @@ def _bounded_chars(p: Prepared) -> int:
 
 async def check_length_bound(engine: Engine, p: Prepared, max_model_len: int, deadline: float) -> None:
     """400 context_length_exceeded if the prompt cannot fit the context whatever it tokenizes to."""
-    field = "prompt" if p.kind == "completion" else "messages"
+    field = FIELDS[p.kind].prompt
     if p.prompt_token_ids is not None:
         if len(p.prompt_token_ids) >= max_model_len:     # before scanning 100k ids against the vocabulary
             raise _too_long(field, f"{len(p.prompt_token_ids)} tokens", max_model_len)
@@ -172,9 +173,12 @@ async def tokenize(engine: Engine, p: Prepared, body_bytes: int, deadline: float
     def work() -> list[int]:
         if p.messages is not None:
             try:
-                text = tok.apply_chat_template(p.messages, add_generation_prompt=True)
+                # as transformers: the function tools go to the template, which renders them its own way
+                extra = {"tools": p.tools} if p.tools else {}
+                text = tok.apply_chat_template(p.messages, add_generation_prompt=True, **extra)
             except ValueError as exc:   # the template refused the messages (inferd.engine.tokenization.ChatTemplateError)
-                raise invalid(f"messages: {exc}", param=getattr(exc, "param", None) or "messages",
+                field = FIELDS[p.kind].prompt
+                raise invalid(f"{field}: {exc}", param=getattr(exc, "param", None) or field,
                               code="invalid_messages") from None
             return tok.encode(text, add_special_tokens=False)   # the template wrote the special tokens
         return tok.encode(p.prompt_text)

@@ -7,6 +7,7 @@ request's end records (ledger row, metrics, rollouts, cache, transcript, trace, 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -26,6 +27,8 @@ from inferd.api.wire.responses import (
 )
 from inferd.api.pipeline.safety import filter_output
 from inferd.api.wire.logprobs import LogprobChunkEncoder, LogprobFormat, LogprobStream
+from inferd.api.wire.tool_calls import ToolCallParser, parser_for
+from inferd.api.wire.tool_stream import ToolChunkEncoder, finish_with_calls, tool_message
 from inferd.api.streaming.sse import Sender, stream_response
 from inferd.api.pipeline.transcripts import retention_s
 from inferd.api.pipeline.versioned import mirror_to_shadow
@@ -99,12 +102,22 @@ def _logprob_formats(ctx: RequestContext, count: int) -> list[LogprobFormat] | N
 async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     p, state = ctx.prepared, ctx.state
     running = RunningUsage(ctx.prompt_tokens) if p.continuous_usage else None
-    formats = ctx.extras.get("logprobs")
-    encoder = (ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
-                            hold_done=state.ledger is not None, timeline=ctx.timeline) if formats is None else
-               LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
+    formats, output = ctx.extras.get("logprobs"), ctx.extras.get("output")
+    tools = _tool_parsers(ctx)
+    if output is not None:          # another wire format's events (the Responses API's)
+        encoder = output.encoder(ctx.extras["ident"], state.ledger is not None, ctx.timeline,
+                                 tools() if tools is not None else None)
+    elif tools is not None:
+        encoder = ToolChunkEncoder(tools, ctx.extras["ident"], p.include_usage, formats=formats, running=running,
                                    usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
-                                   timeline=ctx.timeline))
+                                   timeline=ctx.timeline)
+    elif formats is None:
+        encoder = ChunkEncoder(ctx.extras["ident"], p.include_usage, running=running, usage_comment=ctx.forwarded,
+                               hold_done=state.ledger is not None, timeline=ctx.timeline)
+    else:
+        encoder = LogprobChunkEncoder(formats, ctx.extras["ident"], p.include_usage, running=running,
+                                      usage_comment=ctx.forwarded, hold_done=state.ledger is not None,
+                                      timeline=ctx.timeline)
     withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
     ctx.status = CLIENT_GONE            # until the stream ends: what a client that left gets recorded as
 
@@ -113,6 +126,8 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         ctx.status = final_status(entry.final, entry)
         try:
             await record_usage_once(ctx, entry.final, ctx.status, withhold=True)
+            if output is not None:      # kept before its client has the end: it can be continued at once
+                await output.keep(ctx, encoder.response)
         except ApiError as err:         # the stream ends with this error frame instead of [DONE]
             withheld.append(err)
             raise
@@ -143,7 +158,28 @@ async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
     ctx.status = final_status(ctx.last, entry)
     ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
     await record_usage_once(ctx, ctx.last, ctx.status, withhold=True)
+    output = ctx.extras.get("output")
+    if output is not None:
+        await output.keep(ctx, output.response)
     return resp
+
+
+def _tool_parsers(ctx: RequestContext) -> Callable[[], ToolCallParser] | None:
+    """A maker of each choice's tool-call parser (None: no tools in play): the model's own format comes from its
+    artifact's manifest (EngineInfo.tool_call_format)."""
+    p = ctx.prepared
+    if p.kind == "completion" or p.tool_choice == "none" or not p.tools:     # completions have no tools
+        return None
+    fmt = ctx.engine.info.tool_call_format
+
+    def make() -> ToolCallParser:
+        return parser_for(p, fmt)
+    return make
+
+
+def _parser(ctx: RequestContext) -> ToolCallParser | None:
+    make = _tool_parsers(ctx)
+    return make() if make is not None else None
 
 
 def final_status(last: Delta, entry) -> int:
@@ -156,14 +192,25 @@ def final_status(last: Delta, entry) -> int:
 def _json_response(ctx: RequestContext, finals: list[Delta], timed_out: bool) -> web.Response:
     """The whole response from each choice's final (merged) delta; any abnormal end is the response's error."""
     choices = []
-    formats = ctx.extras.get("logprobs")
+    formats, output = ctx.extras.get("logprobs"), ctx.extras.get("output")
+    tools = _tool_parsers(ctx) if output is None else None      # the Responses API parses its own
+    calls: list[list[dict] | None] = []
     for i, last in enumerate(finals):
         finish = OPENAI_FINISH.get(last.finish_reason)
         if finish is None:
             raise abnormal_end(FinishReason.DEADLINE if timed_out else last.finish_reason, last.error)
-        choices.append((last.text if formats is None else formats[i].text(last.text), finish))
+        text = last.text if formats is None else formats[i].text(last.text)
+        if tools is not None:
+            parser = tools()
+            text, made = tool_message(parser, text)
+            finish = finish_with_calls(finish, parser)
+            calls.append(made)
+        choices.append((text, finish))
     usage = ctx.last.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(last.token_ids) for last in finals))
     ctx.headers["Server-Timing"] = ctx.timeline.server_timing(finals[0].timing, time.monotonic())
     logprobs = None if formats is None else [f.take(always=True) for f in formats]
-    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage, logprobs), headers=ctx.headers,
-                        content_type="application/json")
+    if output is not None:          # the Responses API's object: its items from the same parser
+        return web.Response(body=output.body(ctx.extras["ident"], *choices[0], usage, _parser(ctx)),
+                            headers=ctx.headers, content_type="application/json")
+    return web.Response(body=completion_body(ctx.extras["ident"], choices, usage, logprobs, calls or None),
+                        headers=ctx.headers, content_type="application/json")

@@ -18,7 +18,7 @@ from aiohttp import web
 from inferd import __version__
 from inferd.api import appkeys as keys
 from inferd.api.errors import CLIENT_GONE, ApiError
-from inferd.api.pipeline import admission, embedding, front, generation, respond
+from inferd.api.pipeline import admission, embedding, front, generation, respond, responses
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.settle import settle
 from inferd.api.pipeline.timeline import ADMISSION, Timeline
@@ -57,6 +57,10 @@ GENERATION: Sequence[tuple[str, Stage]] = (
     (ADMISSION, admission.wait_for_admission),
     ("stream", respond.send_output),
 )
+
+# POST /v1/responses: chat's stages, with its own decode (instructions, the stored conversation, input).
+RESPONSES: Sequence[tuple[str, Stage]] = tuple(("decode", responses.decode_request) if name == "decode" else
+                                               (name, stage) for name, stage in GENERATION)
 
 EMBEDDING: Sequence[tuple[str, Stage]] = (
     ("draining", front.refuse_while_draining),
@@ -146,11 +150,15 @@ async def _end_stream_with(ctx: RequestContext, err: ApiError) -> web.StreamResp
     ident = ctx.extras.get("ident")
     if ident is None:       # refused before it was named: the model it asked for
         ident = new_identity(ctx.kind, ctx.wire.model, f"inferd-{__version__}")
-    return await waiting.end_with(err, ChunkEncoder(ident, ctx.prepared.include_usage))
+    output = ctx.extras.get("output")
+    encoder = (ChunkEncoder(ident, ctx.prepared.include_usage) if output is None else
+               output.encoder(ident, False, None))
+    return await waiting.end_with(err, encoder)
 
 
 _COMPLETION, _CHAT, _EMBEDDING = Pipeline("completion", GENERATION), Pipeline("chat", GENERATION), \
     Pipeline("embedding", EMBEDDING)
+_RESPONSES = Pipeline("responses", RESPONSES)
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -161,6 +169,11 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions."""
     return await _CHAT(request)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses."""
+    return await _RESPONSES(request)
 
 
 async def create_embedding(request: web.Request) -> web.StreamResponse:

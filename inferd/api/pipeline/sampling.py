@@ -7,7 +7,7 @@
    set none, then the tenant's limits (inferd.tenancy.quota.check_limits);
 4. overload degradation's cap.
 Errors name the field the client used: `prompt` / `max_tokens` for completions, `messages` /
-`max_completion_tokens` for chat.
+`max_completion_tokens` for chat, `input` / `max_output_tokens` for the Responses API.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class FieldNames:
     max_tokens: str
 
 
-FIELDS = {"completion": FieldNames("prompt", "max_tokens"), "chat": FieldNames("messages", "max_completion_tokens")}
+FIELDS = {"completion": FieldNames("prompt", "max_tokens"), "chat": FieldNames("messages", "max_completion_tokens"),
+          "responses": FieldNames("input", "max_output_tokens")}
 
 
 def charge_estimate(p: Prepared) -> int:

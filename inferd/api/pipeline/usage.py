@@ -22,7 +22,8 @@ from inferd.store import LedgerRow, StoreError
 from inferd.types import Delta, EngineTiming, Usage
 
 log = get_logger("inferd.api")
-ENDPOINTS = {"completion": "completions", "chat": "chat.completions", "embedding": "embeddings"}
+ENDPOINTS = {"completion": "completions", "chat": "chat.completions", "embedding": "embeddings",
+             "responses": "responses"}
 
 
 def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:

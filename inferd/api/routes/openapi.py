@@ -33,9 +33,11 @@ from inferd.api.wire.openai import (
     CompletionRequest,
 )
 from inferd.api.wire.embedding_format import MAX_INPUTS, EmbeddingRequest
+from inferd.api.wire.tools import MAX_TOOLS
 from inferd.api.wire.sampling import LOGIT_BIAS_KEY
 from inferd.engine import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS
 from inferd.api.routes.openapi_batches import batch_paths
+from inferd.api.routes.openapi_responses import responses_paths
 from inferd.api.routes.openapi_structured import tighten_structured
 from inferd.api.routes.openapi_tokenization import tokenization_paths
 
@@ -140,13 +142,33 @@ def _chat_message_schema(generated: dict) -> dict:
     content = props.pop("content")["anyOf"]
     content = [c for c in content if c != {"type": "null"}]
     base = {k: v for k, v in generated.items() if k not in ("properties", "required")}
+    # tool_calls only from the assistant, tool_call_id only (and always) in a tool message
+    no_calls = {"tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}], "default": None},
+                "tool_call_id": {"type": "null", "default": None}}
     assistant = {**base, "properties": {**props, "role": {"const": "assistant"},
-                                        "content": {"anyOf": [*content, {"type": "null"}], "default": None}},
+                                        "content": {"anyOf": [*content, {"type": "null"}], "default": None},
+                                        "tool_call_id": no_calls["tool_call_id"]},
                  "required": ["role"]}
-    others = {**base, "properties": {**props, "role": {"enum": [r for r in CHAT_ROLES if r != "assistant"]},
+    others = {**base, "properties": {**props, **no_calls,
+                                     "role": {"enum": [r for r in CHAT_ROLES if r not in ("assistant", "tool")]},
                                      "content": {"anyOf": content}},
               "required": ["role", "content"]}
-    return {"title": generated["title"], "anyOf": [others, assistant]}
+    tool = {**base, "properties": {**props, "tool_calls": no_calls["tool_calls"], "role": {"const": "tool"},
+                                   "content": {"anyOf": content}, "tool_call_id": {"type": "string"}},
+            "required": ["role", "content", "tool_call_id"]}
+    return {"title": generated["title"], "anyOf": [others, assistant, tool]}
+
+
+def _tighten_tools(components: dict, chat_name: str) -> None:
+    """`prepare_tools`' rules: a function's parameters are an object's schema; tool_choice other than "none"
+    only with tools. That a named tool_choice names one of the tools is a documented 400 (JSON Schema
+    cannot compare two values of a body)."""
+    params = components["FunctionDefinition"]["properties"]["parameters"]
+    params["anyOf"] = [{"type": "object", "properties": {"type": {"const": "object"}}}, {"type": "null"}]
+    components[chat_name]["properties"]["tools"]["anyOf"][0]["maxItems"] = MAX_TOOLS
+    components[chat_name].setdefault("allOf", []).append({"anyOf": [
+        {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+        {"properties": {"tool_choice": {"enum": [None, "none"]}}}]})
 
 
 def _content_part_schema(generated: dict) -> dict:
@@ -173,6 +195,7 @@ def request_schemas() -> tuple[str, str, dict]:
         "The older name of max_completion_tokens: send one of them.")
     components["StreamOptions"]["properties"]["include_obfuscation"] = {"enum": [None, False], "default": None}
     components["ChatMessage"] = _chat_message_schema(components["ChatMessage"])
+    _tighten_tools(components, chat_name)
     components["ContentPart"] = _content_part_schema(components["ContentPart"])
     tighten_structured(components, completion_name, chat_name)
     return completion_name, chat_name, components
@@ -326,6 +349,9 @@ def document() -> dict:
                               **_errors(*_ADMIN_ERRORS, "404", "409")}}},
             "/admin/peers": _get("Admin: cluster members, their state and load hints (404 without [cluster])",
                                  *_ADMIN_ERRORS, "404"),
+            # OpenAI's Responses API (inferd.api.routes.openapi_responses); its schemas join `components`
+            **responses_paths({"type": "string", "pattern": MODEL_PATTERN}, _REF, _errors, _GENERATE_ERRORS,
+                              components),
             **batch_paths(),        # the Batch API: /v1/files, /v1/batches (inferd.api.routes.openapi_batches)
             # GET /v1/models/{model}, and vLLM's tokenizer routes (inferd.api.routes.openapi_tokenization)
             **tokenization_paths({"type": "string", "pattern": MODEL_PATTERN}, _REF.format(name="ChatMessage"),

@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import SERVER_ERROR, ApiError
-from inferd.api.wire.responses import DONE_FRAME, OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
+from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation, get_logger, request_context
 from inferd.types import Delta, FinishReason
@@ -142,6 +142,8 @@ class Sender:
         self.pushed_at: float | None = None     # when the pending output began (Flusher.mark)
 
     def send(self, frame: bytes) -> None:
+        if not frame:       # an encoder holding text back (a tool call's start): a 0-length chunk would end the body
+            return
         if self.tee is not None:
             self.tee(frame)
         self._write(frame)
@@ -211,7 +213,7 @@ class Sender:
         rid = f" (request id {entry.request_id})" if entry.request_id else ""
         err = ApiError(500, f"Internal server error while streaming{rid}.", type=SERVER_ERROR, code="internal_error")
         with contextlib.suppress(ConnectionError):
-            self.send(self._encoder.error(err, None) + DONE_FRAME)
+            self.send(self._encoder.error(err, None) + self._encoder.closing)
         self.end()
 
     def withhold_done(self, err: ApiError) -> None:
@@ -323,7 +325,7 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
             # Every content frame is out: a client that hangs up on the final chunk (the SDK does on
             # an error frame) has had the whole response; the stream's status stays its own.
             with contextlib.suppress(ConnectionError):
-                sender.send(DONE_FRAME)
+                sender.send(encoder.held_done())
     except ConnectionError:
         entry.client_gone = True            # the caller's `finally` aborts the engine request
     except ApiError as err:                 # before_done refused the stream's end (no ledger row)

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import ApiError
-from inferd.api.wire.responses import DONE_FRAME, PING_FRAME, ChunkEncoder
+from inferd.api.wire.responses import PING_FRAME, ChunkEncoder
 from inferd.api.streaming.sse import sse_response
 
 QUEUED_HEADERS_AFTER_S = 1.0
@@ -61,6 +61,6 @@ class QueuedStream:
         if self.prepared is None:
             raise RuntimeError("end_with is for a response whose headers were sent")
         resp, _ = self.prepared
-        await resp.write(encoder.error(err, None) + DONE_FRAME)
+        await resp.write(encoder.error(err, None) + encoder.closing)
         await resp.write_eof()
         return resp

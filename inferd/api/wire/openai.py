@@ -17,6 +17,7 @@ import msgspec
 from inferd.api.errors import ApiError, invalid
 from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
 from inferd.api.wire.structured import ResponseFormat, StructuredOutputs, guided_for, legacy_hint, set_guided
+from inferd.api.wire.tools import MessageToolCall, Tool, ToolChoice, prepare_tools, tool_message_fields
 from inferd.types import GuidedDecoding
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
@@ -62,18 +63,18 @@ class ContentPart(msgspec.Struct, **_STRICT):
 
 
 OTHER_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
-# Decoded (OpenAI clients send them) but refused by `prepare`: there is no tool calling. /openapi.json
-# leaves these roles out and allows these message fields only at null (or an empty list).
-UNSUPPORTED_ROLES = ("tool", "function")
-UNSUPPORTED_MESSAGE_FIELDS = ("tool_calls", "function_call", "audio", "refusal", "tool_call_id")
+# Decoded (OpenAI clients send them) but refused by `prepare`: the legacy function-calling messages, audio
+# and refusals. /openapi.json leaves these roles out and allows these message fields only at null.
+UNSUPPORTED_ROLES = ("function",)
+UNSUPPORTED_MESSAGE_FIELDS = ("function_call", "audio", "refusal")
 
 
 class ChatMessage(msgspec.Struct, **_STRICT):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
+    tool_calls: list[MessageToolCall] | None = None     # assistant: the calls it made (inferd.api.wire.tools)
+    tool_call_id: str | None = None                     # tool: the call this answers
     function_call: Any = None
     refusal: str | None = None
     audio: Any = None
@@ -125,8 +126,8 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -150,8 +151,6 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
 NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((1,), "1"),
     "suffix": (("",), "null or \"\""),
-    "tools": (([],), "null or []"),
-    "tool_choice": (("none",), "null or \"none\""),
     "functions": (([],), "null or []"),
     "function_call": (("none",), "null or \"none\""),
     "audio": ((), "null"),
@@ -380,7 +379,8 @@ def _prepare_messages(req: ChatCompletionRequest, out: Prepared) -> None:
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
         if m.role in UNSUPPORTED_ROLES:
-            raise invalid(f"{where}.role: tool and function messages are not supported (no tool calling).",
+            raise invalid(f"{where}.role: function messages (the legacy function calling) are not supported; "
+                          "use tool messages.",
                           param=f"{where}.role", code="unsupported_parameter")
         for name in UNSUPPORTED_MESSAGE_FIELDS:
             if getattr(m, name) not in (None, []):
@@ -409,6 +409,8 @@ def _prepare_messages(req: ChatCompletionRequest, out: Prepared) -> None:
         msg = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name is not None:
             msg["name"] = m.name
+        tool_message_fields(m, where, msg)
         messages.append(msg)
     out.messages = messages
     out.prompt_chars = chars
+    prepare_tools(req, out)

@@ -75,21 +75,26 @@ class Identity:
 
 
 def new_identity(kind: str, model: str, fingerprint: str) -> Identity:
-    """A response's constants with a fresh completion id (`chatcmpl-...` for chat, `cmpl-...` else), made now."""
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    """A response's constants with a fresh id (`chatcmpl-...` for chat, `resp_...` for the Responses API,
+    `cmpl-...` else), made now."""
+    prefix = {"chat": "chatcmpl-", "responses": "resp_"}.get(kind, "cmpl-")
     return Identity(kind, prefix + secrets.token_hex(12), int(time.time()), model, fingerprint)
 
 
-def completion_body(ident: Identity, choices: list[tuple[str, str]], usage: Usage,
-                    logprobs: list[dict | None] | None = None) -> bytes:
+def completion_body(ident: Identity, choices: list[tuple[str | None, str]], usage: Usage,
+                    logprobs: list[dict | None] | None = None, tool_calls: list[list[dict] | None] | None = None) -> bytes:
     """The whole (not streamed) response: `choices` are (text, finish_reason) in index order; `logprobs`
-    each choice's logprobs object (inferd.api.wire.logprobs), when the request asked for them."""
+    each choice's logprobs object (inferd.api.wire.logprobs), when the request asked for them; `tool_calls`
+    each chat choice's calls (inferd.api.wire.tool_stream), when tools were in play."""
     lps = logprobs or [None] * len(choices)
     if ident.kind == "chat":
         body = ident.header("chat.completion")
         body["choices"] = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
                             "logprobs": lp, "finish_reason": finish}
                            for i, ((text, finish), lp) in enumerate(zip(choices, lps))]
+        for choice, calls in zip(body["choices"], tool_calls or ()):
+            if calls:
+                choice["message"]["tool_calls"] = calls
     else:
         body = ident.header("text_completion")
         body["choices"] = [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
@@ -192,6 +197,12 @@ class ChunkEncoder:
         if self._usage_comment and usage is not None:
             return usage_comment(usage) + done
         return done
+
+    closing = DONE_FRAME        # what ends a stream after an error frame (ResponseEventEncoder: nothing)
+
+    def held_done(self) -> bytes:
+        """What `done` held back (`hold_done`), sent by the writer once the ledger has the row."""
+        return DONE_FRAME
 
     def error(self, err: ApiError, usage: Usage | None) -> bytes:
         body = self._ident.header(self._object)

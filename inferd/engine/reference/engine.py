@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from inferd.artifacts import read_manifest, verify_artifact
+from inferd.artifacts import read_manifest, template_tool_call_format, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.grammar import GrammarError, Grammars
 from inferd.engine.loading import run_load
@@ -100,7 +100,9 @@ class ReferenceEngine(LoraHost, Engine):
             backend="reference", model_name=manifest.name, version=manifest.version,
             max_model_len=max_model_len, block_size=self._block_size,
             num_kv_blocks=self._num_kv_blocks, max_batch_size=self._max_batch_size,
-            max_num_tokens=self._max_num_tokens, prefix_caching=True, hardware="cpu")
+            max_num_tokens=self._max_num_tokens, prefix_caching=True, hardware="cpu",
+            tool_call_format=(manifest.tool_call_format or template_tool_call_format(self.tokenizer.chat_template)
+                              or "hermes"))
         self._kv = self.model.new_kv_cache(self._num_kv_blocks, self._block_size)
         self._blocks = BlockManager(self._num_kv_blocks, self._block_size)
         self._scheduler = Scheduler(self._blocks, max_batch_size=self._max_batch_size,

@@ -17,6 +17,7 @@ batches, which is not what the hardware does; see docs/sim.md for the calibratio
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 import msgspec
@@ -290,9 +291,13 @@ class SimTokenizer:
             parts.append(pending.decode("utf-8", "replace"))
         return "".join(parts)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
-        """ChatML-style turns: <|im_start|>role\\ncontent<|im_end|>\\n."""
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tools=None, **_extra) -> str:
+        """ChatML-style turns: <|im_start|>role\ncontent<|im_end|>\n; `tools` as Hermes' (the synthetic models'
+        template, inferd.artifacts.build.tokenizer_train): a <tools> system turn, <tool_call> and <tool_response>."""
         out = [_SPECIALS[_BOS]]
+        if tools:
+            listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            out.append(f"{_SPECIALS[_IM_START]}system\n# Tools\n<tools>\n{listed}\n</tools>{_SPECIALS[_IM_END]}\n")
         for i, message in enumerate(messages):
             role, content = message.get("role"), message.get("content", "")
             if not isinstance(role, str):
@@ -301,6 +306,12 @@ class SimTokenizer:
                 content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
             elif content is None:
                 content = ""
+            for call in message.get("tool_calls") or ():
+                fn = call.get("function", call)
+                content += "\n<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": fn.get("arguments")},
+                                                         ensure_ascii=False) + "\n</tool_call>"
+            if role == "tool":
+                content = f"<tool_response>\n{content}\n</tool_response>"
             out.append(f"{_SPECIALS[_IM_START]}{role}\n{content}{_SPECIALS[_IM_END]}\n")
         if add_generation_prompt:
             out.append(f"{_SPECIALS[_IM_START]}assistant\n")

@@ -23,7 +23,14 @@ import random
 from pathlib import Path
 from typing import Any
 
-from inferd.artifacts import MANIFEST_FILE, ArtifactError, Manifest, read_manifest, verify_artifact
+from inferd.artifacts import (
+    MANIFEST_FILE,
+    ArtifactError,
+    Manifest,
+    read_manifest,
+    template_tool_call_format,
+    verify_artifact,
+)
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest, blocks_for
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer, IncrementalDetokenizer, StopMatcher
@@ -159,7 +166,9 @@ class TrtllmEngine(Engine):
                                version=self._version or (manifest.version if manifest else "unversioned"),
                                max_model_len=int(build["max_seq_len"]), block_size=block_size,
                                num_kv_blocks=kv_blocks, max_batch_size=max_batch, max_num_tokens=max_tokens,
-                               prefix_caching=self._block_reuse, hardware="gpu")
+                               prefix_caching=self._block_reuse, hardware="gpu",
+                               tool_call_format=(manifest.tool_call_format if manifest else None)
+                               or template_tool_call_format(self.tokenizer.chat_template) or "hermes")
         self._started = True
         self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop(), name="trtllm-stats")
 

@@ -8,6 +8,7 @@ engine's own, when it has one), so these tests pin the stage, not xgrammar.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -82,6 +83,9 @@ async def test_the_grammar_compiles_in_the_pool_not_on_the_event_loop(served, st
 
 
 async def test_a_grammar_compiled_already_goes_straight_on_without_the_pool(served, stand_in):
+    # compiled already for the engine too, so nothing but the stage could call compile()
+    spec = json.dumps(SCHEMA, separators=(",", ":"))
+    await asyncio.to_thread(served.engine.grammars.compile, GuidedDecoding(kind="json_schema", spec=spec))
     fake = stand_in(cached=True)
     assert (await post(served, {**CHAT, "response_format": FORMAT}))[0] == 200
     assert fake.calls == []

@@ -35,7 +35,7 @@ async def test_a_stream_whose_client_left_before_its_final_delta_is_recorded_as_
     monkeypatch.setattr(respond, "record_usage_once", record)
     monkeypatch.setattr(respond, "stream_response", writer_that_saw_the_client_leave)
     ctx = SimpleNamespace(
-        prepared=SimpleNamespace(continuous_usage=False, include_usage=False), prompt_ids=[[1, 2]],
+        prepared=SimpleNamespace(kind="completion", continuous_usage=False, include_usage=False), prompt_ids=[[1, 2]],
         extras={"ident": Identity("completion", "cmpl-1", 0, "m@v", "fp")}, forwarded=False,
         state=SimpleNamespace(ledger=None), timeline=Timeline(0.0), headers={}, request=_Request(), queued=None,
         log_fields={}, status=None, last=None, obs=None)

@@ -6,13 +6,14 @@ import json
 import re
 import socket
 import time
+from types import SimpleNamespace
 
 import aiohttp
 import openai
 import pytest
 
 from inferd.api import appkeys
-from inferd.api.streaming.sse import Flusher
+from inferd.api.streaming.sse import Flusher, Sender
 from inferd.engine.sim.engine import SimEngine
 from inferd.types import Delta
 from tests.api.conftest import metric_value, sim_engine
@@ -269,3 +270,18 @@ async def test_a_flush_turn_with_time_to_spare_writes_every_stream():
         flusher.mark(_Frame(i, flushed, cost_s=0.0))
     await asyncio.sleep(0)
     assert flushed == list(range(200))
+
+
+def test_an_empty_frame_writes_nothing_not_the_chunked_bodys_end():
+    """A tool-call encoder holding text back returns b"": as a chunk it would be `0\\r\\n\\r\\n`, the body's end."""
+    written: list[bytes] = []
+    transport = SimpleNamespace(is_closing=lambda: False, write=written.append)
+    writer = SimpleNamespace(transport=transport, protocol=SimpleNamespace(writing_paused=False), chunked=True)
+    entry = SimpleNamespace(stream=None)
+    sender = Sender(entry, writer, encoder=SimpleNamespace(content=None), include_usage=False,
+                    obs=SimpleNamespace(on_tokens=None))
+    teed: list[bytes] = []
+    sender.tee = teed.append
+    sender.send(b"")
+    sender.send(b"data: x\n\n")
+    assert written == [b"9\r\ndata: x\n\n\r\n"] and teed == [b"data: x\n\n"]

@@ -252,6 +252,22 @@ def test_chat_template_turn_markers_encode_as_special_tokens() -> None:
     assert tokenizer.decode(ids) == "user\nhi\nassistant\n"
 
 
+def test_chat_template_renders_tools_calls_and_results_in_hermes_tags() -> None:
+    tokenizer = SimTokenizer(4096)
+    tools = [{"type": "function", "function": {"name": "clock"}}]
+    rendered = tokenizer.apply_chat_template([
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+                                                             "function": {"name": "clock", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "noon"}], tools=tools)
+    assert rendered.startswith('<|begin_of_text|><|im_start|>system\n# Tools\n<tools>\n'
+                               '{"type": "function", "function": {"name": "clock"}}\n</tools><|im_end|>\n')
+    assert '<|im_start|>assistant\n\n<tool_call>\n{"name": "clock", "arguments": {}}\n</tool_call><|im_end|>' in rendered
+    assert "<|im_start|>tool\n<tool_response>\nnoon\n</tool_response><|im_end|>" in rendered
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=None) == \
+        tokenizer.apply_chat_template([{"role": "user", "content": "x"}])
+
+
 def test_decode_keeps_the_special_tokens_when_asked_and_they_encode_back() -> None:
     tokenizer = SimTokenizer(4096)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "héllo"}])
