@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.schema_check import MAX_DEPTH, unenforced
+from inferd.engine.schema_check import MAX_DEPTH, MAX_OPTIONAL, unenforced
 
 
 @pytest.mark.parametrize(("schema", "where", "says"), [
@@ -50,3 +50,12 @@ def test_a_schema_nested_past_the_depth_bound_is_refused_before_its_slow_compile
     assert unenforced(nested(MAX_DEPTH)) is None
     why = unenforced(nested(MAX_DEPTH + 1))
     assert why is not None and f"deeper than {MAX_DEPTH}" in why and why.startswith("at #/properties/a/")
+
+
+def test_an_object_with_more_optional_properties_than_the_bound_is_refused_required_ones_are_not():
+    names = [f"p{i}" for i in range(MAX_OPTIONAL + 1)]
+    props = {name: {"type": "integer"} for name in names}
+    why = unenforced({"type": "object", "properties": {"inner": {"type": "object", "properties": props}}})
+    assert why is not None and why.startswith("at #/properties/inner:") and f"{MAX_OPTIONAL + 1} optional" in why
+    assert unenforced({"type": "object", "properties": props, "required": names[:1]}) is None
+    assert unenforced({"type": "object", "properties": props, "required": names}) is None
