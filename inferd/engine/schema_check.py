@@ -16,9 +16,13 @@ core), and a compile cannot be interrupted. OpenAI's strict mode allows 10 level
 more than MAX_OPTIONAL optional properties (in `properties`, not in `required`): xgrammar's grammar for optional
 properties grows about with the cube of their number (400: 0.2 s, 800: 1.8 s, the 2,429 a 63 KiB schema
 holds: 42 s), where required ones cost next to nothing (OpenAI's strict mode makes every property required).
+And so are `pattern`s past a compile-time budget (PATTERN_BUDGET_MS, from measurements on one core): each costs
+about 4 ms, plus the square of its largest repetition bound (`[a-z]{0,4000}`: 0.7 s; `{0,10000}`: 5 s), so a
+63 KiB schema of patterns could hold a compile thread for minutes.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = ["unenforced"]
@@ -27,6 +31,8 @@ UNENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContai
               "dependentSchemas", "dependencies")
 MAX_DEPTH = 64
 MAX_OPTIONAL = 256
+PATTERN_BUDGET_MS = 1000.0
+_REPEAT = re.compile(r"\{(\d{1,9})(?:,(\d{0,9}))?\}")
 NON_NEGATIVE = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 # keywords whose value is a schema, a list of schemas, or a map of name -> schema
 _ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
@@ -38,6 +44,7 @@ _MAP = ("properties", "$defs", "definitions", "patternProperties")
 def unenforced(schema: Any) -> str | None:
     """Why xgrammar would not enforce `schema` ("at #/properties/a: ..."), or None when it would."""
     todo: list[tuple[Any, str, int]] = [(schema, "#", 0)]
+    pattern_ms = 0.0
     while todo:                     # iterative: a schema may be nested as deep as the request body allows
         node, where, depth = todo.pop()
         if not isinstance(node, dict):
@@ -47,6 +54,12 @@ def unenforced(schema: Any) -> str | None:
         why = _why(node)
         if why:
             return f"at {where}: {why}"
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            pattern_ms += _pattern_ms(pattern)
+            if pattern_ms > PATTERN_BUDGET_MS:
+                return (f"at {where}: the schema's patterns would take too long to compile (their repetition "
+                        "bounds, as in {0,4000}, and their number); use fewer or smaller ones")
         depth += 1
         for key in _ONE:
             todo.append((node.get(key), f"{where}/{key}", depth))
@@ -86,3 +99,9 @@ def _why(node: dict[str, Any]) -> str | None:
             return (f"`required` names {missing[0]!r}, which `properties` does not define (structured output "
                     "writes only the properties a schema defines)")
     return None
+
+
+def _pattern_ms(pattern: str) -> float:
+    """About how long xgrammar takes to compile one string `pattern` inside a JSON schema, in ms (one core)."""
+    largest = max((int(n or m) for m, n in _REPEAT.findall(pattern)), default=0)
+    return 4.0 + 4.3e-5 * largest * largest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.schema_check import MAX_DEPTH, MAX_OPTIONAL, unenforced
+from inferd.engine.schema_check import MAX_DEPTH, MAX_OPTIONAL, PATTERN_BUDGET_MS, unenforced
 
 
 @pytest.mark.parametrize(("schema", "where", "says"), [
@@ -59,3 +59,12 @@ def test_an_object_with_more_optional_properties_than_the_bound_is_refused_requi
     assert why is not None and why.startswith("at #/properties/inner:") and f"{MAX_OPTIONAL + 1} optional" in why
     assert unenforced({"type": "object", "properties": props, "required": names[:1]}) is None
     assert unenforced({"type": "object", "properties": props, "required": names}) is None
+
+
+def test_patterns_past_their_compile_budget_are_refused_whether_one_big_or_many_small():
+    assert unenforced({"type": "string", "pattern": "^[a-z]{0,100}$"}) is None
+    assert unenforced({"type": "string", "pattern": "^[a-z]{0,10000}$"}) is not None     # ~5 s alone
+    many = int(PATTERN_BUDGET_MS / 4) + 1
+    why = unenforced({"anyOf": [{"type": "string", "pattern": f"^x{i}$"} for i in range(many)]})
+    assert why is not None and "patterns" in why
+    assert unenforced({"anyOf": [{"type": "string", "pattern": f"^x{i}$"} for i in range(many // 2)]}) is None
