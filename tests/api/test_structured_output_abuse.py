@@ -89,3 +89,24 @@ async def test_a_grammar_that_dead_ends_is_a_400_for_that_request_alone_and_no_e
         assert status == 400 and body["error"]["code"] == "grammar_dead_end", body
     assert False not in verdicts, verdicts             # the client's grammar failed it, not the engine
     assert await served.free_kv_blocks() == free
+
+
+@pytest.mark.parametrize("backend", ["sim", "reference"])
+async def test_a_client_leaving_a_guided_stream_frees_its_kv_blocks(serve, tiny_artifact, backend):
+    engine = sim_engine(time_scale=1.0) if backend == "sim" else ReferenceEngine(
+        tiny_artifact, num_kv_blocks=64, block_size=16, max_batch_size=4, max_num_tokens=64)
+    served = await serve({"sim": engine})
+    free = await served.free_kv_blocks()
+    unbounded = schema_format({"type": "array", "items": {"type": "integer"}})
+    async with served.http.post(served.base_url + "/v1/chat/completions", json={
+            "model": "sim", "messages": MESSAGES, "max_tokens": 400, "n": 2, "stream": True,
+            "response_format": unbounded}) as r:
+        assert r.status == 200
+        async for line in r.content:
+            if line.startswith(b"data: {") and b'"content"' in line:
+                break                          # content is flowing: leave mid-generation
+    for _ in range(500):             # the server notices at its next write, then frees (bounded: no timing asserted)
+        if await served.free_kv_blocks() == free:
+            break
+        await asyncio.sleep(0.02)
+    assert await served.free_kv_blocks() == free
