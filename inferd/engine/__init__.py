@@ -23,7 +23,7 @@ from inferd.engine.base import (
     EngineUnavailable,
     InvalidRequest,
 )
-from inferd.engine.grammar import GrammarError, Grammars, GrammarState, GrammarUnavailable
+from inferd.engine.grammar import DEAD_END, GrammarError, Grammars, GrammarState, GrammarUnavailable
 from inferd.engine.loading import run_load
 from inferd.engine.stream import RequestStream, StreamWrapper, add_logprobs, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, TokenizerLoadError
@@ -31,7 +31,7 @@ from inferd.engine.validation import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, PENALTY_R
 
 __all__ = [
     "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "AdapterSignatureError",
-    "Capacity", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "GrammarError",
+    "Capacity", "DEAD_END", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "GrammarError",
     "GrammarState", "GrammarUnavailable", "Grammars", "HFTokenizer",
     "InvalidRequest", "LOGIT_BIAS_RANGE", "MAX_LOGIT_BIAS", "PENALTY_RANGE", "RequestStream", "StreamWrapper",
     "TokenizerLoadError", "UnknownAdapter", "add_logprobs", "check_adapter_signature", "merge_deltas",

@@ -25,12 +25,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inferd.engine.schema_check import unenforced
 from inferd.types import GuidedDecoding
 
 if TYPE_CHECKING:
     from inferd.engine.tokenization import HFTokenizer
 
-__all__ = ["GrammarError", "GrammarState", "GrammarUnavailable", "Grammars", "MAX_SPEC_BYTES"]
+__all__ = ["DEAD_END", "GrammarError", "GrammarState", "GrammarUnavailable", "Grammars", "MAX_SPEC_BYTES"]
+
+# A sequence's end (FinishReason.ERROR with this error) when its grammar allows no token at all: the client's
+# grammar asked for text no token can write (a JSON schema `pattern` requiring a raw control character, which
+# JSON strings cannot hold and the mask bans). The client's doing, not the engine's: the API answers 400 and
+# the version's breaker and rollouts do not count it (inferd.api.wire.responses, pipeline.versioned).
+DEAD_END = "the output reached a point where its grammar allows no token"
 
 MAX_SPEC_BYTES = 64 * 1024          # a schema, regex or grammar longer than this is refused before compiling
 MAX_ENTRIES = 256                   # compiled grammars (and refusals) kept per tokenizer
@@ -150,9 +157,13 @@ class Grammars:
             return self._verdicts.get(_digest(guided))
 
     def cached(self, guided: GuidedDecoding) -> bool:
-        """Whether `guided` is compiled already (matcher() will not block); a cached refusal is not."""
+        """Whether `guided` is compiled already (matcher() will not block); a cached refusal is not. A hit counts
+        as a use: the API asks this for every request, so a schema in steady use is not evicted as least
+        recently used by a churn of one-off schemas (then compiled again, on the engine's side)."""
         with self._lock:
             hit = self._cache.get(guided)
+            if hit is not None:
+                self._cache.move_to_end(guided)
         return hit is not None and not isinstance(hit[0], GrammarError)
 
     def compile(self, guided: GuidedDecoding) -> Any:
@@ -191,6 +202,8 @@ class Grammars:
 
     def _run_compiler(self, compiler: Any, guided: GuidedDecoding) -> Any:
         kind, spec = guided.kind, guided.spec
+        if kind == "json_schema":
+            _check_schema(spec)
         try:
             if kind == "json_schema":
                 compiled = compiler.compile_json_schema(spec, any_whitespace=False)
@@ -221,6 +234,8 @@ class Grammars:
         """A fresh matcher when `guided` is compiled already, else None: never compiles (safe on the loop)."""
         with self._lock:
             hit = self._cache.get(guided)
+            if hit is not None:
+                self._cache.move_to_end(guided)      # a use, as in cached()
         if hit is None or isinstance(hit[0], GrammarError):
             return None
         return GrammarState(hit[0], self.vocab_size, self._banned(guided.kind))
@@ -229,6 +244,18 @@ class Grammars:
         # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids
         # (Python's json.loads refuses them); compact JSON has no other place for them either.
         return self._not_json if kind in ("json_schema", "json_object") else None
+
+
+def _check_schema(spec: str) -> None:
+    """GrammarError for a schema xgrammar would compile without enforcing it (inferd.engine.schema_check)."""
+    try:
+        why = unenforced(json.loads(spec))
+    except ValueError:
+        return                  # not JSON: xgrammar's own message says so
+    except RecursionError:
+        raise GrammarError("the json schema is nested too deeply") from None
+    if why:
+        raise GrammarError(f"the json schema is refused {why}")
 
 
 def _control_tokens(decoded: Sequence[bytes], vocab_size: int) -> np.ndarray:

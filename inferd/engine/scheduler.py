@@ -287,6 +287,8 @@ class Scheduler:
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.sampling
+        if seq.grammar is not None and seq.grammar.failed:   # first: a dead end's sampled token may be an EOS
+            return FinishReason.ERROR
         if token in params.stop_token_ids:
             return FinishReason.STOP
         if not params.ignore_eos and token in self.eos_token_ids:
@@ -295,8 +297,6 @@ class Scheduler:
         if grammar is not None:     # it ended (even on an EOS that ignore_eos lets through), or it cannot go on
             if grammar.terminated:
                 return FinishReason.STOP
-            if grammar.failed:
-                return FinishReason.ERROR
         if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None

@@ -74,6 +74,17 @@ def test_the_cache_is_bounded_least_recently_used_first():
     assert grammars.cached(a) and grammars.cached(c) and not grammars.cached(b)
 
 
+@pytest.mark.parametrize("look", ["cached", "cached_matcher"])
+def test_a_cache_hit_through_the_apis_look_ups_keeps_a_grammar_in_use_from_eviction(look):
+    grammars = Grammars.for_pieces(TOKENIZER.token_bytes(), TOKENIZER.eos_token_ids, TOKENIZER.vocab_size,
+                                   max_entries=2)
+    a, b, c = (GuidedDecoding(kind="regex", spec=s) for s in ("a+", "b+", "c+"))
+    grammars.compile(a), grammars.compile(b)
+    assert getattr(grammars, look)(a)          # a request using `a` again, as the API and the sim look it up
+    grammars.compile(c)
+    assert grammars.cached(a) and not grammars.cached(b)
+
+
 def test_mask_leaves_only_allowed_tokens_and_pads_the_rest(grammars):
     state = GrammarState(grammars.compile(GuidedDecoding(kind="choice", spec='["yes","no"]')), 4096)
     row = np.zeros(4096 + 64, dtype=np.float32)     # a model may have more logits than the tokenizer has ids

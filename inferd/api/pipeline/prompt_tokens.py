@@ -41,9 +41,9 @@ class TokenizerPool:
     """`workers` threads for long tokenizations. Loop-agnostic (a concurrent.futures executor), so
     one pool serves the process; the counters are for tests and operators."""
 
-    def __init__(self, workers: int = TOKENIZE_WORKERS) -> None:
+    def __init__(self, workers: int = TOKENIZE_WORKERS, name: str = "inferd-tokenize") -> None:
         self.workers = workers
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="inferd-tokenize")
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
         self._lock = threading.Lock()
         self.queued = 0             # waiting for a worker
         self.running = 0

@@ -12,7 +12,7 @@ import msgspec
 from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.api.state import ServerState
 from inferd.config import served_adapters
-from inferd.engine import AdapterHost, AdapterInfo, Engine
+from inferd.engine import DEAD_END, AdapterHost, AdapterInfo, Engine
 from inferd.models import BreakerOpen, Route, RoutingError
 from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 
@@ -95,8 +95,8 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
                 control.breakers.record(key, False, None)
         return
     reason = last.finish_reason
-    if reason in (FinishReason.ABORT, FinishReason.DEADLINE) or status in (499, 504):
-        return
+    if reason in (FinishReason.ABORT, FinishReason.DEADLINE) or status in (499, 504) or last.error == DEAD_END:
+        return                      # DEAD_END: the client's grammar failed it, not the version
     usage, timing = last.usage, last.timing
     # The breaker's slow_ttft_s is the engine's own time to a first token: admission's queue is overload,
     # which degradation and shedding handle; a breaker opened by it would turn overload into an outage.

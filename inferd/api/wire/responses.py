@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
+from inferd.engine import DEAD_END
 from inferd.types import EngineTiming, FinishReason, Usage
 
 if TYPE_CHECKING:      # the pipeline's timeline: only its server_timing() is called here
@@ -48,6 +49,10 @@ def abnormal_end(reason: FinishReason, error: str | None) -> ApiError:
         return ApiError(503, "The request was aborted by the server (shutting down, or an operator) "
                         "before it finished; retry it.", type=SERVER_ERROR, code="request_aborted",
                         headers={"Retry-After": "1"})
+    if error == DEAD_END:       # the client's grammar asked for what no token can write: its fault, a 400
+        return ApiError(400, f"The output's grammar (response_format or structured_outputs) {DEAD_END.removeprefix('the output ')}"
+                        ": it asks for text no token can write (a JSON schema pattern requiring a raw control "
+                        "character, say, which JSON strings cannot hold).", code="grammar_dead_end")
     return ApiError(500, f"The engine failed this request: {error or 'unknown error'}.", type=SERVER_ERROR,
                     code="engine_error")
 

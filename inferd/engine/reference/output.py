@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from inferd.engine.grammar import DEAD_END
 from inferd.engine.reference.sampler import token_logprobs
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import IncrementalDetokenizer, StopMatcher
 from inferd.engine.sequence import Sequence
 from inferd.types import Delta, EngineTiming, FinishReason, TokenLogprob, Usage
 
-# The one token-level error (Scheduler._stop_reason): a grammar that allows no token at all in some state.
-_GRAMMAR_FAILED = "the output reached a point where its grammar allows no token"
 
 
 class RequestOutput:
@@ -70,7 +69,9 @@ class RequestOutput:
             self.first_token = now
         token = seq.token_ids[-1]
         finished = seq.finished
-        text = "" if finished and seq.finish_reason is FinishReason.STOP else self.detok.push((token,))
+        # a stop token is not text; nor is the token a grammar's dead end sampled (from no allowed token)
+        text = "" if finished and seq.finish_reason in (FinishReason.STOP, FinishReason.ERROR) \
+            else self.detok.push((token,))
         if finished:
             text += self.detok.flush()
         hit = False
@@ -85,7 +86,7 @@ class RequestOutput:
             return (self._attach_logprobs(delta) if self.wants_logprobs else delta), False
         reason = FinishReason.STOP if hit else seq.finish_reason
         delta = Delta(token_ids=[token], text=text, finish_reason=reason, usage=self.usage(seq), timing=self.timing(now),
-                      error=_GRAMMAR_FAILED if reason is FinishReason.ERROR else None)
+                      error=DEAD_END if reason is FinishReason.ERROR else None)
         return (self._attach_logprobs(delta) if self.wants_logprobs else delta), hit
 
     def final(self, seq: Sequence, reason: FinishReason, now: float, error: str | None = None) -> Delta:

@@ -160,7 +160,13 @@ def grammar_masked(logits: np.ndarray, rows: Seq) -> np.ndarray:
     nothing."""
     for seq, row in zip(rows, logits):
         if seq.grammar is not None:
-            seq.grammar.mask(row)
+            if not seq.grammar.allowed().any():
+                # A dead end (grammar.DEAD_END): the sequence fails alone. Its row stays finite, so sampling
+                # it does no NaN arithmetic (which raised in the step and failed the whole batch).
+                seq.grammar.failed = True
+                row[:] = 0.0
+            else:
+                seq.grammar.mask(row)
     return logits
 
 

@@ -32,7 +32,7 @@ from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
 from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
-from inferd.engine.grammar import GrammarError
+from inferd.engine.grammar import DEAD_END, GrammarError
 from inferd.engine.sim.guided import GuidedChooser, sim_grammars
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
@@ -225,6 +225,14 @@ class SimEngine(Engine):
         seq.stream.push(Delta(token_ids=token_ids, text=text, finish_reason=reason, usage=usage, timing=timing,
                               error=error, **(lp or {})))
 
+    def _text(self, seq: SimSequence, token: int, first_piece: int) -> str:
+        """The text `token` adds. Byte tokens (ids below first_piece) go through the sequence's incremental
+        UTF-8 decoder: decoding each alone turned every byte of a multi-byte character into U+FFFD."""
+        if token >= first_piece:
+            held = seq.utf8.decode(b"", final=True)        # bytes of a character cut short: U+FFFD, as HF
+            return held + self.tokenizer.piece(token) if held else self.tokenizer.piece(token)
+        return seq.utf8.decode(self.tokenizer.token_bytes_of(token))
+
     def _guided_token(self, seq: SimSequence, pos: int) -> int | None:
         """A token the sequence's grammar allows (sim.guided), fed to it; None when it allows none."""
         token = self._chooser.choose(seq.grammar, seq.key, pos)
@@ -339,7 +347,7 @@ class SimEngine(Engine):
         tokenizer = self.tokenizer
         gen_ids = tokenizer.generation_ids
         num_gen = len(gen_ids)
-        pieces, first_piece = tokenizer._pieces, tokenizer.first_piece
+        first_piece = tokenizer.first_piece
         now = time.monotonic()
         produced = 0
         self._scheduler.computed(plan)
@@ -354,7 +362,7 @@ class SimEngine(Engine):
             if seq.grammar is not None:
                 token = self._guided_token(seq, pos)
                 if token is None:
-                    self._finish(seq, FinishReason.ERROR, [], "", error="the grammar allows no further token")
+                    self._finish(seq, FinishReason.ERROR, [], "", error=DEAD_END)
                     continue
             else:
                 token = gen_ids[hash((key, pos)) % num_gen]
@@ -367,18 +375,20 @@ class SimEngine(Engine):
             if seq.first_token is None:
                 seq.first_token = now
             if token in seq.stop_ids or (seq.grammar is not None and seq.grammar.terminated):
-                text = seq.matcher.flush() if seq.matcher is not None else ""
+                text = seq.utf8.decode(b"", final=True)
+                if seq.matcher is not None:
+                    text = seq.matcher.push(text)[0] + seq.matcher.flush()
                 self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
                 continue
-            text = pieces[token] if token >= first_piece else tokenizer.decode([token])
+            text = self._text(seq, token, first_piece)
             if seq.matcher is not None:
                 text, stopped = seq.matcher.push(text)
                 if stopped:
                     self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
                     continue
             if pos + 1 >= seq.max_tokens:
-                if seq.matcher is not None:
-                    text += seq.matcher.flush()
+                tail = seq.utf8.decode(b"", final=True)       # a character cut short by max_tokens: U+FFFD
+                text += tail if seq.matcher is None else seq.matcher.push(tail)[0] + seq.matcher.flush()
                 self._finish(seq, FinishReason.LENGTH, [token], text, lp=lp)
                 continue
             if lp is None:

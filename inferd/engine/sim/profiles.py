@@ -232,6 +232,12 @@ class SimTokenizer:
         return ([b""] * _BYTE0 + [bytes([b]) for b in range(256)]
                 + [p.encode() for p in self._pieces[_FIRST_PIECE:]])
 
+    def token_bytes_of(self, token_id: int) -> bytes:
+        """One id's bytes (a byte token's byte; a special's none)."""
+        if _BYTE0 <= token_id < _FIRST_PIECE:
+            return bytes([token_id - _BYTE0])
+        return b"" if token_id < _BYTE0 else self._pieces[token_id].encode()
+
     def piece(self, token_id: int) -> str:
         """The text one generated token adds (specials add nothing)."""
         return self._pieces[token_id]

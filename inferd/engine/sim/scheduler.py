@@ -12,6 +12,7 @@ No time, no tokens, no event loop: SimEngine (the simulated executor) asks for e
 """
 from __future__ import annotations
 
+import codecs
 import time
 
 from inferd.engine.base import Capacity, blocks_for
@@ -27,7 +28,7 @@ class SimSequence(Sequence):
     """One request inside the sim: the shared scheduler's sequence, plus what the engine needs to emit tokens."""
 
     __slots__ = ("stream", "max_tokens", "key", "stop_ids", "eos_threshold", "matcher", "submitted",
-                 "first_scheduled", "first_token", "done", "logprobs", "prompt_logprobs")
+                 "first_scheduled", "first_token", "done", "logprobs", "prompt_logprobs", "utf8")
 
     def __init__(self, request_id: str, stream: RequestStream, prompt_token_ids: list[int] | tuple[int, ...],
                  max_tokens: int, key: int, stop_ids: frozenset[int], eos_threshold: int,
@@ -45,6 +46,9 @@ class SimSequence(Sequence):
         self.done = False              # its stream has ended
         self.logprobs: int | None = None           # synthetic log-probabilities (sim.logprobs), as asked
         self.prompt_logprobs: int | None = None    # and for the prompt, on the first delta (then None)
+        # Raw byte tokens decoded across steps: a grammar asking for non-ASCII text (a schema's "naïve" key,
+        # a choice "café") makes it emit a character's UTF-8 bytes one token each (see SimEngine._text).
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         # self.lora: the name of the LoRA adapter it runs with (its cost: sim.lora)
 
     @property

@@ -13,6 +13,8 @@ import threading
 
 import pytest
 
+from inferd.api.pipeline.guided import GRAMMAR_POOL
+from inferd.api.pipeline.prompt_tokens import OFF_LOOP_MESSAGES, POOL
 from inferd.config import TenantConfig
 from inferd.engine import GrammarError, GrammarUnavailable
 from inferd.types import GuidedDecoding
@@ -43,6 +45,11 @@ class StandIn:
 
     def cached(self, guided: GuidedDecoding) -> bool:
         return self.is_cached
+
+    def cached_matcher(self, guided: GuidedDecoding):
+        # The sim builds its matcher from the cache (else it compiles, through compile() above): "compiled
+        # already" has to hold there too, or the sim's own compile counts as the pipeline's.
+        return self.inner.matcher(guided) if self.is_cached else self.inner.cached_matcher(guided)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -133,6 +140,41 @@ async def test_a_compile_still_running_at_the_deadline_is_a_504(served, stand_in
         gate.set()
     assert fake.entered.is_set()
     assert status == 504 and body["error"]["code"] == "deadline" and "grammar" in body["error"]["message"]
+
+
+async def test_compiles_past_their_deadline_hold_only_the_grammar_pool_not_tokenization(served, stand_in):
+    """xgrammar cannot be interrupted: a compile outlives its request's 504. Two of them (as many as the
+    tokenize pool has threads) must not leave a long prompt, which needs that pool, waiting until its 504."""
+    gate = threading.Event()
+    fake = stand_in(gate=gate)
+    slow = [{**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": {
+        "type": "string", "maxLength": i + 1}}}, "timeout": 0.2} for i in range(POOL.workers + 1)]
+    try:
+        answers = await asyncio.gather(*(post(served, body) for body in slow))
+        assert [status for status, _, _ in answers] == [504] * len(slow)
+        assert fake.entered.is_set() and GRAMMAR_POOL.running == len(fake.calls)    # still compiling
+        long_chat = [{"role": "user", "content": "hi"}] * (OFF_LOOP_MESSAGES + 1)     # tokenized in POOL
+        status, _, body = await post(served, {**CHAT, "messages": long_chat, "timeout": 5})
+        assert status == 200, body
+    finally:
+        gate.set()
+    assert len(fake.calls) <= GRAMMAR_POOL.workers      # the compile queued behind them was dropped, never run
+
+
+async def test_a_refused_schema_sent_again_is_a_400_at_once_even_while_the_pool_is_busy(served):
+    bad = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {
+        "type": "integer", "minimum": 10, "maximum": 1}}}}
+    assert (await post(served, bad))[0] == 400
+    gate = threading.Event()
+    held = [GRAMMAR_POOL.submit(lambda: gate.wait(10)) for _ in range(GRAMMAR_POOL.workers)]
+    try:
+        status, _, body = await post(served, {**bad, "timeout": 5})
+    finally:
+        gate.set()
+    assert status == 400 and body["error"]["code"] == "invalid_schema", body
+    assert "minimum greater than maximum" in body["error"]["message"]
+    for fut in held:
+        fut.result(10)
 
 
 async def test_the_response_cache_key_holds_the_grammar(serve):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from inferd.engine.reference.sampler import Sampler, adjust_logits, candidate_probs, make_rng, sample_one
+from inferd.engine.reference.sampler import (Sampler, adjust_logits, candidate_probs, grammar_masked, make_rng,
+                                             sample_one)
 from inferd.types import SamplingParams
 
 LN2, LN3 = math.log(2), math.log(3)
@@ -246,3 +248,23 @@ def test_a_seeded_penalised_request_draws_the_same_whatever_else_is_batched():
     rngs = [make_rng(None), make_rng(42), None]
     batched = [Sampler().sample(logits, others, rngs, [Ctx([7, 7, 1], 1), ctx, Ctx([0], 1)])[1] for _ in range(20)]
     assert solo == batched and len(set(solo)) > 1
+
+
+class _DeadGrammar:
+    """A grammar that allows no token now (a dead end: inferd.engine.grammar.DEAD_END)."""
+
+    failed = False
+
+    def allowed(self):
+        return np.zeros(8, dtype=bool)
+
+    def mask(self, row):
+        row[:] = -np.inf
+
+
+def test_a_row_whose_grammar_allows_nothing_fails_its_sequence_and_stays_finite_for_the_batch():
+    dead, free = SimpleNamespace(grammar=_DeadGrammar()), SimpleNamespace(grammar=None)
+    logits = np.arange(16, dtype=np.float32).reshape(2, 8)
+    grammar_masked(logits, [dead, free])
+    assert dead.grammar.failed and np.isfinite(logits).all()
+    assert logits[1].tolist() == list(range(8, 16))
