@@ -14,11 +14,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 
 from inferd.artifacts import read_manifest, template_tool_call_format, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.grammar import GrammarError, Grammars
+from inferd.engine.grammar_worker import GrammarWorker
 from inferd.engine.loading import run_load
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer
@@ -110,6 +112,8 @@ class ReferenceEngine(LoraHost, Engine):
                                     eos_token_ids=self.tokenizer.eos_token_ids)
         self._sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}                    # step thread only
+        self._grammar_worker = GrammarWorker(self.grammars)
+        self._deferred: dict[str, Sequence] = {}     # step thread only: submitted, their grammar compiling
 
     async def warmup(self) -> None:
         """A multi-block prompt alongside short ones, through a few decode steps."""
@@ -133,6 +137,7 @@ class ReferenceEngine(LoraHost, Engine):
             self._cond.notify()
         await asyncio.to_thread(thread.join)
         self._waits.close()
+        self._grammar_worker.close()
         # deltas the thread handed over on its way out run before this continuation
         await asyncio.sleep(0)
 
@@ -234,6 +239,10 @@ class ReferenceEngine(LoraHost, Engine):
                 if stop:
                     for seq in list(self._seqs.values()):
                         self._end(seq, FinishReason.ABORT, deltas)
+                    for seq in self._deferred.values():        # their grammar still compiling
+                        self._taken(seq, taken)
+                        self._final(seq, FinishReason.ABORT, deltas)
+                    self._deferred.clear()
                 elif self._scheduler.has_work():
                     self._step(deltas)
                     self._retry_held_adapters()   # sequences that finished may have freed a slot
@@ -251,50 +260,103 @@ class ReferenceEngine(LoraHost, Engine):
             # the queue, perhaps not applied yet) and those still queued. A stream ignores a second
             # final, so one that ended earlier this round keeps its own.
             taken = [seq for kind, seq in commands if kind == "submit"]
-            failed = {id(seq): seq for seq in [*self._seqs.values(), *taken, *queued]}
+            failed = {id(seq): seq for seq in [*self._seqs.values(), *self._deferred.values(), *taken, *queued]}
             log.exception("reference_engine_thread_failed", request_ids=[s.request_id for s in failed.values()])
             for seq in failed.values():
                 out: RequestOutput = seq.engine_state
                 deltas.append((out.stream, out.final(seq, FinishReason.ERROR, time.monotonic(),
                                                      failure_message(seq.request_id))))
             self._seqs.clear()
+            self._deferred.clear()
             self._hand_over(deltas)
 
-    def _apply(self, commands, deltas) -> tuple[int, int, int]:
-        num, blocks, tokens = 0, 0, 0
+    def _apply(self, commands, deltas) -> list[int]:
+        taken = [0, 0, 0]        # requests, blocks, prompt tokens no longer pending (_publish subtracts them)
         for kind, arg in commands:
             if kind == "submit":
-                seq: Sequence = arg  # type: ignore[assignment]
-                num += 1
-                blocks += self._blocks.blocks_needed(seq.num_prompt_tokens)
-                tokens += seq.num_prompt_tokens
-                try:  # everything this request alone needs: if it fails, it fails this request only
-                    seq.engine_state.start(self.tokenizer, seq)
-                    if not seq.sampling.greedy:
-                        seq.rng = make_rng(seq.sampling.seed)
-                    if seq.sampling.guided is not None:    # compiled already by the API: a cache hit
-                        seq.grammar = self.grammars.matcher(seq.sampling.guided)
-                except GrammarError as exc:    # a caller that skipped the API's compile: its message is for the client
-                    deltas.append((seq.engine_state.stream, seq.engine_state.final(
-                        seq, FinishReason.ERROR, time.monotonic(), str(exc))))
-                    continue
-                except Exception:  # e.g. the tokenizer rejects the prompt ids
-                    with request_context(seq.request_id):
-                        log.exception("request_setup_failed")
-                    deltas.append((seq.engine_state.stream, seq.engine_state.final(
-                        seq, FinishReason.ERROR, time.monotonic(), failure_message(seq.request_id))))
-                    continue
-                self._seqs[seq.request_id] = seq
-                if self._waits.attach(seq):      # else it waits for its adapter to load
-                    self._scheduler.add(seq)
+                if self._begin(arg, deltas):     # else its grammar compiles first: still pending
+                    self._taken(arg, taken)  # type: ignore[arg-type]
+            elif kind == "compiled":
+                seq, compiled = arg  # type: ignore[misc]
+                if self._deferred.get(seq.request_id) is seq:     # else aborted while it compiled
+                    del self._deferred[seq.request_id]
+                    self._taken(seq, taken)
+                    self._compiled(seq, compiled, deltas)
             elif kind == "adapter":
                 self._adapter_read(*arg, deltas)  # type: ignore[misc]
+            elif (parked := self._deferred.pop(arg, None)) is not None:  # type: ignore[arg-type]
+                self._taken(parked, taken)
+                self._final(parked, FinishReason.ABORT, deltas)     # aborted before it ever started
             else:
                 seq = self._seqs.get(arg)  # type: ignore[arg-type]
                 if seq is not None:
                     self._end(seq, FinishReason.ABORT, deltas)
         self._retry_held_adapters()
-        return num, blocks, tokens
+        return taken
+
+    def _taken(self, seq: Sequence, taken: list[int]) -> None:
+        taken[0] += 1
+        taken[1] += self._blocks.blocks_needed(seq.num_prompt_tokens)
+        taken[2] += seq.num_prompt_tokens
+
+    def _begin(self, seq: Sequence, deltas) -> bool:
+        """Set a submitted sequence up and schedule it (or end it with its error); False when its grammar is
+        not compiled (evicted while it waited, or a caller that skipped the API's compile): it compiles on
+        the GrammarWorker, never on this thread, and comes back as a "compiled" command."""
+        try:  # everything this request alone needs: if it fails, it fails this request only
+            seq.engine_state.start(self.tokenizer, seq)
+            if not seq.sampling.greedy:
+                seq.rng = make_rng(seq.sampling.seed)
+            if seq.sampling.guided is not None:
+                ready = self._grammar_worker.ready(seq.sampling.guided)
+                if isinstance(ready, GrammarError):
+                    raise ready
+                if ready is None:
+                    self._deferred[seq.request_id] = seq
+                    self._grammar_worker.compile(seq.sampling.guided).add_done_callback(
+                        lambda fut: self._command("compiled", (seq, fut)))
+                    return False
+                seq.grammar = ready
+        except GrammarError as exc:    # the client's grammar: its message is for the client
+            self._final(seq, FinishReason.ERROR, deltas, str(exc))
+            return True
+        except Exception:  # e.g. the tokenizer rejects the prompt ids
+            with request_context(seq.request_id):
+                log.exception("request_setup_failed")
+            self._final(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))
+            return True
+        self._install(seq)
+        return True
+
+    def _compiled(self, seq: Sequence, compiled: Future, deltas) -> None:
+        """A deferred sequence's grammar compiled (or was refused): schedule it with its matcher."""
+        try:
+            seq.grammar = self.grammars.matcher(seq.sampling.guided, compiled.result())
+        except GrammarError as exc:
+            self._final(seq, FinishReason.ERROR, deltas, str(exc))
+            return
+        except (Exception, CancelledError):   # a bug, not the client's grammar: its stream still ends
+            with request_context(seq.request_id):
+                log.exception("grammar_compile_failed")
+            self._final(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))
+            return
+        self._install(seq)
+
+    def _install(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        if self._waits.attach(seq):      # else it waits for its adapter to load
+            self._scheduler.add(seq)
+
+    def _command(self, kind: str, arg: object) -> None:
+        """A command from another thread (a compile's end), for the step thread's next round."""
+        with self._cond:
+            self._commands.append((kind, arg))
+            self._cond.notify()
+
+    def _final(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
+        """The final delta of a sequence the scheduler never held."""
+        out: RequestOutput = seq.engine_state
+        deltas.append((out.stream, out.final(seq, reason, time.monotonic(), error)))
 
     def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
         if not self._waits.discard(seq, reason):
@@ -387,7 +449,7 @@ class ReferenceEngine(LoraHost, Engine):
             seq.engine_state.prompt_logits(seq, seq.num_computed_tokens, chunk)
         return logits
 
-    def _publish(self, taken: tuple[int, int, int]) -> None:
+    def _publish(self, taken: list[int]) -> None:
         sched, blocks_needed = self._scheduler, self._blocks.blocks_needed
         waiting = [*sched.waiting, *self._waits.waiting()]     # the latter wait for their adapter
         reserved = sum(blocks_needed(s.num_tokens) for s in waiting)
