@@ -48,6 +48,8 @@ class ReferenceEngine(LoraHost, Engine):
     at most loaded at once, each unloaded after `adapter_idle_unload_s` unused (None: until evicted).
     With `adapter_trusted_keys` (fingerprint -> .pub path) an adapter loads only if signed by one of them."""
 
+    compiles_missed_grammars = True      # on its GrammarWorker, never on the step thread (_begin)
+
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
                  max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None,

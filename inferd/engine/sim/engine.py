@@ -58,6 +58,8 @@ _cpu = time.thread_time
 class SimEngine(Engine):
     """`lora_adapters`: the adapter names requests may use (an AdapterHost; rank `lora_rank`, cost sim.lora)."""
 
+    compiles_missed_grammars = True      # on its GrammarWorker (sim.guided.Compiling), never on the loop
+
     def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
                  max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
                  model_name: str = "sim", max_model_len: int = 8192, seed: int = 0,
