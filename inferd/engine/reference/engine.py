@@ -14,22 +14,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import CancelledError, Future
 from pathlib import Path
 
 from inferd.artifacts import read_manifest, template_tool_call_format, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
-from inferd.engine.grammar import GrammarError, Grammars
+from inferd.engine.grammar import Grammars
 from inferd.engine.grammar_worker import GrammarWorker
 from inferd.engine.loading import run_load
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer
 from inferd.engine.validation import failure_message, validate_request
 from inferd.engine.reference.adapter_host import LoraHost
+from inferd.engine.reference.admission import Admission
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
-from inferd.engine.reference.sampler import Sampler, grammar_masked, make_rng, token_logprobs
+from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.sequence import Sequence, prefix_salt
 from inferd.observability import get_logger, request_context
@@ -39,7 +39,7 @@ log = get_logger(__name__)
 _EMA = 0.1
 
 
-class ReferenceEngine(LoraHost, Engine):
+class ReferenceEngine(LoraHost, Admission, Engine):
     """`info` and `tokenizer` are set by start(). `step_observer` (see Engine) gets each step's wall
     time, on the step thread.
 
@@ -48,7 +48,7 @@ class ReferenceEngine(LoraHost, Engine):
     at most loaded at once, each unloaded after `adapter_idle_unload_s` unused (None: until evicted).
     With `adapter_trusted_keys` (fingerprint -> .pub path) an adapter loads only if signed by one of them."""
 
-    compiles_missed_grammars = True      # on its GrammarWorker, never on the step thread (_begin)
+    compiles_missed_grammars = True      # on its GrammarWorker, never on the step thread (admission)
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
@@ -295,70 +295,6 @@ class ReferenceEngine(LoraHost, Engine):
                     self._end(seq, FinishReason.ABORT, deltas)
         self._retry_held_adapters()
         return taken
-
-    def _taken(self, seq: Sequence, taken: list[int]) -> None:
-        taken[0] += 1
-        taken[1] += self._blocks.blocks_needed(seq.num_prompt_tokens)
-        taken[2] += seq.num_prompt_tokens
-
-    def _begin(self, seq: Sequence, deltas) -> bool:
-        """Set a submitted sequence up and schedule it (or end it with its error); False when its grammar is
-        not compiled (evicted while it waited, or a caller that skipped the API's compile): it compiles on
-        the GrammarWorker, never on this thread, and comes back as a "compiled" command."""
-        try:  # everything this request alone needs: if it fails, it fails this request only
-            seq.engine_state.start(self.tokenizer, seq)
-            if not seq.sampling.greedy:
-                seq.rng = make_rng(seq.sampling.seed)
-            if seq.sampling.guided is not None:
-                ready = self._grammar_worker.ready(seq.sampling.guided)
-                if isinstance(ready, GrammarError):
-                    raise ready
-                if ready is None:
-                    self._deferred[seq.request_id] = seq
-                    self._grammar_worker.compile(seq.sampling.guided).add_done_callback(
-                        lambda fut: self._command("compiled", (seq, fut)))
-                    return False
-                seq.grammar = ready
-        except GrammarError as exc:    # the client's grammar: its message is for the client
-            self._final(seq, FinishReason.ERROR, deltas, str(exc))
-            return True
-        except Exception:  # e.g. the tokenizer rejects the prompt ids
-            with request_context(seq.request_id):
-                log.exception("request_setup_failed")
-            self._final(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))
-            return True
-        self._install(seq)
-        return True
-
-    def _compiled(self, seq: Sequence, compiled: Future, deltas) -> None:
-        """A deferred sequence's grammar compiled (or was refused): schedule it with its matcher."""
-        try:
-            seq.grammar = self.grammars.matcher(seq.sampling.guided, compiled.result())
-        except GrammarError as exc:
-            self._final(seq, FinishReason.ERROR, deltas, str(exc))
-            return
-        except (Exception, CancelledError):   # a bug, not the client's grammar: its stream still ends
-            with request_context(seq.request_id):
-                log.exception("grammar_compile_failed")
-            self._final(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))
-            return
-        self._install(seq)
-
-    def _install(self, seq: Sequence) -> None:
-        self._seqs[seq.request_id] = seq
-        if self._waits.attach(seq):      # else it waits for its adapter to load
-            self._scheduler.add(seq)
-
-    def _command(self, kind: str, arg: object) -> None:
-        """A command from another thread (a compile's end), for the step thread's next round."""
-        with self._cond:
-            self._commands.append((kind, arg))
-            self._cond.notify()
-
-    def _final(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
-        """The final delta of a sequence the scheduler never held."""
-        out: RequestOutput = seq.engine_state
-        deltas.append((out.stream, out.final(seq, reason, time.monotonic(), error)))
 
     def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
         if not self._waits.discard(seq, reason):

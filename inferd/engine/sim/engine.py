@@ -39,7 +39,7 @@ from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
 from inferd.engine.sim.logprobs import synthetic_logprob, synthetic_prompt_logprobs
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
-from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, GuidedDecoding, Usage
+from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
 log = get_logger("inferd.engine.sim")   # the name operators filter on; it predates the sim package
 _EOS_SCALE = 1 << 20
