@@ -127,6 +127,9 @@ class Engine(abc.ABC):
     # This engine's compiled grammars (inferd.engine.grammar), for requests with SamplingParams.guided;
     # None: it cannot constrain its output (the API answers 400 naming the field that asked).
     grammars: Grammars | None = None
+    # True: a request whose grammar `grammars` has not compiled may still be submitted: the engine compiles
+    # it off its step (inferd.engine.grammar_worker). False (trtllm): it refuses such a request.
+    compiles_missed_grammars: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:

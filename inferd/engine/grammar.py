@@ -21,6 +21,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -120,6 +121,8 @@ class Grammars:
         self._cache: OrderedDict[GuidedDecoding, tuple[Any, int]] = OrderedDict()   # value: (grammar | error, bytes)
         self._bytes = 0
         self._verdicts: OrderedDict[bytes, str] = OrderedDict()    # digest -> "" (compiled) or the refusal
+        # grammar -> the compile running for it: a second caller waits for it rather than compiling again
+        self._flights: dict[GuidedDecoding, Future] = {}
         self.compiles = 0            # compiles done (a cached grammar, or a cached refusal, compiles nothing)
 
     @classmethod
@@ -167,16 +170,45 @@ class Grammars:
         return hit is not None and not isinstance(hit[0], GrammarError)
 
     def compile(self, guided: GuidedDecoding) -> Any:
-        """The compiled grammar (an xgrammar CompiledGrammar); blocking. Raises GrammarError."""
+        """The compiled grammar (an xgrammar CompiledGrammar); blocking. Raises GrammarError.
+
+        Single-flight: while one caller compiles `guided`, another waits for its result (see in_flight)
+        instead of compiling it too. Only a caller already compiling is ever waited for, so waiters cannot
+        starve it of a pool thread."""
         with self._lock:
             hit = self._cache.get(guided)
+            flight, leader = None, False
             if hit is not None:
                 self._cache.move_to_end(guided)
-        if hit is None:
+            else:
+                flight = self._flights.get(guided)
+                if flight is None:
+                    leader, flight = True, self._flights.setdefault(guided, _Flight())
+        if hit is not None:
+            if isinstance(hit[0], GrammarError):
+                raise GrammarError(str(hit[0]))
+            return hit[0]
+        if not leader:
+            return _result(flight)
+        try:
             hit = self._compile_new(guided)
+        except BaseException as exc:     # e.g. over the size bound, xgrammar missing: the waiters get it too
+            flight.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._flights.pop(guided, None)
         if isinstance(hit[0], GrammarError):
+            flight.set_exception(hit[0])
             raise GrammarError(str(hit[0]))
+        flight.set_result(hit[0])
         return hit[0]
+
+    def in_flight(self, guided: GuidedDecoding) -> Future | None:
+        """The compile of `guided` running now (its result: the compiled grammar, or GrammarError), if any:
+        a caller on the event loop awaits it (asyncio.wrap_future) rather than holding a thread to wait."""
+        with self._lock:
+            return self._flights.get(guided)
 
     def _compile_new(self, guided: GuidedDecoding) -> tuple[Any, int]:
         if len(guided.spec.encode()) > MAX_SPEC_BYTES:   # not cached: the key itself would be the cost
@@ -225,9 +257,11 @@ class Grammars:
             raise GrammarError(f"the {kind.replace('_', ' ')} admits no output")
         return compiled
 
-    def matcher(self, guided: GuidedDecoding) -> GrammarState:
-        """A fresh matcher for one sequence (compiles on a cache miss: blocking)."""
-        compiled = self.compile(guided)
+    def matcher(self, guided: GuidedDecoding, compiled: Any = None) -> GrammarState:
+        """A fresh matcher for one sequence (compiles on a cache miss: blocking); `compiled`: what compile()
+        returned for `guided` (then nothing compiles, even if the cache evicted it since)."""
+        if compiled is None:
+            compiled = self.compile(guided)
         return GrammarState(compiled, self.vocab_size, self._banned(guided.kind))
 
     def cached_matcher(self, guided: GuidedDecoding) -> GrammarState | None:
@@ -244,6 +278,23 @@ class Grammars:
         # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids
         # (Python's json.loads refuses them); compact JSON has no other place for them either.
         return self._not_json if kind in ("json_schema", "json_object") else None
+
+
+class _Flight(Future):
+    """One compile's result, for the callers waiting on it (a class of its own: tests watch it). Running
+    from the start: a waiter that leaves cannot cancel it for the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_running_or_notify_cancel()
+
+
+def _result(flight: Future) -> Any:
+    """The flight's compiled grammar; its error raised afresh in this thread (not the leader's traceback)."""
+    try:
+        return flight.result()
+    except GrammarError as exc:
+        raise type(exc)(str(exc)) from None
 
 
 def _check_schema(spec: str) -> None:

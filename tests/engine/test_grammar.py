@@ -141,3 +141,79 @@ def test_json_never_allows_a_control_character(grammars):
     regex = grammars.matcher(GuidedDecoding(kind="regex", spec="a\\nb"))
     regex.accept(TOKENIZER.token_to_id("a"))
     assert regex.allowed()[TOKENIZER.token_to_id("\n")]          # other grammars may ask for one
+
+
+def _gated_compiles(grammars, monkeypatch):
+    """Make grammars' compiles wait for `release`; `second` is set when a second caller either compiles too
+    or waits for the first's flight (whichever it does)."""
+    import threading
+
+    from inferd.engine import grammar as grammar_module
+
+    entered, release, second = threading.Event(), threading.Event(), threading.Event()
+    runs: list[str] = []
+    real = grammars._run_compiler
+
+    def gated(compiler, guided):
+        runs.append(guided.spec)
+        if len(runs) > 1:
+            second.set()
+        entered.set()
+        assert release.wait(30)
+        return real(compiler, guided)
+
+    class WatchedFlight(grammar_module._Flight):
+        def result(self, timeout=None):
+            second.set()
+            return super().result(timeout)
+
+    monkeypatch.setattr(grammars, "_run_compiler", gated)
+    monkeypatch.setattr(grammar_module, "_Flight", WatchedFlight)
+    return entered, release, second, runs
+
+
+def test_concurrent_compiles_of_one_grammar_compile_once(grammars, monkeypatch):
+    import threading
+
+    entered, release, second, runs = _gated_compiles(grammars, monkeypatch)
+    results: list = [None, None]
+
+    def call(i: int) -> None:
+        results[i] = grammars.compile(SCHEMA)
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    assert entered.wait(30)
+    assert grammars.in_flight(SCHEMA) is not None
+    other = threading.Thread(target=call, args=(1,))
+    other.start()
+    assert second.wait(30)        # the second caller waits for the first (or, wrongly, compiles too)
+    release.set()
+    first.join(30), other.join(30)
+    assert runs == [SCHEMA.spec] and results[0] is results[1] is not None
+    assert grammars.in_flight(SCHEMA) is None
+
+
+def test_a_refusal_reaches_every_caller_waiting_on_its_compile(grammars, monkeypatch):
+    import threading
+
+    bad = GuidedDecoding(kind="regex", spec="(")
+    entered, release, second, runs = _gated_compiles(grammars, monkeypatch)
+    errors: list = []
+
+    def call() -> None:
+        try:
+            grammars.compile(bad)
+        except GrammarError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call)]
+    threads[0].start()
+    assert entered.wait(30)
+    threads.append(threading.Thread(target=call))
+    threads[1].start()
+    assert second.wait(30)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert len(runs) == 1 and len(errors) == 2 and str(errors[0]) == str(errors[1])

@@ -5,8 +5,10 @@ Schemas are what Hypothesis draws from the keywords xgrammar implements (type, p
 additionalProperties, items, min/maxItems, min/maxLength, minimum/maximum, enum, const, anyOf): nested up to
 8 leaves, half of them under an object, array or anyOf at the top, with bounds drawn independently so some
 contradict each other (minimum > maximum, ...): those must be a GrammarError (the API's 400), never anything
-else. Keywords xgrammar 0.2.8 ignores (`not`; `allOf` with several members, of which it warns) are left out:
-it would accept output they forbid.
+else. About a quarter of the schemas also carry one thing inferd.engine.schema_check refuses (a keyword
+xgrammar would compile without enforcing: `not`, `if`/`then`, `allOf` with two members, `uniqueItems`,
+`contains`, `dependentRequired`, ...; a negative bound; a `required` name `properties` lacks), at the top or
+inside a property: those must be a GrammarError naming that keyword, whatever else the schema holds.
 
 Output comes from tests/engine/grammar_walk.py: seeded random logits under the grammar's mask, with a
 bias toward closing tokens that grows with length (without it a random walk almost never closes a
@@ -81,18 +83,57 @@ def containers(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
 NESTED = st.recursive(leaves(), containers, max_leaves=8)
 SCHEMAS = st.one_of(NESTED, containers(NESTED))      # half of them an object, array or anyOf at the top
 
+# (the keyword the refusal names, what is merged into a schema); each is refused by schema_check
+POISONS = [
+    ("not", {"not": {"type": "null"}}),
+    ("if", {"if": {"type": "integer"}, "then": {"minimum": 1}}),
+    ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 1}]}),
+    ("uniqueItems", {"uniqueItems": True}),
+    ("contains", {"contains": {"type": "integer"}}),
+    ("minContains", {"minContains": 1}),
+    ("maxContains", {"maxContains": 2}),
+    ("dependentRequired", {"dependentRequired": {"a": ["b"]}}),
+    ("dependentSchemas", {"dependentSchemas": {"a": {"required": ["b"]}}}),
+    ("dependencies", {"dependencies": {"a": ["b"]}}),
+    ("minLength", {"minLength": -1}),
+    ("maxItems", {"maxItems": -3}),
+    ("required", {"type": "object", "properties": {}, "required": ["ghost"]}),
+]
+
+
+@st.composite
+def refused_schemas(draw) -> tuple[dict, str]:
+    """A generated schema with one poison merged in, at its top or as a property of an object around it."""
+    keyword, poison = draw(st.sampled_from(POISONS))
+    schema = {**draw(SCHEMAS), **poison}
+    if draw(st.booleans()):
+        schema = {"type": "object", "properties": {"p": schema}, "required": ["p"]}
+    return schema, keyword
+
+
+@st.composite
+def cases(draw) -> tuple[dict, str | None]:
+    """(schema, the keyword it must be refused for, or None): a quarter of them poisoned."""
+    if draw(st.integers(0, 3)) == 3:
+        return draw(refused_schemas())
+    return draw(SCHEMAS), None
+
 
 @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(SCHEMAS, st.integers(0, 2**32 - 1))
-def test_generated_schemas_compile_or_are_refused_and_output_validates(schema, seed):
+@given(cases(), st.integers(0, 2**32 - 1))
+def test_generated_schemas_compile_or_are_refused_and_output_validates(case, seed):
+    schema, poison = case
     guided = GuidedDecoding(kind="json_schema", spec=json.dumps(schema, separators=(",", ":"), sort_keys=True))
     try:
         state = GRAMMARS.matcher(guided)
     except GrammarError as exc:
         assert str(exc)          # a clean refusal with a reason: the API's 400
-        event("refused")
+        if poison is not None:   # refused for what it holds, before xgrammar saw it
+            assert f"`{poison}`" in str(exc) and "at #" in str(exc), (poison, str(exc))
+        event("refused (unenforced keyword)" if poison else "refused")
         return
+    assert poison is None, f"{guided.spec} holds `{poison}`, which must be refused"
     event("compiled")
     text = WALK.text(state, seed)
     event(f"output of {len(text or '') // 20 * 20}+ characters")

@@ -11,12 +11,13 @@ deadline passes, and cached grammars need no thread at all. The
 engine's Grammars caches compiled grammars (and refusals) per tokenizer, so a second request with the
 same schema compiles nothing (nor waits for a pool thread); the engine finds it in that cache when it builds
 the request's matcher. A refusal is remembered too (Grammars.verdict): a client repeating a bad schema gets
-its 400 at once, even while slow compiles hold every pool thread.
+its 400 at once, even while slow compiles hold every pool thread. A request whose grammar another request
+is compiling now awaits that compile (Grammars.in_flight) on the loop: N identical requests hold one thread.
 """
 from __future__ import annotations
 
 from inferd.api.errors import TIMEOUT, ApiError, invalid
-from inferd.api.pipeline.prompt_tokens import TokenizerPool
+from inferd.api.pipeline.prompt_tokens import TokenizerPool, wait
 from inferd.api.wire.openai import Prepared
 from inferd.engine import Engine, GrammarError, GrammarUnavailable
 
@@ -44,7 +45,11 @@ async def compile_guided(engine: Engine, p: Prepared, deadline: float) -> None:
     try:
         if refused:                    # refused for an earlier request: the same 400, without a pool thread
             raise GrammarError(refused)
-        await GRAMMAR_POOL.run(lambda: grammars.compile(guided), deadline)
+        flight = grammars.in_flight(guided)
+        if flight is not None:         # another request is compiling it: await that compile, on no thread
+            await wait(flight, deadline, shield=True)
+        else:
+            await GRAMMAR_POOL.run(lambda: grammars.compile(guided), deadline)
     except GrammarUnavailable:
         raise invalid(f"{param}: structured output needs xgrammar, which this server lacks (install "
                       "inferd[structured]).", param=param, code="structured_output_unavailable") from None

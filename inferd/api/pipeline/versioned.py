@@ -127,10 +127,24 @@ def mirror_to_shadow(state: ServerState, route: Route, live_engine: Engine, prom
         shadows.recorder.dropped(route.shadow)
         return
     engine = table.engine(route.shadow)
-    if engine.tokenizer.vocab_size != live_engine.tokenizer.vocab_size:
+    if engine.tokenizer.vocab_size != live_engine.tokenizer.vocab_size or not _takes_grammar(engine, sampling):
         shadows.recorder.dropped(route.shadow)
         return
     shadows.mirror(route.shadow, engine, prompt_ids, sampling, tenant)
+
+
+def _takes_grammar(engine: Engine, sampling: SamplingParams) -> bool:
+    """Whether the shadow can run the request's grammar without its own 400: the API compiled it with the
+    live engine's grammars, not the shadow's. A shadow that compiled it before takes it; one that compiles
+    a missed grammar itself, off its step (Engine.compiles_missed_grammars: reference, sim), takes it too;
+    TensorRT-LLM refuses a grammar its grammars never compiled, so it is not mirrored there (dropped)."""
+    guided = sampling.guided
+    if guided is None:
+        return True
+    if engine.grammars is None:
+        return False
+    verdict = engine.grammars.verdict(guided)
+    return verdict == "" or (verdict is None and engine.compiles_missed_grammars)
 
 
 def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] = lambda name: True) -> list[dict]:

@@ -18,16 +18,18 @@ from pathlib import Path
 
 from inferd.artifacts import read_manifest, template_tool_call_format, verify_artifact
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
-from inferd.engine.grammar import GrammarError, Grammars
+from inferd.engine.grammar import Grammars
+from inferd.engine.grammar_worker import GrammarWorker
 from inferd.engine.loading import run_load
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import HFTokenizer
 from inferd.engine.validation import failure_message, validate_request
 from inferd.engine.reference.adapter_host import LoraHost
+from inferd.engine.reference.admission import Admission
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.output import RequestOutput
-from inferd.engine.reference.sampler import Sampler, grammar_masked, make_rng, token_logprobs
+from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.sequence import Sequence, prefix_salt
 from inferd.observability import get_logger, request_context
@@ -37,7 +39,7 @@ log = get_logger(__name__)
 _EMA = 0.1
 
 
-class ReferenceEngine(LoraHost, Engine):
+class ReferenceEngine(LoraHost, Admission, Engine):
     """`info` and `tokenizer` are set by start(). `step_observer` (see Engine) gets each step's wall
     time, on the step thread.
 
@@ -45,6 +47,8 @@ class ReferenceEngine(LoraHost, Engine):
     (adapter_registry); a request naming one runs with it, loaded on first use, `max_loaded_adapters`
     at most loaded at once, each unloaded after `adapter_idle_unload_s` unused (None: until evicted).
     With `adapter_trusted_keys` (fingerprint -> .pub path) an adapter loads only if signed by one of them."""
+
+    compiles_missed_grammars = True      # on its GrammarWorker, never on the step thread (admission)
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
@@ -110,6 +114,8 @@ class ReferenceEngine(LoraHost, Engine):
                                     eos_token_ids=self.tokenizer.eos_token_ids)
         self._sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}                    # step thread only
+        self._grammar_worker = GrammarWorker(self.grammars)
+        self._deferred: dict[str, Sequence] = {}     # step thread only: submitted, their grammar compiling
 
     async def warmup(self) -> None:
         """A multi-block prompt alongside short ones, through a few decode steps."""
@@ -133,6 +139,7 @@ class ReferenceEngine(LoraHost, Engine):
             self._cond.notify()
         await asyncio.to_thread(thread.join)
         self._waits.close()
+        self._grammar_worker.close()
         # deltas the thread handed over on its way out run before this continuation
         await asyncio.sleep(0)
 
@@ -234,6 +241,10 @@ class ReferenceEngine(LoraHost, Engine):
                 if stop:
                     for seq in list(self._seqs.values()):
                         self._end(seq, FinishReason.ABORT, deltas)
+                    for seq in self._deferred.values():        # their grammar still compiling
+                        self._taken(seq, taken)
+                        self._final(seq, FinishReason.ABORT, deltas)
+                    self._deferred.clear()
                 elif self._scheduler.has_work():
                     self._step(deltas)
                     self._retry_held_adapters()   # sequences that finished may have freed a slot
@@ -251,50 +262,39 @@ class ReferenceEngine(LoraHost, Engine):
             # the queue, perhaps not applied yet) and those still queued. A stream ignores a second
             # final, so one that ended earlier this round keeps its own.
             taken = [seq for kind, seq in commands if kind == "submit"]
-            failed = {id(seq): seq for seq in [*self._seqs.values(), *taken, *queued]}
+            failed = {id(seq): seq for seq in [*self._seqs.values(), *self._deferred.values(), *taken, *queued]}
             log.exception("reference_engine_thread_failed", request_ids=[s.request_id for s in failed.values()])
             for seq in failed.values():
                 out: RequestOutput = seq.engine_state
                 deltas.append((out.stream, out.final(seq, FinishReason.ERROR, time.monotonic(),
                                                      failure_message(seq.request_id))))
             self._seqs.clear()
+            self._deferred.clear()
             self._hand_over(deltas)
 
-    def _apply(self, commands, deltas) -> tuple[int, int, int]:
-        num, blocks, tokens = 0, 0, 0
+    def _apply(self, commands, deltas) -> list[int]:
+        taken = [0, 0, 0]        # requests, blocks, prompt tokens no longer pending (_publish subtracts them)
         for kind, arg in commands:
             if kind == "submit":
-                seq: Sequence = arg  # type: ignore[assignment]
-                num += 1
-                blocks += self._blocks.blocks_needed(seq.num_prompt_tokens)
-                tokens += seq.num_prompt_tokens
-                try:  # everything this request alone needs: if it fails, it fails this request only
-                    seq.engine_state.start(self.tokenizer, seq)
-                    if not seq.sampling.greedy:
-                        seq.rng = make_rng(seq.sampling.seed)
-                    if seq.sampling.guided is not None:    # compiled already by the API: a cache hit
-                        seq.grammar = self.grammars.matcher(seq.sampling.guided)
-                except GrammarError as exc:    # a caller that skipped the API's compile: its message is for the client
-                    deltas.append((seq.engine_state.stream, seq.engine_state.final(
-                        seq, FinishReason.ERROR, time.monotonic(), str(exc))))
-                    continue
-                except Exception:  # e.g. the tokenizer rejects the prompt ids
-                    with request_context(seq.request_id):
-                        log.exception("request_setup_failed")
-                    deltas.append((seq.engine_state.stream, seq.engine_state.final(
-                        seq, FinishReason.ERROR, time.monotonic(), failure_message(seq.request_id))))
-                    continue
-                self._seqs[seq.request_id] = seq
-                if self._waits.attach(seq):      # else it waits for its adapter to load
-                    self._scheduler.add(seq)
+                if self._begin(arg, deltas):     # else its grammar compiles first: still pending
+                    self._taken(arg, taken)  # type: ignore[arg-type]
+            elif kind == "compiled":
+                seq, compiled = arg  # type: ignore[misc]
+                if self._deferred.get(seq.request_id) is seq:     # else aborted while it compiled
+                    del self._deferred[seq.request_id]
+                    self._taken(seq, taken)
+                    self._compiled(seq, compiled, deltas)
             elif kind == "adapter":
                 self._adapter_read(*arg, deltas)  # type: ignore[misc]
+            elif (parked := self._deferred.pop(arg, None)) is not None:  # type: ignore[arg-type]
+                self._taken(parked, taken)
+                self._final(parked, FinishReason.ABORT, deltas)     # aborted before it ever started
             else:
                 seq = self._seqs.get(arg)  # type: ignore[arg-type]
                 if seq is not None:
                     self._end(seq, FinishReason.ABORT, deltas)
         self._retry_held_adapters()
-        return num, blocks, tokens
+        return taken
 
     def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
         if not self._waits.discard(seq, reason):
@@ -387,7 +387,7 @@ class ReferenceEngine(LoraHost, Engine):
             seq.engine_state.prompt_logits(seq, seq.num_computed_tokens, chunk)
         return logits
 
-    def _publish(self, taken: tuple[int, int, int]) -> None:
+    def _publish(self, taken: list[int]) -> None:
         sched, blocks_needed = self._scheduler, self._blocks.blocks_needed
         waiting = [*sched.waiting, *self._waits.waiting()]     # the latter wait for their adapter
         reserved = sum(blocks_needed(s.num_tokens) for s in waiting)

@@ -32,14 +32,14 @@ from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
 from inferd.engine.validation import failure_message, seed64, validate_request
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
-from inferd.engine.grammar import DEAD_END, GrammarError
-from inferd.engine.sim.guided import GuidedChooser, sim_grammars
+from inferd.engine.grammar import DEAD_END, GrammarState
+from inferd.engine.sim.guided import Compiling, GuidedChooser, sim_grammars
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
 from inferd.engine.sim.logprobs import synthetic_logprob, synthetic_prompt_logprobs
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
-from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, GuidedDecoding, Usage
+from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
 log = get_logger("inferd.engine.sim")   # the name operators filter on; it predates the sim package
 _EOS_SCALE = 1 << 20
@@ -57,6 +57,8 @@ _cpu = time.thread_time
 
 class SimEngine(Engine):
     """`lora_adapters`: the adapter names requests may use (an AdapterHost; rank `lora_rank`, cost sim.lora)."""
+
+    compiles_missed_grammars = True      # on its GrammarWorker (sim.guided.Compiling), never on the loop
 
     def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
                  max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
@@ -92,8 +94,7 @@ class SimEngine(Engine):
         self._scheduler = SimScheduler(num_kv_blocks=num_kv_blocks, block_size=block_size,
                                        max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
         self._seqs: dict[str, SimSequence] = {}
-        # sequences whose grammar is compiling off the loop (a cache miss): not in the scheduler yet
-        self._compiling: dict[str, asyncio.Task] = {}
+        self._compiling = Compiling(self.grammars)     # grammars missed by the cache compile there (sim.guided)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -129,10 +130,9 @@ class SimEngine(Engine):
                 pass
             except Exception:   # the loop had failed: already logged, its requests already ended
                 pass
-        for compiling in list(self._compiling.values()):
-            compiling.cancel()     # its sequence ends with the others below
         for request_id in list(self._seqs):
-            self.abort(request_id)
+            self.abort(request_id)    # those whose grammar compiles too (their compile is dropped)
+        self._compiling.close()
 
     @property
     def healthy(self) -> bool:
@@ -154,34 +154,16 @@ class SimEngine(Engine):
         self._adapters.acquire(seq, request.lora)
         self._prompt_tokens += seq.prompt_len
         guided = request.sampling.guided
-        if guided is not None:
-            seq.grammar = self.grammars.cached_matcher(guided)     # compiled already (the API's grammar stage)
-            if seq.grammar is None:
-                task = asyncio.get_running_loop().create_task(self._compile_then_add(seq, guided))
-                self._compiling[seq.request_id] = task
-                return seq.stream
-        self._scheduler.add(seq)
-        self._wakeup.set()
+        ready = self._compiling.ready(guided) if guided is not None else None
+        if guided is not None and ready is None:       # not compiled (or evicted since): compile, then schedule
+            self._compiling.start(seq.request_id, guided, lambda grammar: self._add(seq, grammar),
+                                  lambda why: self._finish(seq, FinishReason.ERROR, [], "",
+                                                           error=why or failure_message(seq.request_id)))
+            return seq.stream
+        self._add(seq, ready)
         return seq.stream
 
-    async def _compile_then_add(self, seq: SimSequence, guided: GuidedDecoding) -> None:
-        """A grammar not compiled yet (a caller that skipped the API's grammar stage, or one evicted since)
-        compiles on a worker thread; the sequence is scheduled once it is."""
-        try:
-            await asyncio.to_thread(self.grammars.compile, guided)
-            grammar = self.grammars.matcher(guided)
-        except GrammarError as exc:
-            if not seq.done:
-                self._finish(seq, FinishReason.ERROR, [], "", error=str(exc))
-            return
-        except Exception:    # a bug, not the client's grammar: its stream still ends
-            log.exception("sim_grammar_compile_failed", request_id=seq.request_id)
-            if not seq.done:
-                self._finish(seq, FinishReason.ERROR, [], "", error=failure_message(seq.request_id))
-            return
-        if seq.done:
-            return              # aborted (or closed) meanwhile
-        del self._compiling[seq.request_id]
+    def _add(self, seq: SimSequence, grammar: GrammarState | None) -> None:
         seq.grammar = grammar
         self._scheduler.add(seq)
         self._wakeup.set()
@@ -217,7 +199,7 @@ class SimEngine(Engine):
         seq.done = True
         del self._seqs[seq.request_id]
         self._adapters.release(seq)
-        if self._compiling.pop(seq.request_id, None) is None:
+        if not self._compiling.discard(seq.request_id):
             self._scheduler.remove(seq, reason)
         timing = EngineTiming(submitted=seq.submitted, first_scheduled=seq.first_scheduled,
                               first_token=seq.first_token, finished=time.monotonic())

@@ -25,17 +25,17 @@ CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_to
 
 
 class StandIn:
-    """A Grammars that records its compiles (thread, grammar), raises `error` if set, and blocks on `gate`
+    """A Grammars that records its compiles (thread name, grammar), raises `error` if set, and blocks on `gate`
     if set; the rest of the engine's Grammars interface goes to `inner` (None before a real one exists)."""
 
     def __init__(self, inner, error: Exception | None = None, gate: threading.Event | None = None,
                  cached: bool = False) -> None:
         self.inner, self.error, self.gate, self.is_cached = inner, error, gate, cached
-        self.calls: list[tuple[int, GuidedDecoding]] = []
+        self.calls: list[tuple[str, GuidedDecoding]] = []       # (thread name, grammar)
         self.entered = threading.Event()
 
     def compile(self, guided: GuidedDecoding):
-        self.calls.append((threading.get_ident(), guided))
+        self.calls.append((threading.current_thread().name, guided))
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(10)
@@ -76,7 +76,8 @@ async def test_the_grammar_compiles_in_the_pool_not_on_the_event_loop(served, st
     fake = stand_in()
     status, _, body = await post(served, {**CHAT, "response_format": FORMAT})
     assert status == 200, body
-    assert fake.calls and all(thread != threading.get_ident() for thread, _ in fake.calls)
+    # GRAMMAR_POOL's threads are named "inferd-grammar_<n>" (ThreadPoolExecutor's thread_name_prefix)
+    assert fake.calls and all(thread.startswith("inferd-grammar_") for thread, _ in fake.calls), fake.calls
     guided = fake.calls[0][1]
     assert guided.kind == "json_schema" and guided.spec == '{"type":"object","properties":{"ok":{"type":"boolean"}},' \
                                                            '"required":["ok"]}'
@@ -190,3 +191,37 @@ async def test_the_response_cache_key_holds_the_grammar(serve):
         answers.append(headers.get("X-Inferd-Cache"))
     # the same schema through vLLM's field is the same grammar: the same entry
     assert answers == ["miss", "miss", "hit", "miss", "hit"]
+
+
+async def test_identical_requests_compiling_at_once_compile_once_and_wait_on_the_loop(served, monkeypatch):
+    """The second request awaits the first's compile (Grammars.in_flight) on the event loop: one compile,
+    one pool thread."""
+    from inferd.api.pipeline import guided as guided_module
+
+    grammars = served.engine.grammars
+    entered, release, second = threading.Event(), threading.Event(), threading.Event()
+    runs: list[str] = []
+    real_run, real_wait = grammars._run_compiler, guided_module.wait
+
+    def gated(compiler, guided):
+        runs.append(guided.spec)
+        (second if len(runs) > 1 else entered).set()
+        release.wait(30)
+        return real_run(compiler, guided)
+
+    async def watched_wait(fut, deadline, **kw):
+        second.set()
+        return await real_wait(fut, deadline, **kw)
+
+    monkeypatch.setattr(grammars, "_run_compiler", gated)
+    monkeypatch.setattr(guided_module, "wait", watched_wait)
+    fmt = {"type": "json_schema", "json_schema": {"name": "once", "schema": {
+        "type": "object", "properties": {"once": {"type": "integer"}}, "required": ["once"]}}}
+    first = asyncio.create_task(post(served, {**CHAT, "response_format": fmt}))
+    assert await asyncio.to_thread(entered.wait, 30)
+    other = asyncio.create_task(post(served, {**CHAT, "response_format": fmt}))
+    assert await asyncio.to_thread(second.wait, 30)
+    release.set()
+    for status, _, body in await asyncio.gather(first, other):
+        assert status == 200, body
+    assert len(runs) == 1

@@ -81,3 +81,48 @@ async def test_admin_adapters_loads_and_unloads_a_trtllm_adapter_and_v1_models_s
     assert status == 200 and body["loaded"] is True and body["rank"] == 2 and body["source"] == str(adapter)
     assert (await served.sdk.completions.create(model="t:support", prompt="hello", max_tokens=2)).usage.completion_tokens == 2
     assert await listed_loaded() is True
+
+
+class _Grammars:
+    def __init__(self, verdict):
+        self._verdict = verdict
+
+    def verdict(self, guided):
+        return self._verdict
+
+
+def _mirror(shadow_engine, sampling):
+    """mirror_to_shadow with stand-ins for the state; returns (mirrored, dropped) counts."""
+    from types import SimpleNamespace
+
+    from inferd.api.pipeline.versioned import mirror_to_shadow
+
+    counts = {"mirrored": 0, "dropped": 0}
+    shadows = SimpleNamespace(
+        recorder=SimpleNamespace(dropped=lambda key: counts.__setitem__("dropped", counts["dropped"] + 1)),
+        mirror=lambda *a: counts.__setitem__("mirrored", counts["mirrored"] + 1))
+    table = SimpleNamespace(is_ready=lambda key: True, engine=lambda key: shadow_engine)
+    state = SimpleNamespace(shadows=shadows, registry=SimpleNamespace(table=table))
+    live = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=100))
+    mirror_to_shadow(state, SimpleNamespace(shadow="m@shadow"), live, (1, 2), sampling, "t")
+    return counts["mirrored"], counts["dropped"]
+
+
+@pytest.mark.parametrize("verdict, compiles_missed, mirrored", [
+    ("", False, True),           # the shadow compiled it before: TensorRT-LLM takes it
+    (None, False, False),        # never compiled there, and trtllm refuses that: dropped, counted
+    (None, True, True),          # reference/sim compile it off their step
+    ("refused: bad", True, False),
+])
+def test_a_guided_request_is_mirrored_only_to_a_shadow_that_can_run_its_grammar(verdict, compiles_missed, mirrored):
+    from types import SimpleNamespace
+
+    from inferd.types import GuidedDecoding, SamplingParams
+
+    shadow = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=100), grammars=_Grammars(verdict),
+                             compiles_missed_grammars=compiles_missed)
+    guided = SamplingParams(max_tokens=4, guided=GuidedDecoding(kind="regex", spec="a+"))
+    assert _mirror(shadow, guided) == ((1, 0) if mirrored else (0, 1))
+    assert _mirror(shadow, SamplingParams(max_tokens=4)) == (1, 0)          # without a grammar: as before
+    assert _mirror(SimpleNamespace(tokenizer=shadow.tokenizer, grammars=None, compiles_missed_grammars=False),
+                   guided) == (0, 1)

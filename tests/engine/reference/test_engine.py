@@ -305,7 +305,7 @@ async def test_a_negative_seed_samples_like_its_64_bit_image_and_the_engine_stay
 
 
 async def test_a_request_that_cannot_be_set_up_fails_alone(make_engine, monkeypatch):
-    import inferd.engine.reference.engine as engine_module
+    import inferd.engine.reference.admission as engine_module    # where a request is set up
     engine = await make_engine()
     make_rng = engine_module.make_rng
 

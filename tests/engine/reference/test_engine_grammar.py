@@ -108,3 +108,64 @@ async def test_a_refused_grammar_submitted_directly_ends_with_its_message(make_e
     out = await engine.submit(req(engine, "bad", guided=GuidedDecoding(kind="regex", spec="("))).collect()
     assert out.finish_reason is FinishReason.ERROR
     assert "parenthesis" in out.error
+
+
+def gate_compiles(engine, monkeypatch):
+    """Hold the engine's compiles until `release`; `threads` records where each ran."""
+    import threading
+
+    entered, release, threads = threading.Event(), threading.Event(), []
+    real = engine.grammars._run_compiler
+
+    def gated(compiler, guided):
+        threads.append(threading.current_thread().name)
+        entered.set()
+        release.wait(60)
+        return real(compiler, guided)
+
+    monkeypatch.setattr(engine.grammars, "_run_compiler", gated)
+    return entered, release, threads
+
+
+async def test_a_grammar_missing_from_the_cache_compiles_off_the_step_thread_while_others_run(
+        make_engine, monkeypatch):
+    engine = await make_engine()
+    entered, release, threads = gate_compiles(engine, monkeypatch)
+    guided = engine.submit(req(engine, "evicted"))
+    assert await asyncio.to_thread(entered.wait, 60)
+    assert engine.capacity().waiting == 1            # still counted while it compiles
+    # the step thread is free: a request without a grammar runs to its end while the compile is held
+    plain = await asyncio.wait_for(engine.submit(req(engine, "plain", guided=None, max_tokens=4,
+                                                     ignore_eos=True)).collect(), 60)
+    assert plain.finish_reason is FinishReason.LENGTH
+    release.set()
+    out = await guided.collect()
+    jsonschema.validate(json.loads(out.text), SCHEMA)
+    assert threads and all(name.startswith("inferd-engine-grammar") for name in threads)
+    assert engine.capacity().waiting == 0 and engine.capacity().free_kv_blocks == 256
+
+
+async def test_a_request_aborted_while_its_grammar_compiles_ends_and_never_starts(make_engine, monkeypatch):
+    engine = await make_engine()
+    entered, release, _ = gate_compiles(engine, monkeypatch)
+    stream = engine.submit(req(engine, "gone"))
+    assert await asyncio.to_thread(entered.wait, 60)
+    engine.abort("gone")
+    out = await stream.collect()
+    assert out.finish_reason is FinishReason.ABORT and out.token_ids == [] and out.usage.completion_tokens == 0
+    assert engine.capacity().waiting == 0 and engine.capacity().free_kv_blocks == 256
+    release.set()
+    # the compile's end is dropped: the same id can run again, now from the cache
+    again = await engine.submit(req(engine, "gone")).collect()
+    assert again.finish_reason is FinishReason.STOP and engine.stats().running == 0
+
+
+async def test_close_ends_a_request_whose_grammar_is_compiling(make_engine, monkeypatch):
+    engine = await make_engine()
+    entered, release, _ = gate_compiles(engine, monkeypatch)
+    stream = engine.submit(req(engine, "closing"))
+    assert await asyncio.to_thread(entered.wait, 60)
+    await engine.close()
+    release.set()
+    out = await stream.collect()
+    assert out.finish_reason is FinishReason.ABORT and out.token_ids == []

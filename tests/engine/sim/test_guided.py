@@ -138,3 +138,30 @@ async def test_close_while_compiling_ends_the_stream_with_abort(make_engine):
     await engine.close()
     out = await finish(stream)
     assert out.finish_reason is FinishReason.ABORT
+
+
+async def test_a_grammar_not_compiled_yet_compiles_on_the_engines_grammar_worker(make_engine, monkeypatch):
+    import threading
+
+    engine = await make_engine()
+    threads: list[str] = []
+    real = engine.grammars._run_compiler
+
+    def recorded(compiler, guided):
+        threads.append(threading.current_thread().name)
+        return real(compiler, guided)
+
+    monkeypatch.setattr(engine.grammars, "_run_compiler", recorded)
+    out = await finish(submit(engine, GuidedDecoding(kind="regex", spec="w[0-9]")))
+    assert re.fullmatch("w[0-9]", out.text)
+    assert threads and all(name.startswith("inferd-engine-grammar") for name in threads), threads
+
+
+async def test_a_grammar_refused_before_ends_with_its_message_without_compiling_again(make_engine):
+    engine = await make_engine()
+    bad = GuidedDecoding(kind="regex", spec="(")
+    first = await finish(submit(engine, bad))
+    compiles = engine.grammars.compiles
+    second = await finish(submit(engine, bad))
+    assert first.finish_reason is second.finish_reason is FinishReason.ERROR and first.error == second.error
+    assert engine.grammars.compiles == compiles
