@@ -44,7 +44,7 @@ MAX_SPEC_BYTES = 64 * 1024          # a schema, regex or grammar longer than thi
 MAX_ENTRIES = 256                   # compiled grammars (and refusals) kept per tokenizer
 MAX_CACHE_BYTES = 512 * 1024 * 1024  # and their memory: a grammar over a 128k vocabulary can take megabytes
 MAX_VERDICTS = 16384                # whether a grammar compiled, remembered per digest (see Grammars.verdict)
-_JSON_OBJECT = '{"type":"object"}'  # OpenAI's json_object: any object (not any JSON value)
+JSON_OBJECT_SCHEMA = '{"type":"object"}'  # OpenAI's json_object: any object (not any JSON value)
 # xgrammar's messages start with its log prefix: "[01:16:47] /project/cpp/json_schema_converter.cc:4944: "
 _LOG_PREFIX = re.compile(r"^\s*\[[0-9:]+\]\s+\S+:\d+:\s*")
 _REGEX_SPECIAL = frozenset("\\^$.|?*+()[]{}/-")
@@ -240,7 +240,7 @@ class Grammars:
             if kind == "json_schema":
                 compiled = compiler.compile_json_schema(spec, any_whitespace=False)
             elif kind == "json_object":
-                compiled = compiler.compile_json_schema(_JSON_OBJECT, any_whitespace=False)
+                compiled = compiler.compile_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False)
             elif kind == "regex":
                 compiled = compiler.compile_regex(spec)
             elif kind == "choice":

@@ -16,10 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from inferd.engine.base import InvalidRequest
-from inferd.engine.grammar import Grammars, choice_regex
+from inferd.engine.grammar import JSON_OBJECT_SCHEMA, Grammars, choice_regex
 from inferd.types import GuidedDecoding
-
-_JSON_OBJECT = '{"type":"object"}'
 
 
 def check_compiled(grammars: Grammars, guided: GuidedDecoding) -> None:
@@ -37,7 +35,7 @@ def guided_decoding_params(guided: GuidedDecoding, params_class: Any) -> Any:
     if kind == "json_schema":
         return params_class(json=spec)
     if kind == "json_object":
-        return params_class(json=_JSON_OBJECT)
+        return params_class(json=JSON_OBJECT_SCHEMA)
     if kind == "regex":
         return params_class(regex=spec)
     if kind == "choice":
