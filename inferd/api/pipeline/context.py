@@ -16,6 +16,7 @@ from inferd.api import appkeys as keys
 from inferd.api.pipeline.timeline import Timeline
 from inferd.api.state import ServerState
 from inferd.api.streaming.waiting import QueuedStream
+from inferd.api.wire.endpoints import ENDPOINTS, Endpoint
 from inferd.engine import Engine
 from inferd.models import Route, VersionLease
 from inferd.observability import RequestObservation
@@ -77,6 +78,11 @@ class RequestContext:
     streamed: bool = False              # SSE headers went out
     status: int | None = None           # the status the response settled on, once known
     client_gone: bool = False           # its client left while the engine generated for it
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """What this endpoint calls its fields, its ids and its ledger rows (inferd.api.wire.endpoints)."""
+        return ENDPOINTS[self.kind]
 
     @property
     def request_id(self) -> str:

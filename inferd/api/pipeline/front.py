@@ -42,7 +42,7 @@ async def authenticate_caller(ctx: RequestContext) -> None:
     """The tenant: signed by the peer that forwarded it, the Batch API's runner's line, or the API key
     (401/403 before anything about the body); then 429 over RPM or concurrency, before reading it."""
     request, state = ctx.request, ctx.state
-    ctx.forwarded = ctx.kind != "embedding" and FORWARDED_HEADER in request.headers
+    ctx.forwarded = ctx.endpoint.spillable and FORWARDED_HEADER in request.headers
     batch = batch_caller(request, state.batch_secret)
     if ctx.forwarded:       # the peer authenticated and charged the caller; it signed who they are
         ctx.forwarded_identity = forwarded_identity(request, state.cluster)
@@ -70,7 +70,7 @@ async def read_request_body(ctx: RequestContext) -> None:
 
 async def set_deadline(ctx: RequestContext) -> None:
     state = ctx.state
-    ctx.deadline = request_deadline(ctx.request, ctx.wire if ctx.kind == "embedding" else ctx.prepared,
+    ctx.deadline = request_deadline(ctx.request, ctx.prepared if ctx.endpoint.generates else ctx.wire,
                                     state.tenancy, ctx.tenant, state.config.server, ctx.arrival)
 
 
@@ -83,13 +83,12 @@ async def start_cold_model(ctx: RequestContext) -> web.StreamResponse | None:
     """A model not loaded here (a memory budget): a peer that has it serves it, or it loads here first
     (a stream gets its headers and pings meanwhile), or 503 with Retry-After."""
     state, request = ctx.state, ctx.request
-    # A Responses API request stays on the node that has its store (its previous_response_id, its `store`).
-    if not ctx.forwarded and not ctx.is_batch and ctx.kind in ("completion", "chat"):
+    if not ctx.forwarded and not ctx.is_batch and ctx.endpoint.spillable:
         spilled = await spill_cold_start(state, request, ctx.tenant, ctx.wire.model, ctx.prepared, ctx.body,
                                          ctx.deadline)
         if spilled is not None:
             return spilled
-    if ctx.kind != "embedding":
+    if ctx.endpoint.generates:
         ctx.early = early_stream(state, request, ctx.request_id, ctx.prepared.stream)
     await wait_for_model(state, _model_field(ctx), ctx.deadline, ctx.early)
     return None

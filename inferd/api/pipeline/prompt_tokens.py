@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from inferd.api.errors import TIMEOUT, ApiError, invalid
 from inferd.api.wire.openai import Prepared
-from inferd.api.pipeline.sampling import FIELDS
+from inferd.api.wire.endpoints import ENDPOINTS
 from inferd.engine import Engine
 
 # Tokenize (and template) in the pool when the body or the conversation is big: the text alone
@@ -139,7 +139,7 @@ def _bounded_chars(p: Prepared) -> int:
 
 async def check_length_bound(engine: Engine, p: Prepared, max_model_len: int, deadline: float) -> None:
     """400 context_length_exceeded if the prompt cannot fit the context whatever it tokenizes to."""
-    field = FIELDS[p.kind].prompt
+    field = ENDPOINTS[p.kind].prompt_field
     if p.prompt_token_ids is not None:
         if len(p.prompt_token_ids) >= max_model_len:     # before scanning 100k ids against the vocabulary
             raise _too_long(field, f"{len(p.prompt_token_ids)} tokens", max_model_len)
@@ -177,7 +177,7 @@ async def tokenize(engine: Engine, p: Prepared, body_bytes: int, deadline: float
                 extra = {"tools": p.tools} if p.tools else {}
                 text = tok.apply_chat_template(p.messages, add_generation_prompt=True, **extra)
             except ValueError as exc:   # the template refused the messages (inferd.engine.tokenization.ChatTemplateError)
-                field = FIELDS[p.kind].prompt
+                field = ENDPOINTS[p.kind].prompt_field
                 raise invalid(f"{field}: {exc}", param=getattr(exc, "param", None) or field,
                               code="invalid_messages") from None
             return tok.encode(text, add_special_tokens=False)   # the template wrote the special tokens

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from inferd.api.errors import INVALID_REQUEST, SERVER_ERROR, TIMEOUT, ApiError
+from inferd.api.wire.endpoints import ENDPOINTS
 from inferd.api.wire.openai import Prepared
 from inferd.api.state import ServerState
 from inferd.engine import Engine
@@ -66,7 +67,7 @@ async def check_input(state: ServerState, tenant: str, prepared: Prepared, engin
                                type=SERVER_ERROR, code="classifier_unavailable", headers={"Retry-After": "1"}) from None
         if verdict is not None:
             _record(state, tenant, policy.name, verdict.rule, "input", request_id, model)
-            field = {"chat": "messages", "embedding": "input", "responses": "input"}.get(prepared.kind, "prompt")
+            field = ENDPOINTS[prepared.kind].prompt_field
             raise ApiError(400, f"The request was refused by the content policy `{policy.name}` ({verdict.rule}).",
                            type=INVALID_REQUEST, param=field, code="content_filter")
     return policy

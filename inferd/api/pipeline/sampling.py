@@ -15,27 +15,16 @@ from dataclasses import dataclass
 
 from inferd.api.auth import PERMISSION
 from inferd.api.errors import INVALID_REQUEST, ApiError, invalid
-from inferd.api.wire.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, Prepared
+from inferd.api.wire.endpoints import ENDPOINTS
+from inferd.api.wire.openai import Prepared
 from inferd.tenancy import LimitExceeded, Tenancy
 from inferd.types import SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class FieldNames:
-    """What the client called the prompt and the output cap, for error messages."""
-
-    prompt: str
-    max_tokens: str
-
-
-FIELDS = {"completion": FieldNames("prompt", "max_tokens"), "chat": FieldNames("messages", "max_completion_tokens"),
-          "responses": FieldNames("input", "max_output_tokens")}
-
-
 def charge_estimate(p: Prepared) -> int:
     """Output tokens to charge before the prompt is tokenized (a request served by a peer): the client's
-    max_tokens per choice (n per prompt), or the completions default; chat's default is decided by the peer."""
-    per_choice = p.max_tokens or (COMPLETIONS_DEFAULT_MAX_TOKENS if p.kind == "completion" else 0)
+    max_tokens per choice (n per prompt), or the endpoint's default (chat's, the context, is decided by the peer)."""
+    per_choice = p.max_tokens or ENDPOINTS[p.kind].default_max_tokens or 0
     return per_choice * len(p.prompts()) * p.n
 
 
@@ -60,21 +49,22 @@ def check_logit_bias(p: Prepared, vocab_size: int) -> None:
 
 def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
     """The SamplingParams of one choice of `p`, whose prompt is `prompt_len` tokens."""
-    names = FIELDS[p.kind]
+    names = ENDPOINTS[p.kind]
     max_model_len = limits.max_model_len
     if prompt_len == 0:
-        raise invalid(f"{names.prompt}: tokenizes to nothing.", param=names.prompt, code="empty_prompt")
+        raise invalid(f"{names.prompt_field}: tokenizes to nothing.", param=names.prompt_field, code="empty_prompt")
     if prompt_len >= max_model_len:
-        raise invalid(f"{names.prompt}: {prompt_len} tokens; this model's context is {max_model_len} tokens "
-                      f"(prompt + completion).", param=names.prompt, code="context_length_exceeded")
+        raise invalid(f"{names.prompt_field}: {prompt_len} tokens; this model's context is {max_model_len} tokens "
+                      f"(prompt + completion).", param=names.prompt_field, code="context_length_exceeded")
     room = max_model_len - prompt_len
     max_tokens = p.max_tokens
     if max_tokens is None:
-        max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room) if p.kind == "completion" else room
+        default = names.default_max_tokens
+        max_tokens = room if default is None else min(default, room)
     elif max_tokens > room:
-        raise invalid(f"{names.max_tokens}: the prompt ({prompt_len} tokens) + {max_tokens} new tokens exceeds "
+        raise invalid(f"{names.max_tokens_field}: the prompt ({prompt_len} tokens) + {max_tokens} new tokens exceeds "
                       f"this model's context of {max_model_len} tokens; at most {room} are possible.",
-                      param=names.max_tokens, code="context_length_exceeded")
+                      param=names.max_tokens_field, code="context_length_exceeded")
     max_tokens = _tenant_limit(p, prompt_len, max_tokens, limits)
     if limits.degraded_max_tokens is not None:
         max_tokens = min(max_tokens, limits.degraded_max_tokens)
@@ -101,7 +91,7 @@ def _tenant_limit(p: Prepared, prompt_len: int, want: int, limits: Limits) -> in
                                           max_tokens=want, context_len=limits.max_model_len)
     except LimitExceeded as exc:
         tenancy.count_rejection(tenant, "model_not_allowed" if exc.status == 403 else "limit")
-        names = FIELDS[p.kind]
-        param = {"messages": names.prompt, "max_tokens": names.max_tokens}.get(exc.param, exc.param)
+        names = ENDPOINTS[p.kind]
+        param = {"messages": names.prompt_field, "max_tokens": names.max_tokens_field}.get(exc.param, exc.param)
         raise ApiError(exc.status, f"{exc}.", type=PERMISSION if exc.status == 403 else INVALID_REQUEST,
                        param=param, code=exc.code) from None

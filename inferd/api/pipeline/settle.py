@@ -79,7 +79,7 @@ async def _settle_in_flight(ctx: RequestContext, status: int) -> None:
     stages = ctx.timeline.stages(timing, time.monotonic()) if running else {}
     obs.finish(status, usage=usage, timing=timing, stages=stages)
     _record_version_outcome(ctx, status)
-    if running and ctx.kind != "embedding":
+    if running and ctx.endpoint.generates:
         store_in_cache(ctx, ctx.cache_plan, status, ctx.recording.whole() if ctx.recording is not None else None)
         keep_transcript(ctx, ctx.recording, ctx.extras.get("retention_s", 0.0))
     trace = ctx.request.get(keys.TRACE)
@@ -92,7 +92,7 @@ async def _settle_in_flight(ctx: RequestContext, status: int) -> None:
     if usage is not None:
         fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       cached_tokens=usage.cached_tokens)
-    if obs.ttft is not None and ctx.kind != "embedding":
+    if obs.ttft is not None and ctx.endpoint.generates:
         fields["ttft_ms"] = round(obs.ttft * 1000, 3)
     fields["outcome_status"] = status
 
@@ -105,5 +105,5 @@ def _record_version_outcome(ctx: RequestContext, status: int) -> None:
         record_outcome(ctx.state, route.target, None, 503, None,
                        adapter=route.lora if ctx.reached > FRONT else None)
     elif ctx.cache_hit is None and (ctx.reached == RUNNING or ctx.last is not None):
-        ttft = ctx.obs.ttft if ctx.kind != "embedding" else None    # an embedding has no first token
+        ttft = ctx.obs.ttft if ctx.endpoint.generates else None    # an embedding has no first token
         record_outcome(ctx.state, route.target, ctx.last, status, ttft, adapter=route.lora)

@@ -75,7 +75,7 @@ def wants_spill(ctx: RequestContext) -> bool:
     """Would this node refuse the request or keep it waiting past spill_wait_s (and may it go elsewhere)?"""
     cluster = ctx.state.cluster
     if cluster is None or not cluster.config.spillover or ctx.forwarded or ctx.route.lora is not None \
-            or ctx.kind == "responses":     # it stays with this node's store (previous_response_id, `store`)
+            or not ctx.endpoint.spillable:     # e.g. the Responses API: it needs this node's store
         return False
     if "max_tokens=" in ctx.degraded:       # the peer would run the body as sent, without this node's cap
         return False

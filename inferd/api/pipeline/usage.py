@@ -22,8 +22,6 @@ from inferd.store import LedgerRow, StoreError
 from inferd.types import Delta, EngineTiming, Usage
 
 log = get_logger("inferd.api")
-ENDPOINTS = {"completion": "completions", "chat": "chat.completions", "embedding": "embeddings",
-             "responses": "responses"}
 
 
 def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:
@@ -42,7 +40,7 @@ def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: 
     return LedgerRow(
         request_id=ctx.request_id, tenant=ctx.tenant, key_id=principal.key_id if principal is not None else None,
         model=ctx.model, version=version, node=state.node_name,
-        endpoint=ENDPOINTS[ctx.kind] if ctx.batch_id is None else f"batch:{ENDPOINTS[ctx.kind]}",
+        endpoint=ctx.endpoint.ledger_name if ctx.batch_id is None else f"batch:{ctx.endpoint.ledger_name}",
         stream=ctx.prepared.stream, prompt_tokens=usage.prompt_tokens,
         cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens, status=status,
         finish_reason=last.finish_reason.value if last is not None and last.finish_reason is not None else None,

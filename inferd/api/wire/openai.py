@@ -35,7 +35,6 @@ MAX_PROMPTS = 64
 # `n`: choices per prompt, each its own engine request; `[server] max_n` may lower this cap, never raise it.
 MAX_N = 16
 ChoiceCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_N)]
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat defaults to the context
 # Log-probability alternatives per token, as OpenAI bounds them: chat's top_logprobs 0..20, completions' logprobs 0..5.
 TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]
 CompletionLogprobs = Annotated[int, msgspec.Meta(ge=0, le=5)]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from inferd.api.errors import SERVER_ERROR, TIMEOUT, ApiError
+from inferd.api.wire.endpoints import ENDPOINTS
 from inferd.engine import DEAD_END
 from inferd.types import EngineTiming, FinishReason, Usage
 
@@ -77,8 +78,7 @@ class Identity:
 def new_identity(kind: str, model: str, fingerprint: str) -> Identity:
     """A response's constants with a fresh id (`chatcmpl-...` for chat, `resp_...` for the Responses API,
     `cmpl-...` else), made now."""
-    prefix = {"chat": "chatcmpl-", "responses": "resp_"}.get(kind, "cmpl-")
-    return Identity(kind, prefix + secrets.token_hex(12), int(time.time()), model, fingerprint)
+    return Identity(kind, ENDPOINTS[kind].id_prefix + secrets.token_hex(12), int(time.time()), model, fingerprint)
 
 
 def completion_body(ident: Identity, choices: list[tuple[str | None, str]], usage: Usage,
