@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import pydantic
 import pytest
 
 from inferd.store import UsageFilter
+from inferd.types import Delta, FinishReason
 from tests.api.batch_harness import serve
 from tests.daemon.harness import running, sim_model, write_config
 
@@ -277,3 +279,29 @@ async def test_previous_response_id_continues_a_conversation_after_the_daemon_re
         alone = await sdk.responses.create(model="sim", input="go on", max_output_tokens=4, store=False)
     assert last.previous_response_id == first.id and last.output_text
     assert last.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+
+
+def _failing(engine) -> None:
+    """Every request the engine accepts ends as an engine reports a failure: FinishReason.ERROR."""
+    submit = engine.submit
+
+    def failing(request):
+        stream = submit(request)
+        asyncio.get_running_loop().call_soon(
+            stream.push, Delta(token_ids=[], finish_reason=FinishReason.ERROR, error="injected failure"))
+        return stream
+    engine.submit = failing
+
+
+async def test_a_streamed_abnormal_end_is_error_then_failed_with_openais_code_and_logs_no_traceback(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    async with serve(tmp_path, KEPT) as (node, _):
+        _failing(next(iter(node.daemon.state.engines.values())))
+        events = [e async for e in await node.sdk().responses.create(model="sim", input="hi", stream=True,
+                                                                       max_output_tokens=50)]
+        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2].code == "engine_error" and events[-1].response.error.code == "server_error"
+    assert [row.status for row in rows] == [500]
+    assert not [r for r in caplog.records if r.getMessage() == "stream_failed" or r.exc_info]
