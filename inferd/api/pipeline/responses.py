@@ -124,3 +124,13 @@ class ResponsesOutput:
             await ctx.state.storage.responses.put(record)
         except StoreError:
             raise store_unavailable() from None
+
+    async def forget(self, ctx: RequestContext, response: dict | None) -> None:
+        """Undo `keep` (its ledger row could not be written, so the client gets an error): best effort, a store
+        that fails now leaves a row no client was given the id of, purged with its period."""
+        if not self.stored_s or response is None or ctx.state.storage is None:
+            return
+        try:
+            await ctx.state.storage.responses.delete(ctx.tenant, response["id"])
+        except StoreError:
+            pass

@@ -18,7 +18,7 @@ import orjson
 import pydantic
 import pytest
 
-from inferd.store import UsageFilter
+from inferd.store import StoreError, UsageFilter
 from inferd.types import Delta, FinishReason
 from tests.api.batch_harness import serve
 from tests.daemon.harness import running, sim_model, write_config
@@ -305,3 +305,22 @@ async def test_a_streamed_abnormal_end_is_error_then_failed_with_openais_code_an
     assert events[-2].code == "engine_error" and events[-1].response.error.code == "server_error"
     assert [row.status for row in rows] == [500]
     assert not [r for r in caplog.records if r.getMessage() == "stream_failed" or r.exc_info]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_store_that_fails_to_keep_the_response_is_a_503_and_the_ledger_says_503(tmp_path, stream):
+    async with serve(tmp_path, KEPT) as (node, _):
+        async def broken(record) -> None:
+            raise StoreError("disk full")
+        node.daemon.state.storage.responses.put = broken
+        sdk = node.sdk()
+        if stream:
+            events = [e async for e in await sdk.responses.create(model="sim", input="hi", stream=True,
+                                                                   max_output_tokens=3)]
+            assert events[-1].type == "response.failed" and events[-2].code == "store_unavailable"
+        else:
+            with pytest.raises(openai.APIStatusError) as exc:
+                await sdk.responses.create(model="sim", input="hi", max_output_tokens=3)
+            assert exc.value.status_code == 503
+        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+    assert [row.status for row in rows] == [503]
