@@ -324,3 +324,43 @@ async def test_a_store_that_fails_to_keep_the_response_is_a_503_and_the_ledger_s
             assert exc.value.status_code == 503
         rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
     assert [row.status for row in rows] == [503]
+
+
+async def test_a_tenant_that_keeps_nothing_is_told_why_previous_response_id_is_not_found(tmp_path):
+    async with serve(tmp_path) as (node, _):
+        with pytest.raises(openai.NotFoundError) as caught:
+            await node.sdk().responses.create(model="sim", input="x", previous_response_id="resp_00000000")
+    assert caught.value.body["param"] == "previous_response_id"
+    assert "retention is none" in caught.value.body["message"] and "docs/privacy.md" in caught.value.body["message"]
+
+
+async def test_a_stored_row_keeps_only_its_own_turn_and_a_deleted_link_breaks_the_chain(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
+        sdk, store = node.sdk(), node.daemon.state.storage.responses
+        first = await sdk.responses.create(model="sim", input="zebra secret", max_output_tokens=3)
+        second = await sdk.responses.create(model="sim", input="walrus", max_output_tokens=3,
+                                            previous_response_id=first.id)
+        third = await sdk.responses.create(model="sim", input="otter", max_output_tokens=3,
+                                           previous_response_id=second.id)
+        row = await store.get("local", second.id, 0.0)
+        assert "walrus" in row.conversation and "zebra secret" not in row.conversation
+        assert third.usage.input_tokens > second.usage.input_tokens > first.usage.input_tokens   # whole chain
+        async with http.delete(f"{node.url}/v1/responses/{first.id}") as resp:
+            assert resp.status == 200
+        with pytest.raises(openai.NotFoundError) as caught:
+            await sdk.responses.create(model="sim", input="more", previous_response_id=third.id)
+    assert caught.value.body["param"] == "previous_response_id" and first.id in caught.value.body["message"]
+
+
+async def test_previous_response_id_is_read_after_idempotency_within_the_deadline(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        sdk = node.sdk()
+        first = await sdk.responses.create(model="sim", input="x", max_output_tokens=3)
+
+        async def hangs(tenant, response_id, now):
+            await asyncio.Event().wait()
+        node.daemon.state.storage.responses.get = hangs
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk.responses.create(model="sim", input="y", previous_response_id=first.id,
+                                       extra_headers={"X-Request-Timeout": "0.2"})
+    assert caught.value.status_code == 504 and caught.value.body["param"] == "previous_response_id"
