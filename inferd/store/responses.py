@@ -1,5 +1,6 @@
-"""Stored responses of the Responses API (`store: true`): the response as its client got it, and the
-conversation it ends, which a later request's `previous_response_id` continues.
+"""Stored responses of the Responses API (`store: true`): the response as its client got it, and its own turn
+(its input and output; the turns before it are the rows its `previous_response_id` links to), which a later
+request's `previous_response_id` continues (inferd.api.pipeline.responses walks the links).
 
 Kept per tenant (another tenant's id reads as absent) until `expires_at`, its creation plus the tenant's
 retention period; `purge` deletes what has expired, and what is older than a tenant's period now, as
@@ -28,7 +29,9 @@ class StoredConversation(msgspec.Struct, frozen=True, kw_only=True):
     # JSON text (orjson escapes NUL, which PostgreSQL text cannot hold); its size is bounded by the
     # model's context, which the conversation had to fit
     response: str                       # the Response object, JSON
-    conversation: str                   # the chat messages up to and including this response's output, JSON
+    # JSON: {"turn": [chat messages of its input, then its output]}; a row written before rows kept only their
+    # own turn holds a list, the whole conversation up to it
+    conversation: str
 
 
 _COLUMNS = ("id", "tenant", "model", "created_at", "expires_at", "previous_response_id", "response", "conversation")

@@ -125,9 +125,7 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         # the stream's outcome, even if its client hangs up during the commit
         ctx.status = final_status(entry.final, entry)
         try:
-            await record_usage_once(ctx, entry.final, ctx.status, withhold=True)
-            if output is not None:      # kept before its client has the end: it can be continued at once
-                await output.keep(ctx, encoder.response)
+            await _keep_then_record(ctx, output, encoder.response, entry.final)
         except ApiError as err:         # the stream ends with this error frame instead of [DONE]
             withheld.append(err)
             raise
@@ -157,11 +155,23 @@ async def _collect(ctx: RequestContext, stream, entry) -> web.Response:
     resp = _json_response(ctx, finals, entry.timed_out)
     ctx.status = final_status(ctx.last, entry)
     ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
-    await record_usage_once(ctx, ctx.last, ctx.status, withhold=True)
     output = ctx.extras.get("output")
-    if output is not None:
-        await output.keep(ctx, output.response)
+    await _keep_then_record(ctx, output, output.response if output is not None else None, ctx.last)
     return resp
+
+
+async def _keep_then_record(ctx: RequestContext, output, response: dict | None, final: Delta | None) -> None:
+    """A Responses API response is stored (kept before its client has the end: it can be continued at once),
+    then the ledger row is written: a store that fails makes it a 503 (the caller records that status), so the
+    ledger never bills as answered what the client got as failed; a ledger that fails unstores it."""
+    if output is not None:
+        await output.keep(ctx, response)
+    try:
+        await record_usage_once(ctx, final, ctx.status, withhold=True)
+    except ApiError:
+        if output is not None:
+            await output.forget(ctx, response)
+        raise
 
 
 def _tool_parsers(ctx: RequestContext) -> Callable[[], ToolCallParser] | None:

@@ -58,9 +58,14 @@ GENERATION: Sequence[tuple[str, Stage]] = (
     ("stream", respond.send_output),
 )
 
-# POST /v1/responses: chat's stages, with its own decode (instructions, the stored conversation, input).
-RESPONSES: Sequence[tuple[str, Stage]] = tuple(("decode", responses.decode_request) if name == "decode" else
-                                               (name, stage) for name, stage in GENERATION)
+# POST /v1/responses: chat's stages, with its own decode (instructions, input).
+# The stored conversation of previous_response_id is read once the request has its deadline and its
+# idempotency key (a replay reads nothing).
+RESPONSES: Sequence[tuple[str, Stage]] = tuple(
+    step for name, stage in GENERATION
+    for step in ((("decode", responses.decode_request),) if name == "decode" else
+                 ((name, stage), ("conversation", responses.load_conversation)) if name == "idempotency" else
+                 ((name, stage),)))
 
 EMBEDDING: Sequence[tuple[str, Stage]] = (
     ("draining", front.refuse_while_draining),

@@ -74,8 +74,9 @@ class ResponseEventEncoder:
     def _text_piece(self, text: str) -> bytes:
         frames = b""
         if self._message is None:
+            frames = self._close_calls("completed")     # each item is done before the next is added, as OpenAI's
             item = message_item(new_item_id(), "", "in_progress")
-            frames = self._added(item, {**item, "content": []})
+            frames += self._added(item, {**item, "content": []})
             self._message = len(self._items) - 1
             frames += self._event("response.content_part.added", {"item_id": item["id"], "output_index": self._message,
                                                                   "content_index": 0, "part": _EMPTY_PART})
@@ -99,7 +100,7 @@ class ResponseEventEncoder:
                          self._event("response.output_item.done", {"output_index": index, "item": item})))
 
     def _call_started(self, piece: Any) -> bytes:
-        frames = self._close_message("completed")       # the text before a call is whole
+        frames = self._close_message("completed") + self._close_calls("completed")     # the items before are whole
         item = call_item(piece.id, piece.name, "", "in_progress")
         frames += self._added(item, dict(item))
         self._calls[piece.index] = len(self._items) - 1
@@ -155,7 +156,10 @@ class ResponseEventEncoder:
         return b""
 
     def held_done(self) -> bytes:
-        """The closing event: response.completed, or response.incomplete."""
+        """The closing event: response.completed, or response.incomplete (nothing after an abnormal end: its
+        response.failed was the last event; the writer still asks, as the ledger records every end)."""
+        if self.failed or self.response is None:
+            return b""
         kind = "response.completed" if self.response["status"] == "completed" else "response.incomplete"
         return self._event(kind, {"response": self.response})
 
@@ -174,8 +178,27 @@ class ResponseEventEncoder:
         self.failed = True
         start = self._start()
         body = err.body()
-        failed = response_object(self._ident, self._echo, status="failed", output=[], usage=usage,
-                                 error={"code": body.get("code") or "server_error", "message": body["message"]})
+        failed = response_object(self._ident, self._echo, status="failed", output=self._so_far(), usage=usage,
+                                 error={"code": response_error_code(err.status), "message": body["message"]})
         return b"".join((start, self._event("error", {"code": body.get("code"), "message": body["message"],
                                                       "param": body.get("param")}),
                          self._event("response.failed", {"response": failed})))
+
+    def _so_far(self) -> list[dict]:
+        """The items already streamed, as they stand: an open one is "incomplete" (its text so far)."""
+        items = [dict(item) for item in self._items]
+        if self._message is not None:
+            items[self._message] = message_item(items[self._message]["id"], "".join(self._text), "incomplete")
+        for index in self._calls.values():
+            items[index]["status"] = "incomplete"
+        return items
+
+
+def response_error_code(status: int) -> str:
+    """A failed Response's error.code: one of OpenAI's ResponseError codes (openai/types/responses/
+    response_error.py), which has none for a deadline, an engine error or a grammar dead end: a 429 is
+    rate_limit_exceeded, another 4xx (what the request asked for cannot be produced) invalid_prompt, anything
+    else server_error. inferd's own code (deadline_exceeded, engine_error, ...) is the `error` event's."""
+    if status == 429:
+        return "rate_limit_exceeded"
+    return "invalid_prompt" if 400 <= status < 500 else "server_error"

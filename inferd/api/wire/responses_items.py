@@ -10,6 +10,7 @@ import msgspec
 
 from inferd.api.errors import invalid
 from inferd.api.wire.openai import _STRICT
+from inferd.api.wire.tools import check_name
 
 TEXT_PART_TYPES = ("input_text", "output_text")
 
@@ -84,11 +85,12 @@ def _item(item: ResponseInputItem, where: str) -> dict:
             raise invalid(f"{where}.{name}: not allowed in a {kind} item.", param=f"{where}.{name}",
                           code="unknown_parameter")
     if kind == "function_call":
+        check_name(item.name, f"{where}.name")        # written into the prompt by the template
         return {"type": kind, "call_id": item.call_id, "name": item.name, "arguments": item.arguments}
     if kind == "function_call_output":
         output = item.output if isinstance(item.output, str) else _text_of(item.output, f"{where}.output")
         return {"type": kind, "call_id": item.call_id, "output": output}
-    content = item.content if isinstance(item.content, str) else _text_of(item.content, f"{where}")
+    content = item.content if isinstance(item.content, str) else _text_of(item.content, f"{where}.content")
     return {"type": kind, "role": item.role, "content": content}
 
 
@@ -127,9 +129,10 @@ def _arguments(text: str) -> Any:
 
 
 def _text_of(parts: list[ResponseInputPart], where: str) -> str:
+    """The text of a list of parts at `where` (a message's `content`, a call output's `output`)."""
     texts = []
     for j, part in enumerate(parts):
-        at = f"{where}.content[{j}]"
+        at = f"{where}[{j}]"
         if part.type not in TEXT_PART_TYPES or part.text is None:
             raise invalid(f"{at}: only text parts (type \"input_text\" with a `text` string) are supported, got "
                           f"type {part.type!r}.", param=at, code="unsupported_parameter")

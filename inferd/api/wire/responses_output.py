@@ -75,18 +75,33 @@ def call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
 
 
 def output_items(pieces: list[Any], status: str) -> list[dict]:
-    """A whole output's items from its pieces (str: text; else a tool call parser's event, see `kind_of`): one
-    message for its text, where there is any (or nothing else), then one function_call item per call."""
-    text = "".join(p if isinstance(p, str) else p.text for p in pieces if kind_of(p) == "text")
+    """A whole output's items from its pieces (str: text; else a tool call parser's event, see `kind_of`), in
+    the order the stream adds them (inferd.api.wire.responses_events): each run of text one message, each call
+    one function_call item (blank text beside calls is no message: the parsers hold it back from the stream);
+    an output with nothing in it, one empty message."""
+    blank_ok = not any(kind_of(p) == "call" for p in pieces)
+    items: list[dict] = []
     calls: dict[int, dict] = {}
+    text: list[str] = []
+
+    def end_message() -> None:
+        if text and (blank_ok or "".join(text).strip()):
+            items.append(message_item(new_item_id(), "".join(text), status))
+        text.clear()
     for p in pieces:
         kind = kind_of(p)
-        if kind == "call":
+        if kind == "text":
+            piece = p if isinstance(p, str) else p.text
+            if piece:
+                text.append(piece)
+        elif kind == "call":
+            end_message()
             calls[p.index] = call_item(p.id, p.name, "", status)
-        elif kind == "arguments":
+            items.append(calls[p.index])
+        else:
             calls[p.index]["arguments"] += p.text
-    items = [message_item(new_item_id(), text, status)] if text.strip() or not calls else []
-    return items + list(calls.values())
+    end_message()
+    return items or [message_item(new_item_id(), "", status)]
 
 
 def kind_of(piece: Any) -> str:

@@ -30,7 +30,7 @@ from inferd.api.wire.tool_events import (
 if TYPE_CHECKING:   # only its tool_choice/tool_name/tools are read
     from inferd.api.wire.openai import Prepared
 
-__all__ = ["FORMATS", "ArgumentsPiece", "CallStarted", "HermesParser", "Llama3JsonParser", "NamedParser",
+__all__ = ["FORMATS", "ArgumentsPiece", "CallStarted", "FirstCallOnly", "HermesParser", "Llama3JsonParser", "NamedParser",
            "RequiredParser", "TextPiece", "ToolCall", "ToolCallParser", "ToolEvent", "parser_for"]
 FORMATS = ("hermes", "llama3_json")
 
@@ -204,5 +204,29 @@ def parser_for(prepared: Prepared, tool_format: str) -> ToolCallParser | None:
     if choice == "function":
         return NamedParser(prepared.tool_name or "")
     if choice == "required":
-        return RequiredParser()
-    return _AUTO.get(tool_format, HermesParser)()
+        return RequiredParser()             # its grammar already allows one call when parallel_tool_calls is false
+    parser = _AUTO.get(tool_format, HermesParser)()
+    return parser if prepared.parallel_tool_calls else FirstCallOnly(parser)
+
+
+class FirstCallOnly(ToolCallParser):
+    """parallel_tool_calls false under "auto": the model is free and may write several calls; only the first is
+    kept, the others dropped (their text is not content either), as vLLM does
+    (vllm/entrypoints/serve/utils/tool_calls_utils.py `maybe_filter_parallel_tool_calls`)."""
+
+    def __init__(self, inner: ToolCallParser) -> None:     # no super().__init__: `calls` is the inner's
+        self._inner = inner
+
+    @property
+    def calls(self) -> list[ToolCall]:          # type: ignore[override]
+        return self._inner.calls[:1]
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        return _first_call_only(self._inner.feed(text))
+
+    def close(self) -> list[ToolEvent]:
+        return _first_call_only(self._inner.close())
+
+
+def _first_call_only(events: list[ToolEvent]) -> list[ToolEvent]:
+    return [e for e in events if not isinstance(e, (CallStarted, ArgumentsPiece)) or e.index == 0]

@@ -11,6 +11,7 @@ model free and its own tool-call format is parsed (inferd.api.wire.tool_calls).
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -22,8 +23,10 @@ from inferd.types import GuidedDecoding
 # loosely here (Any) so the two do not import each other.
 
 _STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
-# OpenAI's rule for a function's name.
+# OpenAI's rule for a function's name. msgspec's pattern is a re.search, and `$` matches before a trailing
+# newline, so "foo\n" would pass it: names are checked again whole (check_name), as they go into the prompt.
 FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 # Every tool is rendered into the prompt and, for "required", into one grammar: a bound on both.
 MAX_TOOLS = 128
 
@@ -72,10 +75,14 @@ def prepare_tools(req: Any, out: Any) -> None:
         raise invalid(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}.", param="tools", code="invalid_value")
     names = [t.function.name for t in tools]
     for i, t in enumerate(tools):
+        check_name(t.function.name, f"tools[{i}].function.name")
         schema = t.function.parameters
         if schema is not None and schema.get("type", "object") != "object":
             raise invalid(f"tools[{i}].function.parameters: must be a JSON schema of an object.",
                           param=f"tools[{i}].function.parameters", code="invalid_value")
+        if schema is not None and not isinstance(schema.get("$defs", {}), dict):
+            raise invalid(f"tools[{i}].function.parameters.$defs: must be an object of named schemas.",
+                          param=f"tools[{i}].function.parameters.$defs", code="invalid_value")
     choice = req.tool_choice
     if choice is not None and choice != "none" and not tools:
         raise invalid("tool_choice: only allowed when tools are specified.", param="tool_choice",
@@ -96,6 +103,13 @@ def prepare_tools(req: Any, out: Any) -> None:
         _guide(out, required_schema(tools, out.parallel_tool_calls))
     else:
         out.tool_choice = choice or "auto"      # OpenAI's default when tools are given
+
+
+def check_name(name: str, where: str) -> None:
+    """A function's name, whole: OpenAI's characters only (it is written into the prompt)."""
+    if not _NAME.fullmatch(name):
+        raise invalid(f"{where}: must be 1 to 64 letters, digits, underscores or dashes.", param=where,
+                      code="invalid_value")
 
 
 def _parameters(tool: Tool) -> dict:
@@ -150,6 +164,8 @@ def tool_message_fields(m: Any, where: str, msg: dict) -> None:
     if m.role != "assistant":
         raise invalid(f"{where}.tool_calls: only allowed in an assistant message.", param=f"{where}.tool_calls",
                       code="invalid_value")
+    for j, c in enumerate(m.tool_calls):
+        check_name(c.function.name, f"{where}.tool_calls[{j}].function.name")
     msg["tool_calls"] = [{"id": c.id, "type": "function",
                           "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
                          for c in m.tool_calls]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -17,7 +18,8 @@ import orjson
 import pydantic
 import pytest
 
-from inferd.store import UsageFilter
+from inferd.store import StoreError, UsageFilter
+from inferd.types import Delta, FinishReason
 from tests.api.batch_harness import serve
 from tests.daemon.harness import running, sim_model, write_config
 
@@ -277,3 +279,88 @@ async def test_previous_response_id_continues_a_conversation_after_the_daemon_re
         alone = await sdk.responses.create(model="sim", input="go on", max_output_tokens=4, store=False)
     assert last.previous_response_id == first.id and last.output_text
     assert last.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+
+
+def _failing(engine) -> None:
+    """Every request the engine accepts ends as an engine reports a failure: FinishReason.ERROR."""
+    submit = engine.submit
+
+    def failing(request):
+        stream = submit(request)
+        asyncio.get_running_loop().call_soon(
+            stream.push, Delta(token_ids=[], finish_reason=FinishReason.ERROR, error="injected failure"))
+        return stream
+    engine.submit = failing
+
+
+async def test_a_streamed_abnormal_end_is_error_then_failed_with_openais_code_and_logs_no_traceback(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    async with serve(tmp_path, KEPT) as (node, _):
+        _failing(next(iter(node.daemon.state.engines.values())))
+        events = [e async for e in await node.sdk().responses.create(model="sim", input="hi", stream=True,
+                                                                       max_output_tokens=50)]
+        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2].code == "engine_error" and events[-1].response.error.code == "server_error"
+    assert [row.status for row in rows] == [500]
+    assert not [r for r in caplog.records if r.getMessage() == "stream_failed" or r.exc_info]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_store_that_fails_to_keep_the_response_is_a_503_and_the_ledger_says_503(tmp_path, stream):
+    async with serve(tmp_path, KEPT) as (node, _):
+        async def broken(record) -> None:
+            raise StoreError("disk full")
+        node.daemon.state.storage.responses.put = broken
+        sdk = node.sdk()
+        if stream:
+            events = [e async for e in await sdk.responses.create(model="sim", input="hi", stream=True,
+                                                                   max_output_tokens=3)]
+            assert events[-1].type == "response.failed" and events[-2].code == "store_unavailable"
+        else:
+            with pytest.raises(openai.APIStatusError) as exc:
+                await sdk.responses.create(model="sim", input="hi", max_output_tokens=3)
+            assert exc.value.status_code == 503
+        rows = [row for _, row in await node.daemon.state.ledger.rows(UsageFilter(tenant="local"))]
+    assert [row.status for row in rows] == [503]
+
+
+async def test_a_tenant_that_keeps_nothing_is_told_why_previous_response_id_is_not_found(tmp_path):
+    async with serve(tmp_path) as (node, _):
+        with pytest.raises(openai.NotFoundError) as caught:
+            await node.sdk().responses.create(model="sim", input="x", previous_response_id="resp_00000000")
+    assert caught.value.body["param"] == "previous_response_id"
+    assert "retention is none" in caught.value.body["message"] and "docs/privacy.md" in caught.value.body["message"]
+
+
+async def test_a_stored_row_keeps_only_its_own_turn_and_a_deleted_link_breaks_the_chain(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _), aiohttp.ClientSession() as http:
+        sdk, store = node.sdk(), node.daemon.state.storage.responses
+        first = await sdk.responses.create(model="sim", input="zebra secret", max_output_tokens=3)
+        second = await sdk.responses.create(model="sim", input="walrus", max_output_tokens=3,
+                                            previous_response_id=first.id)
+        third = await sdk.responses.create(model="sim", input="otter", max_output_tokens=3,
+                                           previous_response_id=second.id)
+        row = await store.get("local", second.id, 0.0)
+        assert "walrus" in row.conversation and "zebra secret" not in row.conversation
+        assert third.usage.input_tokens > second.usage.input_tokens > first.usage.input_tokens   # whole chain
+        async with http.delete(f"{node.url}/v1/responses/{first.id}") as resp:
+            assert resp.status == 200
+        with pytest.raises(openai.NotFoundError) as caught:
+            await sdk.responses.create(model="sim", input="more", previous_response_id=third.id)
+    assert caught.value.body["param"] == "previous_response_id" and first.id in caught.value.body["message"]
+
+
+async def test_previous_response_id_is_read_after_idempotency_within_the_deadline(tmp_path):
+    async with serve(tmp_path, KEPT) as (node, _):
+        sdk = node.sdk()
+        first = await sdk.responses.create(model="sim", input="x", max_output_tokens=3)
+
+        async def hangs(tenant, response_id, now):
+            await asyncio.Event().wait()
+        node.daemon.state.storage.responses.get = hangs
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk.responses.create(model="sim", input="y", previous_response_id=first.id,
+                                       extra_headers={"X-Request-Timeout": "0.2"})
+    assert caught.value.status_code == 504 and caught.value.body["param"] == "previous_response_id"

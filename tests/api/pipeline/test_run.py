@@ -37,3 +37,10 @@ def test_both_pipelines_share_their_front_and_admit_only_after_every_cheap_check
     for names in (generation, embedding):       # refusals that cost nothing come before the tokenizer
         assert names.index("auth") < names.index("body") < names.index("route") < names.index("tokenize")
         assert names.index("permission") < names.index("tokenize") < names.index("policy") < names.index("track")
+
+
+def test_responses_reads_its_stored_conversation_right_after_the_deadline_and_the_idempotency_key():
+    from inferd.api.pipeline.run import RESPONSES
+    names = [name for name, _ in RESPONSES]
+    assert names.index("deadline") < names.index("idempotency") == names.index("conversation") - 1
+    assert [n for n in names if n != "conversation"] == [name for name, _ in GENERATION]

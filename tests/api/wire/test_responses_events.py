@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import pytest
+
 from inferd.api.errors import ApiError
 from inferd.api.wire.responses import Identity
 from inferd.api.wire.responses_events import ResponseEventEncoder
@@ -67,8 +69,19 @@ def test_an_abnormal_end_is_an_error_event_then_failed_and_no_done_sentinel():
     got = events(frames)
     assert [e["type"] for e in got[-2:]] == ["error", "response.failed"]
     assert got[-2]["code"] == "deadline_exceeded" and got[-2]["message"] == "too late"
-    assert got[-1]["response"]["status"] == "failed" and got[-1]["response"]["error"]["code"] == "deadline_exceeded"
+    failed = got[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"     # one of OpenAI's codes
+    assert [(i["type"], i["status"], i["content"][0]["text"]) for i in failed["output"]] == [
+        ("message", "incomplete", "a")]                                           # what was already streamed
     assert b"[DONE]" not in frames and not ended_normally(frames)
+    assert enc.held_done() == b""               # the writer's ask after an abnormal end: nothing more
+
+
+@pytest.mark.parametrize(("status", "code"), [(504, "server_error"), (500, "server_error"), (503, "server_error"),
+                                              (400, "invalid_prompt"), (429, "rate_limit_exceeded")])
+def test_a_failed_responses_error_code_is_one_of_openais(status, code):
+    got = events(ResponseEventEncoder(IDENT, ECHO).error(ApiError(status, "no", code="grammar_dead_end"), None))
+    assert got[-1]["response"]["error"]["code"] == code and got[-2]["code"] == "grammar_dead_end"
 
 
 def test_a_refusal_before_any_output_says_created_then_failed():
@@ -123,6 +136,23 @@ def test_a_call_closes_the_message_before_it_and_streams_its_arguments():
     assert call["type"] == "function_call" and call["call_id"] == "call_1" and call["name"] == "get"
     assert call["arguments"] == got[-2]["arguments"] == '{"q": 1}' and got[-1]["output_index"] == 1
     assert [i["type"] for i in enc.response["output"]] == ["message", "function_call"]
+
+
+def test_each_item_is_done_before_the_next_is_added_and_the_output_keeps_that_order():
+    parser = FakeParser([[Call(0, "call_1", "a"), Args(0, "{}")], [Call(1, "call_2", "b"), Args(1, "{}")],
+                         [Text("so")]], [])
+    enc = ResponseEventEncoder(IDENT, ECHO, parser=parser)
+    got = events(enc.content("x") + enc.content("y") + enc.content("z") + enc.final("", "stop"))
+    opened: set[int] = set()
+    for e in got:
+        if e["type"] == "response.output_item.added":
+            assert not opened, "an item was added while another was open"
+            opened.add(e["output_index"])
+        elif e["type"] == "response.output_item.done":
+            opened.remove(e["output_index"])
+    done = [e["item"] for e in got if e["type"] == "response.output_item.done"]
+    assert [i.get("name", i["type"]) for i in done] == ["a", "b", "message"]
+    assert [i.get("name", i["type"]) for i in enc.response["output"]] == ["a", "b", "message"]
 
 
 def test_held_back_text_is_no_frame():

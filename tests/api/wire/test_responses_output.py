@@ -49,3 +49,9 @@ def test_a_stream_ended_normally_only_with_its_closing_event():
     assert ended_normally(b"event: response.completed\ndata: {}\n\n")
     assert ended_normally(b": server-timing x\n\nevent: response.incomplete\ndata: {}\n\n")
     assert not ended_normally(b"event: response.failed\ndata: {}\n\n")
+
+
+def test_items_keep_the_order_the_stream_adds_them_in():
+    items = output_items([Call(0, "call_a", "f"), Args(0, "{}"), "so ", "then", Call(1, "call_b", "g"),
+                          Args(1, "{}"), "done"], "completed")
+    assert [i.get("name") or i["content"][0]["text"] for i in items] == ["f", "so then", "g", "done"]

@@ -127,3 +127,15 @@ def test_parser_for_picks_by_tool_choice_then_the_models_format(choice, name, fm
 def test_parser_for_is_none_without_tools_or_with_tool_choice_none():
     assert parser_for(Prepared(kind="chat"), "hermes") is None
     assert parser_for(Prepared(kind="chat", tools=[{"type": "function"}], tool_choice="none"), "hermes") is None
+
+
+@pytest.mark.parametrize(("fmt", "output"), [
+    ("hermes", HERMES),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f2", "parameters": {}}')])
+def test_parallel_tool_calls_false_under_auto_keeps_only_the_first_call_for_every_split(fmt, output):
+    p = Prepared(kind="chat", tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto",
+                 parallel_tool_calls=False)
+    text, names, args = _same_for_every_split(lambda: parser_for(p, fmt), output)
+    assert names == ["get_weather"] and args == [{"city": "Pa}ris\""} if fmt == "hermes" else {"city": "Paris"}]
+    parser, _ = _run(lambda: parser_for(p, fmt), [output])
+    assert [c.name for c in parser.calls] == ["get_weather"]
