@@ -125,7 +125,7 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         # the stream's outcome, even if its client hangs up during the commit
         ctx.status = final_status(entry.final, entry)
         try:
-            await _keep_then_record(ctx, output, encoder.response, entry.final)
+            await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)
         except ApiError as err:         # the stream ends with this error frame instead of [DONE]
             withheld.append(err)
             raise
