@@ -189,3 +189,24 @@ async def test_logprobs_come_with_the_calls_one_entry_per_token(api):
     chunks = [c async for c in stream]
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert len(entries) == chunks[-1].usage.completion_tokens
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+async def test_a_client_leaving_in_the_middle_of_a_streamed_call_frees_its_kv_blocks(serve, path):
+    served = await serve({"m": sim_engine(max_model_len=2048, time_scale=2.0)})
+    idle = await served.free_kv_blocks()
+    call = {"regex": '<tool_call>\\{"name": "clock", "arguments": \\{"zone": "a{400}'}    # a long call, paced
+    body = {"model": "m", "stream": True, "tool_choice": "auto"}
+    if path == "/v1/responses":
+        body |= {"input": "hi", "max_output_tokens": 500, "text": None,
+                 "tools": [{"type": "function", "name": "clock", "parameters": CLOCK}]}
+    else:
+        body |= {"messages": QUESTION, "max_tokens": 500, "tools": TOOLS, "structured_outputs": call}
+    body = {k: v for k, v in body.items() if v is not None}
+    resp = await served.http.post(served.base_url + path, json=body)
+    await resp.content.readuntil(b"\n\n")           # generation is under way
+    assert await served.free_kv_blocks() < idle
+    resp.close()                                    # drop the connection mid-stream
+    assert await served.state.wait_idle(timeout=1.0)
+    assert await served.free_kv_blocks() == idle
+    assert served.engine.stats().running == 0

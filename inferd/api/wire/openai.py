@@ -28,6 +28,9 @@ StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
 # Each message costs templating and tokens even when empty; tens of thousands would make one
 # request's preparation take seconds. A longer conversation is a 400 naming `messages`.
 MAX_MESSAGES = 2048
+MAX_METADATA_KEYS = 16      # as OpenAI's `metadata`: 16 pairs, keys up to 64 characters, values up to 512
+MetadataMap = Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+                        msgspec.Meta(max_length=MAX_METADATA_KEYS)]
 # Holding back text that could start a stop string costs in proportion to its length, per token.
 MAX_STOP_CHARS = 256
 # A list of prompts in /v1/completions becomes one engine request per prompt (LangChain sends up to 20).
@@ -139,7 +142,7 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
     web_search_options: Any = None
     service_tier: str | None = None
     store: bool | None = None
-    metadata: dict[str, str] | None = None          # annotation only: never changes the output
+    metadata: MetadataMap | None = None             # annotation only: never changes the output
     prompt_cache_key: str | None = None             # a routing hint; our prefix cache is automatic
     prompt_cache_retention: str | None = None
     prompt_cache_options: Any = None
@@ -170,6 +173,7 @@ _decoders = {
     "chat": msgspec.json.Decoder(ChatCompletionRequest),
 }
 _PATH = re.compile(r" - at `\$\.?(.*)`$")
+_KEY_PATH = re.compile(r" - at `key` in `\$\.?(.*)`$")     # a map's key broke its rule: the map is the field
 _FIELD = re.compile(r"field `([^`]*)`")
 
 
@@ -195,8 +199,10 @@ def decode_with(decoder: msgspec.json.Decoder, body: bytes) -> Any:
 
 
 def _validation_error(text: str) -> ApiError:
-    m = _PATH.search(text)
-    where = m.group(1) if m else ""
+    key = _KEY_PATH.search(text)
+    m = key or _PATH.search(text)
+    # `metadata[...]` is msgspec's name for any one value of the map `metadata`: the field is the map
+    where = m.group(1).replace("[...]", "") if m else ""
     detail = text[: m.start()] if m else text
     field = _FIELD.search(detail)
     if detail.startswith("Object contains unknown field"):
@@ -207,7 +213,7 @@ def _validation_error(text: str) -> ApiError:
         param = _join(where, field.group(1) if field else "")
         return ApiError(400, f"Missing required parameter: {param}", param=param, code="missing_required_parameter")
     detail = detail.replace("`", "")
-    detail = detail[:1].lower() + detail[1:]
+    detail = ("a key: " if key else "") + detail[:1].lower() + detail[1:]
     if not where:
         return invalid(f"Invalid request body: {detail}", code="invalid_type")
     return invalid(f"{where}: {detail}", param=where, code="invalid_value")

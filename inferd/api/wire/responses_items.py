@@ -29,6 +29,7 @@ class ResponseInputPart(msgspec.Struct, **_STRICT):
     filename: Any = None
     file_url: Any = None
     detail: Any = None
+    input_audio: Any = None                     # an audio part (the SDK's shape): refused as a part, by its index
 
 
 class ResponseInputItem(msgspec.Struct, **_STRICT):
@@ -136,7 +137,7 @@ def _text_of(parts: list[ResponseInputPart], where: str) -> str:
         if part.type not in TEXT_PART_TYPES or part.text is None:
             raise invalid(f"{at}: only text parts (type \"input_text\" with a `text` string) are supported, got "
                           f"type {part.type!r}.", param=at, code="unsupported_parameter")
-        for name in ("image_url", "file_id", "file_data", "filename", "file_url", "detail"):
+        for name in ("image_url", "file_id", "file_data", "filename", "file_url", "detail", "input_audio"):
             if getattr(part, name) is not None:
                 raise invalid(f"{at}.{name}: not allowed in a text part.", param=f"{at}.{name}",
                               code="unsupported_parameter")

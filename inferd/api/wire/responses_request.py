@@ -15,17 +15,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from inferd.api.errors import invalid
-from inferd.api.wire.openai import (_STRICT, MAX_MESSAGES, NO_OP_VALUES as CHAT_NO_OP_VALUES, PositiveInt, Prepared,
-                                    Temperature, TopP, _is_no_op, _show)
+from inferd.api.wire.openai import (_STRICT, MAX_MESSAGES, NO_OP_VALUES as CHAT_NO_OP_VALUES, MetadataMap,
+                                    PositiveInt, Prepared, Temperature, TopP, _is_no_op, _show)
 from inferd.api.wire.responses_items import ResponseInputItem, input_messages, prompt_chars
 from inferd.api.wire.responses_tools import prepare_response_tools
 from inferd.api.wire.tools import FunctionName
 from inferd.api.wire.structured import NAME_PATTERN, compact, set_guided
 from inferd.types import GuidedDecoding
 
-MAX_METADATA_KEYS = 16      # as OpenAI's `metadata`: 16 pairs, keys up to 64 characters, values up to 512
-MetadataMap = Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
-                        msgspec.Meta(max_length=MAX_METADATA_KEYS)]
 SchemaName = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]     # OpenAI's rule, as response_format's
 
 

@@ -42,6 +42,10 @@ def new_call_id() -> str:
 
 # `{"name": "<name>", "arguments": ` (or "parameters"), the part of a call before its arguments' value.
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+# A header is matched from its start again on every feed until it is whole: one longer than this (a name runs
+# on, whitespace floods) is no streamable call, so it is parsed whole at its end instead, and a runaway model
+# costs linear time, not a rescan per token (names are at most 64 characters).
+MAX_HEADER = 1024
 
 
 class JsonValueEnd:
@@ -151,6 +155,7 @@ class CallScanner:
             elif self.state == "header":
                 m = _HEADER.match(self.buf)
                 if m is None or m.end() == len(self.buf):   # need more (or it never fits: parsed whole)
+                    self.failed = len(self.buf) > MAX_HEADER
                     return
                 if self.buf[m.end()] != "{":     # arguments as a JSON string, say: parsed whole at the end
                     self.failed = True

@@ -16,7 +16,8 @@ import orjson
 
 from inferd.api.wire.logprobs import LogprobFormat
 from inferd.api.wire.responses import ChunkEncoder
-from inferd.api.wire.tool_calls import ArgumentsPiece, CallStarted, TextPiece, ToolCallParser, ToolEvent
+from inferd.api.wire.tool_calls import (ArgumentsPiece, CallStarted, HermesParser, Llama3JsonParser, TextPiece,
+                                        ToolCallParser, ToolEvent)
 
 
 def finish_with_calls(finish: str, parser: ToolCallParser) -> str:
@@ -30,9 +31,22 @@ def tool_message(parser: ToolCallParser, text: str) -> tuple[str | None, list[di
     content = "".join(e.text for e in events if isinstance(e, TextPiece))
     if not parser.calls:
         return content, None
+    if isinstance(parser, (HermesParser, Llama3JsonParser)) and not all(_parses(c.arguments) for c in parser.calls):
+        # tool_choice auto, a call cut short (max_tokens, or the model stopped inside it): the whole output is
+        # content, as vLLM's parsers return it, never arguments a client's json.loads fails on (nor finish_reason "tool_calls")
+        parser.calls.clear()
+        return text, None
     calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
              for c in parser.calls]
     return (content if content.strip() else None), calls
+
+
+def _parses(arguments: str) -> bool:
+    try:
+        orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _deltas(events: list[ToolEvent]) -> list[dict]:

@@ -109,6 +109,12 @@ def test_chat_values_that_change_output_are_rejected_by_name(field, value):
     assert rejected("chat", chat(**{field: value})).param == field
 
 
+@pytest.mark.parametrize("metadata", [{str(i): "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}])
+def test_chat_metadata_over_openais_bounds_is_a_400_naming_metadata(metadata):
+    # 16 pairs, keys up to 64 characters, values up to 512 strings (OpenAI's); a map's key names the map
+    assert rejected("chat", chat(metadata=metadata)).param == "metadata"
+
+
 def test_bool_does_not_pass_for_a_number():
     assert rejected("completion", completion(n=True)).param == "n"
 

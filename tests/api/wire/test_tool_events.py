@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferd.api.wire import tool_events
 from inferd.api.wire.tool_events import ArgumentsPiece, CallScanner, CallStarted, JsonValueEnd, ToolCallParser
 
 
@@ -28,3 +29,29 @@ def test_a_segment_that_never_fit_the_shape_is_parsed_whole_at_its_end():
     out: list = []
     assert scanner.end(out) and [type(e) for e in out] == [CallStarted, ArgumentsPiece]
     assert not CallScanner(ToolCallParser(), " ").end([])    # nothing at all is no call
+
+
+class _CountingHeader:
+    """Stands in for the header pattern and counts the characters each match is handed."""
+
+    def __init__(self, pattern) -> None:
+        self.pattern, self.scanned = pattern, 0
+
+    def match(self, text: str):
+        self.scanned += len(text)
+        return self.pattern.match(text)
+
+
+@pytest.mark.parametrize("head", ['{"name": "', "{" + " " * 10, '{"name"'])
+def test_a_header_that_runs_on_is_not_rescanned_on_every_feed_and_ends_as_content(monkeypatch, head):
+    # A model that writes 100k characters of a name (or of whitespace) must cost linear work, not a rescan of
+    # everything so far per token: that is seconds to minutes on the event loop.
+    counting = _CountingHeader(tool_events._HEADER)
+    monkeypatch.setattr(tool_events, "_HEADER", counting)
+    parser = ToolCallParser()
+    scanner = CallScanner(parser, " ")
+    scanner.feed(head, [])
+    for _ in range(25_000):
+        scanner.feed("abcd" if head != "{" + " " * 10 else "    ", [])
+    assert counting.scanned < tool_events.MAX_HEADER ** 2     # bounded, whatever the output's length
+    assert not scanner.end([]) and not parser.calls         # no call: its text is content

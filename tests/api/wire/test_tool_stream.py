@@ -107,3 +107,10 @@ def test_whole_message_without_calls_is_plain_content():
     parser = HermesParser()
     assert tool_message(parser, "just words") == ("just words", None)
     assert finish_with_calls("stop", parser) == "stop"
+
+
+def test_a_whole_output_cut_inside_a_call_is_its_text_as_content_and_no_call():
+    text = 'Sure. <tool_call>{"name": "clock", "arguments": {"zone": "UT'
+    parser = HermesParser()
+    assert tool_message(parser, text) == (text, None)
+    assert finish_with_calls("stop", parser) == "stop"
