@@ -14,6 +14,7 @@ import msgspec
 from inferd.api.wire import embedding_format
 from inferd.api.errors import ApiError, invalid
 from inferd.api.wire.openai import decode, prepare
+from inferd.api.wire.strict import show_value
 from inferd.api.state import ServerState
 from inferd.api.pipeline.versioned import route_request
 
@@ -87,9 +88,9 @@ def _parse_line(n: int, raw: bytes) -> BatchLine:
         raise InputError(f"line {n}: custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters.",
                          n, "custom_id")
     if method != "POST":
-        raise InputError(f"line {n}: method must be \"POST\", got {_show(method)}.", n, "method")
+        raise InputError(f"line {n}: method must be \"POST\", got {show_value(method)}.", n, "method")
     if url not in URLS:
-        raise InputError(f"line {n}: url must be one of {', '.join(URLS)}, got {_show(url)}.", n, "url")
+        raise InputError(f"line {n}: url must be one of {', '.join(URLS)}, got {show_value(url)}.", n, "url")
     if not isinstance(body, dict):
         raise InputError(f"line {n}: body must be a JSON object (the request for {url}).", n, "body")
     if body.get("stream"):
@@ -105,11 +106,6 @@ def _parse_line(n: int, raw: bytes) -> BatchLine:
         param = f"body.{err.param}" if err.param else "body"
         raise InputError(f"line {n}: {param}: {err.message}", n, param) from None
     return BatchLine(idx=n - 1, custom_id=custom_id, url=url, body=encoded, model=body["model"])
-
-
-def _show(value: object) -> str:
-    text = msgspec.json.encode(value).decode()
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_models(state: ServerState, tenant: str, lines: list[BatchLine]) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from inferd.api.errors import ApiError, invalid
+from inferd.api.wire.strict import STRICT, is_no_op, show_value
 from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
 from inferd.api.wire.structured import ResponseFormat, StructuredOutputs, guided_for, legacy_hint, set_guided
 from inferd.api.wire.tools import MessageToolCall, Tool, ToolChoice, prepare_tools, tool_message_fields
@@ -43,17 +44,16 @@ TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]
 CompletionLogprobs = Annotated[int, msgspec.Meta(ge=0, le=5)]
 Prompt = Union[str, list[Union[str, int, list[int]]]]
 
-_STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
 
 
-class StreamOptions(msgspec.Struct, **_STRICT):
+class StreamOptions(msgspec.Struct, **STRICT):
     include_usage: bool | None = None
     # vLLM's extension (guidellm sends it): usage so far on every chunk
     continuous_usage_stats: bool | None = None
     include_obfuscation: bool | None = None     # no-op value: false (we never add padding fields)
 
 
-class ContentPart(msgspec.Struct, **_STRICT):
+class ContentPart(msgspec.Struct, **STRICT):
     """A part of a chat message's content; only `type: "text"` is supported."""
 
     type: str
@@ -71,7 +71,7 @@ UNSUPPORTED_ROLES = ("function",)
 UNSUPPORTED_MESSAGE_FIELDS = ("function_call", "audio", "refusal")
 
 
-class ChatMessage(msgspec.Struct, **_STRICT):
+class ChatMessage(msgspec.Struct, **STRICT):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -82,7 +82,7 @@ class ChatMessage(msgspec.Struct, **_STRICT):
     audio: Any = None
 
 
-class _SamplingFields(msgspec.Struct, **_STRICT):
+class _SamplingFields(msgspec.Struct, **STRICT):
     model: str
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
@@ -111,7 +111,7 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     structured_outputs: StructuredOutputs | None = None
 
 
-class CompletionRequest(_SamplingFields, **_STRICT):
+class CompletionRequest(_SamplingFields, **STRICT):
     """POST /v1/completions"""
 
     prompt: Prompt
@@ -121,7 +121,7 @@ class CompletionRequest(_SamplingFields, **_STRICT):
     suffix: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields, **_STRICT):
+class ChatCompletionRequest(_SamplingFields, **STRICT):
     """POST /v1/chat/completions"""
 
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
@@ -223,12 +223,6 @@ def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where and name else (where or name)
 
 
-def _is_no_op(value: Any, allowed: tuple[Any, ...]) -> bool:
-    # bool is an int in Python: `echo: 0` must not pass as `false`, nor `n: true` as 1.
-    return value is None or any(type(value) is type(a) and value == a for a in allowed) or (
-        isinstance(value, float) and any(type(a) is int and value == a for a in allowed))
-
-
 class Prepared(msgspec.Struct, kw_only=True):
     """What a handler needs after validation, before tokenization."""
 
@@ -286,8 +280,8 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
     """Check the semantic rules msgspec cannot express; raise a 400 naming the field."""
     for name, (allowed, say) in NO_OP_VALUES.items():
         value = getattr(req, name, None)
-        if not _is_no_op(value, allowed):
-            raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {_show(value)}).",
+        if not is_no_op(value, allowed):
+            raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {show_value(value)}).",
                           param=name, code="unsupported_parameter")
     opts = req.stream_options
     if opts is not None and not req.stream:
@@ -334,11 +328,6 @@ def _prepare_logprobs(kind: str, req: CompletionRequest | ChatCompletionRequest,
         raise invalid("top_logprobs: requires logprobs to be true.", param="top_logprobs", code="invalid_value")
     if req.logprobs:
         out.logprobs = req.top_logprobs or 0
-
-
-def _show(value: Any) -> str:
-    text = msgspec.json.encode(value).decode()
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _prepare_prompt(prompt: Any, out: Prepared) -> None:

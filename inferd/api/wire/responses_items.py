@@ -9,13 +9,13 @@ from typing import Any, Literal
 import msgspec
 
 from inferd.api.errors import invalid
-from inferd.api.wire.openai import _STRICT
+from inferd.api.wire.strict import STRICT
 from inferd.api.wire.tools import check_name
 
 TEXT_PART_TYPES = ("input_text", "output_text")
 
 
-class ResponseInputPart(msgspec.Struct, **_STRICT):
+class ResponseInputPart(msgspec.Struct, **STRICT):
     """A part of an input message's content: text only (`input_text`; `output_text` in an assistant
     message the client passes back)."""
 
@@ -32,7 +32,7 @@ class ResponseInputPart(msgspec.Struct, **_STRICT):
     input_audio: Any = None                     # an audio part (the SDK's shape): refused as a part, by its index
 
 
-class ResponseInputItem(msgspec.Struct, **_STRICT):
+class ResponseInputItem(msgspec.Struct, **STRICT):
     """An item of `input`: a message ({role, content}, `type` "message" or absent), as EasyInputMessage or
     an output message passed back (with its `id` and `status`); a function call the model made
     ({type: "function_call", call_id, name, arguments}), passed back; its result ({type:

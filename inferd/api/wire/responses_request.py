@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from inferd.api.errors import invalid
-from inferd.api.wire.openai import (_STRICT, MAX_MESSAGES, NO_OP_VALUES as CHAT_NO_OP_VALUES, MetadataMap,
-                                    PositiveInt, Prepared, Temperature, TopP, _is_no_op, _show)
+from inferd.api.wire.openai import (MAX_MESSAGES, NO_OP_VALUES as CHAT_NO_OP_VALUES, MetadataMap, PositiveInt,
+                                    Prepared, Temperature, TopP)
+from inferd.api.wire.strict import STRICT, is_no_op, show_value
 from inferd.api.wire.responses_items import ResponseInputItem, input_messages, prompt_chars
 from inferd.api.wire.responses_tools import prepare_response_tools
 from inferd.api.wire.tools import FunctionName
@@ -26,7 +27,7 @@ from inferd.types import GuidedDecoding
 SchemaName = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]     # OpenAI's rule, as response_format's
 
 
-class ResponseTextFormat(msgspec.Struct, **_STRICT):
+class ResponseTextFormat(msgspec.Struct, **STRICT):
     """`text.format`: plain text, any JSON object, or JSON following `schema`."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -36,12 +37,12 @@ class ResponseTextFormat(msgspec.Struct, **_STRICT):
     description: str | None = None
 
 
-class ResponseTextConfig(msgspec.Struct, **_STRICT):
+class ResponseTextConfig(msgspec.Struct, **STRICT):
     format: ResponseTextFormat | None = None
     verbosity: str | None = None
 
 
-class ResponseFunctionTool(msgspec.Struct, **_STRICT):
+class ResponseFunctionTool(msgspec.Struct, **STRICT):
     """A function tool in the Responses API's flat shape (chat nests the same fields under `function`)."""
 
     type: Literal["function"]
@@ -51,18 +52,18 @@ class ResponseFunctionTool(msgspec.Struct, **_STRICT):
     description: str | None = None
 
 
-class ResponseToolChoiceFunction(msgspec.Struct, **_STRICT):
+class ResponseToolChoiceFunction(msgspec.Struct, **STRICT):
     """tool_choice naming one function: {"type": "function", "name"}."""
 
     type: Literal["function"]
     name: str
 
 
-class ResponseStreamOptions(msgspec.Struct, **_STRICT):
+class ResponseStreamOptions(msgspec.Struct, **STRICT):
     include_obfuscation: bool | None = None     # no-op value: false (we never add padding fields)
 
 
-class ResponsesRequest(msgspec.Struct, **_STRICT):
+class ResponsesRequest(msgspec.Struct, **STRICT):
     """POST /v1/responses"""
 
     model: str
@@ -128,8 +129,8 @@ def prepare(req: ResponsesRequest) -> tuple[Prepared, list[dict]]:
     messages (what a stored response keeps); 400s naming the field for what msgspec cannot express."""
     for name, (allowed, say) in NO_OP_VALUES.items():
         value = getattr(req, name)
-        if not _is_no_op(value, allowed):
-            raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {_show(value)}).",
+        if not is_no_op(value, allowed):
+            raise invalid(f"{name}: not supported by this server; only {say} is accepted (got {show_value(value)}).",
                           param=name, code="unsupported_parameter")
     if req.stream_options is not None:
         if not req.stream:
@@ -139,7 +140,7 @@ def prepare(req: ResponsesRequest) -> tuple[Prepared, list[dict]]:
             raise invalid("stream_options.include_obfuscation: only false is accepted.",
                           param="stream_options.include_obfuscation", code="unsupported_parameter")
     if req.previous_response_id is not None and not _ID.fullmatch(req.previous_response_id):
-        raise invalid(f"previous_response_id: not a response id (resp_...), got {_show(req.previous_response_id)}.",
+        raise invalid(f"previous_response_id: not a response id (resp_...), got {show_value(req.previous_response_id)}.",
                       param="previous_response_id", code="invalid_value")
     inputs = input_messages(req.input)
     head = [{"role": "system", "content": req.instructions}] if req.instructions else []
@@ -163,7 +164,7 @@ def _prepare_format(text: ResponseTextConfig | None, out: Prepared) -> None:
                               code="unknown_parameter")
     if text is not None and text.verbosity not in (None, "medium"):
         raise invalid(f"text.verbosity: not supported by this server; only null or \"medium\" is accepted (got "
-                      f"{_show(text.verbosity)}).", param="text.verbosity", code="unsupported_parameter")
+                      f"{show_value(text.verbosity)}).", param="text.verbosity", code="unsupported_parameter")
     if fmt is None or fmt.type == "text":
         return
     if fmt.type == "json_object":

@@ -23,10 +23,10 @@ from typing import Annotated, Any
 import msgspec
 
 from inferd.api.errors import invalid
+from inferd.api.wire.strict import STRICT
 from inferd.types import GuidedDecoding
 
-_STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
-_TAGGED = dict(_STRICT, tag_field="type")
+_TAGGED = dict(STRICT, tag_field="type")
 # OpenAI's rule for a response format's name (their API's 400 quotes this pattern). \Z, not $: Python's $
 # also matches before a final newline; /openapi.json writes it with $ (ECMA's, which does not).
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}\Z"
@@ -42,7 +42,7 @@ LEGACY_FIELDS = {"guided_json": "structured_outputs.json", "guided_regex": "stru
                  "guided_decoding_backend": None}
 
 
-class JsonSchemaFormat(msgspec.Struct, **_STRICT):
+class JsonSchemaFormat(msgspec.Struct, **STRICT):
     """response_format.json_schema, as OpenAI's API takes it."""
 
     name: Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
@@ -66,7 +66,7 @@ class JsonSchemaResponseFormat(msgspec.Struct, tag="json_schema", **_TAGGED):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat
 
 
-class StructuredOutputs(msgspec.Struct, **_STRICT):
+class StructuredOutputs(msgspec.Struct, **STRICT):
     """vLLM's `structured_outputs`: one constraint, and vLLM's options at their no-op values."""
 
     json: str | dict[str, Any] | None = None

@@ -17,12 +17,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from inferd.api.errors import invalid
+from inferd.api.wire.strict import STRICT
 from inferd.types import GuidedDecoding
 
 # The request, message and Prepared structs are inferd.api.wire.openai's, which imports this module: typed
 # loosely here (Any) so the two do not import each other.
 
-_STRICT = dict(forbid_unknown_fields=True, kw_only=True, omit_defaults=True)
 # OpenAI's rule for a function's name. msgspec's pattern is a re.search, and `$` matches before a trailing
 # newline, so "foo\n" would pass it: names are checked again whole (check_name), as they go into the prompt.
 FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -31,23 +31,23 @@ _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_TOOLS = 128
 
 
-class FunctionDefinition(msgspec.Struct, **_STRICT):
+class FunctionDefinition(msgspec.Struct, **STRICT):
     name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = None    # a JSON schema of an object; absent: no parameters
     strict: bool | None = None                  # our calls always follow the schema under required/named
 
 
-class Tool(msgspec.Struct, **_STRICT):
+class Tool(msgspec.Struct, **STRICT):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(msgspec.Struct, **_STRICT):
+class NamedFunction(msgspec.Struct, **STRICT):
     name: str
 
 
-class NamedToolChoice(msgspec.Struct, **_STRICT):
+class NamedToolChoice(msgspec.Struct, **STRICT):
     type: Literal["function"]
     function: NamedFunction
 
@@ -55,12 +55,12 @@ class NamedToolChoice(msgspec.Struct, **_STRICT):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class CalledFunction(msgspec.Struct, **_STRICT):
+class CalledFunction(msgspec.Struct, **STRICT):
     name: str
     arguments: str                              # JSON text, as the model wrote it
 
 
-class MessageToolCall(msgspec.Struct, **_STRICT):
+class MessageToolCall(msgspec.Struct, **STRICT):
     """A call in an assistant message of the history."""
 
     id: str
