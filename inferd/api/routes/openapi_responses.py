@@ -15,10 +15,9 @@ import msgspec
 from inferd.api.routes.openapi_structured import NAME_PATTERN
 from inferd.api.routes.stored_responses import NO_OP_QUERY
 from inferd.api.wire.tools import MAX_TOOLS
-from inferd.api.wire.responses_items import ITEM_FIELDS, TEXT_PART_TYPES
+from inferd.api.wire.responses_items import ITEM_FIELDS, NON_TEXT_FIELDS, TEXT_PART_TYPES
 from inferd.api.wire.responses_request import NO_OP_VALUES, ResponsesRequest
 
-_NOT_TEXT = ("image_url", "file_id", "file_data", "filename", "file_url", "detail")
 _TEXT_FORMAT_ONLY = ("name", "schema", "strict", "description")
 
 
@@ -41,7 +40,7 @@ def _tighten(components: dict, name: str, model: dict) -> None:
     components["ResponseInputItem"] = _item_schema(components["ResponseInputItem"])
     part = components["ResponseInputPart"]
     part["properties"].update({"type": {"enum": list(TEXT_PART_TYPES)}, "text": {"type": "string"},
-                               **{f: {"type": "null", "default": None} for f in _NOT_TEXT}})
+                               **{f: {"type": "null", "default": None} for f in NON_TEXT_FIELDS}})
     part["required"] = ["type", "text"]
     _tighten_tools(components, name)
     fmt = components["ResponseTextFormat"]

@@ -10,10 +10,13 @@ import msgspec
 
 from inferd.api.errors import invalid
 from inferd.api.wire.strict import STRICT
-from inferd.api.wire.tools import check_name
+from inferd.api.wire.tools import FunctionName, check_name, template_arguments
 
 TEXT_PART_TYPES = ("input_text", "output_text")
 
+
+# fields a part may carry only as null: a text part carries its text alone (never dropped silently)
+NON_TEXT_FIELDS = ("image_url", "file_id", "file_data", "filename", "file_url", "detail", "input_audio")
 
 class ResponseInputPart(msgspec.Struct, **STRICT):
     """A part of an input message's content: text only (`input_text`; `output_text` in an assistant
@@ -45,7 +48,7 @@ class ResponseInputItem(msgspec.Struct, **STRICT):
     status: str | None = None
     phase: str | None = None
     call_id: str | None = None
-    name: str | None = None
+    name: FunctionName | None = None
     arguments: str | None = None
     output: str | list[ResponseInputPart] | None = None
 
@@ -105,7 +108,7 @@ def item_messages(items: list[dict]) -> list[dict]:
         kind = item.get("type", "message")
         if kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": _arguments(item["arguments"])}}
+                    "function": {"name": item["name"], "arguments": template_arguments(item["arguments"])}}
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
@@ -121,14 +124,6 @@ def item_messages(items: list[dict]) -> list[dict]:
     return messages
 
 
-def _arguments(text: str) -> Any:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    return value if isinstance(value, dict) else text
-
-
 def _text_of(parts: list[ResponseInputPart], where: str) -> str:
     """The text of a list of parts at `where` (a message's `content`, a call output's `output`)."""
     texts = []
@@ -137,7 +132,7 @@ def _text_of(parts: list[ResponseInputPart], where: str) -> str:
         if part.type not in TEXT_PART_TYPES or part.text is None:
             raise invalid(f"{at}: only text parts (type \"input_text\" with a `text` string) are supported, got "
                           f"type {part.type!r}.", param=at, code="unsupported_parameter")
-        for name in ("image_url", "file_id", "file_data", "filename", "file_url", "detail", "input_audio"):
+        for name in NON_TEXT_FIELDS:
             if getattr(part, name) is not None:
                 raise invalid(f"{at}.{name}: not allowed in a text part.", param=f"{at}.{name}",
                               code="unsupported_parameter")

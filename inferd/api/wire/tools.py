@@ -56,7 +56,7 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class CalledFunction(msgspec.Struct, **STRICT):
-    name: str
+    name: FunctionName
     arguments: str                              # JSON text, as the model wrote it
 
 
@@ -167,11 +167,13 @@ def tool_message_fields(m: Any, where: str, msg: dict) -> None:
     for j, c in enumerate(m.tool_calls):
         check_name(c.function.name, f"{where}.tool_calls[{j}].function.name")
     msg["tool_calls"] = [{"id": c.id, "type": "function",
-                          "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                          "function": {"name": c.function.name, "arguments": template_arguments(c.function.arguments)}}
                          for c in m.tool_calls]
 
 
-def _arguments(text: str) -> Any:
+def template_arguments(text: str) -> Any:
+    """A call's `arguments` as chat templates take them: the object when the JSON text is one (as
+    transformers and vLLM pass them), else the text as it came."""
     try:
         value = json.loads(text)
     except ValueError:
