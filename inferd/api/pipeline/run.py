@@ -58,14 +58,22 @@ GENERATION: Sequence[tuple[str, Stage]] = (
     ("stream", respond.send_output),
 )
 
-# POST /v1/responses: chat's stages, with its own decode (instructions, input).
-# The stored conversation of previous_response_id is read once the request has its deadline and its
-# idempotency key (a replay reads nothing).
-RESPONSES: Sequence[tuple[str, Stage]] = tuple(
-    step for name, stage in GENERATION
-    for step in ((("decode", responses.decode_request),) if name == "decode" else
-                 ((name, stage), ("conversation", responses.load_conversation)) if name == "idempotency" else
-                 ((name, stage),)))
+
+def variant(stages: Sequence[tuple[str, Stage]], *, replace: dict[str, Stage],
+            insert_after: dict[str, tuple[str, Stage]]) -> tuple[tuple[str, Stage], ...]:
+    """`stages` with some stages swapped for an endpoint's own and some added after named ones."""
+    out: list[tuple[str, Stage]] = []
+    for name, stage in stages:
+        out.append((name, replace.get(name, stage)))
+        if name in insert_after:
+            out.append(insert_after[name])
+    return tuple(out)
+
+
+# POST /v1/responses: chat's stages, with its own decode (instructions, input); the stored conversation of
+# previous_response_id is read once the request has its deadline and its idempotency key (a replay reads nothing).
+RESPONSES = variant(GENERATION, replace={"decode": responses.decode_request},
+                    insert_after={"idempotency": ("conversation", responses.load_conversation)})
 
 EMBEDDING: Sequence[tuple[str, Stage]] = (
     ("draining", front.refuse_while_draining),
