@@ -117,7 +117,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._init_lock = threading.Lock()
         self._compiler: Any = None
-        self._not_json: np.ndarray | None = None      # tokens holding a control character (see _control_tokens)
+        self._json_keep: np.ndarray | None = None     # tokens JSON may hold: all but control characters (_control_tokens)
         self._cache: OrderedDict[GuidedDecoding, tuple[Any, int]] = OrderedDict()   # value: (grammar | error, bytes)
         self._bytes = 0
         self._verdicts: OrderedDict[bytes, str] = OrderedDict()    # digest -> "" (compiled) or the refusal
@@ -147,7 +147,8 @@ class Grammars:
             if self._compiler is None:
                 xgr = _xgrammar()
                 info = self._make_info(xgr)
-                self._not_json = _control_tokens(info.decoded_vocab, self.vocab_size)
+                not_json = _control_tokens(info.decoded_vocab, self.vocab_size)
+                self._json_keep = ~not_json if not_json.any() else None    # once, not per sequence
                 # xgrammar's own cache is off: ours is the one bound (entries and bytes).
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
@@ -253,7 +254,7 @@ class Grammars:
             if isinstance(exc, GrammarError):
                 raise
             raise GrammarError(f"the {kind.replace('_', ' ')} was refused: {_clean(exc)}") from None
-        if not GrammarState(compiled, self.vocab_size, self._banned(kind)).allowed().any():
+        if not GrammarState(compiled, self.vocab_size, self._keep(kind)).allowed().any():
             raise GrammarError(f"the {kind.replace('_', ' ')} admits no output")
         return compiled
 
@@ -262,7 +263,7 @@ class Grammars:
         returned for `guided` (then nothing compiles, even if the cache evicted it since)."""
         if compiled is None:
             compiled = self.compile(guided)
-        return GrammarState(compiled, self.vocab_size, self._banned(guided.kind))
+        return GrammarState(compiled, self.vocab_size, self._keep(guided.kind))
 
     def cached_matcher(self, guided: GuidedDecoding) -> GrammarState | None:
         """A fresh matcher when `guided` is compiled already, else None: never compiles (safe on the loop)."""
@@ -272,12 +273,12 @@ class Grammars:
                 self._cache.move_to_end(guided)      # a use, as in cached()
         if hit is None or isinstance(hit[0], GrammarError):
             return None
-        return GrammarState(hit[0], self.vocab_size, self._banned(guided.kind))
+        return GrammarState(hit[0], self.vocab_size, self._keep(guided.kind))
 
-    def _banned(self, kind: str) -> np.ndarray | None:
+    def _keep(self, kind: str) -> np.ndarray | None:
         # xgrammar's JSON strings admit raw control characters (U+0000-U+001F), which JSON forbids
         # (Python's json.loads refuses them); compact JSON has no other place for them either.
-        return self._not_json if kind in ("json_schema", "json_object") else None
+        return self._json_keep if kind in ("json_schema", "json_object") else None
 
 
 class _Flight(Future):
@@ -324,14 +325,14 @@ class GrammarState:
 
     __slots__ = ("_matcher", "_bitmask", "_bytes", "_size", "_allowed", "_keep", "failed")
 
-    def __init__(self, compiled: Any, vocab_size: int, banned: np.ndarray | None = None) -> None:
-        """`banned`: token ids never allowed, whatever the grammar says (one flag per id)."""
+    def __init__(self, compiled: Any, vocab_size: int, keep: np.ndarray | None = None) -> None:
+        """`keep`: the token ids that may ever be allowed, whatever the grammar says (one flag per id; None: all)."""
         xgr = _xgrammar()
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._bytes = self._bitmask.numpy().view(np.uint8)   # the same memory, as bytes (little-endian words)
         self._size = vocab_size
-        self._keep = None if banned is None or not banned.any() else ~banned
+        self._keep = keep
         self._allowed: np.ndarray | None = None               # the mask of the current state, once computed
         self.failed = False          # a token it did not allow was accepted: the output cannot follow it any more
 
