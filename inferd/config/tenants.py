@@ -78,6 +78,11 @@ class TenantConfig(ConfigTable):
     # "none" (the default): no prompt or completion text is kept anywhere. A period ("7d", "12h", "30m"):
     # each request's text is kept that long (inferd.store.transcripts), then deleted.
     retention: str = "none"
+    # Files (inferd.api.routes.upload_gate): bytes of files it may hold, uploads and batch outputs
+    # (an upload that would pass it: 413 file_quota_exceeded), and uploads running at once on a node
+    # (more: 429 too_many_concurrent_uploads).
+    max_stored_file_bytes: int = 10 * 1024 ** 3
+    max_concurrent_uploads: int = 4
 
     @property
     def retention_s(self) -> float:
@@ -193,7 +198,8 @@ def tenant_errors(name: str, t: TenantConfig, path: str = "tenants") -> list[str
         value = getattr(t, key)
         if value is not None and value <= 0:
             errors.append(f"{p}.{key}: must be > 0 (omit it for no limit), got {value}")
-    for key in ("max_concurrent_requests", "max_queued_requests", "max_queued_tokens", "max_request_timeout_s"):
+    for key in ("max_concurrent_requests", "max_queued_requests", "max_queued_tokens", "max_request_timeout_s",
+                "max_stored_file_bytes", "max_concurrent_uploads"):
         if getattr(t, key) <= 0:
             errors.append(f"{p}.{key}: must be > 0, got {getattr(t, key)}")
     if not 0 < t.budget_warn_fraction <= 1:

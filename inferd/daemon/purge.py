@@ -1,6 +1,6 @@
 """Deleting what has outlived its period, on one schedule: transcripts and stored responses past their
 tenant's retention, Idempotency-Key records past [store] idempotency_ttl_s (with the response each kept
-for replay), and cached responses past [cache] ttl_s. Whichever node wrote a row, any node's pass deletes it."""
+for replay), cached responses past [cache] ttl_s, and the chunks of uploads a crash cut short. Whichever node wrote a row, any node's pass deletes it."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from inferd.api import ServerState
 from inferd.observability import get_logger
-from inferd.store import IdempotencyStore, ResponseStore, Transcripts
+from inferd.store import FileStore, IdempotencyStore, ResponseStore, Transcripts
 
 PURGE_INTERVAL_S = 60.0      # how often (retention periods are hours or days; idempotency TTLs a day)
 
@@ -42,6 +42,7 @@ class Purger:
             await purge_transcripts_once(state.storage.transcripts, now, retention_of)
             await purge_idempotency_once(state.storage.idempotency, now)
             await purge_responses_once(state.storage.responses, now, retention_of)
+            await FileStore(state.storage.database).purge_orphans(now)     # uploads a crash cut short
         state.response_cache.sweep()        # cached text never outlives [cache] ttl_s
         self._finished += 1
         async with self._finishing:

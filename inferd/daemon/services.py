@@ -18,6 +18,7 @@ from inferd.daemon.listen import http_runner, listen_socket, site
 from inferd.daemon.purge import Purger
 from inferd.observability import Tracing, get_logger
 from inferd.store import open_database
+from inferd.store.disk_reserve import ensure_reserve
 from inferd.tenancy import Tenancy, load_spend
 
 log = get_logger("inferd.daemon")
@@ -37,6 +38,8 @@ async def durable_store(ctx: DaemonContext) -> AsyncIterator[None]:
     database = open_database(config.store)
     await database.open()
     log.info("store_opened", backend=database.dialect, where=database.where)
+    if not await ensure_reserve(database) and database.dialect == "sqlite":     # for deletes on a full disk
+        log.warning("store_reserve_missing", where=database.where, message="no room for the disk reserve now")
     ctx.storage = StoreServices.over(database, config.store)
     try:
         yield

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from inferd.api import (BATCH_CALLER_HEADER, BatchLine, InputError, ServerState, batch_caller_header, expired_results,
-                        http_result, output_files, parse_lines)
+                        http_result, output_files, stored_lines)
 from inferd.observability import get_logger
 from inferd.store import BatchError, BatchRecord, BatchResult, BatchStore, FileStore, StoreError
 
@@ -207,15 +207,16 @@ class BatchRunner:
                 await self._finish(job, store, "completed", [])
 
     async def _input(self, batch: BatchRecord, files: FileStore) -> tuple[list[BatchLine] | None, BatchError | None]:
-        """The input file's lines, or why there are none (the file is gone or unusable)."""
-        content = await files.content(batch.tenant, batch.input_file_id)
-        if content is None:
-            return None, BatchError(code="input_file_not_found", param="input_file_id",
-                                    message=f"The input file {batch.input_file_id!r} was deleted before the batch ran.")
+        """The input file's lines, or why there are none (the file is gone or unusable). Read and checked a
+        chunk at a time, each off the loop: the file's bytes are never held whole, only its lines."""
         try:
-            return await asyncio.to_thread(parse_lines, content), None
+            lines = await stored_lines(files, batch.tenant, batch.input_file_id)
         except InputError as exc:
             return None, BatchError(code="invalid_batch_input", message=exc.message, line=exc.line, param=exc.param)
+        if lines is None:
+            return None, BatchError(code="input_file_not_found", param="input_file_id",
+                                    message=f"The input file {batch.input_file_id!r} was deleted before the batch ran.")
+        return lines, None
 
     async def _run_lines(self, job: _Job, store: BatchStore, lines: list[BatchLine]) -> None:
         done = await store.recorded(job.batch.id)

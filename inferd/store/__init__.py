@@ -5,7 +5,7 @@ from inferd.config import StoreConfig
 from inferd.store.batches import BatchError, BatchRecord, BatchResult, BatchStore
 from inferd.store.batches_cli import add_batches_parser, batches_main
 from inferd.store.db import Database, DbStats, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
-from inferd.store.files import FileRecord, FileStore, file_insert_statement
+from inferd.store.files import FileRecord, FileStore, file_insert_statements
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
 from inferd.store.responses import ResponseStore, StoredConversation
@@ -20,7 +20,7 @@ __all__ = [
     "UsageTotal", "add_usage_parser", "open_database", "rows_text", "totals_text", "usage_filter", "usage_main",
 ]
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
-            "add_batches_parser", "batches_main", "file_insert_statement", "Transcript", "Transcripts"]
+            "add_batches_parser", "batches_main", "file_insert_statements", "Transcript", "Transcripts"]
 __all__ += ["ResponseStore", "StoredConversation"]
 
 

@@ -245,7 +245,7 @@ class BatchStore:
                      output_file_id: str | None, error_file_id: str | None, completed: int, failed: int,
                      now: float) -> bool:
         """End the batch `completed`, `cancelled` or `expired` if `owner` still holds it, in one transaction
-        with `files` (the INSERTs of its output and error files, inferd.store.files.file_insert_statement), deleting
+        with `files` (the INSERTs of its output and error files, inferd.store.files.file_insert_statements), deleting
         its recorded results. False (and nothing written) when the batch is no longer `owner`'s to end."""
         if status not in ("completed", "cancelled", "expired"):
             raise ValueError(f"finish() ends a batch completed, cancelled or expired, not {status!r}")
@@ -259,7 +259,10 @@ class BatchStore:
         statements: list[tuple[str, Sequence]] = [update, *files]
         file_ids = [f for f in (output_file_id, error_file_id) if f is not None]
         if file_ids:
-            statements.append((f"DELETE FROM files WHERE id IN ({', '.join('?' * len(file_ids))}) AND NOT {ended}",
+            marks = ", ".join("?" * len(file_ids))
+            statements.append((f"DELETE FROM files WHERE id IN ({marks}) AND NOT {ended}",
+                               (*file_ids, batch_id, owner, status)))
+            statements.append((f"DELETE FROM file_chunks WHERE file_id IN ({marks}) AND NOT {ended}",
                                (*file_ids, batch_id, owner, status)))
         statements.append((f"DELETE FROM batch_results WHERE batch_id = ? AND {ended}", (batch_id, batch_id, owner,
                                                                                         status)))

@@ -143,6 +143,18 @@ _RESPONSES = """CREATE TABLE IF NOT EXISTS responses (
     conversation TEXT NOT NULL
 )"""
 
+# A file's content in order, one row per chunk of at most inferd.store.files.CHUNK_BYTES, written while
+# the upload arrives; the `files` row (content left empty) is inserted only once every chunk is, so a
+# file is visible whole or not at all. Rows of `files` written before this table keep their `content`.
+# Chunks with no `files` row older than an upload may take are an aborted upload's (a crash) and purged.
+_FILE_CHUNKS = """CREATE TABLE IF NOT EXISTS file_chunks (
+    file_id TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    data {blob} NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (file_id, idx)
+)"""
+
 # _MIGRATIONS[i] takes a database from version i to version i + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -169,6 +181,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         _RESPONSES,
         "CREATE INDEX IF NOT EXISTS responses_expires ON responses (expires_at)",
         "CREATE INDEX IF NOT EXISTS responses_tenant ON responses (tenant, seq)",
+    ),
+    (   # 5: files stored in chunks, uploads streamed (inferd.store.files)
+        _FILE_CHUNKS,
+        "CREATE INDEX IF NOT EXISTS file_chunks_created ON file_chunks (created_at)",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)

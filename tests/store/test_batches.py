@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from inferd.store import BatchError, BatchResult, BatchStore, Database, FileStore
-from inferd.store.files import file_insert_statement as insert_statement
+from inferd.store.files import file_insert_statements as insert_statement
 
 DAY = 86_400.0
 
@@ -110,7 +110,7 @@ async def test_finish_writes_files_and_end_state_together_and_drops_the_results(
         await store.record(made.id, result(i, ok=i != 1))
     out, out_sql = insert_statement("acme", "batch_output", "out.jsonl", b"o\n", now=9.0)
     err, err_sql = insert_statement("acme", "batch_output", "err.jsonl", b"e\n", now=9.0)
-    assert await store.finish(made.id, "a", "completed", files=[out_sql, err_sql], output_file_id=out.id,
+    assert await store.finish(made.id, "a", "completed", files=[*out_sql, *err_sql], output_file_id=out.id,
                               error_file_id=err.id, completed=2, failed=1, now=9.0)
     done = await store.get("acme", made.id)
     assert (done.status, done.completed_at, done.output_file_id, done.error_file_id) == ("completed", 9.0, out.id,
@@ -128,8 +128,9 @@ async def test_finish_by_a_runner_that_lost_the_lease_writes_nothing(db: Databas
     await store.record(made.id, result(0))
     await store.acquire("b", 100.0, 30.0)           # a's lease lapsed; b took the batch over
     out, out_sql = insert_statement("acme", "batch_output", "out.jsonl", b"o\n", now=101.0)
-    assert not await store.finish(made.id, "a", "completed", files=[out_sql], output_file_id=out.id,
+    assert not await store.finish(made.id, "a", "completed", files=[*out_sql], output_file_id=out.id,
                                   error_file_id=None, completed=1, failed=0, now=101.0)
     assert (await store.get("acme", made.id)).status == "validating"
     assert await files.get("acme", out.id) is None
+    assert await db.query("SELECT idx FROM file_chunks WHERE file_id = ?", (out.id,)) == []
     assert await store.recorded(made.id) == {0}

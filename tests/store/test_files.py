@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.store import Database, FileStore
-from inferd.store.files import file_insert_statement as insert_statement
+from inferd.store.files import file_insert_statements as insert_statement
 
 
 async def test_a_created_file_reads_back_with_its_content_and_openai_shape(db: Database):
@@ -55,6 +55,7 @@ async def test_list_is_newest_first_filtered_by_purpose_and_pages_after_an_id(db
 
 
 async def test_insert_statement_writes_the_record_it_returns_in_a_callers_transaction(db: Database):
-    record, statement = insert_statement("acme", "batch_output", "out.jsonl", b"line\n", now=5.0)
-    await db.transaction([statement])
+    record, statements = insert_statement("acme", "batch_output", "out.jsonl", b"line\n", now=5.0)
+    await db.transaction(statements)
     assert await FileStore(db).get("acme", record.id) == record
+    assert await FileStore(db).content("acme", record.id) == b"line\n"

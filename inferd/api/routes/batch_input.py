@@ -3,11 +3,15 @@
 Each line is `{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" |
 "/v1/embeddings", "body": {...}}`: custom_id a non-empty string unique in the file, body a request that
 endpoint accepts (decoded and checked by the same code as a live request, inferd.api.wire.openai and
-inferd.api.wire.embedding_format), not streamed. `parse_lines`
-is pure and CPU-bound: callers run it off the event loop. `check_models` (on the loop) checks that every
+inferd.api.wire.embedding_format), not streamed. `LineChecker` takes
+a file in pieces as it arrives (an upload, a file read chunk by chunk), holding at most one line beyond
+the piece; it and `parse_lines` are pure and CPU-bound: callers run them off the event loop, a piece at
+a time. `check_models` (on the loop) checks that every
 model named routes on this server and that the tenant may use it.
 """
 from __future__ import annotations
+
+import asyncio
 
 import msgspec
 
@@ -17,6 +21,7 @@ from inferd.api.wire.openai import decode, prepare
 from inferd.api.wire.strict import show_value
 from inferd.api.state import ServerState
 from inferd.api.pipeline.versioned import route_request
+from inferd.store import FileStore
 
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 MAX_LINES = 50_000                  # OpenAI's limit per batch
@@ -49,23 +54,72 @@ _decoder = msgspec.json.Decoder()
 def parse_lines(content: bytes) -> list[BatchLine]:
     """Every line of `content`, checked; InputError naming the first bad line. Blank lines are refused
     (a line's index is its position), except at the end of the file."""
-    raw_lines = content.split(b"\n")
-    while raw_lines and not raw_lines[-1].strip():
-        raw_lines.pop()
-    if not raw_lines:
-        raise InputError("The file has no requests: expected one JSON object per line.")
-    if len(raw_lines) > MAX_LINES:
-        raise InputError(f"The file has {len(raw_lines)} lines; a batch holds at most {MAX_LINES} requests.")
-    seen: dict[str, int] = {}
-    lines = []
-    for idx, raw in enumerate(raw_lines):
-        line = _parse_line(idx + 1, raw)
-        first = seen.setdefault(line.custom_id, idx + 1)
-        if first != idx + 1:
-            raise InputError(f"line {idx + 1}: custom_id {line.custom_id!r} is already used on line {first}; "
-                             "each custom_id must be unique in the file.", idx + 1, "custom_id")
-        lines.append(msgspec.structs.replace(line, idx=idx))
-    return lines
+    checker = LineChecker()
+    return checker.feed(content) + checker.finish()
+
+
+async def stored_lines(files: FileStore, tenant: str, file_id: str) -> list[BatchLine] | None:
+    """A stored file's lines (None: the tenant has no such file), read and checked a chunk at a time, each
+    off the loop: the file's bytes are never held whole, only its lines. InputError as parse_lines."""
+    chunks = await files.chunks(tenant, file_id)
+    if chunks is None:
+        return None
+    checker, lines = LineChecker(), []
+    async for chunk in chunks:
+        lines += await asyncio.to_thread(checker.feed, chunk)
+    return lines + checker.finish()
+
+
+class LineChecker:
+    """The lines of a file fed in pieces, each checked by `_parse_line` as soon as it is whole, custom_ids
+    unique, at most MAX_LINES; a line longer than `max_line_bytes` (None: no bound) is refused before it is
+    whole, so what is held is bounded by the piece plus one line."""
+
+    def __init__(self, max_line_bytes: int | None = None) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.count = 0                  # requests so far
+        self._rest = b""                # the unfinished last line
+        self._n = 0                     # lines so far, blank ones included
+        self._blank: int | None = None  # the first of the blank lines seen since the last request
+        self._seen: dict[str, int] = {}
+
+    def feed(self, data: bytes) -> list[BatchLine]:
+        """The requests that `data` completes, checked."""
+        parts = (self._rest + data if self._rest else data).split(b"\n")
+        self._rest = parts.pop()
+        lines = [line for raw in parts if (line := self._line(raw)) is not None]
+        if self.max_line_bytes is not None and len(self._rest) > self.max_line_bytes:
+            n = self._n + 1
+            raise InputError(f"line {n}: longer than {self.max_line_bytes} bytes (a request body is at most "
+                             "server.max_body_bytes).", n)
+        return lines
+
+    def finish(self) -> list[BatchLine]:
+        """The last line (without its newline), checked; InputError when the file had no request."""
+        rest, self._rest = self._rest, b""
+        last = self._line(rest) if rest else None
+        if not self.count:
+            raise InputError("The file has no requests: expected one JSON object per line.")
+        return [] if last is None else [last]
+
+    def _line(self, raw: bytes) -> BatchLine | None:
+        self._n += 1
+        n = self._n
+        if not raw.strip():             # refused only if a request follows: blank lines may end a file
+            self._blank = n if self._blank is None else self._blank
+            return None
+        if self._blank is not None:
+            _parse_line(self._blank, b"")       # raises: the empty line's error
+        self.count += 1
+        if self.count > MAX_LINES:
+            raise InputError(f"The file has more than {MAX_LINES} lines; a batch holds at most {MAX_LINES} "
+                             "requests.", n)
+        line = _parse_line(n, raw)
+        first = self._seen.setdefault(line.custom_id, n)
+        if first != n:
+            raise InputError(f"line {n}: custom_id {line.custom_id!r} is already used on line {first}; "
+                             "each custom_id must be unique in the file.", n, "custom_id")
+        return msgspec.structs.replace(line, idx=n - 1) if line.idx != n - 1 else line
 
 
 def _parse_line(n: int, raw: bytes) -> BatchLine:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import orjson
 
 from inferd.api.routes.batch_input import BatchLine
-from inferd.store import BatchResult, FileRecord, file_insert_statement
+from inferd.store import BatchResult, FileRecord, file_insert_statements
 
 OUTPUT_PURPOSE = "batch_output"
 
@@ -61,8 +61,8 @@ def output_files(batch_id: str, tenant: str, results: list[BatchResult], *,
         if not lines:
             made.append(None)
             continue
-        record, statement = file_insert_statement(tenant, OUTPUT_PURPOSE, f"{batch_id}_{suffix}.jsonl",
-                                             b"\n".join(lines) + b"\n", now=now)
-        statements.append(statement)
+        record, inserts = file_insert_statements(tenant, OUTPUT_PURPOSE, f"{batch_id}_{suffix}.jsonl",
+                                                 b"\n".join(lines) + b"\n", now=now)
+        statements.extend(inserts)
         made.append(record)
     return statements, made[0], made[1]

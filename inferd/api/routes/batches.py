@@ -12,7 +12,6 @@ A tenant sees only its own batches; another tenant's id is a 404, as an unknown 
 """
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -21,7 +20,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.pipeline import idempotency
-from inferd.api.routes.batch_input import URLS, InputError, parse_lines
+from inferd.api.routes.batch_input import URLS, InputError, stored_lines
 from inferd.api.pipeline.body import check_json_content_type, read_body
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
@@ -79,13 +78,12 @@ async def _create(request: web.Request, tenant: str, db, body: bytes) -> web.Res
     if record.purpose != "batch":
         raise invalid(f"input_file_id: file {req.input_file_id!r} has purpose {record.purpose!r}; a batch's input "
                       "is uploaded with purpose \"batch\".", param="input_file_id", code="invalid_file_purpose")
-    content = await files.content(tenant, req.input_file_id)
-    if content is None:     # deleted just now
-        raise not_found("file", req.input_file_id, "input_file_id")
     try:
-        lines = await asyncio.to_thread(parse_lines, content)
+        lines = await stored_lines(files, tenant, req.input_file_id)
     except InputError as err:      # checked at upload; only an upload of an older inferd could fail here
         raise invalid(f"input_file_id: {err.message}", param="input_file_id", code="invalid_batch_input") from None
+    if lines is None:       # deleted just now
+        raise not_found("file", req.input_file_id, "input_file_id")
     for line in lines:
         if line.url != req.endpoint:
             raise invalid(f"input_file_id: line {line.idx + 1}: url {line.url!r} does not match the batch's "

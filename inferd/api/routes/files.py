@@ -2,10 +2,14 @@
 
   POST   /v1/files                  multipart form: `file` (JSON lines) and `purpose` ("batch"); at most
                                     store.max_file_bytes (413 past it, counted while reading); each line is
-                                    checked (inferd.api.routes.batch_input) and a 400 names the first bad one
+                                    checked (inferd.api.routes.batch_input) and a 400 names the first bad one.
+                                    Streamed: each chunk is checked (off the loop) and committed as it
+                                    arrives, the file row last; a refused or broken upload leaves nothing.
+                                    Per tenant: max_concurrent_uploads (429), max_stored_file_bytes (413),
+                                    inferd.api.routes.upload_gate
   GET    /v1/files                  the caller's files, newest first: purpose, limit, after, order
   GET    /v1/files/{file_id}        a File object
-  GET    /v1/files/{file_id}/content   its bytes (a batch's output: JSON lines)
+  GET    /v1/files/{file_id}/content   its bytes (a batch's output: JSON lines), sent chunk by chunk
   DELETE /v1/files/{file_id}
 
 A tenant sees only its own files; another tenant's id is a 404, as an unknown one.
@@ -18,20 +22,25 @@ import time
 from aiohttp import BodyPartReader, http_exceptions, web
 
 from inferd.api import appkeys as keys
-from inferd.api.routes.batch_input import InputError, check_models, parse_lines
+from inferd.api.routes.batch_input import BatchLine, InputError, LineChecker, check_models
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
+from inferd.api.routes.upload_gate import UPLOADS, UploadBytes, UploadGate
 from inferd.store import FileStore
+from inferd.store.file_upload import Upload
+from inferd.store.files import CHUNK_BYTES
 
 PURPOSES = ("batch",)               # what may be uploaded; batches write "batch_output"
 LIST_PURPOSES = ("batch", "batch_output")
 MAX_FILENAME = 255
-_CHUNK = 256 * 1024
+_READ = 256 * 1024                  # bytes asked of the socket at a time
+_LINE_SLACK = 4096                  # a batch line's custom_id, method and url, beyond the body
 _FIELD_LIMIT = 1024                 # bytes of a text field (purpose)
 _MULTIPART_SLACK = 64 * 1024        # part headers and the other fields, beyond the file itself
 
 
 def add_routes(app: web.Application) -> None:
+    app[UPLOADS] = UploadGate()
     app.router.add_post("/v1/files", upload_file)
     app.router.add_get("/v1/files", list_files)
     app.router.add_get("/v1/files/{file_id}", get_file)
@@ -53,44 +62,100 @@ async def upload_file(request: web.Request) -> web.Response:
                        code="unsupported_media_type")
     if request.content_length is not None and request.content_length > limit + _MULTIPART_SLACK:
         raise _too_large(limit)
-    purpose, filename, content = await _read_form(request, limit)
-    if purpose is None:
-        raise invalid("Missing required parameter: purpose.", param="purpose", code="missing_required_parameter")
-    if content is None:
-        raise invalid("Missing required parameter: file.", param="file", code="missing_required_parameter")
-    try:
-        lines = await asyncio.to_thread(parse_lines, content)       # CPU-bound: off the loop
-    except InputError as err:
-        raise err.api_error() from None
-    check_models(state, tenant, lines)
-    record = await FileStore(db).create(tenant, purpose, filename or "upload.jsonl", content, now=time.time())
+    tenant_cfg = state.tenancy.tenants.get(tenant)
+    with request.app[UPLOADS].slot(tenant, tenant_cfg.max_concurrent_uploads) as counted:
+        counted.cap = tenant_cfg.max_stored_file_bytes
+        counted.stored, _ = await FileStore(db).usage(tenant)
+        if request.content_length is not None:
+            counted.check(max(0, request.content_length - _MULTIPART_SLACK))
+        upload = Upload(db, tenant)
+        try:
+            record = await _receive(request, _Sink(upload, counted, limit, state.config.server.max_body_bytes))
+        except BaseException:
+            await upload.abort()
+            raise
     return json_response(record.to_openai())
 
 
-async def _read_form(request: web.Request, limit: int) -> tuple[str | None, str | None, bytes | None]:
+class _Sink:
+    """Where the `file` part goes: counted (size limit, tenant quota), cut into chunks, each checked line
+    by line off the loop while it is committed to the store."""
+
+    def __init__(self, upload: Upload, counted: UploadBytes, limit: int, max_body_bytes: int) -> None:
+        self.upload, self.counted, self.limit = upload, counted, limit
+        self.checker = LineChecker(max_body_bytes + _LINE_SLACK)
+        self.first_of_model: dict[str, BatchLine] = {}      # what check_models needs, not every line
+        self.received = False
+
+    async def take(self, part: BodyPartReader) -> None:
+        self.received = True
+        buf = bytearray()
+        while chunk := await part.read_chunk(_READ):
+            if self.counted.size + len(chunk) > self.limit:
+                raise _too_large(self.limit)
+            self.counted.add(len(chunk))
+            buf += chunk
+            while len(buf) >= CHUNK_BYTES:
+                piece = bytes(buf[:CHUNK_BYTES])
+                del buf[:CHUNK_BYTES]
+                await self._put(piece)
+        if buf:
+            await self._put(bytes(buf))
+        self._lines(await asyncio.to_thread(self.checker.finish))
+
+    async def _put(self, piece: bytes) -> None:
+        # Both run off the loop (a thread, the store's writer) at once; both end before either error counts,
+        # so nothing is still being written when the upload is aborted.
+        parsed, written = await asyncio.gather(asyncio.to_thread(self.checker.feed, piece),
+                                               self.upload.write(piece, now=time.time()), return_exceptions=True)
+        for outcome in (parsed, written):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        self._lines(parsed)
+
+    def _lines(self, lines: list[BatchLine]) -> None:
+        for line in lines:
+            self.first_of_model.setdefault(line.model, line)
+
+
+async def _receive(request: web.Request, sink: _Sink):
+    state = request.app[keys.STATE]
+    try:
+        purpose, filename = await _read_form(request, sink)
+    except InputError as err:
+        raise err.api_error() from None
+    if purpose is None:
+        raise invalid("Missing required parameter: purpose.", param="purpose", code="missing_required_parameter")
+    if not sink.received:
+        raise invalid("Missing required parameter: file.", param="file", code="missing_required_parameter")
+    check_models(state, sink.upload.tenant, list(sink.first_of_model.values()))
+    return await sink.upload.finish(purpose, filename or "upload.jsonl", now=time.time())
+
+
+async def _read_form(request: web.Request, sink: _Sink) -> tuple[str | None, str | None]:
     try:
         reader = await request.multipart()
     except _MALFORMED:
         raise _malformed() from None
-    purpose = filename = content = None
+    purpose = filename = None
     try:
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):        # a nested multipart/mixed
                 raise _malformed()
             name = part.name
             if name == "purpose":
-                purpose = _purpose(await _read_part(part, _FIELD_LIMIT + 1, None))
+                purpose = _purpose(await _read_field(part, _FIELD_LIMIT + 1))
             elif name == "file":
-                if content is not None:
+                if sink.received:
                     raise invalid("Only one `file` per upload.", param="file")
                 filename = (part.filename or "")[:MAX_FILENAME]
-                content = await _read_part(part, limit, _too_large(limit))
+                await sink.take(part)
             else:
                 raise invalid(f"Unrecognized form field supplied: {str(name)[:64]!r}; fields are `file` and "
                               "`purpose`.", param=str(name)[:64], code="unknown_parameter")
     except _MALFORMED:
         raise _malformed() from None
-    return purpose, filename, content
+    return purpose, filename
 
 
 # What aiohttp's multipart reader raises for a body that is not a well-formed form.
@@ -103,14 +168,12 @@ def _malformed() -> ApiError:
                    param="file", code="invalid_multipart")
 
 
-async def _read_part(part: BodyPartReader, limit: int, too_large: ApiError | None) -> bytes:
-    """A part's bytes, counted while reading: past `limit`, raise `too_large` (or keep the first `limit`)."""
+async def _read_field(part: BodyPartReader, limit: int) -> bytes:
+    """A text field's first `limit` bytes (the rest is read and dropped)."""
     chunks, size = [], 0
-    while chunk := await part.read_chunk(_CHUNK):
+    while chunk := await part.read_chunk(_READ):
         size += len(chunk)
         if size > limit:
-            if too_large is not None:
-                raise too_large
             chunks.append(chunk[: len(chunk) - (size - limit)])
             await part.release()
             break
@@ -152,13 +215,21 @@ async def get_file(request: web.Request) -> web.Response:
     return json_response(record.to_openai())
 
 
-async def file_content(request: web.Request) -> web.Response:
+async def file_content(request: web.Request) -> web.StreamResponse:
     tenant, db = caller_store(request)
     file_id = request.match_info["file_id"]
-    content = await FileStore(db).content(tenant, file_id)
-    if content is None:
+    files = FileStore(db)
+    record = await files.get(tenant, file_id)
+    chunks = None if record is None else await files.chunks(tenant, file_id)
+    if chunks is None:
         raise not_found("file", file_id, "file_id")
-    return web.Response(body=content, content_type="application/octet-stream")
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    resp.content_length = record.bytes
+    await resp.prepare(request)
+    async for chunk in chunks:          # one chunk held at a time, each sent before the next is read
+        await resp.write(chunk)
+    await resp.write_eof()
+    return resp
 
 
 async def delete_file(request: web.Request) -> web.Response:
