@@ -12,6 +12,8 @@ model named routes on this server and that the tenant may use it.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -70,6 +72,19 @@ async def stored_lines(files: FileStore, tenant: str, file_id: str) -> list[Batc
     return lines + checker.finish()
 
 
+def gil_yielder(every_s: float = 0.0005) -> Callable[[], None]:
+    """A `pause` for LineChecker.feed in a thread: every `every_s` of work it lets the GIL go, so the event
+    loop waits for it that long at most (not the interpreter's 5 ms switch interval)."""
+    last = [time.perf_counter()]
+
+    def pause() -> None:
+        now = time.perf_counter()
+        if now - last[0] >= every_s:
+            time.sleep(0)       # releases the GIL: a waiting thread (the loop) takes it
+            last[0] = time.perf_counter()
+    return pause
+
+
 class LineChecker:
     """The lines of a file fed in pieces, each checked by `_parse_line` as soon as it is whole, custom_ids
     unique, at most MAX_LINES; a line longer than `max_line_bytes` (None: no bound) is refused before it is
@@ -83,11 +98,16 @@ class LineChecker:
         self._blank: int | None = None  # the first of the blank lines seen since the last request
         self._seen: dict[str, int] = {}
 
-    def feed(self, data: bytes) -> list[BatchLine]:
-        """The requests that `data` completes, checked."""
+    def feed(self, data: bytes, pause: Callable[[], None] | None = None) -> list[BatchLine]:
+        """The requests that `data` completes, checked; `pause()` between lines (a thread yielding the GIL)."""
         parts = (self._rest + data if self._rest else data).split(b"\n")
         self._rest = parts.pop()
-        lines = [line for raw in parts if (line := self._line(raw)) is not None]
+        lines = []
+        for raw in parts:
+            if (line := self._line(raw)) is not None:
+                lines.append(line)
+            if pause is not None:
+                pause()
         if self.max_line_bytes is not None and len(self._rest) > self.max_line_bytes:
             n = self._n + 1
             raise InputError(f"line {n}: longer than {self.max_line_bytes} bytes (a request body is at most "

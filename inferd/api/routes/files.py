@@ -22,7 +22,7 @@ import time
 from aiohttp import BodyPartReader, http_exceptions, web
 
 from inferd.api import appkeys as keys
-from inferd.api.routes.batch_input import BatchLine, InputError, LineChecker, check_models
+from inferd.api.routes.batch_input import BatchLine, InputError, LineChecker, check_models, gil_yielder
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
 from inferd.api.routes.upload_gate import UPLOADS, UploadBytes, UploadGate
@@ -63,14 +63,16 @@ async def upload_file(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > limit + _MULTIPART_SLACK:
         raise _too_large(limit)
     tenant_cfg = state.tenancy.tenants.get(tenant)
-    with request.app[UPLOADS].slot(tenant, tenant_cfg.max_concurrent_uploads) as counted:
+    gate = request.app[UPLOADS]
+    with gate.slot(tenant, tenant_cfg.max_concurrent_uploads) as counted:
         counted.cap = tenant_cfg.max_stored_file_bytes
         counted.stored, _ = await FileStore(db).usage(tenant)
         if request.content_length is not None:
             counted.check(max(0, request.content_length - _MULTIPART_SLACK))
         upload = Upload(db, tenant)
         try:
-            record = await _receive(request, _Sink(upload, counted, limit, state.config.server.max_body_bytes))
+            sink = _Sink(upload, counted, limit, state.config.server.max_body_bytes, gate)
+            record = await _receive(request, sink)
         except BaseException:
             await upload.abort()
             raise
@@ -81,9 +83,11 @@ class _Sink:
     """Where the `file` part goes: counted (size limit, tenant quota), cut into chunks, each checked line
     by line off the loop while it is committed to the store."""
 
-    def __init__(self, upload: Upload, counted: UploadBytes, limit: int, max_body_bytes: int) -> None:
-        self.upload, self.counted, self.limit = upload, counted, limit
+    def __init__(self, upload: Upload, counted: UploadBytes, limit: int, max_body_bytes: int,
+                 gate: UploadGate) -> None:
+        self.upload, self.counted, self.limit, self.gate = upload, counted, limit, gate
         self.checker = LineChecker(max_body_bytes + _LINE_SLACK)
+        self.pause = gil_yielder()
         self.first_of_model: dict[str, BatchLine] = {}      # what check_models needs, not every line
         self.received = False
 
@@ -106,8 +110,9 @@ class _Sink:
     async def _put(self, piece: bytes) -> None:
         # Both run off the loop (a thread, the store's writer) at once; both end before either error counts,
         # so nothing is still being written when the upload is aborted.
-        parsed, written = await asyncio.gather(asyncio.to_thread(self.checker.feed, piece),
-                                               self.upload.write(piece, now=time.time()), return_exceptions=True)
+        async with self.gate.lane:
+            parsed, written = await asyncio.gather(asyncio.to_thread(self.checker.feed, piece, self.pause),
+                                                   self.upload.write(piece, now=time.time()), return_exceptions=True)
         for outcome in (parsed, written):
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -7,6 +7,7 @@ counted per node.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 
@@ -24,6 +25,9 @@ class UploadGate:
     def __init__(self) -> None:
         self.running: dict[str, int] = {}
         self.receiving: dict[str, int] = {}         # bytes received by the tenant's running uploads
+        # One chunk at a time, node-wide, is checked (a thread) and written (the store's writer): however
+        # many uploads run, they take one thread's share of the CPU and one write's share of the writer.
+        self.lane = asyncio.Lock()
 
     @contextlib.contextmanager
     def slot(self, tenant: str, cap: int) -> Iterator[UploadBytes]:
