@@ -17,8 +17,7 @@ from inferd.daemon.engines import model_versions
 from inferd.daemon.listen import http_runner, listen_socket, site
 from inferd.daemon.purge import Purger
 from inferd.observability import Tracing, get_logger
-from inferd.store import open_database
-from inferd.store.disk_reserve import ensure_reserve
+from inferd.store import ensure_reserve, open_database
 from inferd.tenancy import Tenancy, load_spend
 
 log = get_logger("inferd.daemon")

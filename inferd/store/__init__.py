@@ -5,7 +5,9 @@ from inferd.config import StoreConfig
 from inferd.store.batches import BatchError, BatchRecord, BatchResult, BatchStore
 from inferd.store.batches_cli import add_batches_parser, batches_main
 from inferd.store.db import Database, DbStats, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
-from inferd.store.files import FileRecord, FileStore, file_insert_statements
+from inferd.store.disk_reserve import ensure_reserve
+from inferd.store.file_upload import Upload
+from inferd.store.files import CHUNK_BYTES, FileRecord, FileStore, file_insert_statements
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
 from inferd.store.responses import ResponseStore, StoredConversation
@@ -22,6 +24,7 @@ __all__ = [
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
             "add_batches_parser", "batches_main", "file_insert_statements", "Transcript", "Transcripts"]
 __all__ += ["ResponseStore", "StoredConversation"]
+__all__ += ["CHUNK_BYTES", "Upload", "ensure_reserve"]
 
 
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:

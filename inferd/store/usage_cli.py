@@ -1,4 +1,5 @@
-"""`inferd usage`: usage totals per tenant, model and UTC day, or every row, from the store the daemon writes.
+"""`inferd usage`: usage totals per tenant, model and UTC day, or every row, from the store the daemon writes;
+`--files`: each tenant's stored files (bytes, count) and batches.
 
 Reads the database the config names (the daemon may be running: SQLite is opened read-only beside it).
 Exit 1 naming the problem when the config or the database cannot be read.
@@ -10,6 +11,7 @@ import asyncio
 import sys
 
 from inferd.store.db import StoreError
+from inferd.store.file_usage import tenant_files, tenant_files_text
 from inferd.store.ledger import Ledger
 from inferd.store.usage_export import FORMATS, UsageArgumentError, rows_text, totals_text, usage_filter
 
@@ -24,6 +26,8 @@ def add_usage_parser(sub) -> None:
     usage.add_argument("--since", help="UTC date (2026-11-01), ISO time or unix seconds; inclusive")
     usage.add_argument("--until", help="the same; exclusive")
     usage.add_argument("--rows", action="store_true", help="every row instead of daily totals (for billing)")
+    usage.add_argument("--files", action="store_true",
+                       help="per tenant: bytes and count of stored files (max_stored_file_bytes counts these), batches")
     usage.add_argument("--format", choices=FORMATS, default="table")
 
 
@@ -45,6 +49,9 @@ def usage_main(args: argparse.Namespace) -> int:
 async def _print(db, f, args: argparse.Namespace) -> int:
     await db.open()
     try:
+        if args.files:
+            sys.stdout.write(tenant_files_text(await tenant_files(db, args.tenant), args.format))
+            return 0
         ledger = Ledger(db)
         # Rows are paged out: formats that stream (CSV, JSON lines) only.
         fmt = {"table": "csv", "json": "jsonl"}.get(args.format, args.format) if args.rows else args.format

@@ -26,9 +26,7 @@ from inferd.api.routes.batch_input import BatchLine, InputError, LineChecker, ch
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
 from inferd.api.routes.upload_gate import UPLOADS, UploadBytes, UploadGate
-from inferd.store import FileStore
-from inferd.store.file_upload import Upload
-from inferd.store.files import CHUNK_BYTES
+from inferd.store import CHUNK_BYTES, FileStore, Upload
 
 PURPOSES = ("batch",)               # what may be uploaded; batches write "batch_output"
 LIST_PURPOSES = ("batch", "batch_output")

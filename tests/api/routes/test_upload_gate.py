@@ -1,6 +1,11 @@
 """inferd.api.routes.upload_gate through the real daemon: a tenant's stored file bytes
-(max_stored_file_bytes, 413 file_quota_exceeded) and its uploads at once (max_concurrent_uploads, 429)."""
+(max_stored_file_bytes, 413 file_quota_exceeded) and its uploads at once (max_concurrent_uploads, 429); what it
+holds, as `inferd usage --files` shows it."""
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import aiohttp
 import openai
@@ -61,3 +66,17 @@ async def test_uploads_past_max_concurrent_uploads_are_429_with_retry_after(tmp_
         status, made = await running.task
         assert status == 200 and made["bytes"] > 2 * CHUNK_BYTES
         await node.sdk(keys[0]).files.create(file=("b.jsonl", jsonl(chat_line("b"))), purpose="batch")  # slot free
+
+
+async def test_a_tenants_stored_file_bytes_files_and_batches_are_in_inferd_usage_files(tmp_path):
+    content = jsonl(chat_line("a"), chat_line("b"))
+    async with serve(tmp_path, keys_for=("acme", "globex")) as (node, keys):
+        acme = node.sdk(keys[0])
+        made = [await acme.files.create(file=(f"{i}.jsonl", content), purpose="batch") for i in range(2)]
+        await acme.batches.create(input_file_id=made[0].id, endpoint="/v1/chat/completions", completion_window="24h")
+        cli = subprocess.run([sys.executable, "-m", "inferd", "usage", "--files", "--config",
+                              str(tmp_path / "inferd.toml"), "--format", "jsonl"],
+                             capture_output=True, text=True, timeout=60)        # beside the running daemon
+    assert cli.returncode == 0, cli.stderr
+    assert [json.loads(line) for line in cli.stdout.splitlines()] == [
+        {"tenant": "acme", "file_bytes": 2 * len(content), "files": 2, "batches": 1}]
