@@ -48,3 +48,17 @@ async def test_a_batch_created_on_a_node_that_does_not_run_batches_is_run_by_the
                     break
                 await asyncio.sleep(0.02)
             assert batch.status == "completed" and batch.request_counts.completed == 1
+
+
+async def test_a_file_uploaded_in_chunks_to_one_node_reads_back_whole_from_the_other(tmp_path, pg_dsn):  # noqa: F811
+    from inferd.store import CHUNK_BYTES
+    from tests.api.upload_client import big_jsonl
+
+    content = big_jsonl(2 * CHUNK_BYTES + 999)
+    async with running_daemon(node(tmp_path, "a", pg_dsn)) as (_, _, a), \
+            running_daemon(node(tmp_path, "b", pg_dsn)) as (_, _, b), \
+            AsyncOpenAI(base_url=a + "/v1", api_key="unused", max_retries=0) as on_a, \
+            AsyncOpenAI(base_url=b + "/v1", api_key="unused", max_retries=0) as on_b:
+        made = await on_a.files.create(file=("big.jsonl", content), purpose="batch")
+        assert (await on_b.files.content(made.id)).content == content
+        assert (await on_b.files.delete(made.id)).deleted
