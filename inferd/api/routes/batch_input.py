@@ -66,9 +66,9 @@ async def stored_lines(files: FileStore, tenant: str, file_id: str) -> list[Batc
     chunks = await files.chunks(tenant, file_id)
     if chunks is None:
         return None
-    checker, lines = LineChecker(), []
+    checker, lines, pause = LineChecker(), [], gil_yielder()
     async for chunk in chunks:
-        lines += await asyncio.to_thread(checker.feed, chunk)
+        lines += await asyncio.to_thread(checker.feed, chunk, pause)
     return lines + checker.finish()
 
 
