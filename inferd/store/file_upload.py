@@ -23,6 +23,7 @@ class Upload:
         self.file_id = new_file_id()
         self.size = 0
         self._next = 0
+        self._tried = False         # a chunk was sent to the store (it may commit even if its caller is cancelled)
         self._done = False
 
     async def write(self, chunk: bytes, *, now: float) -> None:
@@ -31,6 +32,7 @@ class Upload:
             raise ValueError(f"a chunk holds at most {CHUNK_BYTES} bytes, got {len(chunk)}")
         if self._done:
             raise RuntimeError("this upload is finished")
+        self._tried = True
         await self._db.execute(CHUNK_INSERT, (self.file_id, self._next, chunk, now))
         self._next += 1
         self.size += len(chunk)
@@ -49,7 +51,7 @@ class Upload:
     async def abort(self) -> None:
         """Delete what was written (a failed or refused upload leaves nothing behind). Runs to its end
         even when the caller is cancelled (a client that left)."""
-        if self._done or self._next == 0:
+        if self._done or not self._tried:
             return
         self._done = True
         task = asyncio.ensure_future(self._db.execute("DELETE FROM file_chunks WHERE file_id = ?", (self.file_id,)))
