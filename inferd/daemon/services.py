@@ -17,7 +17,7 @@ from inferd.daemon.engines import model_versions
 from inferd.daemon.listen import http_runner, listen_socket, site
 from inferd.daemon.purge import Purger
 from inferd.observability import Tracing, get_logger
-from inferd.store import open_database
+from inferd.store import open_database, pinging
 from inferd.tenancy import Tenancy, load_spend
 
 log = get_logger("inferd.daemon")
@@ -39,7 +39,8 @@ async def durable_store(ctx: DaemonContext) -> AsyncIterator[None]:
     log.info("store_opened", backend=database.dialect, where=database.where)
     ctx.storage = StoreServices.over(database, config.store)
     try:
-        yield
+        async with pinging(database, config.store.ping_interval_s, config.store.ping_timeout_s):
+            yield
     finally:
         await database.close()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from inferd.config import StoreConfig
 from inferd.store.batches import BatchError, BatchRecord, BatchResult, BatchStore
 from inferd.store.batches_cli import add_batches_parser, batches_main
-from inferd.store.db import Database, DbStats, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
+from inferd.store.db import REQUEST_DEADLINE, Database, DbStats, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
+from inferd.store.health import pinging
 from inferd.store.files import FileRecord, FileStore, file_insert_statement
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
@@ -21,7 +22,7 @@ __all__ = [
 ]
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
             "add_batches_parser", "batches_main", "file_insert_statement", "Transcript", "Transcripts"]
-__all__ += ["ResponseStore", "StoredConversation"]
+__all__ += ["ResponseStore", "StoredConversation", "REQUEST_DEADLINE", "pinging"]
 
 
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:
@@ -31,9 +32,9 @@ def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:
     if config.backend == "postgres":
         from inferd.store.postgres import PostgresDatabase
 
-        return PostgresDatabase(config.dsn, max_pending_writes=config.max_pending_writes)
+        return PostgresDatabase(config.dsn, max_pending_writes=config.max_pending_writes, timeout_s=config.timeout_s)
     if not config.path:
         raise StoreError("store.path: no SQLite file named (the config resolves it under server.state_dir)")
     return SqliteDatabase(config.path, synchronous=config.synchronous, commit_interval_ms=config.commit_interval_ms,
                           commit_rows=config.commit_rows, max_pending_writes=config.max_pending_writes,
-                          readonly=readonly)
+                          readonly=readonly, timeout_s=config.timeout_s)

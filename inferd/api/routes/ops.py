@@ -35,6 +35,8 @@ async def readyz(request: web.Request) -> web.Response:
     reasons += [f"model {name}: engine unhealthy" for name, e in state.engines.items() if not e.healthy]
     if state.ledger_failing():
         reasons.append(f"usage ledger: {state.ledger.failure}")
+    if (failure := state.store_failure()) is not None:
+        reasons.append(f"store_unavailable: {failure}")
     resp = _json({"status": "not_ready", "reasons": reasons or ["not ready"], **versions_status(state)}, status=503)
     resp.headers["Retry-After"] = "1"
     return resp
