@@ -38,7 +38,7 @@ class StoreConfig(ConfigTable):
     timeout_s: float = 5.0
     # A background ping every ping_interval_s (each given ping_timeout_s): /readyz is 503 store_unavailable
     # from a failed ping or a write failed for the store's sake until a ping succeeds.
-    ping_interval_s: float = 2.0
+    ping_interval_s: float = 1.0
     ping_timeout_s: float = 2.0
 
 

@@ -137,11 +137,14 @@ class Database(abc.ABC):
 
     def call_timeout(self) -> float:
         """How long the call being made may take: `timeout_s`, or less inside a request whose deadline
-        is nearer (never under MIN_CALL_S, nor over `timeout_s`)."""
+        is nearer or while the store is unhealthy (never under MIN_CALL_S, nor over `timeout_s`)."""
+        # A store known to be down (until a ping succeeds) fails its callers fast: a call queued behind
+        # another (the ledger's next group) does not wait a whole timeout again.
+        bound = self.timeout_s if self.health.ok else min(self.timeout_s, MIN_CALL_S)
         deadline = REQUEST_DEADLINE.get()
         if deadline is None:
-            return self.timeout_s
-        return min(self.timeout_s, max(MIN_CALL_S, deadline - time.monotonic() - DEADLINE_MARGIN_S))
+            return bound
+        return min(bound, max(MIN_CALL_S, deadline - time.monotonic() - DEADLINE_MARGIN_S))
 
     def timed_out(self, what: str, seconds: float) -> "StoreUnavailable":
         """The error of a call that got no answer in `seconds`; only a wait as long as the store's own
