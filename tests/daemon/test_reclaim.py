@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from tests.daemon.harness import sim_model, write_config
+from tests.pg_server import pg_dsn, pg_server  # noqa: F401  (fixtures: a throwaway PostgreSQL server)
 
 LEASE_S = 30.0              # the daemon's batch lease: a resumption within a third of it is the release
 
@@ -64,15 +65,22 @@ async def daemon(config: Path) -> AsyncIterator[DaemonProcess]:
         await running.kill()
 
 
-def config(tmp_path: Path, time_scale: float) -> Path:
+def config(tmp_path: Path, time_scale: float, dsn: str | None = None, name: str = "inferd") -> Path:
     # tiny sim profile: ~2.5 ms a token at time_scale 1
-    return write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=time_scale)})
+    store = f'[store]\nbackend = "postgres"\ndsn = "{dsn}"\n' if dsn else ""
+    (tmp_path / name).mkdir()
+    return write_config(tmp_path / name / "inferd.toml", {"sim": sim_model(time_scale=time_scale)}, store)
 
 
-async def test_a_retry_after_a_crash_and_restart_runs_at_once_instead_of_409(tmp_path):
-    path = config(tmp_path, time_scale=10.0)       # ~25 ms a token: the first attempt runs ~10 s
-    body = {"model": "sim", "prompt": "hi", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    headers = {"Idempotency-Key": "order-42"}
+BODY = {"model": "sim", "prompt": "hi", "max_tokens": 400, "ignore_eos": True, "stream": True}
+KEY = {"Idempotency-Key": "order-42"}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_retry_after_a_crash_and_restart_runs_at_once_instead_of_409(tmp_path, backend, request):
+    dsn = request.getfixturevalue("pg_dsn") if backend == "postgres" else None
+    path = config(tmp_path, time_scale=10.0, dsn=dsn)       # ~25 ms a token: the first attempt runs ~10 s
+    body, headers = BODY, KEY
     async with aiohttp.ClientSession() as http:
         async with daemon(path) as first:
             async with http.post(f"{first.url}/v1/completions", json=body, headers=headers) as resp:
@@ -88,6 +96,18 @@ async def test_a_retry_after_a_crash_and_restart_runs_at_once_instead_of_409(tmp
                 assert (await retry.content.readline()).startswith(b"data: ")
     [released] = [line for line in second.log if line.get("event") == "released_dead_claims"]
     assert released["idempotency_claims"] == 1
+
+
+async def test_a_daemon_starting_beside_a_live_one_on_the_same_host_leaves_its_claims(tmp_path, pg_dsn):  # noqa: F811
+    """Two daemons on one host share PostgreSQL under one node name (the host's): the second's start
+    finds the first's claim, whose process still runs, and leaves it."""
+    async with aiohttp.ClientSession() as http, daemon(config(tmp_path, 10.0, pg_dsn, "a")) as first:
+        async with http.post(f"{first.url}/v1/completions", json=BODY, headers=KEY) as resp:
+            assert (await resp.content.readline()).startswith(b"data: ")          # claimed and running
+            async with daemon(config(tmp_path, 10.0, pg_dsn, "b")) as second:
+                async with http.post(f"{second.url}/v1/completions", json=BODY, headers=KEY) as again:
+                    assert again.status == 409
+    assert not [line for line in second.log if line.get("event") == "released_dead_claims"]
 
 
 async def batch_of(http: aiohttp.ClientSession, url: str, lines: int) -> str:
