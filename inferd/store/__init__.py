@@ -8,6 +8,7 @@ from inferd.store.db import REQUEST_DEADLINE, Database, DbStats, StoreCorrupt, S
 from inferd.store.health import pinging
 from inferd.store.files import FileRecord, FileStore, file_insert_statement
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
+from inferd.store.owner import owner as process_owner
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
 from inferd.store.responses import ResponseStore, StoredConversation
 from inferd.store.sqlite import SqliteDatabase
@@ -22,7 +23,7 @@ __all__ = [
 ]
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
             "add_batches_parser", "batches_main", "file_insert_statement", "Transcript", "Transcripts"]
-__all__ += ["ResponseStore", "StoredConversation", "REQUEST_DEADLINE", "pinging"]
+__all__ += ["ResponseStore", "StoredConversation", "process_owner", "REQUEST_DEADLINE", "pinging"]
 
 
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:
