@@ -31,28 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferd.config.root import load_config  # noqa: E402
 from tests.daemon.harness import running_daemon, sim_model, write_config  # noqa: E402
 from tests.pg_server import PgServer, find_bin_dir  # noqa: E402
-from tests.store.test_health import signal_server  # noqa: E402
+from tests.store.test_health import pause, resume, signal_server  # noqa: E402
 
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": 5, "temperature": 0}
 SLOW = {**BODY, "max_tokens": 400, "ignore_eos": True}
 HEADERS = {"X-Request-Timeout": "60"}
-
-
-def pause(server: PgServer, mode: str) -> None:
-    if mode == "sigstop":
-        signal_server(server, signal.SIGSTOP)
-    else:
-        server._run("pg_ctl", "stop", "-D", str(server.data), "-m", "immediate", "-w", "-t", "10", timeout=20)
-
-
-def resume(server: PgServer, mode: str) -> None:
-    if mode == "sigstop":
-        signal_server(server, signal.SIGCONT)
-        return
-    opts = (f"-p {server.port} -k {server.dir} -c listen_addresses=127.0.0.1 -c fsync=on "
-            "-c max_connections=200 -c shared_buffers=32MB")
-    server._run("pg_ctl", "start", "-D", str(server.data), "-l", str(server.log), "-w", "-t", "15", "-o", opts,
-                timeout=20)
 
 
 async def probe(http: aiohttp.ClientSession, url: str, log: list[tuple[float, int]], stop: asyncio.Event) -> None:

@@ -25,6 +25,7 @@ turns 503 while it does not.
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextvars
 import threading
 import time
@@ -66,6 +67,7 @@ class StoreHealth:
     def __init__(self) -> None:
         self.failure: str | None = None     # why it is unavailable; None: healthy
         self.since = 0.0                    # time.monotonic() of the first failure of this outage
+        self._down: asyncio.Event | None = None     # set when it fails (made on first wait: loop-bound)
 
     @property
     def ok(self) -> bool:
@@ -74,10 +76,20 @@ class StoreHealth:
     def failed(self, error: BaseException | str) -> None:
         if self.failure is None:
             self.since = time.monotonic()
+            if self._down is not None:
+                self._down.set()
         self.failure = str(error)
 
     def recovered(self) -> None:
         self.failure = None
+        self._down = None
+
+    async def wait_failed(self) -> None:
+        """Return when the store is found unavailable (at once if it is now)."""
+        if self.failure is None:
+            if self._down is None:
+                self._down = asyncio.Event()
+            await self._down.wait()
 
 
 class DbStats(msgspec.Struct, kw_only=True):

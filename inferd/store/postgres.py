@@ -249,12 +249,22 @@ class PostgresDatabase(Database):
             raise self.timed_out("PostgreSQL", self.timeout_s) from None
 
     async def _wait(self, task: asyncio.Task, what: str) -> T:
-        """The caller's wait for its call, bounded by call_timeout() (what is left of its request's deadline)."""
+        """The caller's wait for its call (the task is not cancelled by it): bounded by call_timeout()
+        (what is left of its request's deadline), and over as soon as the store is found unavailable
+        meanwhile (a failed ping: the server stopped answering), rather than a whole timeout later."""
         bound = self.call_timeout()
+        down = asyncio.ensure_future(self.health.wait_failed()) if self.health.ok else None
         try:
-            return await asyncio.wait_for(asyncio.shield(task), bound)
-        except TimeoutError:
-            raise self.timed_out(f"PostgreSQL {what}", bound) from None
+            await asyncio.wait([task] if down is None else [task, down], timeout=bound,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if down is not None:
+                down.cancel()
+        if task.done():
+            return task.result()
+        if down is not None and down.done() and not down.cancelled():
+            raise StoreUnavailable(f"PostgreSQL at {self.where}: {what} given up: {self.health.failure}")
+        raise self.timed_out(f"PostgreSQL {what}", bound)
 
     def _read_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)

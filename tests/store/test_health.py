@@ -1,5 +1,5 @@
 """The store's health is part of readiness, through the real daemon: a PostgreSQL server that stops
-answering (SIGSTOP: no RST, like a partitioned server) turns /readyz 503 `store_unavailable` and fails
+answering (SIGSTOP: no RST, like a partitioned server; or shut down) turns /readyz 503 `store_unavailable` and fails
 requests fast with 503 + Retry-After, instead of holding them until their deadline; when it answers again,
 /readyz is 200 and requests succeed. A SQLite file that cannot grow (full disk) marks readiness too."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from inferd.config.root import load_config
 from tests.daemon.harness import running_daemon, sim_model, until, write_config
@@ -42,6 +43,26 @@ def signal_server(server: PgServer, sig: int) -> None:
             pass
 
 
+def pause(server: PgServer, mode: str) -> None:
+    """"sigstop": every server process stopped (no RST, like a partitioned server); "stop": shut down at
+    once (`pg_ctl stop -m immediate`: its connections are reset)."""
+    if mode == "sigstop":
+        signal_server(server, signal.SIGSTOP)
+    else:
+        server._run("pg_ctl", "stop", "-D", str(server.data), "-m", "immediate", "-w", "-t", "10", timeout=20)
+
+
+def resume(server: PgServer, mode: str) -> None:
+    """The server answers again: SIGCONT, or started again on its port with the options it had."""
+    if mode == "sigstop":
+        signal_server(server, signal.SIGCONT)
+        return
+    opts = (f"-p {server.port} -k {server.dir} -c listen_addresses=127.0.0.1 -c fsync=on "
+            "-c max_connections=200 -c shared_buffers=32MB")
+    server._run("pg_ctl", "start", "-D", str(server.data), "-l", str(server.log), "-w", "-t", "15", "-o", opts,
+                timeout=20)
+
+
 async def readyz(http: aiohttp.ClientSession, url: str) -> tuple[int, list[str]]:
     async with http.get(url + "/readyz") as resp:
         return resp.status, (await resp.json()).get("reasons", [])
@@ -62,8 +83,9 @@ async def assert_store_unavailable(resp: aiohttp.ClientResponse) -> None:
     assert (await resp.json())["error"]["code"] == "store_unavailable"
 
 
+@pytest.mark.parametrize("mode", ["sigstop", "stop"])
 async def test_a_postgres_server_that_stops_answering_turns_readyz_503_and_fails_requests_fast(
-        tmp_path, pg_server, pg_dsn):  # noqa: F811
+        tmp_path, pg_server, pg_dsn, mode):  # noqa: F811
     config = load_config(write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=1.0)},
                                       f'[store]\nbackend = "postgres"\ndsn = "{pg_dsn}"\n{PROBES}'))
     async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
@@ -72,7 +94,7 @@ async def test_a_postgres_server_that_stops_answering_turns_readyz_503_and_fails
         headers = {"X-Request-Timeout": "60"}
         in_flight = asyncio.ensure_future(http.post(url + "/v1/completions", json=slow, headers=headers))
         await until(lambda: asyncio.sleep(0, daemon.state.in_flight > 0), "the request to start")
-        signal_server(pg_server, signal.SIGSTOP)
+        pause(pg_server, mode)
         try:
             await until(lambda: store_unready(http, url), "/readyz to say store_unavailable", timeout_s=20)
             async with http.post(url + "/v1/completions", json=BODY, headers=headers) as resp:
@@ -80,7 +102,7 @@ async def test_a_postgres_server_that_stops_answering_turns_readyz_503_and_fails
             async with await in_flight as resp:                 # its row cannot be recorded: withheld
                 await assert_store_unavailable(resp)
         finally:
-            signal_server(pg_server, signal.SIGCONT)
+            resume(pg_server, mode)
         await until(lambda: ready(http, url), "/readyz to be 200 again", timeout_s=30)
         async with http.post(url + "/v1/completions", json=BODY) as resp:
             assert resp.status == 200, await resp.text()
