@@ -26,16 +26,22 @@ __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecor
 __all__ += ["ResponseStore", "StoredConversation", "process_owner", "REQUEST_DEADLINE", "pinging"]
 
 
+OFFLINE_TIMEOUT_S = 600.0
+
+
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:
     """The Database `config` ([store]) names, not opened yet: SQLite at config.path (already absolute),
     or PostgreSQL at config.dsn (psycopg is imported only then). `readonly` (SQLite): reads beside a
     running daemon, for `inferd usage`."""
+    # An operator's command (`inferd usage`, `inferd batches`) may read the whole ledger: its reads are
+    # bounded, but not by the request path's timeout.
+    timeout_s = max(config.timeout_s, OFFLINE_TIMEOUT_S) if readonly else config.timeout_s
     if config.backend == "postgres":
         from inferd.store.postgres import PostgresDatabase
 
-        return PostgresDatabase(config.dsn, max_pending_writes=config.max_pending_writes, timeout_s=config.timeout_s)
+        return PostgresDatabase(config.dsn, max_pending_writes=config.max_pending_writes, timeout_s=timeout_s)
     if not config.path:
         raise StoreError("store.path: no SQLite file named (the config resolves it under server.state_dir)")
     return SqliteDatabase(config.path, synchronous=config.synchronous, commit_interval_ms=config.commit_interval_ms,
                           commit_rows=config.commit_rows, max_pending_writes=config.max_pending_writes,
-                          readonly=readonly, timeout_s=config.timeout_s)
+                          readonly=readonly, timeout_s=timeout_s)

@@ -31,6 +31,7 @@ ORDERED_WRITE_LOCK = 0x696E66657265   # ... for ordered writes (Database.execute
 CONNECT_TIMEOUT_S = 10
 RETRIES = 3                           # a deadlock or serialization failure rolls back: run it again
 RETRY_SQLSTATES = ("40001", "40P01")
+QUERY_CANCELED = "57014"
 
 
 @lru_cache(maxsize=512)
@@ -336,5 +337,6 @@ class PostgresDatabase(Database):
             error = StoreUnavailable(f"PostgreSQL at {self.where}: {self._message(e)}")
         else:
             return StoreError(f"PostgreSQL at {self.where}: {self._message(e)}")
-        self.health.failed(error)       # readiness: unavailable until a ping succeeds
+        if e.sqlstate != QUERY_CANCELED:   # statement_timeout ended a slow statement: the server answers
+            self.health.failed(error)       # readiness: unavailable until a ping succeeds
         return error

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from inferd.store import REQUEST_DEADLINE, StoreUnavailable
 from inferd.store.db import DEADLINE_MARGIN_S, MIN_CALL_S, StoreHealth
 from inferd.store.health import ping_once
@@ -59,7 +57,6 @@ async def test_waiters_learn_of_a_failure_and_a_recovery_rearms_them():
     again.cancel()
 
 
-@pytest.mark.parametrize("seconds, marks", [(0.5, False), (5.0, True)])
-async def test_only_a_wait_as_long_as_the_stores_timeout_marks_it_down(db, seconds, marks):  # noqa: F811
-    error = db.timed_out("write", seconds)
-    assert isinstance(error, StoreUnavailable) and (not db.health.ok) == marks
+async def test_a_call_that_times_out_does_not_mark_the_store_down(db):  # noqa: F811
+    error = db.timed_out("read", db.timeout_s)      # a slow statement is not a dead server: the ping tells
+    assert isinstance(error, StoreUnavailable) and db.health.ok
