@@ -34,7 +34,7 @@ from tests.pg_server import PgServer, find_bin_dir  # noqa: E402
 from tests.store.test_health import pause, resume, signal_server  # noqa: E402
 
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": 5, "temperature": 0}
-SLOW = {**BODY, "max_tokens": 400, "ignore_eos": True}
+SLOW = {**BODY, "max_tokens": 800, "ignore_eos": True}
 HEADERS = {"X-Request-Timeout": "60"}
 
 

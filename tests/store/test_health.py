@@ -90,7 +90,7 @@ async def test_a_postgres_server_that_stops_answering_turns_readyz_503_and_fails
                                       f'[store]\nbackend = "postgres"\ndsn = "{pg_dsn}"\n{PROBES}'))
     async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
         assert await ready(http, url)
-        slow = {**BODY, "max_tokens": 200, "ignore_eos": True}
+        slow = {**BODY, "max_tokens": 1000, "ignore_eos": True}     # generating for about 2 s
         headers = {"X-Request-Timeout": "60"}
         in_flight = asyncio.ensure_future(http.post(url + "/v1/completions", json=slow, headers=headers))
         await until(lambda: asyncio.sleep(0, daemon.state.in_flight > 0), "the request to start")
