@@ -81,8 +81,9 @@ class StoreHealth:
         self.failure = str(error)
 
     def recovered(self) -> None:
-        self.failure = None
-        self._down = None
+        if self.failure is not None:    # (every successful ping calls this: waiters keep their event)
+            self.failure = None
+            self._down = None           # the old one is set: the next outage needs a fresh one
 
     async def wait_failed(self) -> None:
         """Return when the store is found unavailable (at once if it is now)."""

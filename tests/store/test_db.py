@@ -45,6 +45,7 @@ async def test_waiters_learn_of_a_failure_and_a_recovery_rearms_them():
     health = StoreHealth()
     waiter = asyncio.ensure_future(health.wait_failed())
     await asyncio.sleep(0)
+    health.recovered()                                      # a successful ping while healthy changes nothing
     assert not waiter.done()
     health.failed(StoreUnavailable("disk full"))
     await asyncio.wait_for(waiter, 1)
