@@ -91,6 +91,8 @@ class Pinger:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self._tasks:     # each closes its connection as it unwinds (bounded: a dead server's cancel)
+            await asyncio.wait(list(self._tasks), timeout=1.0)
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
