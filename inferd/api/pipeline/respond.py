@@ -123,7 +123,9 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     ctx.delivered = entry.accepted      # a stream that does not complete bills what its client's socket took
 
     async def before_done() -> None:
-        # the stream's outcome, even if its client hangs up during the commit
+        # Complete only once its content reached the client (499 if it leaves first: it is billed what did);
+        # then the stream's outcome, even if its client hangs up during the commit.
+        await entry.accepted.acknowledged(ctx.deadline)
         ctx.status = final_status(entry.final, entry)
         try:
             await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)
