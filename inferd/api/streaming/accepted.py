@@ -10,11 +10,11 @@ client's TCP acknowledged are those written less what waits in user space
 Frames wholly acknowledged count. Over TLS, or where the send queue cannot be read, only user space is
 subtracted (what the kernel accepted).
 
-Reading the send queue is a system call, so it is not made per frame: the count is sampled on each
-watchdog scan (a few times a second), when a paused stream drains, before an abnormal end is recorded,
-and once SAMPLE_EVERY frames are pending (which bounds the memory). The transport's buffer is dropped
+The count is sampled after every frame written (one ioctl beside the frame's send()), on each watchdog
+scan and when a paused stream drains; frames leave the pending list once acknowledged, so it holds only
+what the client has not acknowledged yet, which backpressure bounds. The transport's buffer is dropped
 when the connection is lost, so nothing is sampled after: a client that leaves is billed for the last
-sample, never more than it received (at most what it received since then goes unbilled).
+sample, never more than it received (what it acknowledged since then goes unbilled).
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import termios
 import time
 from asyncio import WriteTransport
 
-SAMPLE_EVERY = 256
 _INT = b"\0\0\0\0"
 
 
@@ -59,8 +58,7 @@ class SocketAccepted:
         """A frame of `nbytes` was written to the transport."""
         self._sent += nbytes
         self._pending.append((self._sent, self._taken))
-        if len(self._pending) >= SAMPLE_EVERY:
-            self.sample()
+        self.sample()
 
     def sample(self) -> None:
         """Count the frames the client has acknowledged by now; nothing once the transport closes (its
