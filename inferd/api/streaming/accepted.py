@@ -10,9 +10,10 @@ client's TCP acknowledged are those written less what waits in user space
 Frames wholly acknowledged count. Over TLS, or where the send queue cannot be read, only user space is
 subtracted (what the kernel accepted).
 
-The count is sampled after every frame written (one ioctl beside the frame's send()), on each watchdog
-scan and when a paused stream drains; frames leave the pending list once acknowledged, so it holds only
-what the client has not acknowledged yet, which backpressure bounds. The transport's buffer is dropped
+The count is sampled after a frame is written (one ioctl beside the frame's send(), about 1.8 us; at most
+once per SAMPLE_INTERVAL_S, so an engine that outruns its clients does not pay it per frame), on each
+watchdog scan and when a paused stream drains. Frames leave the pending list once acknowledged, so it
+holds what the client has not acknowledged yet (which backpressure bounds) and the last interval's frames. The transport's buffer is dropped
 when the connection is lost, so nothing is sampled after: a client that leaves is billed for the last
 sample, never more than it received (what it acknowledged since then goes unbilled).
 """
@@ -27,12 +28,14 @@ import time
 from asyncio import WriteTransport
 
 _INT = b"\0\0\0\0"
+SAMPLE_INTERVAL_S = 0.001
+_monotonic = time.monotonic
 
 
 class SocketAccepted:
     """Counts the tokens whose frames one stream's client acknowledged."""
 
-    __slots__ = ("_transport", "_fd", "_sent", "_taken", "_pending", "delivered_tokens")
+    __slots__ = ("_transport", "_fd", "_sent", "_taken", "_pending", "_sampled_at", "delivered_tokens")
 
     def __init__(self) -> None:
         self._transport: WriteTransport | None = None
@@ -40,6 +43,7 @@ class SocketAccepted:
         self._sent = 0                  # bytes this stream wrote to the transport
         self._taken = 0                 # output tokens read from the engine's stream so far
         self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (frame's end offset, tokens)
+        self._sampled_at = 0.0
         self.delivered_tokens = 0       # tokens in acknowledged frames (the name settle reads)
 
     def attach(self, transport: WriteTransport) -> None:
@@ -58,7 +62,8 @@ class SocketAccepted:
         """A frame of `nbytes` was written to the transport."""
         self._sent += nbytes
         self._pending.append((self._sent, self._taken))
-        self.sample()
+        if _monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S:
+            self.sample()
 
     def sample(self) -> None:
         """Count the frames the client has acknowledged by now; nothing once the transport closes (its
@@ -66,6 +71,7 @@ class SocketAccepted:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        self._sampled_at = _monotonic()
         out = self._sent - transport.get_write_buffer_size() - self._unacknowledged()
         pending = self._pending
         while pending and pending[0][0] <= out:
@@ -84,7 +90,7 @@ class SocketAccepted:
             transport = self._transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client closed the connection")
-            left = deadline - time.monotonic()
+            left = deadline - _monotonic()
             if left <= 0:
                 return
             await asyncio.sleep(min(delay, left))     # no event says "acknowledged": polled, backing off

@@ -8,8 +8,12 @@ import json
 import socket
 import struct
 import termios
+import time
 
 import aiohttp
+import pytest
+
+from inferd.api.streaming.accepted import SocketAccepted
 
 from tests.api.pipeline.test_billing import config, settled_rows
 from tests.daemon.harness import running_daemon, until
@@ -71,3 +75,48 @@ async def test_a_client_that_stops_reading_is_billed_for_what_its_socket_took(tm
         [row] = await settled_rows(http, url, 1)
         assert row["status"] == 499 and row["stream"]
         assert 0 < row["completion_tokens"] <= frames_tokens(reached) < GENERATED
+
+
+class FakeTransport:
+    """A transport whose user-space buffer the test sets (no socket: the send queue reads as empty)."""
+
+    def __init__(self) -> None:
+        self.buffered = 0
+        self.closing = False
+
+    def get_extra_info(self, name: str):
+        return None
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def test_only_frames_wholly_out_of_user_space_count_and_nothing_is_sampled_after_close():
+    transport, counted = FakeTransport(), SocketAccepted()
+    counted.attach(transport)
+    transport.buffered = 150
+    for tokens in (2, 3, 4):        # frames of 100 bytes: 2, 5, 9 tokens in all
+        counted.took(tokens)
+        counted.wrote(100)
+    counted.sample()
+    assert counted.delivered_tokens == 2        # 300 written, 150 still buffered: the second frame is half out
+    transport.buffered, transport.closing = 0, True     # the connection was lost: its buffer dropped
+    counted.sample()
+    assert counted.delivered_tokens == 2
+
+
+async def test_a_stream_is_complete_once_all_but_its_last_frame_left_and_a_client_that_left_raises():
+    transport, counted = FakeTransport(), SocketAccepted()
+    counted.attach(transport)
+    for _ in range(3):
+        counted.took(1)
+        counted.wrote(10)
+    transport.buffered = 10                     # only the final frame still buffered
+    await counted.acknowledged(time.monotonic() + 5)
+    transport.buffered, transport.closing = 25, True
+    counted.wrote(10)
+    with pytest.raises(ConnectionResetError):
+        await counted.acknowledged(time.monotonic() + 5)
