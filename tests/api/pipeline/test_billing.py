@@ -91,3 +91,22 @@ async def test_a_non_streamed_request_aborted_at_drain_is_billed_no_completion_t
     async with running_daemon(config(tmp_path)) as (_, _, url), aiohttp.ClientSession() as http:
         [row] = await rows(http, url)
         assert row["status"] == 503 and row["completion_tokens"] == 0 and row["prompt_tokens"] == 0
+
+
+async def test_a_stream_cut_by_its_deadline_is_504_billed_for_the_tokens_its_client_received(tmp_path):
+    async with running_daemon(config(tmp_path)) as (_, _, url), aiohttp.ClientSession() as http:
+        body = {**LONG, "stream": True, "logprobs": 1}
+        per_frame = []
+        async with http.post(url + "/v1/completions", json=body, headers={"X-Request-Timeout": "0.5"}) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    if chunk.get("choices"):
+                        per_frame.append(len((chunk["choices"][0].get("logprobs") or {}).get("tokens", [])))
+                    assert chunk.get("error", {}).get("code") in (None, "deadline_exceeded")
+        [row] = await settled_rows(http, url, 1)
+        received = sum(per_frame)
+        assert row["status"] == 504 and row["stream"] and 0 < received < LONG["max_tokens"]
+        # counted once acknowledged: all but the final frames, which go out as the row is written
+        assert received - per_frame[-1] <= row["completion_tokens"] <= received
+        assert row["prompt_tokens"] > 0
