@@ -108,7 +108,8 @@ async def test_json_inside_a_string_is_bounded_too(served, caplog):
     assert resp.status == 400 and error["param"] == "structured_outputs.json" and "128 levels" in error["message"]
     arguments = json.dumps('{"a":%s}' % ("[" * 5_000 + "]" * 5_000))
     messages = ('[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c","type":"function",'
-                f'"function":{{"name":"f","arguments":{arguments}}}}}]}},{{"role":"tool","tool_call_id":"c","content":"x"}}]')
+                f'"function":{{"name":"f","arguments":{arguments}}}}}]}},'
+                '{"role":"tool","tool_call_id":"c","content":"x"}]')
     async with served.http.post(served.base_url + "/v1/chat/completions", headers={"Content-Type": "application/json"},
                                 data=f'{{"model":"sim","messages":{messages},"max_tokens":2}}') as resp:
         error = (await resp.json())["error"]
