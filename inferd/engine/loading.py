@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from inferd.observability import get_logger
-
-log = get_logger(__name__)
+# The stdlib logger with the `fields` inferd's JSON lines carry: inferd.observability imports this package back.
+log = logging.getLogger(__name__)
 LOAD_NICE = 19
 T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
@@ -34,9 +34,10 @@ def _lower_priority() -> None:
     except AttributeError:                  # not Linux: a load at normal priority
         pass
     except OSError as exc:                  # a seccomp filter (systemd's ~@resources), say: say so, loads still run
-        log.warning("load_priority_not_lowered", error=str(exc), nice=LOAD_NICE,
-                    consequence="model loads run at normal priority and can slow the versions serving",
-                    fix="allow the setpriority system call (systemd: SystemCallFilter=setpriority)")
+        log.warning("load_priority_not_lowered", extra={"fields": {
+            "error": str(exc), "nice": LOAD_NICE,
+            "consequence": "model loads run at normal priority and can slow the versions serving",
+            "fix": "allow the setpriority system call (systemd: SystemCallFilter=setpriority)"}})
 
 
 def load_pool() -> ThreadPoolExecutor:

@@ -3,11 +3,13 @@ seccomp filter), the loads still run and the log says so once, naming the fix.""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import threading
 
 from inferd.engine import loading
+from inferd.observability.log import JsonFormatter
 
 
 async def test_a_refused_setpriority_is_logged_once_and_loads_still_run(monkeypatch, caplog):
@@ -25,6 +27,8 @@ async def test_a_refused_setpriority_is_logged_once_and_loads_still_run(monkeypa
     assert len(threads) == 1 and threading.get_native_id() not in threads
     [warning] = [r for r in caplog.records if r.getMessage() == "load_priority_not_lowered"]
     assert warning.levelno == logging.WARNING and "SystemCallFilter=setpriority" in warning.fields["fix"]
+    line = json.loads(JsonFormatter().format(warning))      # the daemon's JSON line carries the fields
+    assert line["event"] == "load_priority_not_lowered" and line["error"].startswith("[Errno 1]")
 
 
 async def test_the_load_thread_runs_at_nice_19(monkeypatch, caplog):
