@@ -13,9 +13,9 @@ import time
 
 from inferd.api.appkeys import CACHE_HIT
 from inferd.api.auth import PRINCIPAL
+from inferd.api.errors import store_unavailable
 from inferd.api.pipeline.billing import billed_usage
 from inferd.api.pipeline.context import RequestContext
-from inferd.api.errors import store_unavailable
 from inferd.api.state import ServerState
 from inferd.config import price_for
 from inferd.observability import SYSTEM_ACTOR, get_logger

@@ -35,7 +35,7 @@ _monotonic = time.monotonic
 class SocketAccepted:
     """Counts the tokens whose frames one stream's client acknowledged."""
 
-    __slots__ = ("_transport", "_fd", "_sent", "_taken", "_pending", "_sampled_at", "delivered_tokens")
+    __slots__ = ("_fd", "_pending", "_sampled_at", "_sent", "_taken", "_transport", "delivered_tokens")
 
     def __init__(self) -> None:
         self._transport: WriteTransport | None = None

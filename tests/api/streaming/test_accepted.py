@@ -14,7 +14,6 @@ import aiohttp
 import pytest
 
 from inferd.api.streaming.accepted import SocketAccepted
-
 from tests.api.pipeline.test_billing import config, settled_rows
 from tests.daemon.harness import running_daemon, until
 
