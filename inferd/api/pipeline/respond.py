@@ -12,16 +12,11 @@ from collections.abc import Callable
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api.errors import CLIENT_GONE, ApiError
 from inferd.api.pipeline import idempotency
-from inferd.api.pipeline.context import RequestContext
-from inferd.api.pipeline.safety import filter_output
-from inferd.api.pipeline.settle import record_usage_once
-from inferd.api.pipeline.transcripts import retention_s
-from inferd.api.pipeline.versioned import mirror_to_shadow
 from inferd.api.streaming.choices import Choices, ChoicesSender, merged_final
-from inferd.api.streaming.sse import Sender, stream_response
-from inferd.api.wire.logprobs import LogprobChunkEncoder, LogprobFormat, LogprobStream
+from inferd.api.errors import CLIENT_GONE, ApiError
+from inferd.api.pipeline.context import RequestContext
+from inferd.api.pipeline.settle import record_usage_once
 from inferd.api.wire.responses import (
     OPENAI_FINISH,
     ChunkEncoder,
@@ -30,12 +25,13 @@ from inferd.api.wire.responses import (
     abnormal_end,
     completion_body,
 )
+from inferd.api.pipeline.safety import filter_output
+from inferd.api.wire.logprobs import LogprobChunkEncoder, LogprobFormat, LogprobStream
 from inferd.api.wire.tool_calls import ToolCallParser, parser_for
-from inferd.api.wire.tool_stream import (
-    ToolChunkEncoder,
-    finish_with_calls,
-    tool_message,
-)
+from inferd.api.wire.tool_stream import ToolChunkEncoder, finish_with_calls, tool_message
+from inferd.api.streaming.sse import Sender, stream_response
+from inferd.api.pipeline.transcripts import retention_s
+from inferd.api.pipeline.versioned import mirror_to_shadow
 from inferd.cache import RecordingStream
 from inferd.types import Delta, FinishReason, Usage
 

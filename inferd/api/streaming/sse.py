@@ -35,12 +35,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import SERVER_ERROR, ApiError
 from inferd.api.streaming.accepted import SocketAccepted
-from inferd.api.wire.responses import (
-    OPENAI_FINISH,
-    PING_FRAME,
-    ChunkEncoder,
-    abnormal_end,
-)
+from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation, get_logger, request_context
 from inferd.types import Delta, FinishReason
@@ -57,20 +52,8 @@ log = get_logger("inferd.api.streaming.sse")
 class Tracked:
     """One in-flight generation the watchdog looks after."""
 
-    __slots__ = (
-        "accepted",
-        "client_gone",
-        "closing",
-        "deadline",
-        "failed",
-        "final",
-        "last_write",
-        "request",
-        "request_id",
-        "sender",
-        "stream",
-        "timed_out",
-    )
+    __slots__ = ("request", "request_id", "stream", "sender", "last_write", "deadline", "timed_out", "closing",
+                 "client_gone", "failed", "final", "accepted")
 
     def __init__(self, request: web.BaseRequest, stream: RequestStream, deadline: float | None,
                  request_id: str | None = None) -> None:
@@ -137,23 +120,8 @@ class Flusher:
 class Sender:
     """The writing side of one event stream: frames go straight to the transport."""
 
-    __slots__ = (
-        "_chunked",
-        "_content",
-        "_encoder",
-        "_include_usage",
-        "_on_tokens",
-        "_protocol",
-        "_transport",
-        "accepted",
-        "blocked",
-        "done",
-        "entry",
-        "pushed_at",
-        "stream",
-        "tee",
-        "waiter",
-    )
+    __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee", "pushed_at", "accepted")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation) -> None:
