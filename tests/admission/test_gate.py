@@ -50,7 +50,8 @@ async def test_kv_in_flight_cap_holds_a_tenant_without_blocking_others(make_queu
 
 async def test_headroom_lets_a_light_tenant_start_beside_a_flood(make_queue):
     engine = FakeEngine(slots=4)
-    q, _ = make_queue(engine=engine, headroom_fraction=0.25)          # 1 of 4 slots
+    q, _ = make_queue(engine=engine, headroom_fraction=0.25,          # 1 of 4 slots, in the window only
+                      headroom_without_preemption=False)
     flood = [spawn(q.admit(req("n"), deadline=far())) for _ in range(8)]
     await settle()
     assert len(engine.submitted) == 4           # nobody light around yet: the engine is filled
@@ -132,7 +133,8 @@ def test_prefill_budget_must_be_positive():
 
 async def test_light_tenant_does_not_wait_behind_a_heavy_pick_that_needs_a_slot(make_queue):
     engine = FakeEngine(slots=8)
-    q, _ = make_queue(engine=engine, headroom_fraction=0.25)          # 2 of 8 slots
+    q, _ = make_queue(engine=engine, headroom_fraction=0.25,          # 2 of 8 slots, in the window only
+                      headroom_without_preemption=False)
     flood = [spawn(q.admit(req("n"), deadline=far())) for _ in range(20)]
     await engine.wait_submitted(8)              # nobody light around yet: the engine is filled
     first = spawn(q.admit(req("w"), deadline=far()))
