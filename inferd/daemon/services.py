@@ -16,6 +16,7 @@ from inferd.daemon.context import DaemonContext
 from inferd.daemon.engines import model_versions
 from inferd.daemon.listen import http_runner, listen_socket, site
 from inferd.daemon.purge import Purger
+from inferd.daemon.reclaim import dead_claims
 from inferd.observability import Tracing, get_logger
 from inferd.store import open_database
 from inferd.tenancy import Tenancy, load_spend
@@ -172,6 +173,7 @@ SERVICES = (
     model_versions,     # engines loaded and warmed; closed after the queues
     admission,          # a queue per engine, the keys-file poll
     cluster,            # gossip; left during the drain, closed after it
+    dead_claims,        # a crashed predecessor's Idempotency-Key claims and batch leases, released
     site,               # the app, listening: the batch runner posts here, peers forward here
     batch_runner,
     purge,

@@ -7,6 +7,7 @@ from inferd.store.batches_cli import add_batches_parser, batches_main
 from inferd.store.db import Database, DbStats, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
 from inferd.store.files import FileRecord, FileStore, file_insert_statement
 from inferd.store.idempotency import Claim, IdempotencyStore, StoredResponse
+from inferd.store.owner import owner as process_owner
 from inferd.store.ledger import Ledger, LedgerRow, UsageFilter, UsageTotal
 from inferd.store.responses import ResponseStore, StoredConversation
 from inferd.store.sqlite import SqliteDatabase
@@ -21,7 +22,7 @@ __all__ = [
 ]
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
             "add_batches_parser", "batches_main", "file_insert_statement", "Transcript", "Transcripts"]
-__all__ += ["ResponseStore", "StoredConversation"]
+__all__ += ["ResponseStore", "StoredConversation", "process_owner"]
 
 
 def open_database(config: StoreConfig, *, readonly: bool = False) -> Database:
