@@ -259,6 +259,11 @@ def hog_sim(profile, **kwargs) -> SimEngine:
     return SimEngine(profile, **{**kwargs, "num_kv_blocks": HOG_KV_BLOCKS})
 
 
+def set_hog_kv_blocks(n: int) -> None:
+    global HOG_KV_BLOCKS
+    HOG_KV_BLOCKS = n
+
+
 def hog_request(rng: random.Random, tenant: str, n: int) -> GenerationRequest:
     """beta's are long streams that never stop early; alpha's the usual mix."""
     if tenant != "beta":
@@ -316,6 +321,7 @@ async def scenario_hog(cap, args):
 
 
 async def main(args) -> None:
+    set_hog_kv_blocks(args.hog_kv_blocks)
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -337,4 +343,6 @@ if __name__ == "__main__":
     p.add_argument("--time-scale", type=float, default=0.2, help="wall seconds per simulated second")
     p.add_argument("--grace", type=float, default=15.0, help="simulated seconds allowed after the last arrival")
     p.add_argument("--only", default="weights,noisy,ramp,hog")
+    p.add_argument("--hog-kv-blocks", type=int, default=HOG_KV_BLOCKS,
+                   help="the hog scenario's KV pool (fewer: beta's contexts outgrow it, see HOG_KV_BLOCKS)")
     asyncio.run(main(p.parse_args()))

@@ -16,8 +16,8 @@ Light tenants: one with fewer requests queued + running than its weighted share 
 whole step (max_num_tokens), and it needs no KV reserve. While a light tenant has arrived recently
 beside backlogged ones, heavier tenants leave the last `headroom_fraction` of slots free, so a
 well-behaved tenant next to a flooding one starts at once instead of waiting for a slot to free. With
-only heavy tenants around, no headroom is held and the engine is filled completely. On an engine that
-cannot preempt (Engine.yields_slots False: trtllm) the headroom is a standing reserve instead
+only heavy tenants around, no headroom is held and the engine is filled completely. A generating
+engine that cannot preempt (Engine.yields_slots False: trtllm) keeps the headroom as a standing reserve
 (`headroom_without_preemption`): heavy tenants and a tenant alone leave it free at all times, as nothing
 could free a slot for a tenant arriving later; a light tenant beside others may take it.
 
@@ -61,7 +61,10 @@ class CapacityGate:
         self.running -= 1
         self._in_flight[t.tenant] -= 1
         self._kv_in_flight[t.tenant] -= t.tokens
-        self.tickets[t.tenant].pop(t.seq, None)
+        running = self.tickets[t.tenant]
+        running.pop(t.seq, None)
+        if not running:
+            del self.tickets[t.tenant]
         self.resumed(t)
 
     def parked(self, t: Ticket) -> None:
@@ -119,7 +122,9 @@ class CapacityGate:
         limit = max(budget, info.max_num_tokens) if light else budget
         if cap.pending_prefill_tokens and cap.pending_prefill_tokens + t.prompt > limit:
             return False
-        standing = policy.headroom_without_preemption and not self.engine.yields_slots
+        # Generation only: an embedding engine's requests hold their slot for one batch, not a stream.
+        standing = (policy.headroom_without_preemption and not self.engine.yields_slots
+                    and info.task == "generate")
         alone = standing and light and self._active(t.tenant) == {t.tenant}
         if light and not alone:
             return blocks >= need
