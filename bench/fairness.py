@@ -9,6 +9,10 @@ TTLs), on the same engine settings, and prints the same figures for both:
   noisy     a tenant at 0.2x capacity beside one flooding at 5x -> its p99 TTFT vs. when alone
   ramp      load from 0.5x to 3x capacity -> goodput (TTFT and per-token SLO) vs. its peak, and how
             fast rejections come (wall milliseconds from admit() to the exception)
+  hog       beta fills every sequence slot with long streams (ignore_eos, 7,000 tokens), then alpha sends
+            requests -> alpha's p99 TTFT vs. alone. Ours only (FCFS has nothing to compare): preempting
+            (the sim yields a slot: inferd.admission.slots), with fairness_preemption off (as before
+            slots were fair), and on an engine that cannot preempt (as trtllm: the standing reserve)
 
 Times are simulated seconds: the sim engine runs at --time-scale (default 0.2: a 60 s scenario takes
 12 s of wall time) and admission's clock is the loop clock divided by it; rejection latency is wall
@@ -22,7 +26,7 @@ random pool, and the garbage collector runs between runs, not during them. A loa
 shows: under heavy CPU contention a 50 ms descheduling is 250 simulated ms of TTFT; rerun (or raise
 --time-scale) before trusting a p99 that an outlier could make.
 
-    .venv/bin/python bench/fairness.py [--duration 60] [--time-scale 0.2] [--only weights,noisy,ramp]
+    .venv/bin/python bench/fairness.py [--duration 60] [--time-scale 0.2] [--only weights,noisy,ramp,hog]
 """
 from __future__ import annotations
 
@@ -93,23 +97,25 @@ class Record:
 
 
 async def run(policy: AdmissionConfig, tenants: dict[str, TenantConfig], arrivals: list[tuple[float, str]],
-              scale: float, deadline_s: float, duration: float, grace: float, seed: int):
-    """One run, bounded in wall time: a run that overstays (a bug) raises TimeoutError, never hangs."""
+              scale: float, deadline_s: float, duration: float, grace: float, seed: int, *,
+              request_for=make_request, engine_class=SimEngine):
+    """One run, bounded in wall time: a run that overstays (a bug) raises TimeoutError, never hangs.
+    `request_for(rng, tenant, n)` makes each request; `engine_class` is the sim (or a variant of it)."""
     bound = (duration + grace) * scale * 3 + 30
     # A full collection stalls the loop ~35 ms, 175 simulated ms at time_scale 0.2: a pause no GPU
     # server would show at that size. Collect before, not during, each run.
     gc.collect()
     gc.disable()
     try:
-        return await asyncio.wait_for(_run(policy, tenants, arrivals, scale, deadline_s, duration, grace, seed),
-                                      bound)
+        return await asyncio.wait_for(_run(policy, tenants, arrivals, scale, deadline_s, duration, grace, seed,
+                                           request_for, engine_class), bound)
     finally:
         gc.enable()
 
 
-async def _run(policy, tenants, arrivals, scale, deadline_s, duration, grace, seed):
+async def _run(policy, tenants, arrivals, scale, deadline_s, duration, grace, seed, request_for, engine_class):
     loop = asyncio.get_running_loop()
-    engine = SimEngine(PROFILE, time_scale=scale, **ENGINE)
+    engine = engine_class(PROFILE, time_scale=scale, **ENGINE)
     await engine.start()
     clock = lambda: loop.time() / scale  # noqa: E731  simulated seconds
     queue = AdmissionQueue(engine, policy, TenantRegistry(tenants), clock=clock, time_scale=scale)
@@ -156,7 +162,7 @@ async def _run(policy, tenants, arrivals, scale, deadline_s, duration, grace, se
             await asyncio.sleep(delay)
         rec = Record(tenant, t0 + at)
         records.append(rec)
-        tasks.append(loop.create_task(client(rec, make_request(rng, tenant, i))))
+        tasks.append(loop.create_task(client(rec, request_for(rng, tenant, i))))
     end_at = t0 + (arrivals[-1][0] if arrivals else 0) + grace
     pending = [t for t in tasks if not t.done()]
     if pending:
@@ -241,7 +247,81 @@ async def scenario_ramp(cap, args):
               f"p99 time to rejection {pct(rej, 0.99):7.2f} ms  {reasons}")
 
 
+HOG_TOKENS = 7000
+# KV for every slot's whole hog stream (and alpha's): the scenario is about slots. With the default pool
+# the hog's contexts outgrow KV and preempt one another (and alpha's newest sequence) for blocks,
+# which slot fairness does not address (see docs/tenants.md).
+HOG_KV_BLOCKS = 16384
+HOG_GRACE_S = 150.0        # simulated seconds: beta's streams end well within it
+
+
+def hog_sim(profile, **kwargs) -> SimEngine:
+    return SimEngine(profile, **{**kwargs, "num_kv_blocks": HOG_KV_BLOCKS})
+
+
+def set_hog_kv_blocks(n: int) -> None:
+    global HOG_KV_BLOCKS
+    HOG_KV_BLOCKS = n
+
+
+def hog_request(rng: random.Random, tenant: str, n: int) -> GenerationRequest:
+    """beta's are long streams that never stop early; alpha's the usual mix."""
+    if tenant != "beta":
+        return make_request(rng, tenant, n)
+    start = rng.randrange(len(_POOL) - 512)
+    return GenerationRequest(request_id=f"{tenant}-{n}", tenant=tenant, prompt_token_ids=_POOL[start:start + 512],
+                             sampling=SamplingParams(max_tokens=HOG_TOKENS, ignore_eos=True))
+
+
+class NoPreemptSim(SimEngine):
+    """The sim as an engine that cannot preempt (as trtllm's executor): admission keeps a reserve instead."""
+
+    yields_slots = False
+
+    def yield_slot(self, request_id: str) -> bool:
+        return False
+
+
+def no_preempt_hog_sim(profile, **kwargs) -> SimEngine:
+    return NoPreemptSim(profile, **{**kwargs, "num_kv_blocks": HOG_KV_BLOCKS})
+
+
+async def scenario_hog(cap, args):
+    slots = ENGINE["max_batch_size"]
+    rate = 0.03 * cap
+    rng = random.Random(14)
+    # beta's burst is spread so that each request is released as it comes (nothing queued: no light
+    # arrival beside a backlog opens the headroom window) and it holds every slot before alpha's first
+    start = 0.1 * slots + 1.0
+    alpha = [(start + t, "alpha") for t in poisson(rng, lambda t: rate, args.duration, rate)]
+    beta = [(0.1 * i, "beta") for i in range(slots)]
+    tenants = {"alpha": TenantConfig(), "beta": TenantConfig()}
+    print(f"\n[hog] ({HOG_KV_BLOCKS} KV blocks) beta fills all {slots} slots with {HOG_TOKENS}-token streams (ignore_eos) from t=0; alpha sends "
+          f"{rate:.1f} req/s from t={start:.1f} s for {args.duration:.0f} s; alpha's TTFT (target: p99 with the hog <= 1.5x "
+          f"p99 alone)")
+    variants = [("preempt", OURS, hog_sim), ("reserve", OURS, no_preempt_hog_sim)]
+    if "fairness_preemption" in AdmissionConfig.__struct_fields__:
+        variants.insert(1, ("no-preempt", AdmissionConfig(fairness_preemption=False), hog_sim))
+    else:   # a tree before fair slots: its only behaviour
+        variants = [("before", OURS, hog_sim)]
+    for name, policy, engine_class in variants:
+        alone, _ = await run(policy, tenants, alpha, args.time_scale, 600.0, args.duration, args.grace, 4,
+                             request_for=hog_request, engine_class=engine_class)
+        # grace for the hog to end: where nothing frees a slot, alpha's TTFT is the rest of beta's streams
+        mixed, _ = await run(policy, tenants, sorted(alpha + beta), args.time_scale, 600.0, args.duration,
+                             max(args.grace, HOG_GRACE_S), 4, request_for=hog_request, engine_class=engine_class)
+        a99, m99 = pct(ttfts(alone, "alpha"), 0.99), pct(ttfts(mixed, "alpha"), 0.99)
+        label = "slot hog" if name in ("preempt", "before") else f"slot hog ({name})"
+        print(f"  {label}: alpha ttft p99 alone: {a99:.3f} s")
+        print(f"  {label}: alpha ttft p99 with hog: {m99:.3f} s")
+        print(f"  {label}: p99 ratio: {m99 / a99:.2f}x")
+        print(f"  {label}: alpha ttft p50 alone/with hog: {pct(ttfts(alone, 'alpha'), 0.5):.3f}/"
+              f"{pct(ttfts(mixed, 'alpha'), 0.5):.3f} s; beta streams running at the end: "
+              f"{sum(r.tenant == 'beta' and r.end is None for r in mixed)}/{slots}")
+
+
 async def main(args) -> None:
+    set_hog_kv_blocks(args.hog_kv_blocks)
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -251,7 +331,8 @@ async def main(args) -> None:
     print(f"sim engine {PROFILE} {ENGINE}; prompts 256-768, outputs 64-192 tokens; capacity {cap:.1f} req/s "
           f"(simulated); time_scale {args.time_scale} (simulated seconds below)")
     only = set(args.only.split(","))
-    for name, fn in (("weights", scenario_weights), ("noisy", scenario_noisy), ("ramp", scenario_ramp)):
+    for name, fn in (("weights", scenario_weights), ("noisy", scenario_noisy), ("ramp", scenario_ramp),
+                     ("hog", scenario_hog)):
         if name in only:
             await fn(cap, args)
 
@@ -261,5 +342,7 @@ if __name__ == "__main__":
     p.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals per run")
     p.add_argument("--time-scale", type=float, default=0.2, help="wall seconds per simulated second")
     p.add_argument("--grace", type=float, default=15.0, help="simulated seconds allowed after the last arrival")
-    p.add_argument("--only", default="weights,noisy,ramp")
+    p.add_argument("--only", default="weights,noisy,ramp,hog")
+    p.add_argument("--hog-kv-blocks", type=int, default=HOG_KV_BLOCKS,
+                   help="the hog scenario's KV pool (fewer: beta's contexts outgrow it, see HOG_KV_BLOCKS)")
     asyncio.run(main(p.parse_args()))

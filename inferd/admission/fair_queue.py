@@ -10,7 +10,8 @@ Retry-After and early refusals come from inferd.admission.estimate.
 The dispatcher is a task woken by submissions, first tokens and finishing streams, plus a short poll
 while blocked on engine capacity (capacity also frees on engine steps). When the picked request cannot
 go yet (no slot beyond the headroom, no room in the prefill budget) a light tenant's request that fits
-goes instead.
+goes instead; and when a tenant owed a slot waits while another holds more than its share, the engine
+is asked to yield one of the over-served tenant's slots (inferd.admission.slots).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import msgspec
 from inferd.admission.backlog import Backlog
 from inferd.admission.estimate import MIN_RETRY_S, Estimator
 from inferd.admission.gate import CapacityGate
+from inferd.admission.slots import SlotYields
 from inferd.admission.stats import AdmissionStats
 from inferd.admission.stream import AdmittedStream
 from inferd.admission.ticket import DISPATCHED, DONE, QUEUED, AdmissionRejected, Lease, Ticket
@@ -64,6 +66,7 @@ class AdmissionQueue:
         self._order = FairOrder()
         self.counters = self._order.counters          # VTC, per tenant
         self._gate = CapacityGate(engine, self._backlog.fifos, clock)
+        self._slots = SlotYields(engine, self._gate)
         self._estimate = Estimator(engine, clock)
         self._stats = AdmissionStats()
         self._wake = asyncio.Event()
@@ -334,10 +337,8 @@ class AdmissionQueue:
             cap = self.engine.capacity()
             light = gate.is_light(t.tenant, self.tenants)
             if not gate.fits(cap, t, light, self.policy):
-                if self.policy.scheduling == "fcfs" or light:
-                    return True
-                t = self._pick(light_only=True)       # the headroom is kept for them: no waiting behind t
-                if t is None or not gate.fits(cap, t, True, self.policy):
+                t = self._instead(t, light, cap)
+                if t is None:
                     return True
             self._remove(t)
             stream = self._submit(t)
@@ -345,7 +346,24 @@ class AdmissionQueue:
                 t.future.set_result(stream)
         return False
 
-    def _pick(self, light_only: bool = False) -> Ticket | None:
+    def _instead(self, t: Ticket, light: bool, cap) -> Ticket | None:
+        """The picked `t` cannot go now: a light tenant's request that fits instead (the headroom is kept
+        for them: no waiting behind t), or one owed a slot that an over-served tenant yielded for it."""
+        if self.policy.scheduling == "fcfs":
+            return None
+        gate, tenants = self._gate, self.tenants
+        if not light:
+            alt = self._pick(lambda n: gate.is_light(n, tenants))
+            if alt is not None and gate.fits(cap, alt, True, self.policy):
+                return alt
+        owed = t if self._slots.owed(t.tenant, tenants) else self._pick(lambda n: self._slots.owed(n, tenants))
+        if owed is not None and self._slots.take_for(owed, cap, tenants, self.policy):
+            if gate.fits(self.engine.capacity(), owed, True, self.policy):
+                return owed
+        return None
+
+    def _pick(self, only: Callable[[str], bool] | None = None) -> Ticket | None:
+        """The next request in the fair order; `only`: among these tenants' queue heads."""
         gate, tenants = self._gate, self.tenants
         heads = []
         fifos = self._backlog.fifos
@@ -354,7 +372,7 @@ class AdmissionQueue:
                 gone = q[0]
                 self._remove(gone)
                 self._settle(gone, None)
-            if q and gate.within_kv_cap(q[0], tenants) and (not light_only or gate.is_light(n, tenants)):
+            if q and gate.within_kv_cap(q[0], tenants) and (only is None or only(n)):
                 heads.append(q[0])
         if not heads:
             return None
@@ -388,6 +406,10 @@ class AdmissionQueue:
         """`n` more output tokens of `t` were delivered."""
         self._stats.output(self.tenants.label(t.tenant), n)
         self._charge(t, n * self.policy.output_cost_weight)
+
+    def resumed(self, t: Ticket) -> None:
+        """A parked request's stream delivers again: it holds a slot."""
+        self._gate.resumed(t)
 
     def first_token(self, t: Ticket) -> None:
         self._stats.first_token(self.tenants.label(t.tenant), self._clock() - t.arrived)

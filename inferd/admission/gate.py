@@ -16,7 +16,14 @@ Light tenants: one with fewer requests queued + running than its weighted share 
 whole step (max_num_tokens), and it needs no KV reserve. While a light tenant has arrived recently
 beside backlogged ones, heavier tenants leave the last `headroom_fraction` of slots free, so a
 well-behaved tenant next to a flooding one starts at once instead of waiting for a slot to free. With
-only heavy tenants around, no headroom is held and the engine is filled completely.
+only heavy tenants around, no headroom is held and the engine is filled completely. A generating
+engine that cannot preempt (Engine.yields_slots False: trtllm) keeps the headroom as a standing reserve
+(`headroom_without_preemption`): heavy tenants and a tenant alone leave it free at all times, as nothing
+could free a slot for a tenant arriving later; a light tenant beside others may take it.
+
+Parked sequences (preempted for another tenant: inferd.admission.slots) wait for slots and KV blocks the
+engine reports free: only a light tenant may use them, so a heavy one's further requests do not take back
+the slot its own sequence yielded.
 """
 from __future__ import annotations
 
@@ -40,26 +47,55 @@ class CapacityGate:
         self.running = 0
         self._in_flight: dict[str, int] = {}          # running requests per tenant
         self._kv_in_flight: dict[str, int] = {}       # their prompt + max_tokens
+        self.tickets: dict[str, dict[int, Ticket]] = {}  # running requests per tenant, in dispatch order
+        self._parked: dict[str, int] = {}             # of them, parked (yielded their slot, not resumed)
         self.last_light = -math.inf                   # a light tenant arrived beside backlogged ones
 
     def started(self, t: Ticket) -> None:
         self.running += 1
         self._in_flight[t.tenant] = self._in_flight.get(t.tenant, 0) + 1
         self._kv_in_flight[t.tenant] = self._kv_in_flight.get(t.tenant, 0) + t.tokens
+        self.tickets.setdefault(t.tenant, {})[t.seq] = t
 
     def ended(self, t: Ticket) -> None:
         self.running -= 1
         self._in_flight[t.tenant] -= 1
         self._kv_in_flight[t.tenant] -= t.tokens
+        running = self.tickets[t.tenant]
+        running.pop(t.seq, None)
+        if not running:
+            del self.tickets[t.tenant]
+        self.resumed(t)
 
-    def is_light(self, tenant: str, tenants: TenantRegistry) -> bool:
-        """Fewer requests queued + running than its weighted share of the engine's slots, among the
-        tenants with work in flight (itself included)."""
+    def parked(self, t: Ticket) -> None:
+        """`t`'s sequence yielded its slot (Engine.yield_slot)."""
+        t.parked = True
+        self._parked[t.tenant] = self._parked.get(t.tenant, 0) + 1
+
+    def resumed(self, t: Ticket) -> None:
+        """`t` holds a slot again (its stream delivers), or ended."""
+        if t.parked:
+            t.parked = False
+            self._parked[t.tenant] -= 1
+
+    def held(self, tenant: str) -> int:
+        """Slots `tenant`'s running requests hold (parked ones hold none)."""
+        return self._in_flight.get(tenant, 0) - self._parked.get(tenant, 0)
+
+    def _active(self, tenant: str) -> set[str]:
         active = {n for n, q in self._queues.items() if q} | {n for n, c in self._in_flight.items() if c}
         active.add(tenant)
+        return active
+
+    def share(self, tenant: str, tenants: TenantRegistry) -> float:
+        """`tenant`'s weighted share of the engine's slots, among the tenants with work in flight or
+        queued (itself included)."""
         weight = tenants.get(tenant).weight
-        share = weight / sum(tenants.get(n).weight for n in active) * self.engine.info.max_batch_size
-        return len(self._queues.get(tenant, ())) + self._in_flight.get(tenant, 0) < share
+        return weight / sum(tenants.get(n).weight for n in self._active(tenant)) * self.engine.info.max_batch_size
+
+    def is_light(self, tenant: str, tenants: TenantRegistry) -> bool:
+        """Fewer requests queued + running than its weighted share of the engine's slots."""
+        return len(self._queues.get(tenant, ())) + self._in_flight.get(tenant, 0) < self.share(tenant, tenants)
 
     def within_kv_cap(self, t: Ticket, tenants: TenantRegistry) -> bool:
         """The tenant's max_kv_tokens_in_flight leaves room for `t` (its first request always goes)."""
@@ -74,7 +110,10 @@ class CapacityGate:
     def fits(self, cap: Capacity, t: Ticket, light: bool, policy: AdmissionConfig) -> bool:
         """The engine has room for `t` now (`light`: its tenant is light)."""
         need = math.ceil(t.prompt / cap.block_size)
-        if cap.free_slots < 1 or cap.waiting >= policy.max_engine_waiting:
+        slots, blocks = cap.free_slots, cap.free_kv_blocks
+        if not light:           # what parked sequences wait for is theirs
+            slots, blocks = slots - cap.parked, blocks - cap.parked_kv_blocks
+        if slots < 1 or cap.waiting >= policy.max_engine_waiting:
             return False
         info = self.engine.info
         # The prefill budget is headroom too: a light tenant's prompt may join what is pending up to a
@@ -83,10 +122,16 @@ class CapacityGate:
         limit = max(budget, info.max_num_tokens) if light else budget
         if cap.pending_prefill_tokens and cap.pending_prefill_tokens + t.prompt > limit:
             return False
-        if light:
-            return cap.free_kv_blocks >= need
-        reserve = math.ceil(policy.kv_reserve_fraction * info.num_kv_blocks)
+        # Generation only: an embedding engine's requests hold their slot for one batch, not a stream.
+        standing = (policy.headroom_without_preemption and not self.engine.yields_slots
+                    and info.task == "generate")
+        alone = standing and light and self._active(t.tenant) == {t.tenant}
+        if light and not alone:
+            return blocks >= need
         headroom = 0
-        if self._clock() - self.last_light < policy.headroom_window_s:
+        if standing or self._clock() - self.last_light < policy.headroom_window_s:
             headroom = int(policy.headroom_fraction * info.max_batch_size)   # < all slots
-        return cap.free_slots > headroom and cap.free_kv_blocks >= min(need + reserve, info.num_kv_blocks)
+        if alone:               # light, but the reserve is for whoever comes next
+            return slots > headroom and blocks >= need
+        reserve = math.ceil(policy.kv_reserve_fraction * info.num_kv_blocks)
+        return slots > headroom and blocks >= min(need + reserve, info.num_kv_blocks)

@@ -33,6 +33,8 @@ class StreamOwner(Protocol):
 
     def first_token(self, t: Ticket) -> None: ...
 
+    def resumed(self, t: Ticket) -> None: ...
+
     def charge_output(self, t: Ticket, n: int) -> None: ...
 
     def stream_ended(self, t: Ticket, usage: Usage, complete: bool) -> None: ...
@@ -77,6 +79,8 @@ class AdmittedStream:
     def _delivered(self, delta: Delta) -> None:
         # Once per read: only count, unless a charge step is reached or the stream ends.
         self._output += len(delta.token_ids)
+        if self._ticket.parked and delta.token_ids:     # it yielded its slot, and runs again
+            self._queue.resumed(self._ticket)
         if self._output >= self._charge_at or delta.finish_reason is not None:
             self._account(delta)
 

@@ -47,7 +47,7 @@ class AdmissionRejected(Exception):
 
 class Ticket:
     __slots__ = ("request", "tenant", "cls", "prompt", "tokens", "est_cost", "deadline", "expires",
-                 "arrived", "seq", "future", "timer", "state", "lease", "stream", "grouped")
+                 "arrived", "seq", "future", "timer", "state", "lease", "stream", "grouped", "parked")
 
     def __init__(self, request: GenerationRequest, cls: PriorityClass, est_cost: float, deadline: float,
                  expires: float, arrived: float, seq: int, lease: Lease | None) -> None:
@@ -67,3 +67,4 @@ class Ticket:
         self.lease = lease
         self.stream: Any = None         # its AdmittedStream when `enter` released it at once
         self.grouped = False            # a part of a request of several (AdmissionQueue.enter): never shed
+        self.parked = False             # its sequence yielded its slot to another tenant's (admission.slots)

@@ -31,6 +31,7 @@ from inferd.store import StoreUnavailable
 log = get_logger("inferd.api")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+LOGGED_PATH_CHARS = 256     # a client picks the path's length: beyond this, a log line says only how much was cut
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})   # scraped every few seconds: debug level
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -80,6 +81,14 @@ def request_id_for(request: web.BaseRequest) -> str:
     return "req-" + secrets.token_hex(12)
 
 
+def logged_path(request: web.BaseRequest) -> str:
+    """The path as a log line carries it: its first LOGGED_PATH_CHARS characters, and how many more there were."""
+    path = request.path
+    if len(path) <= LOGGED_PATH_CHARS:
+        return path
+    return f"{path[:LOGGED_PATH_CHARS]}...(+{len(path) - LOGGED_PATH_CHARS} chars)"
+
+
 def _unless_started(request: web.Request, err: ApiError) -> web.StreamResponse:
     """`err`'s response, for a handler that raised. If its own response is partly out already, no other
     can follow: the connection is ended instead, or the client would wait for the rest of a chunked
@@ -113,14 +122,14 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
             status = 499                                    # the client left (handler cancellation)
             raise
         except StoreUnavailable as exc:     # the store failed under a request (an idempotency key, say)
-            log.error("store_unavailable", method=request.method, path=request.path, error=str(exc))
+            log.error("store_unavailable", method=request.method, path=logged_path(request), error=str(exc))
             resp = _unless_started(request, store_unavailable())
         except ConnectionError:
             # The client left mid-request; aiohttp drops whatever we return for a closed transport
             # (re-raising would have it log a traceback and answer 500).
             resp = web.Response(status=499)
         except Exception:
-            log.exception("unhandled_error", method=request.method, path=request.path)
+            log.exception("unhandled_error", method=request.method, path=logged_path(request))
             resp = _unless_started(request, ApiError(500, f"Internal server error (request id {rid}).",
                                                      type=SERVER_ERROR, code="internal_error"))
         if not resp.prepared:
@@ -132,6 +141,6 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
         quiet = request.path in _QUIET_PATHS and status < 400
         if not quiet or log.is_enabled("debug"):
             emit = log.debug if quiet else log.info
-            emit("request", method=request.method, path=request.path, status=status,
+            emit("request", method=request.method, path=logged_path(request), status=status,
                  duration_ms=round((time.monotonic() - arrival) * 1000, 3), **fields)
         request_id_var.reset(token)

@@ -165,9 +165,15 @@ class ServerState:
         """Serving: every engine started, warmed and healthy, not draining, and the usage ledger not
         failing (readyz)."""
         # Under a memory budget a node with every model cold still serves: they load when asked for.
-        if not self.started or self.draining or (not self.engines and self.lifecycle is None) or self.ledger_failing():
+        if not self.started or self.draining or (not self.engines and self.lifecycle is None) or self.ledger_failing() \
+                or self.store_failure() is not None:
             return False
         return all(engine.healthy for engine in self.engines.values())
+
+    def store_failure(self) -> str | None:
+        """Why the store is unavailable (a failed ping or write, until a ping succeeds); None when it answers."""
+        store = self.store
+        return None if store is None else store.health.failure
 
     def ledger_failing(self) -> bool:
         """The ledger's last commit failed for the store's sake, and requests are refused for now."""

@@ -33,6 +33,13 @@ class StoreConfig(ConfigTable):
     # After a ledger commit fails for the store's sake (disk full, server gone), new requests get 503
     # store_unavailable for this long before one is let through to try again: none runs unbilled.
     unavailable_retry_s: float = 5.0
+    # Every store call gives up after this long (inside a request: sooner, before the request's deadline)
+    # with 503 store_unavailable: a store that hangs (a partitioned server) fails requests, never holds them.
+    timeout_s: float = 5.0
+    # A background ping every ping_interval_s (each given ping_timeout_s): /readyz is 503 store_unavailable
+    # from a failed ping or a write failed for the store's sake until a ping succeeds.
+    ping_interval_s: float = 1.0
+    ping_timeout_s: float = 2.0
 
 
 def store_errors(s: StoreConfig, path: str = "store") -> list[str]:
@@ -45,7 +52,7 @@ def store_errors(s: StoreConfig, path: str = "store") -> list[str]:
     if s.backend == "postgres" and s.path:
         errors.append(f"{path}.path: only with backend = \"sqlite\"")
     for key in ("commit_interval_ms", "commit_rows", "max_pending_writes", "idempotency_ttl_s", "max_file_bytes",
-                "unavailable_retry_s"):
+                "unavailable_retry_s", "timeout_s", "ping_interval_s", "ping_timeout_s"):
         if not getattr(s, key) > 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(s, key)}")
     return errors

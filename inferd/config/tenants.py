@@ -114,6 +114,13 @@ class AdmissionConfig(ConfigTable):
     max_pending_prefill_tokens: int | None = None
     headroom_fraction: float = 0.2              # sequence slots kept for light tenants while one is active
     headroom_window_s: float = 10.0             # how long after a light arrival the headroom is kept
+    # On an engine that cannot preempt (trtllm): the headroom is kept at all times, also from a tenant
+    # alone, so a tenant arriving at a node another one filled finds a slot (false: only in the window).
+    headroom_without_preemption: bool = True
+    # On an engine that can (reference, sim): a tenant owed a slot (nothing running, or under its weighted
+    # share by one) that waits while another holds more than its share gets one: the over-served
+    # tenant's newest sequence yields it (preempted, recomputed later; at most one per engine step).
+    fairness_preemption: bool = True
     poll_interval_s: float = 0.005              # capacity re-check while blocked, in loop (wall) seconds
     early_refusal: bool = True                  # refuse at once when the estimated wait exceeds the budget
     early_refusal_fraction: float = 0.5         # ... times this: the estimate is noisy, and a refusal now

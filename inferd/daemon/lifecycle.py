@@ -1,8 +1,8 @@
 """The daemon's lifecycle: startup -> serve -> shutdown, in one uvloop process (as uvicorn's serve()).
 
   startup   enter the services of inferd.daemon.services.SERVICES in order (socket, store, tracing,
-            state, HTTP runner, engines, admission, cluster, site, batch runner, purge, budgets,
-            watchdog); then READY=1 to systemd and `daemon.ready`.
+            state, HTTP runner, engines, admission, cluster, a crashed predecessor's claims released,
+            site, batch runner, purge, budgets, watchdog); then READY=1 to systemd and `daemon.ready`.
   serve     wait for a stop; SIGHUP meanwhile reloads (`Daemon.reload`, inferd.daemon.reload): validate
             the whole file, then apply the difference; RELOADING=1 ... READY=1 to systemd around it.
   shutdown  drain (readyz 503, peers told, the listener open for probes while in-flight requests get

@@ -16,8 +16,9 @@ from inferd.daemon.context import DaemonContext
 from inferd.daemon.engines import model_versions
 from inferd.daemon.listen import http_runner, listen_socket, site
 from inferd.daemon.purge import Purger
+from inferd.daemon.reclaim import dead_claims
 from inferd.observability import Tracing, get_logger
-from inferd.store import ensure_reserve, open_database
+from inferd.store import ensure_reserve, open_database, pinging
 from inferd.tenancy import Tenancy, load_spend
 
 log = get_logger("inferd.daemon")
@@ -41,7 +42,8 @@ async def durable_store(ctx: DaemonContext) -> AsyncIterator[None]:
         log.warning("store_reserve_missing", where=database.where, message="no room for the disk reserve now")
     ctx.storage = StoreServices.over(database, config.store)
     try:
-        yield
+        async with pinging(database, config.store.ping_interval_s, config.store.ping_timeout_s):
+            yield
     finally:
         await database.close()
 
@@ -174,6 +176,7 @@ SERVICES = (
     model_versions,     # engines loaded and warmed; closed after the queues
     admission,          # a queue per engine, the keys-file poll
     cluster,            # gossip; left during the drain, closed after it
+    dead_claims,        # a crashed predecessor's Idempotency-Key claims and batch leases, released
     site,               # the app, listening: the batch runner posts here, peers forward here
     batch_runner,
     purge,

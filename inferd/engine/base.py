@@ -81,12 +81,17 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
 
     free_kv_blocks: int
     free_kv_tokens: int          # free_kv_blocks * block_size
-    free_slots: int              # max_batch_size - (running + waiting)
+    free_slots: int              # max_batch_size - (running + waiting); parked sequences not counted
     waiting: int                 # requests inside the engine not yet scheduled
     block_size: int
     # Prompt tokens submitted but not yet computed (queued + partially prefilled). Admission uses it
     # to keep one tenant's prefills from filling every step a newcomer's prefill would share.
     pending_prefill_tokens: int = 0
+    # Sequences that yielded their slot (Engine.yield_slot) and resume once one is free and nothing newer
+    # waits, and the KV blocks they will need then. free_slots and free_kv_blocks leave them out, so the
+    # tenant a slot was yielded for can take it; anyone else should leave them for the parked ones.
+    parked: int = 0
+    parked_kv_blocks: int = 0
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -106,6 +111,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     generation_tokens_total: int
     prefix_cache_hit_tokens_total: int
     tokens_per_s: float                # moving average of tokens processed per second (prefill + decode)
+    fairness_preemptions_total: int = 0    # sequences that yielded their slot to another tenant (yield_slot)
 
 
 class Engine(abc.ABC):
@@ -130,6 +136,9 @@ class Engine(abc.ABC):
     # True: a request whose grammar `grammars` has not compiled may still be submitted: the engine compiles
     # it off its step (inferd.engine.grammar_worker). False (trtllm): it refuses such a request.
     compiles_missed_grammars: bool = False
+    # True: yield_slot works (the engine can preempt a running sequence and recompute it later). False
+    # (trtllm: the executor cannot): admission keeps a reserve of slots instead (inferd.admission.gate).
+    yields_slots: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -157,6 +166,15 @@ class Engine(abc.ABC):
 
         The stream ends with a final delta whose finish_reason is ABORT.
         """
+
+    def yield_slot(self, request_id: str) -> bool:
+        """Admission asks a running (or engine-waiting) request to give its sequence slot to another
+        tenant's: the sequence is preempted (its KV blocks freed) and parked; it is recomputed from its
+        tokens so far and resumes, once a slot is free and no newer submitted request waits, with nothing
+        lost (its stream only pauses). capacity() counts the slot free at once, the sequence as parked.
+        False (nothing done) for an unknown, finished or already parked request, or when `yields_slots`
+        is False."""
+        return False
 
     @abc.abstractmethod
     def capacity(self) -> Capacity: ...

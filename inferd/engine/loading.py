@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+# The stdlib logger with the `fields` inferd's JSON lines carry: inferd.observability imports this package back.
+log = logging.getLogger(__name__)
 LOAD_NICE = 19
 T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
@@ -25,10 +28,16 @@ _lock = threading.Lock()
 
 
 def _lower_priority() -> None:
+    """The load thread's initializer (once a process: the pool's one thread lives as long as it does)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOAD_NICE)
-    except (AttributeError, OSError):       # not Linux, or not allowed: a load at normal priority
+    except AttributeError:                  # not Linux: a load at normal priority
         pass
+    except OSError as exc:                  # a seccomp filter (systemd's ~@resources), say: say so, loads still run
+        log.warning("load_priority_not_lowered", extra={"fields": {
+            "error": str(exc), "nice": LOAD_NICE,
+            "consequence": "model loads run at normal priority and can slow the versions serving",
+            "fix": "allow the setpriority system call (systemd: SystemCallFilter=setpriority)"}})
 
 
 def load_pool() -> ThreadPoolExecutor:

@@ -3,7 +3,9 @@
 One token budget per step is shared by the decode tokens of running sequences (served first,
 oldest first) and the prefill of waiting ones (chunked to fit, FCFS: fairness is decided by
 admission in front of the engine). When the KV pool runs out, the newest running sequence is
-preempted: its blocks are freed and it is recomputed later from its tokens so far.
+preempted: its blocks are freed and it is recomputed later from its tokens so far. Admission may also
+`park` a sequence (another tenant is owed its slot): preempted the same way, it waits in `parked` and
+resumes only when nothing waits, so it does not take back at once the slot it gave up.
 
 `schedule()` returns a plain SchedulerOutput carrying the step's packed arrays; after the model
 ran, `update_from_output()` takes the sampled tokens back. No model here: tested with integers.
@@ -81,7 +83,9 @@ class Scheduler:
         self.pack_inputs = pack_inputs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # admission order: newest last
+        self.parked: deque[Sequence] = deque()     # gave their slot up (park): resume when nothing waits
         self.num_preemptions = 0
+        self.num_parked = 0                        # park()s done, since start
         self.num_forks = 0
         # prompt key -> the running sequence computing that prompt, which later identical ones fork from
         self._leaders: dict[bytes, Sequence] | None = {} if block_manager.prefix_caching else None
@@ -92,7 +96,24 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
+
+    def park(self, seq: Sequence) -> bool:
+        """Take `seq` (running or waiting) out of its slot: its blocks are freed and it is recomputed from
+        its tokens so far once it resumes, when a slot is free and nothing waits. Call between steps (or
+        for an executor that reads no KV: the step in flight skips it, see advance). False: not held."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._forget_leader(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            return False
+        seq.status = SequenceStatus.WAITING
+        self.parked.append(seq)
+        self.num_parked += 1
+        return True
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End a sequence wherever it is (abort, stop string, error) and free its blocks."""
@@ -100,8 +121,10 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-        else:
+        elif seq in self.waiting:
             self.waiting.remove(seq)
+        else:
+            self.parked.remove(seq)
         self._forget_leader(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
@@ -113,10 +136,13 @@ class Scheduler:
         bm = self.block_manager
         budget = self.schedule_running(out)
         out.first_admitted = len(out.seqs)
-        # a preemption means the pool is short: admitting more would only thrash
-        while (not out.preempted and self.waiting and budget > 0
-               and len(self.running) < self.max_batch_size):
-            seq = self.waiting[0]
+        # a preemption means the pool is short: admitting more would only thrash. Parked sequences
+        # come back only behind everything waiting.
+        while not out.preempted and budget > 0 and len(self.running) < self.max_batch_size:
+            queue = self.waiting or self.parked
+            if not queue:
+                break
+            seq = queue[0]
             leader = self._leader_of(seq) if self._leaders is not None else None
             if leader is not None:
                 # its prompt is being computed: fork once it is (FCFS, so the rest wait with it)
@@ -138,7 +164,7 @@ class Scheduler:
                 bm.allocate(seq, cached, n)
                 if seq.prompt_key is not None and not seq.admitted:
                     self._leaders[seq.prompt_key] = seq
-            self.waiting.popleft()
+            queue.popleft()
             if not seq.admitted:
                 seq.admitted = True
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -278,9 +304,9 @@ class Scheduler:
     def advance(self, out: SchedulerOutput) -> None:
         """The step ran: its sequences (those not finished meanwhile) have their new tokens' K/V."""
         register = self.block_manager.register_computed_blocks if self.block_manager.prefix_caching else None
-        finished = SequenceStatus.FINISHED
+        running = SequenceStatus.RUNNING
         for seq, n in zip(out.seqs, out.num_new_tokens):
-            if seq.status is not finished:
+            if seq.status is running:       # not finished nor parked meanwhile
                 seq.num_computed_tokens += n
                 if register is not None:
                     register(seq)

@@ -7,7 +7,8 @@ line is the batch's tenant's request, admitted in the `batch` priority class and
 exactly as a live one. A 429 or 503 (quota, queue full, draining) is waited out (its Retry-After) and
 sent again, as is a connection error; any other answer is the line's result, recorded at once. So a
 runner killed mid-batch loses only its lines in flight: whoever takes the batch over (after the lease
-expires) runs just the lines not recorded, and the output holds each line exactly once.
+expires, or at once when the daemon restarts on the same node) runs just the lines not recorded, and the
+output holds each line exactly once.
 
 validating (the input is read and checked) -> in_progress (lines run) -> finalizing -> completed, with the
 output and error files written ordered by line; `cancelling` (inferd.api.routes.batches) stops starting lines
@@ -19,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import os
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,7 @@ import aiohttp
 from inferd.api import (BATCH_CALLER_HEADER, BatchLine, InputError, ServerState, batch_caller_header, expired_results,
                         http_result, output_files, stored_lines)
 from inferd.observability import get_logger
-from inferd.store import BatchError, BatchRecord, BatchResult, BatchStore, FileStore, StoreError
+from inferd.store import BatchError, BatchRecord, BatchResult, BatchStore, FileStore, StoreError, process_owner
 
 log = get_logger("inferd.batch")
 
@@ -84,7 +83,9 @@ class BatchRunner:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         self._state, self._base_url = state, base_url.rstrip("/")
         self.concurrency, self.lease_s, self.poll_s = int(concurrency), float(lease_s), float(poll_s)
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        # The lease owner names this process (inferd.store.owner), so a restart on this node frees a
+        # crashed runner's leases at once (inferd.daemon.reclaim).
+        self.owner = owner or process_owner(state.node_name, f"runner-{id(self):x}")
         # Observers (metrics, tests): a line's result once recorded; a batch's end (id, status).
         self._ssl, self._clock, self._on_result, self._on_end = ssl_context, clock, on_result, on_end
         self._wake = asyncio.Event()

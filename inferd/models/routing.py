@@ -158,7 +158,12 @@ class RoutingTable:
 
     # -- reads ------------------------------------------------------------------------------
     def models(self) -> set[str]:
-        return set(self.defaults) | {k.model for k in self.versions}
+        """Model names a request may send: configured ones, and those with a version not retired (a retired
+        version only finishes its streams, or waits warm for a rollback: its model is gone for new requests)."""
+        return set(self.defaults) | {k.model for k in self._live()}
+
+    def _live(self) -> list[ModelVersion]:
+        return [k for k, entry in self.versions.items() if entry.state != "retired"]
 
     def state(self, key: ModelVersion) -> VersionState | None:
         entry = self.versions.get(key)
@@ -183,7 +188,7 @@ class RoutingTable:
             return self.model_splits[name]
         if name in self.defaults:
             return Split.single(ModelVersion(name, self.defaults[name]))
-        loaded = sorted(k for k in self.versions if k.model == name)
+        loaded = sorted(k for k in self._live() if k.model == name)
         return Split.single(loaded[0]) if len(loaded) == 1 else None
 
     def resolve(self, model_field: str, tenant: str, user: str | None = None, *,
@@ -257,7 +262,7 @@ class RoutingTable:
         return _unit(_hasher(name, purpose, request_id))
 
     def list_models(self) -> list[ModelListing]:
-        """Aliases, then model names, then every loaded version, each sorted by name."""
+        """Aliases, then model names, then every loaded version not retired, each sorted by name."""
         out = []
         for name in sorted(self.aliases) + sorted(self.models()):
             split = self.split_for(name)
@@ -274,7 +279,7 @@ class RoutingTable:
                 version=self.defaults.get(name) if kind == "model" else None, split=arms,
                 shadow=str(split.shadow) if split and split.shadow else None,
                 shadow_fraction=split.shadow_fraction if split and split.shadow else 0.0))
-        for key in sorted(self.versions):
+        for key in sorted(self._live()):
             st = self.versions[key].state
             out.append(ModelListing(id=str(key), kind="version", routable=st == "ready",
                                     model=key.model, version=key.version, state=st))

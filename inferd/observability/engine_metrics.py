@@ -41,6 +41,8 @@ class EngineCollector:
         steps = CounterMetricFamily("inferd_engine_steps", "Engine steps run", labels=MODEL_LABELS)
         generated = CounterMetricFamily("inferd_engine_generated_tokens", "Tokens the engine generated, as its "
                                         "steps produced them", labels=MODEL_LABELS)
+        yielded = CounterMetricFamily("inferd_engine_fairness_preemptions", "Sequences preempted to give their "
+                                      "slot to a tenant under its share (recomputed later)", labels=MODEL_LABELS)
         # What to autoscale on (docs/slos.md), labelled with the hardware to add more of.
         scale_labels = (*MODEL_LABELS, "hardware")
         fill = GaugeMetricFamily("inferd_engine_batch_fill_ratio", "Running sequences / max_batch_size",
@@ -62,9 +64,10 @@ class EngineCollector:
             info.add_metric((*labels, str(engine.info.simulated).lower(), str(engine.info.max_model_len)), 1)
             steps.add_metric(labels, stats.steps_total)
             generated.add_metric(labels, stats.generation_tokens_total)
+            yielded.add_metric(labels, stats.fairness_preemptions_total)
             info_ = engine.info
             scale = (*labels, info_.hardware)
             fill.add_metric(scale, stats.running / info_.max_batch_size if info_.max_batch_size else 0.0)
             kv.add_metric(scale, stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
             rate.add_metric(scale, stats.tokens_per_s)
-        yield from (running, waiting, blocks, info, steps, generated, fill, kv, rate)
+        yield from (running, waiting, blocks, info, steps, generated, yielded, fill, kv, rate)

@@ -33,6 +33,7 @@ from inferd.observability.request_metrics import LoopHistogram, ModelSeries, Req
 from inferd.observability.slo_metrics import SloCollector
 from inferd.observability.store_metrics import StoreCollector
 from inferd.observability.tenant_metrics import TenancyCollector
+from inferd.observability.tenant_view import TenantView
 
 if TYPE_CHECKING:
     from inferd.engine import Engine
@@ -347,11 +348,13 @@ class Metrics:
             self._loop_histograms[id(child)] = hist
         return hist.observe
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition body and its Content-Type, for the /metrics handler (on the event loop)."""
+    def render(self, *, every_tenant: bool = True, tenant: str | None = None) -> tuple[bytes, str]:
+        """The exposition body and its Content-Type, for the /metrics handler (on the event loop). Unless
+        `every_tenant`, only `tenant`'s per-tenant series are in it (inferd.observability.tenant_view)."""
         for hist in self._loop_histograms.values():
             hist.fold()
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        source = self.registry if every_tenant else TenantView(self.registry, tenant)
+        return generate_latest(source), CONTENT_TYPE_LATEST     # type: ignore[arg-type]
 
 
 def observe_request(metrics: Metrics, model: str, status: int | str, *, ttft: float | None,

@@ -4,7 +4,9 @@ Status: validating -> in_progress -> finalizing -> completed, or failed (the inp
 (past expires_at), cancelling -> cancelled. A runner (inferd.jobs.batch_runner) takes a batch with
 `acquire`: an UPDATE that succeeds only while the lease is free or expired, checked by its rowcount, so of
 several runners (processes, or nodes sharing PostgreSQL) exactly one gets it. It renews the lease while it
-works; a runner that dies leaves the lease to expire and another takes the batch over.
+works; a runner that dies leaves the lease to expire and another takes the batch over, or, when the
+daemon restarts on the same node, has it released at the start (`release_dead`: the lease owner names
+the runner's process, inferd.store.owner), so the batch resumes at once.
 
 Each line's outcome is recorded once (`record`: INSERT ... ON CONFLICT DO NOTHING on (batch_id, idx)) as
 soon as it is known, so a batch taken over runs only the lines not recorded yet. When the batch ends
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from inferd.store.owner import SEP, dead_here
 from inferd.store.db import Database
 
 BATCH_PREFIX = "batch_"
@@ -207,6 +210,21 @@ class BatchStore:
     async def release(self, batch_id: str, owner: str) -> None:
         await self._db.execute("UPDATE batches SET lease_owner = NULL, lease_until = NULL "
                                "WHERE id = ? AND lease_owner = ?", (batch_id, owner))
+
+    async def release_dead(self, node: str) -> int:
+        """Free the leases of runners on `node` (this one) whose process no longer runs (a crash), so this
+        node's runner takes their batches now; how many. Other nodes' leases expire as they would."""
+        prefix = node + SEP
+        # `length(?)`: PostgreSQL's substr wants an integer, which a bound int may not be.
+        mine = "substr(lease_owner, 1, length(?)) = ?"
+        held = [o for (o,) in await self._db.query(
+            f"SELECT DISTINCT lease_owner FROM batches WHERE {_RUNNABLE_SQL} AND {mine}", (prefix, prefix))]
+        released = 0
+        for process in dead_here(node, held):
+            released += await self._db.execute(
+                f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_RUNNABLE_SQL} AND {mine}",
+                (process.prefix, process.prefix))
+        return released
 
     async def advance(self, batch_id: str, owner: str, from_status: str, to_status: str, *, now: float) -> bool:
         """validating -> in_progress, in_progress -> finalizing: False when the batch is no longer in

@@ -13,17 +13,34 @@ The promise every write makes: when `execute` / `execute_many` / `transaction` r
 committed (SQLite: survives a killed process with synchronous=normal, power loss too with "full").
 A write that fails (a constraint, a full disk) raises in its own caller only; the others of its group
 commit. Past `max_pending_writes` queued, writers wait for room (backpressure); nothing is dropped.
+
+Every call is bounded in time: a caller waits at most `call_timeout()`, the store's `timeout_s` or, inside a
+request, what is left of the request's deadline (REQUEST_DEADLINE, set by the pipeline once the deadline
+is known) less a margin, so a store that hangs fails the request with StoreUnavailable (503
+store_unavailable) before its deadline instead of holding it. A contextvar rather than a parameter: the
+repositories and their call sites stay as they are, and a task started by a request inherits its bound.
+`health` says whether the store answers (inferd.store.health pings it; a failed write marks it): /readyz
+turns 503 while it does not.
 """
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextvars
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+DEADLINE_MARGIN_S = 0.25    # a store call gives up this long before its request's deadline: time to answer 503
+MIN_CALL_S = 1.0            # ... but gets at least this long: a request past its deadline still records its row
+
+# The deadline (time.monotonic()) of the request this task serves, None outside requests.
+REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("inferd_request_deadline",
+                                                                                default=None)
 
 
 class StoreError(Exception):
@@ -40,6 +57,40 @@ class StoreLocked(StoreError):
 
 class StoreUnavailable(StoreError):
     """A write or read failed for a reason outside the request: disk full, I/O error, server gone."""
+
+
+class StoreHealth:
+    """Whether the store answers: failed by a failed ping or a write that failed for the store's sake
+    (StoreUnavailable), healthy again only when a ping succeeds (a write that succeeds proves little: on a
+    full disk small writes may still fit). Loop thread only."""
+
+    def __init__(self) -> None:
+        self.failure: str | None = None     # why it is unavailable; None: healthy
+        self.since = 0.0                    # time.monotonic() of the first failure of this outage
+        self._down: asyncio.Event | None = None     # set when it fails (made on first wait: loop-bound)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def failed(self, error: BaseException | str) -> None:
+        if self.failure is None:
+            self.since = time.monotonic()
+            if self._down is not None:
+                self._down.set()
+        self.failure = str(error)
+
+    def recovered(self) -> None:
+        if self.failure is not None:    # (every successful ping calls this: waiters keep their event)
+            self.failure = None
+            self._down = None           # the old one is set: the next outage needs a fresh one
+
+    async def wait_failed(self) -> None:
+        """Return when the store is found unavailable (at once if it is now)."""
+        if self.failure is None:
+            if self._down is None:
+                self._down = asyncio.Event()
+            await self._down.wait()
 
 
 class DbStats(msgspec.Struct, kw_only=True):
@@ -88,6 +139,35 @@ class Database(abc.ABC):
 
     dialect: str        # "sqlite" | "postgres"
     where: str          # the file path or the server, for messages
+    timeout_s: float = 5.0          # the longest any call waits (inside a request: less, see call_timeout)
+
+    @property
+    def health(self) -> StoreHealth:
+        health = self.__dict__.get("_health")
+        if health is None:
+            health = self.__dict__["_health"] = StoreHealth()
+        return health
+
+    def call_timeout(self) -> float:
+        """How long the call being made may take: `timeout_s`, or less inside a request whose deadline
+        is nearer or while the store is unhealthy (never under MIN_CALL_S, nor over `timeout_s`)."""
+        # A store known to be down (until a ping succeeds) fails its callers fast: a call queued behind
+        # another (the ledger's next group) does not wait a whole timeout again.
+        bound = self.timeout_s if self.health.ok else min(self.timeout_s, MIN_CALL_S)
+        deadline = REQUEST_DEADLINE.get()
+        if deadline is None:
+            return bound
+        return min(bound, max(MIN_CALL_S, deadline - time.monotonic() - DEADLINE_MARGIN_S))
+
+    def timed_out(self, what: str, seconds: float) -> "StoreUnavailable":
+        """The error of a call that got no answer in `seconds`. It does not mark the store down: a slow
+        statement (a large usage export) is not a dead server, and the ping finds one of those."""
+        return StoreUnavailable(f"{self.where}: {what}: no answer within {seconds:.2f} s")
+
+    async def ping(self, timeout: float) -> None:
+        """Raise StoreUnavailable unless the store answers within `timeout` (and can take writes, where
+        the backend can tell)."""
+        await self.query("SELECT 1")
 
     @abc.abstractmethod
     async def open(self) -> None:

@@ -4,6 +4,10 @@ The API claims a key before running a request: the first claim wins and holds it
 runs (until `hold_s`, after which a crashed holder's claim may be taken over); a finished request's
 response is stored for `ttl_s`. A later claim of the same key then gets that response (replayed), a
 409 while it is still running, or a 422 when its body differs (a different SHA-256).
+
+A claim's owner names the process that holds it (inferd.store.owner: "node/pid/start/request id"), so a
+daemon starting on a node releases the claims its crashed predecessor there left running
+(`release_dead`), and a retry runs at once rather than after the hold.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Literal
 
 import msgspec
 
+from inferd.store.owner import SEP, dead_here
 from inferd.store.db import Database, StoreError
 
 
@@ -24,6 +29,7 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
     outcome: Literal["new", "in_flight", "done", "mismatch"]
     response: StoredResponse | None = None      # with "done"
+    held_until: float | None = None             # with "in_flight": when its hold lapses (epoch seconds)
 
 
 _CLAIM = (
@@ -33,12 +39,15 @@ _CLAIM = (
     "state = 'running', held_until = excluded.held_until, expires_at = excluded.expires_at, "
     "status = NULL, headers = NULL, body = NULL, stream = NULL "
     "WHERE idempotency.expires_at <= ? OR (idempotency.state = 'running' AND idempotency.held_until <= ?)")
-_LOOKUP = ("SELECT body_sha256, state, status, headers, body, stream FROM idempotency "
+_LOOKUP = ("SELECT body_sha256, state, status, headers, body, stream, held_until FROM idempotency "
            "WHERE tenant = ? AND idem_key = ?")
 _FINISH = ("UPDATE idempotency SET state = 'done', status = ?, headers = ?, body = ?, stream = ?, "
            "held_until = ?, expires_at = ? WHERE tenant = ? AND idem_key = ? AND owner = ? AND state = 'running'")
 _RELEASE = "DELETE FROM idempotency WHERE tenant = ? AND idem_key = ? AND owner = ? AND state = 'running'"
 _PURGE = "DELETE FROM idempotency WHERE expires_at <= ?"
+# `length(?)`, not a length parameter: PostgreSQL's substr wants an integer, which a bound int may not be.
+_RUNNING_ON = "SELECT DISTINCT owner FROM idempotency WHERE state = 'running' AND substr(owner, 1, length(?)) = ?"
+_RELEASE_PROCESS = "DELETE FROM idempotency WHERE state = 'running' AND substr(owner, 1, length(?)) = ?"
 _ATTEMPTS = 5           # a claim that loses its row between the insert and the read (a purge, a release) retries
 
 
@@ -65,11 +74,11 @@ class IdempotencyStore:
             found = await self._db.query(_LOOKUP, (tenant, key))
             if not found:
                 continue                # deleted since the insert lost: claim again
-            stored_sha, state, status, headers, body, stream = found[0]
+            stored_sha, state, status, headers, body, stream, held_until = found[0]
             if bytes(stored_sha) != body_sha256:
                 return Claim(outcome="mismatch")
             if state != "done":
-                return Claim(outcome="in_flight")
+                return Claim(outcome="in_flight", held_until=float(held_until))
             response = StoredResponse(status=int(status), headers=msgspec.json.decode(headers, type=dict[str, str]),
                                       body=bytes(body), stream=bool(stream))
             return Claim(outcome="done", response=response)
@@ -91,3 +100,13 @@ class IdempotencyStore:
     async def purge_expired(self, now: float) -> int:
         """Delete expired records; how many."""
         return await self._db.execute(_PURGE, (now,))
+
+    async def release_dead(self, node: str) -> int:
+        """Delete the unfinished claims of processes on `node` (this one) that no longer run (a crash);
+        how many. Finished records stay (their replays are good), as do other nodes' claims."""
+        prefix = node + SEP
+        running = [o for (o,) in await self._db.query(_RUNNING_ON, (prefix, prefix))]
+        released = 0
+        for process in dead_here(node, running):
+            released += await self._db.execute(_RELEASE_PROCESS, (process.prefix, process.prefix))
+        return released

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
+from inferd.store.postgres_conn import Pinger, configurer, connection_kwargs
 from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
 T = TypeVar("T")
@@ -31,6 +31,7 @@ ORDERED_WRITE_LOCK = 0x696E66657265   # ... for ordered writes (Database.execute
 CONNECT_TIMEOUT_S = 10
 RETRIES = 3                           # a deadlock or serialization failure rolls back: run it again
 RETRY_SQLSTATES = ("40001", "40P01")
+QUERY_CANCELED = "57014"
 
 
 @lru_cache(maxsize=512)
@@ -80,30 +81,20 @@ def redact(dsn: str) -> str:
     return _KV_PASSWORD.sub("", dsn).strip()
 
 
-class _NumericLoader(Loader):
-    """NUMERIC as int when integral, else float: what SQLite gives for the same SUM/AVG."""
-
-    def load(self, data: Any) -> int | float:
-        text = bytes(data).decode()
-        try:
-            return int(text)
-        except ValueError:
-            return float(text)
-
-
-async def _configure(conn: psycopg.AsyncConnection) -> None:
-    conn.adapters.register_loader("numeric", _NumericLoader)
-
-
 class PostgresDatabase(Database):
     dialect = "postgres"
 
-    def __init__(self, dsn: str, *, max_pending_writes: int = 20_000, pool_size: int = 4) -> None:
+    def __init__(self, dsn: str, *, max_pending_writes: int = 20_000, pool_size: int = 4,
+                 timeout_s: float = 5.0) -> None:
         if max_pending_writes < 1 or pool_size < 1:
             raise ValueError(f"max_pending_writes and pool_size must be >= 1, got {max_pending_writes}, {pool_size}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self._dsn = dsn
         self.where = redact(dsn)
+        self.timeout_s = float(timeout_s)
         self._secret = self._password(dsn)
+        self._pinger = Pinger(dsn, self.where, self.timeout_s, self._message)
         self._pool_size = pool_size
         self._pool: AsyncConnectionPool | None = None
         self._room = asyncio.Semaphore(max_pending_writes)
@@ -153,8 +144,8 @@ class PostgresDatabase(Database):
         finally:
             await conn.close()
         pool = AsyncConnectionPool(self._dsn, min_size=self._pool_size, max_size=self._pool_size, open=False,
-                                   kwargs={"autocommit": False, "connect_timeout": CONNECT_TIMEOUT_S},
-                                   configure=_configure, check=AsyncConnectionPool.check_connection,
+                                   kwargs={"autocommit": False, **connection_kwargs(self.timeout_s)},
+                                   configure=configurer(self.timeout_s), check=AsyncConnectionPool.check_connection,
                                    timeout=CONNECT_TIMEOUT_S, name=f"inferd-store {self.where}")
         try:
             await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
@@ -174,6 +165,7 @@ class PostgresDatabase(Database):
             self._closing = True            # new calls are refused; those under way finish
             await self._drained.wait()
             pool, self._pool = self._pool, None
+            await self._pinger.close()
             await pool.close()
 
     # ---- the interface ------------------------------------------------------------------------------------
@@ -199,10 +191,18 @@ class PostgresDatabase(Database):
             return result
 
         self._enter()
+        task = self._spawn(read)
         try:
-            return await self._run(read)
-        finally:
-            self._leave()
+            return await self._wait(task, "read")
+        except BaseException:   # timed out, or its caller left: nobody wants the rows any more
+            task.cancel()
+            raise
+
+    async def ping(self, timeout: float) -> None:
+        """`SELECT 1` on the ping's own connection (inferd.store.postgres_conn.Pinger)."""
+        if self._pool is None or self._closing:
+            raise StoreError(f"PostgreSQL store {self.where} is not open")
+        await self._pinger.ping(timeout)
 
     def stats(self) -> DbStats:
         return self._counters.snapshot(self._pending)
@@ -230,12 +230,50 @@ class PostgresDatabase(Database):
             self._leave()
             raise
         self._pending += 1
-        task = asyncio.ensure_future(self._write_now(statements, rows, many, ordered))
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return await asyncio.shield(task)
+        task = self._spawn(lambda conn: self._write_now(conn, statements, rows, many, ordered), write=True)
+        return await self._wait(task, "write")
 
-    def _done(self, task: asyncio.Task) -> None:
+    def _spawn(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]], *, write: bool = False) -> asyncio.Task:
+        """`work` in a task of its own, bounded by `timeout_s`: psycopg's cancel of a query the server does
+        not answer takes up to 10 s more, and the caller (bounded by `_wait`) does not wait for that."""
+        task = asyncio.ensure_future(self._bounded(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._write_done if write else self._read_done)
+        return task
+
+    async def _bounded(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._run(work)
+        except TimeoutError:
+            self._counters.record(0, 1, None)
+            raise self.timed_out("PostgreSQL", self.timeout_s) from None
+
+    async def _wait(self, task: asyncio.Task, what: str) -> T:
+        """The caller's wait for its call (the task is not cancelled by it): bounded by call_timeout()
+        (what is left of its request's deadline), and over as soon as the store is found unavailable
+        meanwhile (a failed ping: the server stopped answering), rather than a whole timeout later."""
+        bound = self.call_timeout()
+        down = asyncio.ensure_future(self.health.wait_failed()) if self.health.ok else None
+        try:
+            await asyncio.wait([task] if down is None else [task, down], timeout=bound,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if down is not None:
+                down.cancel()
+        if task.done():
+            return task.result()
+        if down is not None and down.done() and not down.cancelled():
+            raise StoreUnavailable(f"PostgreSQL at {self.where}: {what} given up: {self.health.failure}")
+        raise self.timed_out(f"PostgreSQL {what}", bound)
+
+    def _read_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._leave()
+        if not task.cancelled():
+            task.exception()
+
+    def _write_done(self, task: asyncio.Task) -> None:
         # Here, not in _write_now's `finally`: a task cancelled before its first step never runs that,
         # and close() would wait on _drained forever.
         self._tasks.discard(task)
@@ -245,27 +283,24 @@ class PostgresDatabase(Database):
         if not task.cancelled():
             task.exception()        # retrieved: a cancelled caller's failed write is counted in errors
 
-    async def _write_now(self, statements: Sequence[tuple[str, Any]], rows: int, many: bool,
-                         ordered: bool) -> list[int]:
-        async def attempt(conn: psycopg.AsyncConnection) -> list[int]:
-            counts: list[int] = []
-            async with conn.cursor() as cur:
-                if ordered:
-                    # Taken before the first nextval and held until COMMIT has made the rows visible: a
-                    # sequence number handed out later therefore becomes visible later, on every node.
-                    await cur.execute("SELECT pg_advisory_xact_lock(%s)", (ORDERED_WRITE_LOCK,))
-                for sql, params in statements:
-                    if many:
-                        await cur.executemany(to_pyformat(sql), [tuple(r) for r in params])
-                    else:
-                        await cur.execute(to_pyformat(sql), tuple(params))
-                    counts.append(cur.rowcount)
-            started = time.perf_counter()
-            await conn.commit()
-            self._counters.record(rows, 0, time.perf_counter() - started)
-            return counts
-
-        return await self._run(attempt)
+    async def _write_now(self, conn: psycopg.AsyncConnection, statements: Sequence[tuple[str, Any]], rows: int,
+                         many: bool, ordered: bool) -> list[int]:
+        counts: list[int] = []
+        async with conn.cursor() as cur:
+            if ordered:
+                # Taken before the first nextval and held until COMMIT has made the rows visible: a
+                # sequence number handed out later therefore becomes visible later, on every node.
+                await cur.execute("SELECT pg_advisory_xact_lock(%s)", (ORDERED_WRITE_LOCK,))
+            for sql, params in statements:
+                if many:
+                    await cur.executemany(to_pyformat(sql), [tuple(r) for r in params])
+                else:
+                    await cur.execute(to_pyformat(sql), tuple(params))
+                counts.append(cur.rowcount)
+        started = time.perf_counter()
+        await conn.commit()
+        self._counters.record(rows, 0, time.perf_counter() - started)
+        return counts
 
     async def _run(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
         """`work` on a pooled connection, run again after a deadlock or serialization failure; psycopg's
@@ -277,7 +312,7 @@ class PostgresDatabase(Database):
         async with self._busy:
             for attempt in range(RETRIES):
                 try:
-                    async with pool.connection() as conn:
+                    async with pool.connection(timeout=self.timeout_s) as conn:
                         try:
                             return await work(conn)
                         except psycopg.Error:
@@ -296,8 +331,12 @@ class PostgresDatabase(Database):
 
     def _error(self, e: psycopg.Error) -> StoreError:
         if isinstance(e, PoolTimeout):
-            return StoreUnavailable(f"PostgreSQL at {self.where}: no connection within {CONNECT_TIMEOUT_S} s "
-                                    "(server unreachable?)")
-        if isinstance(e, psycopg.OperationalError) and e.sqlstate not in RETRY_SQLSTATES:
-            return StoreUnavailable(f"PostgreSQL at {self.where}: {self._message(e)}")
-        return StoreError(f"PostgreSQL at {self.where}: {self._message(e)}")
+            error = StoreUnavailable(f"PostgreSQL at {self.where}: no connection within {self.timeout_s:g} s "
+                                     "(server unreachable?)")
+        elif isinstance(e, psycopg.OperationalError) and e.sqlstate not in RETRY_SQLSTATES:
+            error = StoreUnavailable(f"PostgreSQL at {self.where}: {self._message(e)}")
+        else:
+            return StoreError(f"PostgreSQL at {self.where}: {self._message(e)}")
+        if e.sqlstate != QUERY_CANCELED:   # statement_timeout ended a slow statement: the server answers
+            self.health.failed(error)       # readiness: unavailable until a ping succeeds
+        return error

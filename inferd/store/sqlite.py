@@ -24,7 +24,7 @@ from typing import Any
 
 from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
 from inferd.store.schema import SCHEMA_VERSION, VERSION_QUERY, upgrade
-from inferd.store.sqlite_writer import EXEC, MANY, STOP, TX, Result, Writer, connect, store_error
+from inferd.store.sqlite_writer import EXEC, MANY, PING, STOP, TX, Result, Writer, connect, store_error
 
 SYNCHRONOUS = ("normal", "full")
 
@@ -33,16 +33,18 @@ class SqliteDatabase(Database):
     dialect = "sqlite"
 
     def __init__(self, path: str, *, synchronous: str = "normal", commit_interval_ms: float = 50,
-                 commit_rows: int = 1000, max_pending_writes: int = 20000, readonly: bool = False) -> None:
+                 commit_rows: int = 1000, max_pending_writes: int = 20000, readonly: bool = False,
+                 timeout_s: float = 5.0) -> None:
         """`readonly`: reads only, beside a running daemon (`inferd usage`): no lock, no writer, no
         integrity check or schema change; the file must exist and have the current schema."""
         if synchronous not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, got {synchronous!r}")
         for name, value in (("commit_interval_ms", commit_interval_ms), ("commit_rows", commit_rows),
-                            ("max_pending_writes", max_pending_writes)):
+                            ("max_pending_writes", max_pending_writes), ("timeout_s", timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         self.where = path
+        self.timeout_s = float(timeout_s)
         self._synchronous = synchronous
         self._interval_s = commit_interval_ms / 1000
         self._commit_rows = int(commit_rows)
@@ -140,11 +142,23 @@ class SqliteDatabase(Database):
             return []
         return await self._submit(TX, "", statements, len(statements))
 
-    async def _submit(self, kind: int, sql: str, params: Any, rows: int) -> Any:
+    async def ping(self, timeout: float) -> None:
+        """Through the writer's queue: the writer answers, can take the write lock, and the file has room."""
+        await self._submit(PING, "", (), 0, timeout)
+
+    async def _submit(self, kind: int, sql: str, params: Any, rows: int, timeout: float | None = None) -> Any:
         if self._state != "open":
             raise StoreError(f"{self.where}: the store is {'not open' if self._state == 'new' else 'closed'}")
         if self._readonly:
             raise StoreError(f"{self.where}: opened read-only")
+        bound = self.call_timeout() if timeout is None else timeout
+        try:
+            async with asyncio.timeout(bound):      # a writer stuck on I/O fails its callers, not holds them
+                return await self._enqueue(kind, sql, params, rows)
+        except TimeoutError:
+            raise self.timed_out("ping" if kind == PING else "write", bound) from None
+
+    async def _enqueue(self, kind: int, sql: str, params: Any, rows: int) -> Any:
         if self._pending >= self._max_pending:
             self._waiters += 1
             try:
@@ -165,6 +179,8 @@ class SqliteDatabase(Database):
     def _resolve(self, results: list[Result]) -> None:
         for fut, value, error, rows in results:
             self._pending -= rows
+            if isinstance(error, StoreUnavailable):
+                self.health.failed(error)       # readiness: unavailable until a ping succeeds
             if fut.done():              # its caller was cancelled; the write itself happened (or failed)
                 continue
             if error is None:
@@ -184,7 +200,12 @@ class SqliteDatabase(Database):
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         if self._state != "open":
             raise StoreError(f"{self.where}: the store is {'not open' if self._state == 'new' else 'closed'}")
-        return await self._loop.run_in_executor(self._reader, self._read, sql, params)
+        bound = self.call_timeout()
+        try:
+            async with asyncio.timeout(bound):
+                return await self._loop.run_in_executor(self._reader, self._read, sql, params)
+        except TimeoutError:
+            raise self.timed_out("read", bound) from None
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[tuple]:
         try:

@@ -21,9 +21,10 @@ from typing import Any
 from inferd.store.db import Counters, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
 from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
-EXEC, MANY, TX = 0, 1, 2
+EXEC, MANY, TX, PING = 0, 1, 2, 3
 STOP = object()
 BUSY_TIMEOUT_MS = 1000
+MIN_FREE_BYTES = 1 << 20        # a ping says the disk is full below this much room for the file to grow
 # An op: (kind, sql, params | rows | statements, future, rows). A result: (future, value, error, rows).
 Op = tuple[int, str, Any, Any, int]
 Result = tuple[Any, Any, "BaseException | None", int]
@@ -213,8 +214,10 @@ class Writer:
             elif kind == MANY:
                 cur.executemany(sql, params)
                 value = None
-            else:
+            elif kind == TX:
                 value = [cur.execute(s, p).rowcount for s, p in params]
+            else:
+                value = self._check_room()
             cur.execute("RELEASE op")
         except Exception as exc:
             failed.append((fut, None, store_error(self.path, exc), n))
@@ -228,6 +231,18 @@ class Writer:
                 self._abort(ok, failed, again)
             return
         ok.append((fut, value, None, n))
+
+    def _check_room(self) -> None:
+        """A ping: StoreUnavailable when the file cannot grow (its page limit reached with no free page,
+        or the file system nearly full), so the store stays unavailable until there is room again."""
+        cur = self.cur
+        pages = cur.execute("PRAGMA page_count").fetchone()[0]
+        limit = cur.execute("PRAGMA max_page_count").fetchone()[0]
+        if pages >= limit and not cur.execute("PRAGMA freelist_count").fetchone()[0]:
+            raise StoreUnavailable(f"{self.path}: database or disk is full (max_page_count {limit} reached)")
+        fs = os.statvfs(os.path.dirname(self.path) or ".")
+        if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
+            raise StoreUnavailable(f"{self.path}: disk is full ({fs.f_bavail * fs.f_frsize} bytes free)")
 
     def _abort(self, ok: list[Result], failed: list[Result], exc: BaseException) -> None:
         """The group's transaction is lost: roll back what is left of it and fail the writes it held."""
@@ -252,5 +267,6 @@ class Writer:
                 self._abort(ok, failed, exc)
         elif self.conn.in_transaction:
             self._abort(ok, failed, StoreError("nothing to commit"))
-        self.counters.record(sum(r[3] for r in ok), len(failed), seconds)
+        rows = sum(r[3] for r in ok)
+        self.counters.record(rows, len(failed), seconds if rows else None)     # a ping alone is no commit
         self.deliver(ok + failed)

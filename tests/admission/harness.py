@@ -17,9 +17,11 @@ BS = 16
 class FakeEngine(Engine):
     """capacity() reports what the test sets; submit() records; tests finish requests by hand.
 
-    A submitted prompt counts as pending prefill until `prefilled()` or `finish()`."""
+    A submitted prompt counts as pending prefill until `prefilled()` or `finish()`. With `yields`, it can
+    preempt (Engine.yields_slots): yield_slot parks a request (its slot counted free, itself as parked)
+    until `resume()`; `steps` is what stats() reports as steps_total."""
 
-    def __init__(self, slots=1, blocks=100, tokens_per_s=0.0):
+    def __init__(self, slots=1, blocks=100, tokens_per_s=0.0, yields=False):
         self.info = EngineInfo(backend="fake", model_name="m", version="v", max_model_len=4096, block_size=BS,
                                num_kv_blocks=blocks, max_batch_size=slots, max_num_tokens=512)
         self.slots, self.free_blocks, self.waiting, self.tokens_per_s = slots, blocks, 0, tokens_per_s
@@ -29,6 +31,10 @@ class FakeEngine(Engine):
         self.aborted: list[str] = []
         self.capacity_calls = 0
         self.submit_event = asyncio.Event()
+        self.yields_slots = yields
+        self.yielded: list[str] = []
+        self.parked: set[str] = set()
+        self.steps = 0
 
     async def start(self): ...
     async def warmup(self): ...
@@ -43,9 +49,27 @@ class FakeEngine(Engine):
         self.submit_event.set()
         return stream
 
+    def yield_slot(self, request_id):
+        stream = self.streams.get(request_id)
+        if not self.yields_slots or stream is None or stream.finished or request_id in self.parked:
+            return False
+        self.yielded.append(request_id)
+        self.parked.add(request_id)
+        self.slots += 1
+        return True
+
+    def resume(self, request_id):
+        """A parked request takes a slot again and delivers a token."""
+        self.parked.remove(request_id)
+        self.slots -= 1
+        self.streams[request_id].push(Delta(token_ids=[7]))
+
     def finish(self, request_id, n_out=3, reason=FinishReason.STOP):
         req = next(r for r in self.submitted if r.request_id == request_id)
         self.pending.pop(request_id, None)
+        if request_id in self.parked:
+            self.parked.remove(request_id)
+            self.slots -= 1
         self.slots += 1
         self.free_blocks += math.ceil(len(req.prompt_token_ids) / BS)
         self.streams[request_id].push(Delta(token_ids=[7] * n_out, finish_reason=reason, usage=Usage(
@@ -60,7 +84,7 @@ class FakeEngine(Engine):
         self.capacity_calls += 1
         return Capacity(free_kv_blocks=self.free_blocks, free_kv_tokens=self.free_blocks * BS,
                         free_slots=self.slots, waiting=self.waiting, block_size=BS,
-                        pending_prefill_tokens=sum(self.pending.values()))
+                        pending_prefill_tokens=sum(self.pending.values()), parked=len(self.parked))
 
     def prefilled(self, request_id):
         """The request's prefill is done: its first token goes out."""
@@ -69,7 +93,7 @@ class FakeEngine(Engine):
 
     def stats(self):
         return EngineStats(running=0, waiting=0, kv_blocks_total=0, kv_blocks_used=0, prefix_cache_hit_rate=0.0,
-                           step_latency_s=0.0, steps_total=0, prompt_tokens_total=0, generation_tokens_total=0,
+                           step_latency_s=0.0, steps_total=self.steps, prompt_tokens_total=0, generation_tokens_total=0,
                            prefix_cache_hit_tokens_total=0, tokens_per_s=self.tokens_per_s)
 
     async def wait_submitted(self, n):

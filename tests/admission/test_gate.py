@@ -50,7 +50,8 @@ async def test_kv_in_flight_cap_holds_a_tenant_without_blocking_others(make_queu
 
 async def test_headroom_lets_a_light_tenant_start_beside_a_flood(make_queue):
     engine = FakeEngine(slots=4)
-    q, _ = make_queue(engine=engine, headroom_fraction=0.25)          # 1 of 4 slots
+    q, _ = make_queue(engine=engine, headroom_fraction=0.25,          # 1 of 4 slots, in the window only
+                      headroom_without_preemption=False)
     flood = [spawn(q.admit(req("n"), deadline=far())) for _ in range(8)]
     await settle()
     assert len(engine.submitted) == 4           # nobody light around yet: the engine is filled
@@ -132,7 +133,8 @@ def test_prefill_budget_must_be_positive():
 
 async def test_light_tenant_does_not_wait_behind_a_heavy_pick_that_needs_a_slot(make_queue):
     engine = FakeEngine(slots=8)
-    q, _ = make_queue(engine=engine, headroom_fraction=0.25)          # 2 of 8 slots
+    q, _ = make_queue(engine=engine, headroom_fraction=0.25,          # 2 of 8 slots, in the window only
+                      headroom_without_preemption=False)
     flood = [spawn(q.admit(req("n"), deadline=far())) for _ in range(20)]
     await engine.wait_submitted(8)              # nobody light around yet: the engine is filled
     first = spawn(q.admit(req("w"), deadline=far()))
@@ -146,3 +148,15 @@ async def test_light_tenant_does_not_wait_behind_a_heavy_pick_that_needs_a_slot(
     assert (await asyncio.wait_for(second, 5)).tenant == "w"          # not behind n's pick
     assert [r.tenant for r in engine.submitted].count("n") == 8 and engine.slots == 1
     del flood
+
+
+async def test_an_engine_that_cannot_preempt_keeps_a_standing_reserve_for_whoever_comes_next(make_queue):
+    engine = FakeEngine(slots=5)                # yields_slots False, as trtllm
+    q, _ = make_queue(engine=engine, headroom_fraction=0.2)           # 1 of 5 slots
+    for _ in range(4):                          # one at a time: nothing queued, no light arrival's window
+        await q.admit(req("beta"), deadline=far())
+    fifth = spawn(q.admit(req("beta"), deadline=far()))
+    await asyncio.sleep(0.02)                   # beta alone (under its share of 5) leaves the reserve free
+    assert not fifth.done() and engine.slots == 1
+    newcomer = await asyncio.wait_for(q.admit(req("alpha"), deadline=far()), 5)
+    assert newcomer.tenant == "alpha" and engine.slots == 0

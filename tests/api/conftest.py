@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from inferd.api import build_state, make_app
 from inferd.api.state import ServerState
 from inferd.config.root import AuditConfig, Config, ModelConfig, ServerConfig
-from inferd.config.tenants import AdmissionConfig, TenantConfig
+from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.engine.base import Engine
 from inferd.engine.sim.engine import SimEngine
 
@@ -66,8 +66,8 @@ ServeFactory = Callable[..., Awaitable[Served]]
 async def serve(tmp_path) -> AsyncIterator[ServeFactory]:
     """serve(engines=None, handler_cancellation=False, models=None, tenants=None, **server_config) -> Served;
     torn down after the test. `models`: [models.*] config tables, for what the API reads of them (LoRA
-    adapters); `tenants`: [tenants.*] tables (auth is off, so requests are tenant `local`); `admission`: the
-    [admission] table.
+    adapters); `tenants`: [tenants.*] tables (auth is off unless `auth` says otherwise, so requests are
+    tenant `local`); `admission`: the [admission] table; `auth`: the [auth] table.
 
     aiohttp's default (no handler cancellation) is the harder case for noticing a client that left;
     the daemon runs with handler_cancellation=True.
@@ -77,13 +77,13 @@ async def serve(tmp_path) -> AsyncIterator[ServeFactory]:
     async def factory(engines: dict[str, Engine] | None = None, *, handler_cancellation: bool = False,
                       models: dict[str, ModelConfig] | None = None,
                       tenants: dict[str, TenantConfig] | None = None, admission: AdmissionConfig | None = None,
-                      **server: object) -> Served:
+                      auth: AuthConfig | None = None, **server: object) -> Served:
         engines = engines if engines is not None else {"sim": sim_engine()}
         for engine in engines.values():
             await engine.start()
             cleanups.append(engine.close)
         config = Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {},
-                        admission=admission or AdmissionConfig(), audit=AuditConfig(path=str(tmp_path / "audit.jsonl")))
+                        admission=admission or AdmissionConfig(), auth=auth or AuthConfig(), audit=AuditConfig(path=str(tmp_path / "audit.jsonl")))
         state = build_state(config, engines)
         cleanups.append(state.tenancy.close)        # its admission dispatchers, after the runner's cleanup
         cleanups.append(state.shadows.close)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 
 from inferd.engine.sim.engine import SimEngine
+from inferd.observability.log import JsonFormatter
 
 GOOD = {"model": "sim", "prompt": "hi", "max_tokens": 2}
 
@@ -107,3 +109,16 @@ async def test_flood_of_malformed_requests_leaves_the_daemon_serving(served):
     resp = await served.sdk.completions.create(model="sim", prompt="still here", max_tokens=3)
     assert resp.usage.completion_tokens == 3
     assert served.state.in_flight == 0
+
+
+async def test_a_long_path_is_logged_cut_to_256_characters_with_how_much_was_cut(served, caplog):
+    caplog.set_level(logging.INFO)
+    path = "/v1/models/" + "a" * 7_989            # 8,000 characters, as a client may send
+    async with served.http.get(served.base_url + path) as resp:
+        assert resp.status == 404
+    [line] = [r for r in caplog.records if r.getMessage() == "request"]
+    assert line.fields["path"] == path[:256] + "...(+7744 chars)"
+    assert len(JsonFormatter().format(line)) < 1_000            # not the 8 KB a line carried before
+    async with served.http.get(served.base_url + "/v1/models") as resp:
+        assert resp.status == 200
+    assert [r for r in caplog.records if r.getMessage() == "request"][-1].fields["path"] == "/v1/models"

@@ -191,7 +191,7 @@ async def test_scopes_guard_inference_and_metrics_and_health_stays_open(tmp_path
 async def test_tenant_comes_from_the_key_and_disallowed_models_get_403(tmp_path):
     tenants = {"acme": {"allowed_models": ["sim"]}}
     async with node(tmp_path, tenants=tenants, models=("sim", "sim2")) as n:
-        acme, ops = n.key("acme"), n.key("ops", "metrics")
+        acme, ops = n.key("acme"), n.key("ops", "metrics", "admin")
         await refresh(n)
         await n.sdk(acme).completions.create(model="sim", prompt="hi", max_tokens=2, user="someone-else")
         with pytest.raises(openai.PermissionDeniedError) as exc:
@@ -230,7 +230,7 @@ async def test_auth_off_on_a_non_loopback_address_refuses_to_start():
 
 async def test_over_requests_per_minute_is_429_with_retry_after_from_the_bucket(tmp_path):
     async with node(tmp_path, tenants={"acme": {"requests_per_minute": 2}}) as n:
-        acme, ops = n.key("acme"), n.key("ops", "metrics")
+        acme, ops = n.key("acme"), n.key("ops", "metrics", "admin")
         await refresh(n)
         now = freeze_quota(n)
         body = {"model": "sim", "prompt": "hi", "max_tokens": 2}

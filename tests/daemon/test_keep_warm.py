@@ -41,3 +41,23 @@ async def test_a_warm_version_unloads_when_its_time_is_up(tmp_path):
         await daemon.reloader.wait_retired()
         assert ModelVersion("m", "v1") not in daemon.state.registry.table.versions
         assert not engine.healthy
+
+
+async def test_a_model_a_reload_dropped_is_404_model_not_found_and_unlisted_while_it_stays_warm(tmp_path):
+    path = tmp_path / "c.toml"
+    gone_body = sim_model(version="v1").replace("[MODEL.sim]", "keep_warm_s = 60\n[MODEL.sim]")
+    write_config(path, {"m": sim_model(version="v1"), "gone": gone_body})
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        write_config(path, {"m": sim_model(version="v1")})
+        assert (await daemon.reload()).retired == ("gone@v1",)
+        assert daemon.state.registry.table.state(ModelVersion("gone", "v1")) == "retired"   # still loaded
+        for name in ("gone", "gone@v1"):
+            status, _, body = await complete(http, url, name)
+            assert status == 404 and body["error"]["code"] == "model_not_found", body
+        async with http.get(f"{url}/v1/models") as resp:
+            listed = await resp.json()
+        assert [row["id"] for row in listed["data"]] == ["m"]
+        async with http.get(f"{url}/v1/models/gone") as resp:
+            assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
+        status, _, _ = await complete(http, url, "m")
+        assert status == 200

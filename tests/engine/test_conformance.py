@@ -161,6 +161,28 @@ async def test_abort_ends_stream_with_abort_and_frees_capacity(engine: Engine) -
     engine.abort("never-submitted")
 
 
+async def test_a_yielded_slot_is_free_at_once_and_the_stream_resumes_with_nothing_lost(engine: Engine) -> None:
+    at_idle = idle(engine)
+    prompt = prompt_ids(engine, 2)
+    n = min(600, engine.info.max_model_len - len(prompt))     # long: still running when asked to yield
+    _, alone = await generate(engine, prompt, max_tokens=n, temperature=0.0)
+    stream = submit(engine, prompt, max_tokens=n, temperature=0.0)
+    head = await first_delta(stream)
+    free = engine.capacity().free_slots
+    if not engine.yields_slots:                 # trtllm: its executor cannot preempt (admission keeps a reserve)
+        assert not engine.yield_slot(stream.request_id)
+        engine.abort(stream.request_id)
+        await drain(stream)
+        return
+    assert engine.yield_slot(stream.request_id)
+    cap = engine.capacity()
+    assert cap.free_slots == free + 1 and cap.parked == 1
+    whole = merge_deltas([head, *await drain(stream)])
+    assert whole.token_ids == alone.token_ids and whole.finish_reason is FinishReason.LENGTH
+    assert engine.stats().fairness_preemptions_total == 1 and idle(engine) == at_idle
+    assert not engine.yield_slot(stream.request_id)     # finished: nothing to yield
+
+
 async def test_stream_cancel_aborts_the_request(engine: Engine) -> None:
     at_idle = idle(engine)
     stream = submit(engine, prompt_ids(engine, 1), max_tokens=200, temperature=0.0)

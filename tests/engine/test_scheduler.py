@@ -242,3 +242,47 @@ def test_a_sequence_whose_leader_ended_starts_from_the_prefix_cache_instead():
     assert a.finished
     out = step(sched, model)
     assert out.seqs == [b] and out.num_new_tokens == [2] and sched.num_forks == 0
+
+
+def test_a_parked_sequence_gives_up_its_slot_and_blocks_and_resumes_only_when_nothing_waits():
+    sched, model = make(max_batch_size=2)
+    a, b = new_seq("a", range(1, 10), max_tokens=20), new_seq("b", range(2, 11), max_tokens=20)
+    sched.add(a)
+    sched.add(b)
+    step(sched, model)
+    step(sched, model)
+    assert sched.park(b) and not sched.park(b)          # a second park of the same: nothing held
+    assert b.block_table == [] and b.num_completion_tokens > 0 and sched.running == [a]
+    c = new_seq("c", range(3, 12), max_tokens=2)
+    sched.add(c)
+    out = step(sched, model)
+    assert c in out.seqs and b not in out.seqs          # the newcomer takes the slot, not the parked one
+    while not c.finished:
+        step(sched, model)
+    out = step(sched, model)                            # a slot is free and nothing waits: b resumes
+    assert b in out.seqs and sched.num_parked == 1 and not sched.parked
+
+
+def test_a_parked_sequence_recomputes_and_its_output_matches_an_unpreempted_run():
+    sched, model = make(max_batch_size=2)
+    seqs = [new_seq(f"r{i}", p, max_tokens=12) for i, p in enumerate(prompts()[:2])]
+    for s in seqs:
+        sched.add(s)
+    for _ in range(6):
+        step(sched, model)
+    sched.park(seqs[1])
+    other = new_seq("other", prompts()[2], max_tokens=3)
+    outs = run_all(sched, model, [other])
+    outs.update({s.request_id: s.completion_token_ids for s in seqs})
+    assert {k: outs[k] for k in ("r0", "r1")} == {k: v for k, v in solo_outputs(12).items() if k in ("r0", "r1")}
+    assert sched.block_manager.num_used_blocks == 0
+
+
+def test_finish_removes_a_parked_sequence():
+    sched, model = make()
+    a = new_seq("a", range(1, 10))
+    sched.add(a)
+    step(sched, model)
+    sched.park(a)
+    sched.finish(a, FinishReason.ABORT)
+    assert not sched.has_work() and a.finish_reason is FinishReason.ABORT

@@ -7,6 +7,8 @@ import hashlib
 import pytest
 
 from inferd.store import Claim, IdempotencyStore, StoredResponse
+from inferd.store.owner import owner
+from tests.store.test_owner import dead_process
 
 BODY = hashlib.sha256(b'{"prompt": "hi"}').digest()
 OTHER = hashlib.sha256(b'{"prompt": "bye"}').digest()
@@ -28,7 +30,7 @@ async def claim(store: IdempotencyStore, owner: str, now: float = T0, body: byte
 
 async def test_first_claim_is_new_then_in_flight_then_done(store):
     assert await claim(store, "req-1") == Claim(outcome="new")
-    assert await claim(store, "req-2", now=T0 + 1) == Claim(outcome="in_flight")
+    assert await claim(store, "req-2", now=T0 + 1) == Claim(outcome="in_flight", held_until=T0 + HOLD)
     await store.finish("acme", "k1", "req-1", RESPONSE, now=T0 + 2, ttl_s=TTL)
     assert await claim(store, "req-3", now=T0 + 3) == Claim(outcome="done", response=RESPONSE)
 
@@ -97,3 +99,19 @@ async def test_purge_expired_deletes_only_expired_records(store):
 async def test_hold_and_ttl_must_be_positive(store):
     with pytest.raises(ValueError, match="hold_s"):
         await store.claim("acme", "k1", BODY, "req-1", now=T0, hold_s=0, ttl_s=TTL)
+
+
+async def test_release_dead_deletes_only_unfinished_claims_of_this_nodes_dead_processes(store):
+    dead, elsewhere = await dead_process("n1"), await dead_process("n2")
+    await claim(store, dead.prefix + "r1", key="crashed")
+    await claim(store, dead.prefix + "r2", key="crashed-done")
+    await store.finish("acme", "crashed-done", dead.prefix + "r2", RESPONSE, now=T0, ttl_s=TTL)
+    await claim(store, owner("n1", "r3"), key="mine-running")               # this process: alive
+    await claim(store, elsewhere.prefix + "r4", key="other-node")          # another node's: may be alive
+    await claim(store, "req-5", key="old-form")                            # no process named: left to lapse
+    assert await store.release_dead("n1") == 1
+    assert (await claim(store, "retry", key="crashed", now=T0 + 1)).outcome == "new"
+    assert (await claim(store, "retry", key="crashed-done", now=T0 + 1)).outcome == "done"
+    for key in ("mine-running", "other-node", "old-form"):
+        assert (await claim(store, "retry", key=key, now=T0 + 1)).outcome == "in_flight"
+    assert await store.release_dead("n1") == 0

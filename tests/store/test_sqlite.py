@@ -123,6 +123,19 @@ async def test_a_full_disk_raises_store_unavailable_and_the_writer_goes_on(sdb):
     assert await sdb.execute("INSERT INTO kv VALUES ('small', NULL)") == 1
 
 
+async def test_a_full_disk_marks_the_store_down_until_a_ping_finds_room_again(sdb):
+    await sdb.ping(2.0)
+    await sdb.execute("PRAGMA max_page_count = 64")
+    with pytest.raises(StoreUnavailable, match="full"):
+        for i in range(100):
+            await sdb.execute("INSERT INTO kv VALUES (?, ?)", (f"big{i}", os.urandom(8192)))
+    assert "full" in sdb.health.failure                     # the failed commit marked it
+    with pytest.raises(StoreUnavailable, match="full"):
+        await sdb.ping(2.0)                                 # the file still cannot grow
+    await sdb.execute("PRAGMA max_page_count = 1000000")
+    await sdb.ping(2.0)                                     # room again
+
+
 async def test_writers_wait_for_room_and_nothing_is_lost(path):
     db = SqliteDatabase(path, max_pending_writes=3)
     await db.open()

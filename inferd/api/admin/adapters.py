@@ -27,6 +27,7 @@ from inferd.api.pipeline.body import read_body
 from inferd.api.errors import NOT_FOUND, ApiError, invalid, model_not_found, unavailable
 from inferd.api.routes.stored import json_response
 from inferd.api.wire.admin_requests import AdapterAction
+from inferd.api.wire.json_depth import depth_exceeds, too_deep_message
 from inferd.api.pipeline.versioned import SIMULATED_SUFFIX
 from inferd.engine import (
     AdapterBusy,
@@ -78,6 +79,8 @@ async def post_adapters(request: web.Request) -> web.Response:
 
 async def _body(request: web.Request) -> AdapterAction:
     raw = await read_body(request, MAX_BODY)     # every chunk: content.read(n) would stop at the first
+    if depth_exceeds(raw):
+        raise invalid(f"body: {too_deep_message('the body')}", param="body", code="invalid_json")
     try:
         body = msgspec.json.decode(raw, type=AdapterAction)
     except msgspec.ValidationError as exc:

@@ -24,6 +24,7 @@ from inferd.api.admin.adapters import post_adapters
 from inferd.api.admin.usage import get_usage
 from inferd.api.pipeline.body import read_body
 from inferd.api.errors import NOT_FOUND, ApiError, invalid
+from inferd.api.wire.json_depth import depth_exceeds, too_deep_message
 from inferd.api.routes.stored import json_response
 from inferd.config import RolloutConfig, rollout_errors
 from inferd.models import ControlPlane, Rollout, RolloutError, RolloutNotFound
@@ -75,6 +76,8 @@ async def _body(request: web.Request, cls: type):
     raw = await read_body(request, MAX_ADMIN_BODY)     # every chunk: content.read(n) would stop at the first
     if not raw.strip():
         return cls()
+    if depth_exceeds(raw):
+        raise invalid(f"body: {too_deep_message('the body')}", param="body", code="invalid_json")
     try:
         return msgspec.json.decode(raw, type=cls)
     except msgspec.ValidationError as exc:

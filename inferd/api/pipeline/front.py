@@ -19,13 +19,14 @@ from inferd.api.auth import authenticate
 from inferd.api.pipeline.body import check_json_content_type, read_body
 from inferd.api.pipeline.cold_start import early_stream, spill_cold_start, wait_for_model
 from inferd.api.pipeline.degrade import degrade
-from inferd.api.errors import draining, unavailable
+from inferd.api.errors import draining, store_unavailable, unavailable
 from inferd.api.pipeline.internal import batch_caller
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.spill import VERSION_HEADER, check_forwarded_body, forwarded_identity
 from inferd.api.pipeline.usage import check_ledger
 from inferd.api.pipeline.versioned import check_breaker, route_request
 from inferd.cluster import FORWARDED_HEADER
+from inferd.store import REQUEST_DEADLINE
 
 
 async def refuse_while_draining(ctx: RequestContext) -> None:
@@ -34,8 +35,11 @@ async def refuse_while_draining(ctx: RequestContext) -> None:
 
 
 async def refuse_while_store_fails(ctx: RequestContext) -> None:
-    """503 while the ledger is failing: nothing runs that cannot be billed."""
+    """503 while the ledger is failing or the store does not answer its ping: nothing runs that cannot
+    be billed, and nothing waits on a store that is down."""
     check_ledger(ctx.state)
+    if ctx.state.store_failure() is not None:
+        raise store_unavailable(ctx.state.config.store.ping_interval_s)
 
 
 async def authenticate_caller(ctx: RequestContext) -> None:
@@ -72,6 +76,7 @@ async def set_deadline(ctx: RequestContext) -> None:
     state = ctx.state
     ctx.deadline = request_deadline(ctx.request, ctx.prepared if ctx.endpoint.generates else ctx.wire,
                                     state.tenancy, ctx.tenant, state.config.server, ctx.arrival)
+    REQUEST_DEADLINE.set(ctx.deadline)      # store calls from here on give up before it (docs/store.md)
 
 
 async def claim_idempotency_key(ctx: RequestContext) -> web.StreamResponse | None:

@@ -6,14 +6,19 @@ is stored for `store.idempotency_ttl_s` (a stream as the exact SSE bytes sent). 
 the same key then gets:
 - the stored response, with `Idempotent-Replayed: true` (a stream replays as a stream of the same
   content; nothing runs and no quota is charged);
-- 409 `idempotency_key_in_flight` while the first is still running (Retry-After: 1);
+- 409 `idempotency_key_in_flight` while the first is still running (Retry-After: 1 until the first's
+  deadline, by which a live first attempt has ended; then the seconds until its claim lapses, since
+  only a holder that died still holds it then);
 - 422 `idempotency_key_reused` when its body differs from the first's.
 Only a 200 is stored: a refused, failed or abandoned first attempt releases the key, so the retry that
-the draft expects clients to make runs the request.
+the draft expects clients to make runs the request. A claim's owner names this process
+(inferd.store.process_owner) beside the request id: a daemon restarted after a crash releases its
+predecessor's claims before it serves (inferd.daemon.reclaim), so a retry then runs at once.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 
@@ -24,7 +29,7 @@ from inferd.api.errors import INVALID_REQUEST, ApiError, invalid
 from inferd.api.wire.responses import DONE_FRAME
 from inferd.api.wire.responses_output import ended_normally
 from inferd.observability import get_logger
-from inferd.store import StoredResponse, StoreError
+from inferd.store import StoredResponse, StoreError, process_owner
 
 log = get_logger("inferd.idempotency")
 HEADER = "Idempotency-Key"
@@ -72,7 +77,7 @@ async def claim(request: web.BaseRequest, state, tenant: str, body: bytes, deadl
     if store is None:
         raise invalid(f"{HEADER}: this server keeps no durable store, so it cannot honour idempotency keys.",
                       param=HEADER, code="idempotency_unavailable")
-    owner = request[keys.REQUEST_ID]
+    owner = process_owner(state.node_name, request[keys.REQUEST_ID])
     now = time.time()
     got = await store.claim(tenant, key, hashlib.sha256(body).digest(), owner, now=now,
                             hold_s=max(0.0, deadline - time.monotonic()) + HOLD_MARGIN_S,
@@ -82,12 +87,19 @@ async def claim(request: web.BaseRequest, state, tenant: str, body: bytes, deadl
     if got.outcome == "in_flight":
         raise ApiError(409, f"A request with this {HEADER} is still running; retry once it has finished.",
                        type=INVALID_REQUEST, param=HEADER, code="idempotency_key_in_flight",
-                       headers={"Retry-After": "1"})
+                       headers={"Retry-After": str(_retry_after(got.held_until, now))})
     if got.outcome == "mismatch":
         raise ApiError(422, f"This {HEADER} was used with a different request body.", type=INVALID_REQUEST,
                        param=HEADER, code="idempotency_key_reused")
     request[CAPTURE] = Capture(key, tenant, owner)
     return None
+
+
+def _retry_after(held_until: float | None, now: float) -> int:
+    """1 s while the holder may still be running (it may end any moment); past its deadline (the last
+    HOLD_MARGIN_S of the hold) only a dead holder keeps the key: the seconds until its claim lapses."""
+    left = (held_until or now) - now
+    return 1 if left > HOLD_MARGIN_S else max(1, math.ceil(left))
 
 
 def replay(stored: StoredResponse) -> web.Response:

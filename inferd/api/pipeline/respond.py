@@ -120,9 +120,12 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
                                       timeline=ctx.timeline)
     withheld: list[ApiError] = []       # a stream's end refused for want of its ledger row
     ctx.status = CLIENT_GONE            # until the stream ends: what a client that left gets recorded as
+    ctx.delivered = entry.accepted      # a stream that does not complete bills what its client's socket took
 
     async def before_done() -> None:
-        # the stream's outcome, even if its client hangs up during the commit
+        # Complete only once its content reached the client (499 if it leaves first: it is billed what did);
+        # then the stream's outcome, even if its client hangs up during the commit.
+        await entry.accepted.acknowledged(ctx.deadline)
         ctx.status = final_status(entry.final, entry)
         try:
             await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)
@@ -137,10 +140,11 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
                                  before_done=before_done if encoder.hold_done else None,
                                  tee=capture.add if capture else None)
     ctx.last = entry.final
-    if ctx.last is not None:
+    if entry.client_gone:
+        ctx.status = CLIENT_GONE        # it left before its final frames were written
+    elif ctx.last is not None:
         ctx.status = final_status(ctx.last, entry)
-        if not entry.client_gone:
-            ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
+        ctx.log_fields["finish_reason"] = ctx.last.finish_reason.value
     if withheld:
         ctx.status = withheld[0].status
     elif entry.failed:

@@ -3,7 +3,7 @@
 The pipeline records each row once (settle.record_usage_once): for a JSON response (or an error)
 before the response is returned, for a stream just before its `[DONE]` (inferd.api.streaming.sse
 `before_done`), so a response the client received completely is in the ledger (inferd.store.ledger) even if the daemon is
-killed right after. A stream the client abandoned is recorded with the tokens actually delivered.
+killed right after. What a row bills is what the client received (inferd.api.pipeline.billing).
 Requests a peer serves for us (spillover) are recorded by that peer, once.
 """
 from __future__ import annotations
@@ -13,23 +13,22 @@ import time
 
 from inferd.api.appkeys import CACHE_HIT
 from inferd.api.auth import PRINCIPAL
-from inferd.api.pipeline.context import RequestContext
 from inferd.api.errors import store_unavailable
+from inferd.api.pipeline.billing import billed_usage
+from inferd.api.pipeline.context import RequestContext
 from inferd.api.state import ServerState
 from inferd.config import price_for
 from inferd.observability import SYSTEM_ACTOR, get_logger
 from inferd.store import LedgerRow, StoreError
-from inferd.types import Delta, EngineTiming, Usage
+from inferd.types import Delta, EngineTiming
 
 log = get_logger("inferd.api")
 
 
 def ledger_row(ctx: RequestContext, status: int, last: Delta | None, delivered: int, now: float) -> LedgerRow:
-    """The row for `ctx`, which ended with `status`: its final delta's usage and timing when it has one,
-    else the prompt and the `delivered` output tokens (an abandoned or refused request)."""
-    state, usage = ctx.state, last.usage if last is not None else None
-    if usage is None:
-        usage = Usage(prompt_tokens=ctx.prompt_tokens if delivered else 0, completion_tokens=delivered)
+    """The row for `ctx`, which ended with `status`: the tokens billing.billed_usage bills (what its client
+    received; `delivered`: the output tokens it got), its final delta's timing when it has one."""
+    state, usage = ctx.state, billed_usage(ctx, status, last, delivered)
     version = ctx.engine.info.version
     price = price_for(state.config.prices, ctx.route.target)
     cost = 0.0 if price is None else price.cost(usage.prompt_tokens, usage.completion_tokens)

@@ -169,7 +169,7 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                 row["shadow"], row["shadow_fraction"] = listing.shadow, listing.shadow_fraction
         else:
             row["versions"] = [{"id": str(k), "version": k.version, "state": table.state(k)}
-                               for k in sorted(table.versions) if k.model == listing.id]
+                               for k in sorted(table.versions) if k.model == listing.id and table.state(k) != "retired"]
             default = table.split_for(listing.id)
             engine = None
             if default is not None and len(default.arms) == 1 and default.arms[0].target in table.versions:

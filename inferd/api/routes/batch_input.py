@@ -19,6 +19,7 @@ import msgspec
 
 from inferd.api.wire import embedding_format
 from inferd.api.errors import ApiError, invalid
+from inferd.api.wire.json_depth import depth_exceeds, too_deep_message
 from inferd.api.wire.openai import decode, prepare
 from inferd.api.wire.strict import show_value
 from inferd.api.state import ServerState
@@ -145,10 +146,14 @@ class LineChecker:
 def _parse_line(n: int, raw: bytes) -> BatchLine:
     if not raw.strip():
         raise InputError(f"line {n}: empty line; expected one JSON object per line.", n)
+    if depth_exceeds(raw):          # before decoding to Any, which recurses once per level
+        raise InputError(f"line {n}: {too_deep_message('the line')}", n)
     try:
         obj = _decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"line {n}: not valid JSON ({exc}).", n) from None
+    except RecursionError:          # only malformed text can get past depth_exceeds this deep
+        raise InputError(f"line {n}: {too_deep_message('the line')}", n) from None
     if not isinstance(obj, dict):
         raise InputError(f"line {n}: expected a JSON object, got {type(obj).__name__}.", n)
     unknown = sorted(set(obj) - set(_FIELDS))

@@ -23,6 +23,7 @@ from inferd.api.pipeline import idempotency
 from inferd.api.routes.batch_input import URLS, InputError, stored_lines
 from inferd.api.pipeline.body import check_json_content_type, read_body
 from inferd.api.errors import ApiError, invalid
+from inferd.api.wire.json_depth import depth_exceeds, too_deep_message
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
 from inferd.store import BatchStore, FileStore
 
@@ -107,6 +108,8 @@ CREATE_DEADLINE_S = 30.0       # how long a crashed first attempt holds its Idem
 def _decode(body: bytes) -> CreateBatch:
     if not body.strip():
         raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
+    if depth_exceeds(body):
+        raise invalid(too_deep_message(), code="invalid_json")
     try:
         return msgspec.json.decode(body, type=CreateBatch)
     except msgspec.ValidationError as exc:

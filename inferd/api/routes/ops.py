@@ -35,14 +35,21 @@ async def readyz(request: web.Request) -> web.Response:
     reasons += [f"model {name}: engine unhealthy" for name, e in state.engines.items() if not e.healthy]
     if state.ledger_failing():
         reasons.append(f"usage ledger: {state.ledger.failure}")
+    if (failure := state.store_failure()) is not None:
+        reasons.append(f"store_unavailable: {failure}")
     resp = _json({"status": "not_ready", "reasons": reasons or ["not ready"], **versions_status(state)}, status=503)
     resp.headers["Retry-After"] = "1"
     return resp
 
 
 async def metrics(request: web.Request) -> web.Response:
-    require_scope(request, "metrics")       # 401/403 with auth on; open with auth = "none"
-    body, content_type = request.app[keys.STATE].metrics.render()
+    principal = require_scope(request, "metrics")       # 401/403 with auth on; open with auth = "none"
+    state = request.app[keys.STATE]
+    # A tenant's key reads its own per-tenant series and the node's; another tenant's only with `admin`.
+    # A tenant whose series are pooled under `other` (not configured) reads no tenant's.
+    label = state.tenancy.tenants.label(principal.tenant)
+    body, content_type = state.metrics.render(every_tenant="admin" in principal.scopes,
+                                              tenant=label if label == principal.tenant else None)
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = content_type     # carries version and charset parameters
     return resp

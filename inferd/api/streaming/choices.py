@@ -89,6 +89,7 @@ class ChoicesSender(Sender):
             if delta is None:
                 continue
             tokens += len(delta.token_ids)
+            self.accepted.took(len(delta.token_ids))
             encoder = self._encoders[i]
             if delta.finish_reason is None:
                 if encoder.running is None:

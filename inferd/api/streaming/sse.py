@@ -34,6 +34,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api.errors import SERVER_ERROR, ApiError
+from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation, get_logger, request_context
@@ -52,7 +53,7 @@ class Tracked:
     """One in-flight generation the watchdog looks after."""
 
     __slots__ = ("request", "request_id", "stream", "sender", "last_write", "deadline", "timed_out", "closing",
-                 "client_gone", "failed", "final")
+                 "client_gone", "failed", "final", "accepted")
 
     def __init__(self, request: web.BaseRequest, stream: RequestStream, deadline: float | None,
                  request_id: str | None = None) -> None:
@@ -67,6 +68,7 @@ class Tracked:
         self.client_gone = False
         self.failed = False                            # a bug ended the stream (an internal_error frame)
         self.final: Delta | None = None                # the stream's last delta, once read
+        self.accepted = SocketAccepted()               # the tokens its client's socket took (billing)
 
 
 class Flusher:
@@ -119,7 +121,7 @@ class Sender:
     """The writing side of one event stream: frames go straight to the transport."""
 
     __slots__ = ("entry", "stream", "_transport", "_protocol", "_chunked", "_encoder", "_content",
-                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee", "pushed_at")
+                 "_include_usage", "_on_tokens", "waiter", "blocked", "done", "tee", "pushed_at", "accepted")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation) -> None:
@@ -140,6 +142,8 @@ class Sender:
         self.done = False
         self.tee: Callable[[bytes], None] | None = None   # also gets every frame (idempotency's replay copy)
         self.pushed_at: float | None = None     # when the pending output began (Flusher.mark)
+        self.accepted = entry.accepted
+        self.accepted.attach(transport)
 
     def send(self, frame: bytes) -> None:
         if not frame:       # an encoder holding text back (a tool call's start): a 0-length chunk would end the body
@@ -152,7 +156,9 @@ class Sender:
         transport = self._transport
         if transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        transport.write(b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame)
+        data = b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame
+        transport.write(data)
+        self.accepted.wrote(len(data))
 
     def writable(self) -> bool:
         """May a frame be written now? Not once done, nor while the client is not keeping up: then
@@ -173,6 +179,7 @@ class Sender:
         delta = self.stream.take()
         if delta is None:
             return
+        self.accepted.took(len(delta.token_ids))
         entry = self.entry
         if delta.finish_reason is None:
             if delta.text:
@@ -278,9 +285,11 @@ class Inflight:
                 entry.timed_out = True
                 entry.stream.cancel()
                 self.entries.discard(entry)
-            elif entry.sender is not None and not entry.closing and now - entry.last_write >= heartbeat:
-                entry.last_write = now
-                entry.sender.ping()                 # writes are synchronous: frames never interleave
+            else:
+                entry.accepted.sample()             # what left user space while nothing was written
+                if entry.sender is not None and now - entry.last_write >= heartbeat:
+                    entry.last_write = now
+                    entry.sender.ping()             # writes are synchronous: frames never interleave
 
 
 def sse_response(headers: dict[str, str]) -> web.StreamResponse:
@@ -315,6 +324,7 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
         while not sender.done:
             if sender.blocked:
                 await writer.drain()
+                entry.accepted.sample()
                 sender.blocked = False
                 sender.flush()
                 continue

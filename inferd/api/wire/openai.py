@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from inferd.api.errors import ApiError, invalid
+from inferd.api.wire.json_depth import depth_exceeds, too_deep_message
 from inferd.api.wire.strict import STRICT, is_no_op, show_value
 from inferd.api.wire.sampling import MinP, Penalty, RepetitionPenalty, TopK, parse_logit_bias
 from inferd.api.wire.structured import ResponseFormat, StructuredOutputs, guided_for, legacy_hint, set_guided
@@ -186,6 +187,8 @@ def decode_with(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     """`decode` with any request struct's decoder (the embeddings route's, say)."""
     if not body:
         raise invalid("Request body is empty; expected a JSON object.", code="invalid_json")
+    if depth_exceeds(body):         # before any field is typed: nothing after the decoder walks a deeper value
+        raise invalid(too_deep_message(), code="invalid_json")
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
@@ -194,8 +197,8 @@ def decode_with(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     except UnicodeDecodeError:
         raise invalid("Request body is not valid UTF-8.", code="invalid_encoding") from None
-    except RecursionError:      # a free-form value (a JSON schema, say) nested past the decoder's stack
-        raise invalid("Request body is nested too deeply.", code="invalid_json") from None
+    except RecursionError:          # only malformed text can get past depth_exceeds this deep
+        raise invalid(too_deep_message(), code="invalid_json") from None
 
 
 def _validation_error(text: str) -> ApiError:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import msgspec
 
 from inferd.api.errors import invalid
+from inferd.api.wire.json_depth import depth_exceeds, too_deep_message
 from inferd.api.wire.strict import STRICT
 from inferd.types import GuidedDecoding
 
@@ -148,6 +149,9 @@ def _schema_object(value: str | dict[str, Any]) -> dict[str, Any]:
     """structured_outputs.json: a schema object, or (as vLLM takes it) its JSON text."""
     if isinstance(value, dict):
         return value
+    if depth_exceeds(value.encode()):       # JSON text inside a string: the body's own bound did not see it
+        raise invalid(f"structured_outputs.json: {too_deep_message('the schema')}", param="structured_outputs.json",
+                      code="invalid_schema")
     try:
         schema = msgspec.json.decode(value)
     except msgspec.DecodeError as exc:

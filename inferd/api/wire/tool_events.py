@@ -106,7 +106,7 @@ class ToolCallParser:
         """A call (or a list of them) parsed whole; False when `raw` is not one."""
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):      # the model's text need not be JSON, nor shallow
             return False
         items = value if isinstance(value, list) else [value]
         if not items or not all(_is_call(v) for v in items):

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from inferd.api.errors import invalid
+from inferd.api.wire.json_depth import depth_exceeds
 from inferd.api.wire.strict import STRICT
 from inferd.types import GuidedDecoding
 
@@ -173,7 +174,10 @@ def tool_message_fields(m: Any, where: str, msg: dict) -> None:
 
 def template_arguments(text: str) -> Any:
     """A call's `arguments` as chat templates take them: the object when the JSON text is one (as
-    transformers and vLLM pass them), else the text as it came."""
+    transformers and vLLM pass them), else the text as it came: so too for JSON nested past the bound every
+    body keeps (a template's `tojson` would recurse through it)."""
+    if depth_exceeds(text.encode()):
+        return text
     try:
         value = json.loads(text)
     except ValueError:

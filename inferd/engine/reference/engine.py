@@ -49,6 +49,7 @@ class ReferenceEngine(LoraHost, Admission, Engine):
     With `adapter_trusted_keys` (fingerprint -> .pub path) an adapter loads only if signed by one of them."""
 
     compiles_missed_grammars = True      # on its GrammarWorker, never on the step thread (admission)
+    yields_slots = True
 
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
@@ -69,15 +70,16 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._pending_requests = 0       # submitted, not yet reflected in a snapshot (guarded by _cond)
         self._pending_blocks = 0
         self._pending_prompt_tokens = 0
-        # (free blocks for new work, running, waiting, prompt tokens not yet computed)
-        self._snapshot = (num_kv_blocks, 0, 0, 0)
+        self._pending_yields = 0         # yield_slot()s the step thread has not applied yet (guarded by _cond)
+        # (free blocks for new work, running, waiting, prompt tokens not yet computed, parked, their blocks)
+        self._snapshot = (num_kv_blocks, 0, 0, 0, 0, 0)
         self._used_blocks_snapshot = 0
         self._stop = False
         self._streams: dict[str, RequestStream] = {}           # loop thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._failed: str | None = None
-        self._counters = dict(steps=0, prompt=0, generated=0, cached=0)
+        self._counters = dict(steps=0, prompt=0, generated=0, cached=0, parked=0)
         self._ema_latency = 0.0
         self._ema_tokens = 0.0
 
@@ -185,6 +187,16 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         validate_request(request, vocab_size=self.model.config.vocab_size, max_model_len=self.info.max_model_len)
         self._check_adapter(request)
 
+    def yield_slot(self, request_id: str) -> bool:
+        """Parked by the step thread before its next step; capacity() counts the slot free from now."""
+        if request_id not in self._streams or self._thread is None:
+            return False
+        with self._cond:
+            self._commands.append(("yield", request_id))
+            self._pending_yields += 1
+            self._cond.notify()
+        return True
+
     def abort(self, request_id: str) -> None:
         if request_id in self._streams and self._thread is not None:
             with self._cond:
@@ -194,26 +206,29 @@ class ReferenceEngine(LoraHost, Admission, Engine):
     def capacity(self) -> Capacity:
         # The snapshot was taken after the last step; since then the step thread has only computed
         # (less pending prefill), while submissions it has not taken yet are added here in full.
+        # A yield not applied yet frees its slot already: the request it was made for goes in after it.
         with self._cond:
-            (free, running, waiting, prefill), pending, pending_blocks, pending_tokens = (
+            (free, running, waiting, prefill, parked, parked_blocks), pending, pending_blocks, pending_tokens = (
                 self._snapshot, self._pending_requests, self._pending_blocks, self._pending_prompt_tokens)
+            yields = self._pending_yields
         free = max(0, free - pending_blocks)
         waiting += pending
         return Capacity(free_kv_blocks=free, free_kv_tokens=free * self._block_size,
-                        free_slots=max(0, self._max_batch_size - running - waiting), waiting=waiting,
-                        block_size=self._block_size, pending_prefill_tokens=prefill + pending_tokens)
+                        free_slots=max(0, self._max_batch_size - running - waiting + yields), waiting=waiting,
+                        block_size=self._block_size, pending_prefill_tokens=prefill + pending_tokens,
+                        parked=parked + yields, parked_kv_blocks=parked_blocks)
 
     def stats(self) -> EngineStats:
         with self._cond:
-            (_, running, waiting, _), c = self._snapshot, dict(self._counters)
+            (_, running, waiting, _, parked, _), c = self._snapshot, dict(self._counters)
             used, latency, tokens = self._used_blocks_snapshot, self._ema_latency, self._ema_tokens
-            waiting += self._pending_requests
+            waiting += self._pending_requests + parked
         return EngineStats(
             running=running, waiting=waiting, kv_blocks_total=self._num_kv_blocks,
             kv_blocks_used=used, prefix_cache_hit_rate=c["cached"] / c["prompt"] if c["prompt"] else 0.0,
             step_latency_s=latency, steps_total=c["steps"], prompt_tokens_total=c["prompt"],
             generation_tokens_total=c["generated"], prefix_cache_hit_tokens_total=c["cached"],
-            tokens_per_s=tokens / latency if latency > 0 else 0.0)
+            tokens_per_s=tokens / latency if latency > 0 else 0.0, fairness_preemptions_total=c["parked"])
 
     def _deliver(self, items: list[tuple[RequestStream, Delta]]) -> None:
         for stream, delta in items:
@@ -273,7 +288,7 @@ class ReferenceEngine(LoraHost, Admission, Engine):
             self._hand_over(deltas)
 
     def _apply(self, commands, deltas) -> list[int]:
-        taken = [0, 0, 0]        # requests, blocks, prompt tokens no longer pending (_publish subtracts them)
+        taken = [0, 0, 0, 0]     # requests, blocks, prompt tokens, yields no longer pending (_publish subtracts)
         for kind, arg in commands:
             if kind == "submit":
                 if self._begin(arg, deltas):     # else its grammar compiles first: still pending
@@ -286,6 +301,11 @@ class ReferenceEngine(LoraHost, Admission, Engine):
                     self._compiled(seq, compiled, deltas)
             elif kind == "adapter":
                 self._adapter_read(*arg, deltas)  # type: ignore[misc]
+            elif kind == "yield":
+                taken[3] += 1
+                seq = self._seqs.get(arg)  # type: ignore[arg-type]
+                if seq is not None and self._scheduler.park(seq):
+                    self._counters["parked"] += 1
             elif (parked := self._deferred.pop(arg, None)) is not None:  # type: ignore[arg-type]
                 self._taken(parked, taken)
                 self._final(parked, FinishReason.ABORT, deltas)     # aborted before it ever started
@@ -311,8 +331,8 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         if out.empty:
             # submit() only admits requests that fit an empty pool, so this means a bug; failing
             # the head beats spinning on it forever
-            if sched.waiting and not sched.running:
-                head = sched.waiting[0]
+            if (sched.waiting or sched.parked) and not sched.running:
+                head = (sched.waiting or sched.parked)[0]
                 with request_context(head.request_id):
                     log.error("request_cannot_be_scheduled", prompt_tokens=head.num_prompt_tokens,
                               free_blocks=self._blocks.num_free_blocks)
@@ -398,13 +418,15 @@ class ReferenceEngine(LoraHost, Admission, Engine):
             left = s.num_tokens - s.num_computed_tokens
             if left > 1 or not s.num_completion_tokens:
                 prefill += left
-        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(waiting), prefill)
+        parked = (len(sched.parked), sum(blocks_needed(s.num_tokens) for s in sched.parked))
+        snapshot = (max(0, self._blocks.num_free_blocks - reserved), len(sched.running), len(waiting), prefill, *parked)
         with self._cond:
             self._snapshot = snapshot
             self._used_blocks_snapshot = self._blocks.num_used_blocks
             self._pending_requests -= taken[0]
             self._pending_blocks -= taken[1]
             self._pending_prompt_tokens -= taken[2]
+            self._pending_yields -= taken[3]
 
     def _hand_over(self, deltas) -> None:
         if not deltas or self._loop is None:

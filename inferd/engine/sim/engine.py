@@ -59,6 +59,7 @@ class SimEngine(Engine):
     """`lora_adapters`: the adapter names requests may use (an AdapterHost; rank `lora_rank`, cost sim.lora)."""
 
     compiles_missed_grammars = True      # on its GrammarWorker (sim.guided.Compiling), never on the loop
+    yields_slots = True
 
     def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
                  max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
@@ -188,6 +189,13 @@ class SimEngine(Engine):
         seq.logprobs, seq.prompt_logprobs = sp.logprobs, sp.prompt_logprobs
         return seq
 
+    def yield_slot(self, request_id: str) -> bool:
+        seq = self._seqs.get(request_id)
+        if seq is None or seq.done or not self._scheduler.park(seq):
+            return False
+        self._wakeup.set()
+        return True
+
     def abort(self, request_id: str) -> None:
         seq = self._seqs.get(request_id)
         if seq is not None:
@@ -248,11 +256,13 @@ class SimEngine(Engine):
     def stats(self) -> EngineStats:
         sched = self._scheduler
         return EngineStats(
-            running=len(sched.running), waiting=len(sched.waiting), kv_blocks_total=self.info.num_kv_blocks,
+            running=len(sched.running), waiting=len(sched.waiting) + sched.parked,
+            kv_blocks_total=self.info.num_kv_blocks,
             kv_blocks_used=self.info.num_kv_blocks - sched.free_blocks, prefix_cache_hit_rate=0.0,
             step_latency_s=self._last_step_s, steps_total=self._steps, prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._gen_tokens, prefix_cache_hit_tokens_total=0,
-            tokens_per_s=self._ema_tokens / self._ema_time if self._ema_time else 0.0)
+            tokens_per_s=self._ema_tokens / self._ema_time if self._ema_time else 0.0,
+            fairness_preemptions_total=sched.fairness_preemptions)
 
     # -- the step loop ---------------------------------------------------------------------------
     async def _step_loop(self) -> None:

@@ -110,8 +110,23 @@ class SimScheduler:
     def preemptions(self) -> int:
         return self._scheduler.num_preemptions
 
+    @property
+    def parked(self) -> int:
+        return len(self._scheduler.parked)
+
+    @property
+    def fairness_preemptions(self) -> int:
+        return self._scheduler.num_parked
+
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return self._scheduler.has_work()
+
+    def park(self, seq: SimSequence) -> bool:
+        """Give `seq`'s slot up now, even mid-step: the sim's step in flight reads no KV, and what it
+        computed for `seq` is dropped (Scheduler.advance skips it; its token is made again on resume)."""
+        parked = self._scheduler.park(seq)
+        self._capacity = None
+        return parked
 
     def add(self, seq: SimSequence) -> None:
         self._scheduler.add(seq)
@@ -146,10 +161,12 @@ class SimScheduler:
                 if s.num_computed_tokens < s.num_prompt_tokens:
                     reserved += blocks_for(s.num_prompt_tokens, bs) - len(s.block_table)
             free = max(0, self.free_blocks - reserved)
+            parked = self._scheduler.parked
             cap = self._capacity = Capacity(
                 free_kv_blocks=free, free_kv_tokens=free * bs, waiting=len(self.waiting), block_size=bs,
                 free_slots=max(0, self.max_batch_size - len(self.running) - len(self.waiting)),
-                pending_prefill_tokens=pending)
+                pending_prefill_tokens=pending, parked=len(parked),
+                parked_kv_blocks=sum(blocks_for(s.num_tokens, bs) for s in parked))
         return cap
 
     def schedule(self) -> StepPlan:

@@ -30,7 +30,7 @@ def frozen(n) -> list[float]:
 
 async def test_a_tenant_over_its_refused_bytes_waits_its_turn_while_others_are_served_at_once(tmp_path):
     async with node(tmp_path, tenants=TENANTS, refused_bytes_per_s=RATE, refused_burst_bytes=BURST) as n:
-        a, b, ops = *await n.inference_keys("a", "b"), n.key("ops", "metrics")
+        a, b, ops = *await n.inference_keys("a", "b"), n.key("ops", "metrics", "admin")
         await n.tenancy.refresh_keys()
         now = frozen(n)
         for _ in range(2):
@@ -56,7 +56,7 @@ async def test_a_tenant_over_its_refused_bytes_waits_its_turn_while_others_are_s
 
 async def test_a_turn_beyond_the_longest_wait_is_429_before_the_body_is_read(tmp_path):
     async with node(tmp_path, tenants=TENANTS, refused_bytes_per_s=RATE, refused_burst_bytes=BURST) as n:
-        a, b, ops = *await n.inference_keys("a", "b"), n.key("ops", "metrics")
+        a, b, ops = *await n.inference_keys("a", "b"), n.key("ops", "metrics", "admin")
         await n.tenancy.refresh_keys()
         now = frozen(n)
         too_long = await post(n, a, {"model": "sim", "prompt": "x" * 900_000, "max_tokens": 2})

@@ -84,6 +84,23 @@ async def test_a_key_in_flight_is_409_and_a_malformed_key_is_400(tmp_path):
         assert status == 400 and b'"param":"Idempotency-Key"' in body
 
 
+async def test_a_key_held_past_its_holders_deadline_says_when_it_lapses_and_another_nodes_claim_stays(tmp_path):
+    """Past the first attempt's deadline only a dead holder still holds the key (here one on another node,
+    which a restart of this node does not release): Retry-After is the time until its claim lapses."""
+    import hashlib
+    import time
+
+    raw = json.dumps(BODY).encode()
+    cfg = config(tmp_path)
+    async with running_daemon(cfg) as (daemon, _, url):
+        await daemon.state.idempotency.claim("local", "orphan", hashlib.sha256(raw).digest(),
+                                             "peer-node/4242/b0.1/req-1", now=time.time(), hold_s=60.0, ttl_s=120.0)
+    async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/completions", data=raw, headers={
+                "Idempotency-Key": "orphan", "Content-Type": "application/json"}) as resp:
+            assert resp.status == 409 and 1 < int(resp.headers["Retry-After"]) <= 60
+
+
 async def test_a_refused_first_attempt_releases_the_key_so_the_retry_runs(tmp_path):
     limited = "[tenants.local]\nmax_output_tokens = 4\n"
     async with running_daemon(config(tmp_path, extra=limited)) as (_, _, url), aiohttp.ClientSession() as http:

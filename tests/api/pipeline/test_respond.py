@@ -9,6 +9,7 @@ from inferd.api import appkeys as keys
 from inferd.api.errors import CLIENT_GONE
 from inferd.api.pipeline import respond
 from inferd.api.pipeline.timeline import Timeline
+from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import Identity
 
 
@@ -39,6 +40,6 @@ async def test_a_stream_whose_client_left_before_its_final_delta_is_recorded_as_
         extras={"ident": Identity("completion", "cmpl-1", 0, "m@v", "fp")}, forwarded=False,
         state=SimpleNamespace(ledger=None), timeline=Timeline(0.0), headers={}, request=_Request(), queued=None,
         log_fields={}, status=None, last=None, obs=None)
-    entry = SimpleNamespace(final=None, client_gone=False, failed=False, timed_out=False)
+    entry = SimpleNamespace(final=None, client_gone=False, failed=False, timed_out=False, accepted=SocketAccepted())
     await respond._stream(ctx, object(), entry)
     assert recorded == [(None, CLIENT_GONE)] and ctx.status == CLIENT_GONE

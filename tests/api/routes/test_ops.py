@@ -133,3 +133,24 @@ async def test_request_series_carry_the_version_that_served_the_request(tmp_path
     for version in ("a", "b"):
         assert metric_value(text, "inferd_requests_total", model="m", version=version, status="200") == 1
         assert metric_value(text, "inferd_generation_tokens_total", model="m", version=version) == 4
+
+
+async def test_a_metrics_key_reads_its_own_tenants_series_and_the_nodes_and_admin_reads_every_tenants(tmp_path):
+    async with node(tmp_path, tenants={"alpha": {}, "beta": {}}) as n:
+        alpha, beta = await n.inference_keys("alpha", "beta")
+        alpha_metrics, beta_metrics = n.key("alpha", "metrics"), n.key("beta", "metrics")
+        admin, stranger = n.key("ops", "metrics", "admin"), n.key("ops", "metrics")
+        await refresh(n)
+        for key in (alpha, beta, beta):
+            await n.sdk(key).completions.create(model="sim", prompt="hi", max_tokens=2)
+        seen_by_alpha = await n.metrics(alpha_metrics)
+        assert metric_value(seen_by_alpha, "inferd_tenant_requests_total", tenant="alpha", status="200") == 1
+        assert 'tenant="beta"' not in seen_by_alpha
+        assert "inferd_build_info" in seen_by_alpha and "inferd_kv_cache_blocks{" in seen_by_alpha    # the node's
+        seen_by_beta = await n.metrics(beta_metrics)
+        assert metric_value(seen_by_beta, "inferd_tenant_requests_total", tenant="beta", status="200") == 2
+        assert 'tenant="alpha"' not in seen_by_beta
+        assert 'tenant="' not in await n.metrics(stranger)      # an unconfigured tenant's series are pooled
+        every = await n.metrics(admin)
+        for tenant, count in (("alpha", 1), ("beta", 2)):
+            assert metric_value(every, "inferd_tenant_requests_total", tenant=tenant, status="200") == count

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from inferd.api import appkeys
+from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.streaming.sse import Flusher, Sender
 from inferd.engine.sim.engine import SimEngine
 from inferd.types import Delta
@@ -275,9 +276,10 @@ async def test_a_flush_turn_with_time_to_spare_writes_every_stream():
 def test_an_empty_frame_writes_nothing_not_the_chunked_bodys_end():
     """A tool-call encoder holding text back returns b"": as a chunk it would be `0\\r\\n\\r\\n`, the body's end."""
     written: list[bytes] = []
-    transport = SimpleNamespace(is_closing=lambda: False, write=written.append)
+    transport = SimpleNamespace(is_closing=lambda: False, write=written.append, get_extra_info=lambda _: None,
+                                get_write_buffer_size=lambda: 0)
     writer = SimpleNamespace(transport=transport, protocol=SimpleNamespace(writing_paused=False), chunked=True)
-    entry = SimpleNamespace(stream=None)
+    entry = SimpleNamespace(stream=None, accepted=SocketAccepted())
     sender = Sender(entry, writer, encoder=SimpleNamespace(content=None), include_usage=False,
                     obs=SimpleNamespace(on_tokens=None))
     teed: list[bytes] = []

@@ -352,3 +352,17 @@ async def test_max_model_len_is_bounded_by_the_kv_pool(make_engine):
     with pytest.raises(InvalidRequest) as info:
         engine.submit(req(engine, "over", TEXTS[0], 33 - prompt_len))
     assert info.value.param == "max_tokens" and "32" in str(info.value)
+
+
+async def test_a_yielded_sequence_pauses_and_resumes_with_the_output_of_an_unpreempted_run(make_engine):
+    engine = await make_engine(max_batch_size=1)
+    expected = (await solo(engine, req(engine, "solo", TEXTS[3], 80))).token_ids
+    hog = engine.submit(req(engine, "hog", TEXTS[3], 80))   # long: still running when it is asked to yield
+    head = await hog.__anext__()
+    assert engine.yield_slot("hog")
+    assert engine.capacity().free_slots == 1            # at once, before the step thread parks it
+    newcomer = await solo(engine, req(engine, "new", TEXTS[1], 4, tenant="other"))
+    rest = await hog.collect()
+    assert newcomer.timing.finished < rest.timing.finished   # it ran in the one slot while the hog waited
+    assert head.token_ids + rest.token_ids == expected  # recomputed from its tokens so far: nothing lost
+    assert engine.stats().fairness_preemptions_total == 1 and engine.capacity().parked == 0

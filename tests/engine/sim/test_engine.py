@@ -355,3 +355,21 @@ async def test_step_observer_gets_each_step_in_simulated_seconds(make_engine) ->
     engine.step_observer = broken            # logged, never fatal
     assert (await finish(submit(engine, prompt(8), max_tokens=3))).finish_reason is FinishReason.LENGTH
     assert engine.healthy
+
+
+# -- yielding a slot (admission's fair slots) ----------------------------------------------------
+
+async def test_a_yielded_slot_is_free_at_once_and_the_parked_stream_resumes_with_the_same_tokens(make_engine):
+    engine = await make_engine(max_batch_size=1)
+    expected = (await finish(submit(engine, prompt(20), max_tokens=400))).token_ids
+    hog = submit(engine, prompt(20), max_tokens=400)      # long: still running when it is asked to yield
+    head = await hog.__anext__()
+    assert engine.capacity().free_slots == 0
+    assert engine.yield_slot(hog.request_id) and not engine.yield_slot(hog.request_id)
+    cap = engine.capacity()
+    assert cap.free_slots == 1 and cap.parked == 1 and cap.parked_kv_blocks > 0
+    newcomer = await finish(submit(engine, prompt(9, salt=1), max_tokens=3))
+    rest = await finish(hog)
+    assert newcomer.timing.finished < rest.timing.finished      # it ran in the one slot while the hog waited
+    assert head.token_ids + rest.token_ids == expected
+    assert engine.stats().fairness_preemptions_total == 1 and engine.capacity().parked == 0

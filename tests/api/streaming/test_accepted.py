@@ -1,0 +1,121 @@
+"""inferd.api.streaming.accepted through the real daemon: a stream whose client stops reading is billed for
+what reached its socket, not for what the engine generated or what waits in the daemon's or kernel's buffers."""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import socket
+import struct
+import termios
+import time
+
+import aiohttp
+import pytest
+
+from inferd.api.streaming.accepted import SocketAccepted
+from tests.api.pipeline.test_billing import config, settled_rows
+from tests.daemon.harness import running_daemon, until
+
+GENERATED = 1900
+BODY = {"model": "sim", "prompt": "hello there", "max_tokens": GENERATED, "ignore_eos": True, "temperature": 0,
+        "stream": True, "logprobs": 5}
+
+
+def frames_tokens(data: bytes) -> int:
+    """Output tokens in the complete chunks of a chunked SSE response's start (headers included)."""
+    _, _, rest = data.partition(b"\r\n\r\n")
+    tokens = 0
+    while True:
+        size_line, sep, tail = rest.partition(b"\r\n")
+        if not sep or not size_line or len(tail) < int(size_line, 16) + 2:
+            return tokens
+        size = int(size_line, 16)
+        for line in tail[:size].split(b"\n"):
+            if line.startswith(b"data: {"):
+                tokens += len(json.loads(line[6:])["choices"][0]["logprobs"]["tokens"])
+        rest = tail[size + 2:]
+
+
+async def raw_stream(url: str) -> socket.socket:
+    """A streamed completion on a bare socket with a small receive buffer (set before connecting)."""
+    host, port = url.removeprefix("http://").split(":")
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, (host, int(port)))
+    payload = json.dumps(BODY).encode()
+    await loop.sock_sendall(sock, f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                                  f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
+async def test_a_client_that_stops_reading_is_billed_for_what_its_socket_took(tmp_path):
+    async with running_daemon(config(tmp_path, time_scale=0.01)) as (daemon, _, url), \
+            aiohttp.ClientSession() as http:
+        sock = await raw_stream(url)
+        loop = asyncio.get_running_loop()
+        got = b""
+        while frames_tokens(got) < 3:               # a few frames, then it stops reading
+            got += await loop.sock_recv(sock, 1024)
+        engine = daemon.state.engines["sim"]
+
+        unread = [-1]
+
+        async def stalled() -> bool:
+            # all generated, and the client's socket full: what reached it stays put (kernel queues have no event)
+            before, unread[0] = unread[0], struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            return engine.stats().running == 0 and unread[0] == before
+        await until(stalled, "the stream to stall on its client", timeout_s=30)
+        unread = unread[0]
+        reached = got + sock.recv(unread, socket.MSG_PEEK)      # all that reached the client's socket
+        sock.close()                                            # with unread data: a reset
+        [row] = await settled_rows(http, url, 1)
+        assert row["status"] == 499 and row["stream"]
+        assert 0 < row["completion_tokens"] <= frames_tokens(reached) < GENERATED
+
+
+class FakeTransport:
+    """A transport whose user-space buffer the test sets (no socket: the send queue reads as empty)."""
+
+    def __init__(self) -> None:
+        self.buffered = 0
+        self.closing = False
+
+    def get_extra_info(self, name: str):
+        return None
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def test_only_frames_wholly_out_of_user_space_count_and_nothing_is_sampled_after_close():
+    transport, counted = FakeTransport(), SocketAccepted()
+    counted.attach(transport)
+    transport.buffered = 150
+    for tokens in (2, 3, 4):        # frames of 100 bytes: 2, 5, 9 tokens in all
+        counted.took(tokens)
+        counted.wrote(100)
+    counted.sample()
+    assert counted.delivered_tokens == 2        # 300 written, 150 still buffered: the second frame is half out
+    transport.buffered, transport.closing = 0, True     # the connection was lost: its buffer dropped
+    counted.sample()
+    assert counted.delivered_tokens == 2
+
+
+async def test_a_stream_is_complete_once_all_but_its_last_frame_left_and_a_client_that_left_raises():
+    transport, counted = FakeTransport(), SocketAccepted()
+    counted.attach(transport)
+    for _ in range(3):
+        counted.took(1)
+        counted.wrote(10)
+    transport.buffered = 10                     # only the final frame still buffered
+    await counted.acknowledged(time.monotonic() + 5)
+    transport.buffered, transport.closing = 25, True
+    counted.wrote(10)
+    with pytest.raises(ConnectionResetError):
+        await counted.acknowledged(time.monotonic() + 5)
