@@ -127,8 +127,8 @@ async def test_a_full_disk_marks_the_store_down_until_a_ping_finds_room_again(sd
     await sdb.ping(2.0)
     await sdb.execute("PRAGMA max_page_count = 64")
     with pytest.raises(StoreUnavailable, match="full"):
-        for i in range(100):
-            await sdb.execute("INSERT INTO kv VALUES (?, ?)", (f"big{i}", os.urandom(8192)))
+        for i in range(1000):          # small rows: the last one fails with the file at its limit
+            await sdb.execute("INSERT INTO kv VALUES (?, ?)", (f"big{i}", os.urandom(1000)))
     assert "full" in sdb.health.failure                     # the failed commit marked it
     with pytest.raises(StoreUnavailable, match="full"):
         await sdb.ping(2.0)                                 # the file still cannot grow
