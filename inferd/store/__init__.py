@@ -5,6 +5,7 @@ from inferd.config import StoreConfig
 from inferd.store.batches import BatchError, BatchRecord, BatchResult, BatchStore
 from inferd.store.batches_cli import add_batches_parser, batches_main
 from inferd.store.db import REQUEST_DEADLINE, Database, DbStats, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
+from inferd.store.db import StoreTimeout
 from inferd.store.disk_reserve import ensure_reserve
 from inferd.store.file_upload import Upload
 from inferd.store.files import CHUNK_BYTES, FileRecord, FileStore, file_insert_statements
@@ -26,7 +27,7 @@ __all__ = [
 __all__ += ["BatchError", "BatchRecord", "BatchResult", "BatchStore", "FileRecord", "FileStore",
             "add_batches_parser", "batches_main", "file_insert_statements", "Transcript", "Transcripts"]
 __all__ += ["ResponseStore", "StoredConversation", "process_owner", "REQUEST_DEADLINE", "pinging"]
-__all__ += ["CHUNK_BYTES", "Upload", "ensure_reserve"]
+__all__ += ["CHUNK_BYTES", "Upload", "ensure_reserve", "StoreTimeout"]
 
 
 OFFLINE_TIMEOUT_S = 600.0

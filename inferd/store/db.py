@@ -18,7 +18,12 @@ Every call is bounded in time: a caller waits at most `call_timeout()`, the stor
 request, what is left of the request's deadline (REQUEST_DEADLINE, set by the pipeline once the deadline
 is known) less a margin, so a store that hangs fails the request with StoreUnavailable (503
 store_unavailable) before its deadline instead of holding it. A contextvar rather than a parameter: the
-repositories and their call sites stay as they are, and a task started by a request inherits its bound.
+repositories and their call sites stay as they are, and a task started by a request inherits its bound
+(a task shared by many requests, like the ledger's group commit, starts in an empty context instead).
+A call that times out raises StoreTimeout, and the write it made is then settled: withdrawn before it
+ran or rolled back (`pending` None), or, when its COMMIT was already under way, its outcome awaited a
+little longer and otherwise left to the caller (`pending`), so a caller told "not written" never finds
+the write committed later.
 `health` says whether the store answers (inferd.store.health pings it; a failed write marks it): /readyz
 turns 503 while it does not.
 """
@@ -57,6 +62,19 @@ class StoreLocked(StoreError):
 
 class StoreUnavailable(StoreError):
     """A write or read failed for a reason outside the request: disk full, I/O error, server gone."""
+
+
+class StoreTimeout(StoreUnavailable):
+    """A call got no answer within its bound: the store is slow, not known to be down, so it neither
+    marks the store unhealthy nor starts a ledger outage (a ping finds a dead store).
+
+    `pending`: None when the write did not happen and never will (withdrawn or cancelled before its
+    COMMIT); else an awaitable that ends once its outcome is known (its COMMIT was under way when the
+    caller's bound ran out): its result if it committed, its error if not. Reads always have None."""
+
+    def __init__(self, message: str, pending: "asyncio.Future | None" = None) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 class StoreHealth:
@@ -159,10 +177,11 @@ class Database(abc.ABC):
             return bound
         return min(bound, max(MIN_CALL_S, deadline - time.monotonic() - DEADLINE_MARGIN_S))
 
-    def timed_out(self, what: str, seconds: float) -> "StoreUnavailable":
+    def timed_out(self, what: str, seconds: float, pending: "asyncio.Future | None" = None) -> StoreTimeout:
         """The error of a call that got no answer in `seconds`. It does not mark the store down: a slow
         statement (a large usage export) is not a dead server, and the ping finds one of those."""
-        return StoreUnavailable(f"{self.where}: {what}: no answer within {seconds:.2f} s")
+        unknown = "" if pending is None else " (its commit was under way: the outcome is not known yet)"
+        return StoreTimeout(f"{self.where}: {what}: no answer within {seconds:.2f} s{unknown}", pending)
 
     async def ping(self, timeout: float) -> None:
         """Raise StoreUnavailable unless the store answers within `timeout` (and can take writes, where

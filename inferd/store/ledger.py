@@ -7,13 +7,14 @@ Streams the client abandoned are recorded with the tokens actually generated (bi
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from inferd.store.db import Database, StoreError, StoreUnavailable
+from inferd.store.db import Database, StoreError, StoreTimeout, StoreUnavailable
 
 
 class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,7 +94,10 @@ class Ledger:
     rows recorded meanwhile form the next), so many requests ending together cost one statement and share
     one commit. If a batch fails for a reason of its own rows, each row is retried alone so that only a
     bad row fails its caller; a StoreUnavailable (disk full, server gone) fails the batch's callers and
-    starts an outage (`unavailable_for`) that the next successful commit ends.
+    starts an outage (`unavailable_for`) that the next successful commit ends. A StoreTimeout (a slow
+    store) fails the batch's callers but starts no outage; a batch whose COMMIT was under way when it
+    timed out waits for that COMMIT's outcome, so a caller told "not recorded" (a response withheld as
+    503) never has its row committed, and one whose row committed is told so.
     """
 
     def __init__(self, db: Database, *, unavailable_retry_s: float = 5.0,
@@ -118,7 +122,9 @@ class Ledger:
         fut = asyncio.get_running_loop().create_future()
         self._queued.append((_values(row), fut))
         if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush(), name="inferd-ledger-flush")
+            # In an empty context: it commits every request's rows, so no one request's deadline bounds it.
+            self._flusher = asyncio.create_task(self._flush(), name="inferd-ledger-flush",
+                                                context=contextvars.Context())
         await fut       # cancelling the caller does not withdraw the row: it is written all the same
 
     async def _flush(self) -> None:
@@ -126,30 +132,37 @@ class Ledger:
             while self._queued:
                 batch, self._queued = self._queued[:_MAX_BATCH], self._queued[_MAX_BATCH:]
                 try:
-                    await self._db.execute_many(_INSERT, [values for values, _ in batch], ordered=True)
-                except StoreUnavailable as exc:
-                    self.failure, self._failed_at = exc, self._clock()
-                    _settle(batch, [exc] * len(batch))
-                except StoreError:
-                    # One at a time, in order, to find the row at fault: the others commit, in recording order.
-                    outcomes: list[BaseException | None] = []
-                    for values, _ in batch:
-                        try:
-                            await self._db.execute_many(_INSERT, [values], ordered=True)
-                            outcomes.append(None)
-                        except StoreError as exc:
-                            outcomes.append(exc)
-                    _settle(batch, outcomes)
+                    outcomes = await self._commit(batch)
                 except BaseException as exc:        # cancelled (loop shutdown) or a bug: nobody waits forever
                     batch, self._queued = batch + self._queued, []
                     error = StoreUnavailable(f"{self._db.where}: ledger write interrupted ({exc!r})")
                     _settle(batch, [error] * len(batch))
                     raise
-                else:
-                    self.failure = None
-                    _settle(batch, [None] * len(batch))
+                _settle(batch, outcomes)
         finally:
             self._flusher = None
+
+    async def _commit(self, batch: list[tuple[tuple, asyncio.Future]]) -> list[BaseException | None]:
+        """Write a batch; each row's outcome (None: committed)."""
+        error = await self._write([values for values, _ in batch])
+        if error is None:
+            self.failure = None
+            return [None] * len(batch)
+        if isinstance(error, StoreUnavailable):
+            if not isinstance(error, StoreTimeout):     # slowness is not an outage: the ping finds a dead store
+                self.failure, self._failed_at = error, self._clock()
+            return [error] * len(batch)
+        # One at a time, in order, to find the row at fault: the others commit, in recording order.
+        return [await self._write([values]) for values, _ in batch]
+
+    async def _write(self, rows: list[tuple]) -> BaseException | None:
+        try:
+            await self._db.execute_many(_INSERT, rows, ordered=True)
+        except StoreTimeout as exc:
+            return await _outcome(exc)
+        except StoreError as exc:
+            return exc
+        return None
 
     async def totals(self, f: UsageFilter) -> list[UsageTotal]:
         """Per tenant, model and UTC day, ordered by day, tenant, model."""
@@ -188,6 +201,16 @@ def _row(values: list) -> LedgerRow:
     fields = dict(zip(_COLUMNS, values))
     fields["stream"] = bool(fields["stream"])
     return LedgerRow(**fields)
+
+
+async def _outcome(exc: StoreTimeout) -> BaseException | None:
+    """What became of a write that timed out: None if it committed after all, else why not."""
+    if exc.pending is None:
+        return exc              # withdrawn or rolled back: never written
+    await asyncio.wait([exc.pending])
+    if exc.pending.cancelled():
+        return exc
+    return exc.pending.exception()
 
 
 def _settle(batch: list[tuple[tuple, asyncio.Future]], outcomes: list[BaseException | None]) -> None:

@@ -11,18 +11,16 @@ results (SUM of a BIGINT, say) come back as int or float, and BYTEA as bytes, li
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from functools import lru_cache
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
-from inferd.store.postgres_conn import Pinger, configurer, connection_kwargs
+from inferd.store.db import Counters, Database, DbStats, StoreError, StoreTimeout, StoreUnavailable
+from inferd.store.postgres_calls import BoundedCalls, Call
+from inferd.store.postgres_conn import Pinger, configurer, connection_kwargs, redact, to_pyformat
 from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
 T = TypeVar("T")
@@ -34,54 +32,7 @@ RETRY_SQLSTATES = ("40001", "40P01")
 QUERY_CANCELED = "57014"
 
 
-@lru_cache(maxsize=512)
-def to_pyformat(sql: str) -> str:
-    """`?` -> `%s` outside quotes and comments, every `%` -> `%%` (psycopg reads `%` everywhere)."""
-    out: list[str] = []
-    quote = ""
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c == "%":
-            out.append("%%")
-        elif quote:
-            out.append(c)
-            if c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-            out.append(c)
-        elif sql.startswith("--", i):
-            end = sql.find("\n", i)
-            end = n if end < 0 else end
-            out.append(sql[i:end].replace("%", "%%"))
-            i = end
-            continue
-        elif c == "?":
-            out.append("%s")
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
-
-
-_KV_PASSWORD = re.compile(r"\s*\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
-
-
-def redact(dsn: str) -> str:
-    """The DSN without its password (URL userinfo, `password=` query parameter or key/value pair)."""
-    if dsn.startswith(("postgresql://", "postgres://")):
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hosts = netloc.rpartition("@")
-            netloc = f"{userinfo.split(':', 1)[0]}@{hosts}"
-        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    return _KV_PASSWORD.sub("", dsn).strip()
-
-
-class PostgresDatabase(Database):
+class PostgresDatabase(BoundedCalls, Database):
     dialect = "postgres"
 
     def __init__(self, dsn: str, *, max_pending_writes: int = 20_000, pool_size: int = 4,
@@ -191,12 +142,7 @@ class PostgresDatabase(Database):
             return result
 
         self._enter()
-        task = self._spawn(read)
-        try:
-            return await self._wait(task, "read")
-        except BaseException:   # timed out, or its caller left: nobody wants the rows any more
-            task.cancel()
-            raise
+        return await self._wait(self._spawn(read), Call(), "read")
 
     async def ping(self, timeout: float) -> None:
         """`SELECT 1` on the ping's own connection (inferd.store.postgres_conn.Pinger)."""
@@ -221,8 +167,9 @@ class PostgresDatabase(Database):
 
     async def _write(self, statements: Sequence[tuple[str, Any]], *, rows: int, many: bool = False,
                      ordered: bool = False) -> list[int]:
-        """Wait for room (backpressure), then run the write in a task of its own: a caller cancelled
-        while it runs (a client that left) does not cancel its commit, as with SQLite's writer queue."""
+        """Wait for room (backpressure), then run the write in a task of its own (inferd.store.postgres_calls:
+        a caller whose bound runs out cancels it before its COMMIT; a caller cancelled while it runs, a
+        client that left, does not, as with SQLite's writer queue)."""
         self._enter()
         try:
             await self._room.acquire()
@@ -230,61 +177,12 @@ class PostgresDatabase(Database):
             self._leave()
             raise
         self._pending += 1
-        task = self._spawn(lambda conn: self._write_now(conn, statements, rows, many, ordered), write=True)
-        return await self._wait(task, "write")
-
-    def _spawn(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]], *, write: bool = False) -> asyncio.Task:
-        """`work` in a task of its own, bounded by `timeout_s`: psycopg's cancel of a query the server does
-        not answer takes up to 10 s more, and the caller (bounded by `_wait`) does not wait for that."""
-        task = asyncio.ensure_future(self._bounded(work))
-        self._tasks.add(task)
-        task.add_done_callback(self._write_done if write else self._read_done)
-        return task
-
-    async def _bounded(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self._run(work)
-        except TimeoutError:
-            self._counters.record(0, 1, None)
-            raise self.timed_out("PostgreSQL", self.timeout_s) from None
-
-    async def _wait(self, task: asyncio.Task, what: str) -> T:
-        """The caller's wait for its call (the task is not cancelled by it): bounded by call_timeout()
-        (what is left of its request's deadline), and over as soon as the store is found unavailable
-        meanwhile (a failed ping: the server stopped answering), rather than a whole timeout later."""
-        bound = self.call_timeout()
-        down = asyncio.ensure_future(self.health.wait_failed()) if self.health.ok else None
-        try:
-            await asyncio.wait([task] if down is None else [task, down], timeout=bound,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if down is not None:
-                down.cancel()
-        if task.done():
-            return task.result()
-        if down is not None and down.done() and not down.cancelled():
-            raise StoreUnavailable(f"PostgreSQL at {self.where}: {what} given up: {self.health.failure}")
-        raise self.timed_out(f"PostgreSQL {what}", bound)
-
-    def _read_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        self._leave()
-        if not task.cancelled():
-            task.exception()
-
-    def _write_done(self, task: asyncio.Task) -> None:
-        # Here, not in _write_now's `finally`: a task cancelled before its first step never runs that,
-        # and close() would wait on _drained forever.
-        self._tasks.discard(task)
-        self._pending -= 1
-        self._room.release()
-        self._leave()
-        if not task.cancelled():
-            task.exception()        # retrieved: a cancelled caller's failed write is counted in errors
+        call = Call()
+        task = self._spawn(lambda conn: self._write_now(conn, statements, rows, many, ordered, call), write=True)
+        return await self._wait(task, call, "write")
 
     async def _write_now(self, conn: psycopg.AsyncConnection, statements: Sequence[tuple[str, Any]], rows: int,
-                         many: bool, ordered: bool) -> list[int]:
+                         many: bool, ordered: bool, call: Call) -> list[int]:
         counts: list[int] = []
         async with conn.cursor() as cur:
             if ordered:
@@ -298,6 +196,7 @@ class PostgresDatabase(Database):
                     await cur.execute(to_pyformat(sql), tuple(params))
                 counts.append(cur.rowcount)
         started = time.perf_counter()
+        call.committing = True      # from here its caller waits for the outcome rather than cancel it
         await conn.commit()
         self._counters.record(rows, 0, time.perf_counter() - started)
         return counts
@@ -337,6 +236,7 @@ class PostgresDatabase(Database):
             error = StoreUnavailable(f"PostgreSQL at {self.where}: {self._message(e)}")
         else:
             return StoreError(f"PostgreSQL at {self.where}: {self._message(e)}")
-        if e.sqlstate != QUERY_CANCELED:   # statement_timeout ended a slow statement: the server answers
-            self.health.failed(error)       # readiness: unavailable until a ping succeeds
+        if e.sqlstate == QUERY_CANCELED:    # statement_timeout ended a slow statement: the server answers
+            return StoreTimeout(str(error))
+        self.health.failed(error)           # readiness: unavailable until a ping succeeds
         return error

@@ -1,5 +1,5 @@
-"""How inferd's PostgreSQL connections are made, so that a server that stops answering is noticed:
-libpq's connect timeout, TCP keepalives and TCP_USER_TIMEOUT (a partitioned server sends no RST; without
+"""How inferd talks to PostgreSQL: its `?` SQL in psycopg's placeholders, its DSN without the password
+(for messages), and connections made so that a server that stops answering is noticed: libpq's connect timeout, TCP keepalives and TCP_USER_TIMEOUT (a partitioned server sends no RST; without
 these a socket waits for the kernel's retransmissions, minutes), a server-side statement_timeout on every
 pooled connection, the NUMERIC loader, and the health ping's own connection (outside the pool, so a
 pool busy with slow requests does not read as a dead server).
@@ -9,13 +9,63 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.adapt import Loader
 
 from inferd.store.db import StoreUnavailable
+
+
+@lru_cache(maxsize=512)
+def to_pyformat(sql: str) -> str:
+    """`?` -> `%s` outside quotes and comments, every `%` -> `%%` (psycopg reads `%` everywhere)."""
+    out: list[str] = []
+    quote = ""
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c == "%":
+            out.append("%%")
+        elif quote:
+            out.append(c)
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+            out.append(c)
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+            continue
+        elif c == "?":
+            out.append("%s")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_KV_PASSWORD = re.compile(r"\s*\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password (URL userinfo, `password=` query parameter or key/value pair)."""
+    if dsn.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hosts = netloc.rpartition("@")
+            netloc = f"{userinfo.split(':', 1)[0]}@{hosts}"
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _KV_PASSWORD.sub("", dsn).strip()
 
 
 def connection_kwargs(timeout_s: float) -> dict[str, Any]:

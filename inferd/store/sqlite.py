@@ -24,9 +24,10 @@ from typing import Any
 
 from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
 from inferd.store.schema import SCHEMA_VERSION, VERSION_QUERY, upgrade
-from inferd.store.sqlite_writer import EXEC, MANY, PING, STOP, TX, Result, Writer, connect, store_error
+from inferd.store.sqlite_writer import EXEC, MANY, PING, STOP, TX, Result, Ticket, Writer, connect, store_error
 
 SYNCHRONOUS = ("normal", "full")
+STARTED_GRACE_S = 1.0   # a write already started when its caller's bound ran out: how much longer it waits
 
 
 class SqliteDatabase(Database):
@@ -60,6 +61,9 @@ class SqliteDatabase(Database):
         self._pending = 0                   # rows queued or being written, not yet resolved on the loop
         self._waiters = 0                   # writers waiting for room
         self._progress: asyncio.Event | None = None     # set whenever writes resolve (made in open: loop-bound)
+        self._delivered_at = 0.0            # loop.time() the writer last handed back a group (the ping's clue)
+        self._commits_seen = 0              # Counters.commits as of then
+        self._commit_failure: StoreUnavailable | None = None    # the last group's, until a commit succeeds
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -72,6 +76,7 @@ class SqliteDatabase(Database):
         loop = self._loop = asyncio.get_running_loop()
         self._progress = asyncio.Event()
         self._pending = self._waiters = 0
+        self._delivered_at, self._commit_failure = loop.time(), None
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-store-reader")
         try:
             if self._readonly:
@@ -143,22 +148,53 @@ class SqliteDatabase(Database):
         return await self._submit(TX, "", statements, len(statements))
 
     async def ping(self, timeout: float) -> None:
-        """Through the writer's queue: the writer answers, can take the write lock, and the file has room."""
-        await self._submit(PING, "", (), 0, timeout)
+        """Through the writer's queue: the writer answers, can take the write lock, and the file has room.
+        A ping still queued after `timeout` behind writes the writer is getting through is no failure (a
+        long queue is load, not an outage): only a writer that finished nothing meanwhile (stuck on one op
+        or commit) or whose last commit failed is."""
+        self._check_writable()
+        ticket, fut, asked = Ticket(), self._loop.create_future(), self._loop.time()
+        fut.add_done_callback(_retrieve)
+        self._writer.queue.put((PING, "", (), fut, 0, ticket))     # no room wait: it adds no rows
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            pass
+        ticket.withdraw()
+        if self._delivered_at < asked:
+            raise self.timed_out("ping (the writer finished nothing meanwhile)", timeout)
+        if self._commit_failure is not None:
+            raise self._commit_failure
 
-    async def _submit(self, kind: int, sql: str, params: Any, rows: int, timeout: float | None = None) -> Any:
+    def _check_writable(self) -> None:
         if self._state != "open":
             raise StoreError(f"{self.where}: the store is {'not open' if self._state == 'new' else 'closed'}")
         if self._readonly:
             raise StoreError(f"{self.where}: opened read-only")
-        bound = self.call_timeout() if timeout is None else timeout
+
+    async def _submit(self, kind: int, sql: str, params: Any, rows: int) -> Any:
+        """The op queued and awaited for at most call_timeout(). A caller that gives up withdraws its op,
+        so the writer skips it; if the writer has started it, its outcome is awaited STARTED_GRACE_S more
+        (a write that commits is not reported failed) and, still unknown, handed over as `pending`."""
+        self._check_writable()
+        bound, ticket, fut = self.call_timeout(), Ticket(), None
         try:
             async with asyncio.timeout(bound):      # a writer stuck on I/O fails its callers, not holds them
-                return await self._enqueue(kind, sql, params, rows)
+                fut = await self._enqueue(kind, sql, params, rows, ticket)
+                return await asyncio.shield(fut)
         except TimeoutError:
-            raise self.timed_out("ping" if kind == PING else "write", bound) from None
+            pass
+        if fut is None or ticket.withdraw():        # not queued, or withdrawn: it is never written
+            raise self.timed_out("write", bound)
+        try:
+            async with asyncio.timeout(STARTED_GRACE_S):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            fut.add_done_callback(_retrieve)
+            raise self.timed_out("write", bound + STARTED_GRACE_S, pending=fut) from None
 
-    async def _enqueue(self, kind: int, sql: str, params: Any, rows: int) -> Any:
+    async def _enqueue(self, kind: int, sql: str, params: Any, rows: int, ticket: Ticket) -> asyncio.Future:
         if self._pending >= self._max_pending:
             self._waiters += 1
             try:
@@ -169,17 +205,22 @@ class SqliteDatabase(Database):
                 self._waiters -= 1
         fut = self._loop.create_future()
         self._pending += rows
-        self._writer.queue.put((kind, sql, params, fut, rows))
-        return await fut
+        self._writer.queue.put((kind, sql, params, fut, rows, ticket))
+        return fut
 
     def _deliver(self, results: list[Result]) -> None:
         """Writer thread: hand a group's results to the loop."""
         self._call(self._resolve, results)
 
     def _resolve(self, results: list[Result]) -> None:
+        self._delivered_at = self._loop.time()
+        commits = self._counters.commits
+        if commits != self._commits_seen:
+            self._commits_seen, self._commit_failure = commits, None
         for fut, value, error, rows in results:
             self._pending -= rows
             if isinstance(error, StoreUnavailable):
+                self._commit_failure = error
                 self.health.failed(error)       # readiness: unavailable until a ping succeeds
             if fut.done():              # its caller was cancelled; the write itself happened (or failed)
                 continue
@@ -235,6 +276,12 @@ class SqliteDatabase(Database):
 
     def stats(self) -> DbStats:
         return self._counters.snapshot(self._pending)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """A future nobody may await any more: its error is not "never retrieved"."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:

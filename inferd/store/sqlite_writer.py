@@ -14,6 +14,7 @@ import fcntl
 import os
 import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +26,8 @@ EXEC, MANY, TX, PING = 0, 1, 2, 3
 STOP = object()
 BUSY_TIMEOUT_MS = 1000
 MIN_FREE_BYTES = 1 << 20        # a ping says the disk is full below this much room for the file to grow
-# An op: (kind, sql, params | rows | statements, future, rows). A result: (future, value, error, rows).
-Op = tuple[int, str, Any, Any, int]
+# An op: (kind, sql, params | rows | statements, future, rows, Ticket). A result: (future, value, error, rows).
+Op = tuple[int, str, Any, Any, int, "Ticket"]
 Result = tuple[Any, Any, "BaseException | None", int]
 
 # Primary SQLite result codes: the database is fine but cannot be written or read right now.
@@ -35,6 +36,34 @@ _CORRUPT_CODES = {11, 26}                               # CORRUPT NOTADB
 _UNAVAILABLE_TEXT = ("disk is full", "disk i/o error", "database is locked", "readonly database",
                      "unable to open", "out of memory", "locking protocol")
 _CORRUPT_TEXT = ("malformed", "not a database")
+
+
+class Ticket:
+    """Whether a queued op may still run. Its caller withdraws it when it gives up (a timeout) unless the
+    writer has started it, and the writer skips a withdrawn op, so a caller told "not written" is right;
+    a caller that finds it started waits for its outcome instead."""
+
+    __slots__ = ("state",)
+    _lock = threading.Lock()        # one for all tickets: held for a compare-and-set only
+
+    def __init__(self) -> None:
+        self.state = "queued"
+
+    def start(self) -> bool:
+        """Writer thread: True (and started) unless its caller withdrew it."""
+        with self._lock:
+            if self.state == "withdrawn":
+                return False
+            self.state = "started"
+            return True
+
+    def withdraw(self) -> bool:
+        """Loop: True (and withdrawn) unless the writer started it."""
+        with self._lock:
+            if self.state == "started":
+                return False
+            self.state = "withdrawn"
+            return True
 
 
 def store_error(where: str, exc: BaseException) -> StoreError:
@@ -182,7 +211,10 @@ class Writer:
             failed: list[Result] = []
             rows, deadline, stop = 0, time.monotonic() + self.interval_s, False
             while True:
-                self._apply(op, ok, failed)
+                if op[5].start():
+                    self._apply(op, ok, failed)
+                else:               # its caller gave up before it ran: never written
+                    failed.append((op[3], None, None, op[4]))
                 rows += op[4]
                 if rows >= self.commit_rows or time.monotonic() >= deadline:
                     break
@@ -198,7 +230,7 @@ class Writer:
                 return
 
     def _apply(self, op: Op, ok: list[Result], failed: list[Result]) -> None:
-        kind, sql, params, fut, n = op
+        kind, sql, params, fut, n = op[:5]
         conn, cur = self.conn, self.cur
         try:
             if not conn.in_transaction:

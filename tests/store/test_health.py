@@ -127,3 +127,26 @@ async def test_a_sqlite_file_that_cannot_grow_is_unready_until_it_has_room(tmp_p
         await until(lambda: ready(http, url), "/readyz to be 200 again")
         async with http.post(url + "/v1/completions", json=BODY) as resp:
             assert resp.status == 200, await resp.text()
+
+
+async def test_a_ledger_commit_that_times_out_is_withheld_uncommitted_and_readyz_stays_200(
+        tmp_path, pg_server, pg_dsn):  # noqa: F811
+    import psycopg
+
+    config = load_config(write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.0)},
+                                      f'[store]\nbackend = "postgres"\ndsn = "{pg_dsn}"\n{PROBES}'))
+    async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
+        locker = await psycopg.AsyncConnection.connect(pg_dsn)
+        try:
+            await locker.execute("LOCK TABLE ledger IN EXCLUSIVE MODE")     # a commit slower than timeout_s
+            async with http.post(url + "/v1/completions", json=BODY) as resp:
+                await assert_store_unavailable(resp)                        # its row timed out: withheld
+            assert await ready(http, url)           # a slow commit is no outage: the ping still answers
+            assert daemon.state.ledger.unavailable_for() == 0
+        finally:
+            await locker.rollback()
+            await locker.close()
+        async with http.post(url + "/v1/completions", json=BODY) as resp:
+            assert resp.status == 200, await resp.text()
+        # The withheld response's row was rolled back, not committed once the lock went.
+        assert await daemon.state.store.query("SELECT COUNT(*) FROM ledger WHERE status = 200") == [(1,)]

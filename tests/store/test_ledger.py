@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import time
 
 import msgspec
 import pytest
 
-from inferd.store import Ledger, LedgerRow, StoreError, UsageFilter, UsageTotal
+from inferd.store import REQUEST_DEADLINE, Ledger, LedgerRow, StoreError, UsageFilter, UsageTotal
 
 DAY1 = calendar.timegm((2026, 11, 23, 0, 0, 0))
 DAY2 = DAY1 + 86_400
@@ -112,3 +113,63 @@ async def test_spent_sums_cost_and_tokens_since_a_time(ledger):
     assert await ledger.spent("acme", DAY1) == (1.75, 25)
     assert await ledger.spent("acme", DAY2) == (0.25, 10)
     assert await ledger.spent("acme", DAY2 + 1) == (0.0, 0)
+
+
+class SlowStore:
+    """A Database stand-in for the ledger: each execute_many notes the bound it ran under, then does what
+    `outcome` says (None: commits)."""
+
+    where = "slow-store"
+
+    def __init__(self, outcome=None) -> None:
+        from inferd.store.sqlite import SqliteDatabase
+
+        self._bounds = SqliteDatabase("/nonexistent/unused.db", timeout_s=5.0)     # its call_timeout() rule
+        self.outcome, self.deadlines, self.committed = outcome, [], []
+
+    async def execute_many(self, sql, rows, *, ordered=False):
+        self.deadlines.append((REQUEST_DEADLINE.get(), self._bounds.call_timeout()))
+        if self.outcome is not None:
+            raise self.outcome
+        self.committed += rows
+
+
+async def test_the_group_commit_is_not_bound_by_the_deadline_of_the_request_that_started_it():
+    store = SlowStore()
+    ledger = Ledger(store)
+
+    async def request(i: int, deadline_s: float) -> None:       # each request sets its own deadline
+        REQUEST_DEADLINE.set(time.monotonic() + deadline_s)
+        await ledger.record(row(i))
+
+    await asyncio.gather(asyncio.ensure_future(request(0, 0.01)), asyncio.ensure_future(request(1, 600)))
+    assert len(store.committed) == 2
+    assert store.deadlines and all(d is None and bound == 5.0 for d, bound in store.deadlines)
+
+
+async def test_a_commit_that_timed_out_fails_its_callers_but_starts_no_outage():
+    from inferd.store import StoreTimeout, StoreUnavailable
+
+    ledger = Ledger(SlowStore(StoreTimeout("slow-store: write: no answer within 5.00 s")))
+    with pytest.raises(StoreTimeout):
+        await ledger.record(row(0))
+    assert ledger.failure is None and ledger.unavailable_for() == 0     # readiness and requests unaffected
+    ledger = Ledger(SlowStore(StoreUnavailable("slow-store: disk is full")))
+    with pytest.raises(StoreUnavailable):
+        await ledger.record(row(0))
+    assert ledger.unavailable_for() > 0                                 # a real failure still does
+
+
+async def test_a_commit_that_timed_out_while_committing_reports_what_became_of_it():
+    from inferd.store import StoreTimeout
+
+    committed = asyncio.get_running_loop().create_future()
+    store = SlowStore(StoreTimeout("slow-store: write: commit under way", pending=committed))
+    ledger = Ledger(store)
+    recording = asyncio.ensure_future(ledger.record(row(0)))
+    while not store.deadlines:              # until the group commit has tried
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not recording.done()             # it waits for the COMMIT's outcome rather than report "not recorded"
+    committed.set_result(None)
+    await recording                          # committed after all: its caller is told so

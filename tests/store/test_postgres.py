@@ -6,6 +6,7 @@ covers what only a server has: connecting, several nodes on one database, connec
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -209,3 +210,27 @@ async def test_an_ordered_write_waits_for_another_nodes_open_one_so_paging_by_se
     assert [row.request_id for _, row in page] == ["from-a", "from-b"]
     assert page[0][0] < page[1][0]
 
+
+
+async def test_a_claim_that_timed_out_behind_a_lock_is_rolled_back_so_the_retry_runs(node: PostgresDatabase,
+                                                                                      pg_dsn: str):
+    from inferd.store import REQUEST_DEADLINE, IdempotencyStore, StoreTimeout
+    from inferd.store.db import MIN_CALL_S
+
+    keys = IdempotencyStore(node)
+    locker = await psycopg.AsyncConnection.connect(pg_dsn)
+    try:
+        await locker.execute("LOCK TABLE idempotency IN EXCLUSIVE MODE")    # the claim's INSERT waits on it
+        token = REQUEST_DEADLINE.set(time.monotonic() + 0.1)       # a request near its deadline: MIN_CALL_S
+        try:
+            with pytest.raises(StoreTimeout) as timed_out:
+                await keys.claim("acme", "k", b"sha", "n/1/1/r1", now=time.time(), hold_s=600, ttl_s=60)
+        finally:
+            REQUEST_DEADLINE.reset(token)
+        assert timed_out.value.pending is None and f"{MIN_CALL_S:.2f} s" in str(timed_out.value)
+    finally:
+        await locker.rollback()                                     # the lock goes: a late claim would commit now
+        await locker.close()
+    retry = await keys.claim("acme", "k", b"sha", "n/1/1/r2", now=time.time(), hold_s=600, ttl_s=60)
+    assert retry.outcome == "new"                                   # not 409: the first claim never committed
+    assert node.health.ok                                           # a slow store is not a dead one

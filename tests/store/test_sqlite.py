@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from inferd.store import (
     StoreCorrupt,
     StoreError,
     StoreLocked,
+    StoreTimeout,
     StoreUnavailable,
     open_database,
 )
@@ -276,3 +278,71 @@ async def test_every_record_that_returned_survives_a_killed_process(path):
     recorded = {row.request_id for _, row in await Ledger(db).rows(UsageFilter(), limit=1000)}
     await db.close()
     assert printed <= recorded
+
+
+class Blocker:
+    """`block()` in SQL on the writer's connection: the writer thread waits there until `release`."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        import threading
+
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+        def block() -> str:
+            self.entered.set()
+            self.gate.wait(30)
+            return "blocked"
+
+        db._writer.conn.create_function("block", 0, block)
+
+    async def wait_entered(self) -> None:
+        await asyncio.to_thread(self.entered.wait, 30)
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+async def test_a_write_whose_caller_timed_out_before_the_writer_took_it_is_never_written(path):
+    db = SqliteDatabase(path, timeout_s=0.3)
+    await db.open()
+    try:
+        await db.execute(KV)
+        blocker = Blocker(db)
+        stuck = asyncio.ensure_future(db.execute("INSERT INTO kv VALUES (block(), NULL)"))
+        await blocker.wait_entered()
+        with pytest.raises(StoreTimeout) as timed_out:
+            await db.execute("INSERT INTO kv VALUES ('late', NULL)")
+        assert timed_out.value.pending is None                      # withdrawn: "not written" is final
+        with pytest.raises(StoreTimeout) as started:
+            await stuck
+        assert started.value.pending is not None                    # started: its outcome follows
+        blocker.release()
+        assert await started.value.pending == 1                     # it committed, and says so
+        assert await db.execute("INSERT INTO kv VALUES ('after', NULL)") == 1
+        assert sorted(k for (k,) in peek(path, "SELECT k FROM kv")) == ["after", "blocked"]
+        assert db.health.ok                                         # slowness is not an outage
+    finally:
+        await db.close()
+
+
+async def test_a_ping_queued_behind_writes_the_writer_is_getting_through_does_not_fail(sdb):
+    def slow() -> int:
+        time.sleep(0.01)
+        return 1
+
+    sdb._writer.conn.create_function("slow", 0, slow)
+    writes = [asyncio.ensure_future(sdb.execute("INSERT INTO kv VALUES (?, slow())", (f"k{i}",)))
+              for i in range(300)]                                  # about 3 s of work queued
+    await sdb.ping(0.5)                                             # behind it all: no answer, yet no failure
+    assert sum(await asyncio.gather(*writes)) == 300
+
+
+async def test_a_ping_fails_when_the_writer_is_stuck_on_one_op(sdb):
+    blocker = Blocker(sdb)
+    stuck = asyncio.ensure_future(sdb.execute("INSERT INTO kv VALUES (block(), NULL)"))
+    await blocker.wait_entered()
+    with pytest.raises(StoreTimeout, match="finished nothing"):
+        await sdb.ping(0.3)
+    blocker.release()
+    assert await stuck == 1
+    await sdb.ping(2.0)

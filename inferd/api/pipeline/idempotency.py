@@ -11,12 +11,15 @@ the same key then gets:
   only a holder that died still holds it then);
 - 422 `idempotency_key_reused` when its body differs from the first's.
 Only a 200 is stored: a refused, failed or abandoned first attempt releases the key, so the retry that
-the draft expects clients to make runs the request. A claim's owner names this process
+the draft expects clients to make runs the request; so does a claim that failed (503 store_unavailable)
+but may still commit, once its outcome is known. A claim's owner names this process
 (inferd.store.process_owner) beside the request id: a daemon restarted after a crash releases its
 predecessor's claims before it serves (inferd.daemon.reclaim), so a retry then runs at once.
 """
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import hashlib
 import math
 import re
@@ -79,9 +82,13 @@ async def claim(request: web.BaseRequest, state, tenant: str, body: bytes, deadl
                       param=HEADER, code="idempotency_unavailable")
     owner = process_owner(state.node_name, request[keys.REQUEST_ID])
     now = time.time()
-    got = await store.claim(tenant, key, hashlib.sha256(body).digest(), owner, now=now,
-                            hold_s=max(0.0, deadline - time.monotonic()) + HOLD_MARGIN_S,
-                            ttl_s=state.config.store.idempotency_ttl_s)
+    try:
+        got = await store.claim(tenant, key, hashlib.sha256(body).digest(), owner, now=now,
+                                hold_s=max(0.0, deadline - time.monotonic()) + HOLD_MARGIN_S,
+                                ttl_s=state.config.store.idempotency_ttl_s)
+    except StoreError as exc:       # 503 to the client; the claim must not outlive it
+        _release_after(store, tenant, key, owner, exc)
+        raise
     if got.outcome == "done":
         return replay(got.response)
     if got.outcome == "in_flight":
@@ -93,6 +100,28 @@ async def claim(request: web.BaseRequest, state, tenant: str, body: bytes, deadl
                        param=HEADER, code="idempotency_key_reused")
     request[CAPTURE] = Capture(key, tenant, owner)
     return None
+
+
+_RELEASING: set[asyncio.Task] = set()      # at most one per request whose claim failed
+
+
+def _release_after(store, tenant: str, key: str, owner: str, failed: StoreError) -> None:
+    """Release the claim a failed `claim` may still leave: its write timed out with its COMMIT under way
+    (`pending`), or the store answered too late. The release runs after the claim (SQLite's one writer
+    takes writes in order; a pending PostgreSQL claim is awaited first), deletes only this request's
+    claim (its owner), and runs in an empty context: the request's deadline is not its bound."""
+    async def release() -> None:
+        pending = getattr(failed, "pending", None)
+        if pending is not None:
+            await asyncio.wait([pending])
+        try:
+            await store.release(tenant, key, owner)
+        except StoreError as exc:       # the claim lapses at its hold time instead (409 until then)
+            log.error("idempotency_release_failed", key=key, tenant=tenant, error=str(exc))
+
+    task = asyncio.get_running_loop().create_task(release(), context=contextvars.Context())
+    _RELEASING.add(task)
+    task.add_done_callback(_RELEASING.discard)
 
 
 def _retry_after(held_until: float | None, now: float) -> int:

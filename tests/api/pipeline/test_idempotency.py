@@ -12,6 +12,7 @@ from openai import AsyncOpenAI
 from inferd.api.pipeline.idempotency import CAPTURE, Capture, settle
 from inferd.config.root import load_config
 from tests.daemon.harness import running_daemon, sim_model, write_config
+from tests.pg_server import pg_dsn, pg_server  # noqa: F401  (fixtures: a throwaway PostgreSQL server)
 
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": 5, "temperature": 0}
 
@@ -170,3 +171,21 @@ async def test_a_structured_output_request_replays_and_one_whose_grammar_is_refu
     assert first[0] == 200 and json.loads(first[2])["choices"][0]["text"] in ("yes", "no")
     assert again[1]["Idempotent-Replayed"] == "true" and again[2] == first[2]
     assert refused[0] == retried[0] == 400 and "Idempotent-Replayed" not in retried[1]
+
+
+async def test_a_claim_that_timed_out_behind_a_slow_postgres_does_not_hold_the_key_for_the_retry(
+        tmp_path, pg_server, pg_dsn):  # noqa: F811
+    import psycopg
+
+    store = f'[store]\nbackend = "postgres"\ndsn = "{pg_dsn}"\ntimeout_s = 10\n'
+    async with running_daemon(config(tmp_path, extra=store)) as (_, _, url), aiohttp.ClientSession() as http:
+        locker = await psycopg.AsyncConnection.connect(pg_dsn)
+        try:
+            await locker.execute("LOCK TABLE idempotency IN EXCLUSIVE MODE")    # the claim waits on it
+            status, _, body = await post(http, url, BODY, "slow-1", **{"X-Request-Timeout": "1"})
+            assert status == 503 and json.loads(body)["error"]["code"] == "store_unavailable"
+        finally:
+            await locker.rollback()         # well within timeout_s: a claim left running would commit now
+            await locker.close()
+        status, headers, body = await post(http, url, BODY, "slow-1")
+        assert status == 200, body          # not 409 for the claim's hold (the request's deadline + 60 s)
