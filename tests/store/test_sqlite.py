@@ -333,6 +333,8 @@ async def test_a_ping_queued_behind_writes_the_writer_is_getting_through_does_no
     sdb._writer.conn.create_function("slow", 0, slow)
     writes = [asyncio.ensure_future(sdb.execute("INSERT INTO kv VALUES (?, slow())", (f"k{i}",)))
               for i in range(300)]                                  # about 3 s of work queued
+    while sdb.stats().pending_writes < 300:                         # all queued before the ping
+        await asyncio.sleep(0)
     await sdb.ping(0.5)                                             # behind it all: no answer, yet no failure
     assert sum(await asyncio.gather(*writes)) == 300
 
