@@ -160,6 +160,9 @@ async def settle(request: web.BaseRequest, state, response: web.StreamResponse |
         await store.finish(capture.tenant, capture.key, capture.owner, stored, now=time.time(),
                            ttl_s=state.config.store.idempotency_ttl_s)
     except StoreError as exc:
-        # The response stands (it was served and billed); the key cannot keep it. Its claim lapses at
-        # its hold time (409 until then), after which a retry runs again.
+        # The response stands (it was served and billed); the key cannot keep it. A release that failed
+        # is tried again once it has settled; a stored response that failed leaves the claim to lapse at
+        # its hold time (409 until then: a served response is not run twice), then a retry runs again.
         log.error("idempotency_store_failed", key=capture.key, tenant=capture.tenant, error=str(exc))
+        if not isinstance(body, bytes):
+            _release_after(store, capture.tenant, capture.key, capture.owner, exc)
