@@ -11,12 +11,14 @@ inode of its PID namespace and its start tick (/proc), all fixed for the process
 two containers on one host (host networking, so one host name) may both run a daemon as pid 1. So a
 process is judged dead only from its own namespace, and only on proof: its pid is absent, or belongs
 to a process that started at another tick (a reused pid). A process of another namespace or boot, one
-whose /proc entry we may not read (hidepid, ProtectProc=invisible, another user), or an owner in an
-older form (no namespace in it) counts as alive: its rows lapse at their hold or lease.
+whose /proc entry we may not read (hidepid, ProtectProc=invisible, another user), an owner in an
+older form (no namespace in it), or any process when ours has no /proc of its own namespace, counts
+as alive: its rows lapse at their hold or lease.
 """
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -72,6 +74,7 @@ def _start() -> str:
 _NAMESPACE = _namespace()
 _START = _start()
 _PID = os.getpid()
+_NO_NAMESPACES = not sys.platform.startswith("linux")      # one pid space per host
 
 
 def this_process(node: str) -> ProcessId:
@@ -127,9 +130,9 @@ def alive(process: ProcessId) -> bool:
     namespace, _, tick = process.start.rpartition(".")
     if _NAMESPACE is not None:
         return namespace != _NAMESPACE or not _gone(process.pid, tick)
-    if process.start.startswith("t"):   # no /proc here nor there (not Linux): only the pid can be checked
+    if _NO_NAMESPACES and process.start.startswith("t"):   # not Linux, here nor there: only the pid can be checked
         return not _no_such_pid(process.pid)
-    return True
+    return True                         # Linux without a /proc of our namespace: nothing can be proved
 
 
 def dead_here(node: str, owners: list[str | None]) -> list[ProcessId]:
