@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from inferd.store.owner import SEP, dead_here
+from inferd.store import owner as owners
 from inferd.store.db import Database
 
 BATCH_PREFIX = "batch_"
@@ -214,17 +214,8 @@ class BatchStore:
     async def release_dead(self, node: str) -> int:
         """Free the leases of runners on `node` (this one) whose process no longer runs (a crash), so this
         node's runner takes their batches now; how many. Other nodes' leases expire as they would."""
-        prefix = node + SEP
-        # `length(?)`: PostgreSQL's substr wants an integer, which a bound int may not be.
-        mine = "substr(lease_owner, 1, length(?)) = ?"
-        held = [o for (o,) in await self._db.query(
-            f"SELECT DISTINCT lease_owner FROM batches WHERE {_RUNNABLE_SQL} AND {mine}", (prefix, prefix))]
-        released = 0
-        for process in dead_here(node, held):
-            released += await self._db.execute(
-                f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_RUNNABLE_SQL} AND {mine}",
-                (process.prefix, process.prefix))
-        return released
+        return await owners.release_dead(self._db, node, table="batches", column="lease_owner",
+                                         condition=_RUNNABLE_SQL, clear="lease_owner = NULL, lease_until = NULL")
 
     async def advance(self, batch_id: str, owner: str, from_status: str, to_status: str, *, now: float) -> bool:
         """validating -> in_progress, in_progress -> finalizing: False when the batch is no longer in

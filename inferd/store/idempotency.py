@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from inferd.store.owner import SEP, dead_here
+from inferd.store import owner as owners
 from inferd.store.db import Database, StoreError
 
 
@@ -45,9 +45,6 @@ _FINISH = ("UPDATE idempotency SET state = 'done', status = ?, headers = ?, body
            "held_until = ?, expires_at = ? WHERE tenant = ? AND idem_key = ? AND owner = ? AND state = 'running'")
 _RELEASE = "DELETE FROM idempotency WHERE tenant = ? AND idem_key = ? AND owner = ? AND state = 'running'"
 _PURGE = "DELETE FROM idempotency WHERE expires_at <= ?"
-# `length(?)`, not a length parameter: PostgreSQL's substr wants an integer, which a bound int may not be.
-_RUNNING_ON = "SELECT DISTINCT owner FROM idempotency WHERE state = 'running' AND substr(owner, 1, length(?)) = ?"
-_RELEASE_PROCESS = "DELETE FROM idempotency WHERE state = 'running' AND substr(owner, 1, length(?)) = ?"
 _ATTEMPTS = 5           # a claim that loses its row between the insert and the read (a purge, a release) retries
 
 
@@ -104,9 +101,5 @@ class IdempotencyStore:
     async def release_dead(self, node: str) -> int:
         """Delete the unfinished claims of processes on `node` (this one) that no longer run (a crash);
         how many. Finished records stay (their replays are good), as do other nodes' claims."""
-        prefix = node + SEP
-        running = [o for (o,) in await self._db.query(_RUNNING_ON, (prefix, prefix))]
-        released = 0
-        for process in dead_here(node, running):
-            released += await self._db.execute(_RELEASE_PROCESS, (process.prefix, process.prefix))
-        return released
+        return await owners.release_dead(self._db, node, table="idempotency", column="owner",
+                                         condition="state = 'running'")

@@ -8,7 +8,7 @@ import pytest
 from inferd.store import BatchError, BatchResult, BatchStore, Database, FileStore
 from inferd.store.files import file_insert_statements as insert_statement
 from inferd.store.owner import owner
-from tests.store.test_owner import dead_process
+from tests.store.test_owner import dead_process, other_namespace
 
 DAY = 86_400.0
 
@@ -67,14 +67,15 @@ async def test_only_one_of_several_runners_acquires_a_batch_and_an_expired_lease
 async def test_release_dead_frees_only_leases_of_this_nodes_dead_runners(db: Database):
     store = BatchStore(db)
     dead, elsewhere = await dead_process("n1"), await dead_process("n2")
-    crashed, live, other, ended = [await make(store, now=float(i)) for i in range(4)]
-    holders = [dead.prefix + "runner-1", owner("n1", "runner-2"), elsewhere.prefix + "runner-3", dead.prefix + "r4"]
-    for batch, holder in zip((crashed, live, other, ended), holders):
+    crashed, live, other, ended, contained = [await make(store, now=float(i)) for i in range(5)]
+    holders = [dead.prefix + "runner-1", owner("n1", "runner-2"), elsewhere.prefix + "runner-3", dead.prefix + "r4",
+               f"n1/{dead.pid}/{other_namespace(dead.start)}/runner-5"]     # a container's: its pid means nothing here
+    for batch, holder in zip((crashed, live, other, ended, contained), holders):
         assert (await store.acquire(holder, 200.0, 30.0)).id == batch.id
     assert await store.fail(ended.id, holders[3], [BatchError(code="x", message="x")], now=201.0)
     assert await store.release_dead("n1") == 1
     assert (await store.load(crashed.id)).lease_owner is None
-    assert [(await store.load(b.id)).lease_owner for b in (live, other)] == holders[1:3]
+    assert [(await store.load(b.id)).lease_owner for b in (live, other, contained)] == [*holders[1:3], holders[4]]
     taken = await store.acquire("restarted", 201.0, 30.0)                # at once, not at 230
     assert taken is not None and taken.id == crashed.id
     assert await store.release_dead("n1") == 0

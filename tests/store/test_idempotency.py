@@ -8,7 +8,7 @@ import pytest
 
 from inferd.store import Claim, IdempotencyStore, StoredResponse
 from inferd.store.owner import owner
-from tests.store.test_owner import dead_process
+from tests.store.test_owner import dead_process, other_namespace
 
 BODY = hashlib.sha256(b'{"prompt": "hi"}').digest()
 OTHER = hashlib.sha256(b'{"prompt": "bye"}').digest()
@@ -109,9 +109,11 @@ async def test_release_dead_deletes_only_unfinished_claims_of_this_nodes_dead_pr
     await claim(store, owner("n1", "r3"), key="mine-running")               # this process: alive
     await claim(store, elsewhere.prefix + "r4", key="other-node")          # another node's: may be alive
     await claim(store, "req-5", key="old-form")                            # no process named: left to lapse
+    await claim(store, f"n1/{dead.pid}/{other_namespace(dead.start)}/r6", key="other-pid-namespace")
+    await claim(store, f"n1/{dead.pid}/b0a1.{dead.start.rpartition('.')[2]}/r7", key="no-namespace")
     assert await store.release_dead("n1") == 1
     assert (await claim(store, "retry", key="crashed", now=T0 + 1)).outcome == "new"
     assert (await claim(store, "retry", key="crashed-done", now=T0 + 1)).outcome == "done"
-    for key in ("mine-running", "other-node", "old-form"):
+    for key in ("mine-running", "other-node", "old-form", "other-pid-namespace", "no-namespace"):
         assert (await claim(store, "retry", key=key, now=T0 + 1)).outcome == "in_flight"
     assert await store.release_dead("n1") == 0
