@@ -25,8 +25,7 @@ from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_resp
                                store_unavailable)
 from inferd.api.streaming.sse import Inflight
 from inferd.api.state import ServerState
-from inferd.observability import get_logger, request_id_var
-from inferd.observability.log import truncated_path
+from inferd.observability import get_logger, request_id_var, truncated_path
 from inferd.store import StoreUnavailable
 
 log = get_logger("inferd.api")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from inferd.api import appkeys as keys
 from inferd.api.pipeline.context import TRACKED, RequestContext
 from inferd.engine import Engine
-from inferd.observability.log import truncated_path
+from inferd.observability import truncated_path
 
 
 def version_label(engine: Engine) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import json
 import socket
+import ssl
 import struct
 import termios
 
@@ -14,8 +15,11 @@ import msgspec
 import pytest
 
 from inferd.api.streaming.accepted import MAX_PENDING, SocketAccepted
+from inferd.config.root import load_config
 from tests.api.pipeline.test_billing import config, settled_rows
-from tests.daemon.harness import running_daemon, until
+from tests.api.pipeline.test_usage import PRICES
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
+from tests.daemon.tls_certs import TestCA, needs_openssl
 
 GENERATED = 1900
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": GENERATED, "ignore_eos": True, "temperature": 0,
@@ -161,3 +165,75 @@ async def test_a_stream_is_complete_once_all_but_its_last_frame_left_and_a_clien
     counted.wrote(10)
     with pytest.raises(ConnectionResetError):
         await counted.acknowledged(5)
+
+
+@needs_openssl
+async def test_over_tls_a_client_that_stops_reading_is_billed_at_most_what_it_received(tmp_path):
+    ca = TestCA(tmp_path / "pki")
+    ca.issue("server", serial=1)
+    tls = '[server.tls]\ncert_file = "pki/server.pem"\nkey_file = "pki/server.key"\n'
+    cfg = load_config(write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.01)}, PRICES + tls))
+    connector = aiohttp.TCPConnector(ssl=ca.client_context())
+    async with running_daemon(cfg) as (daemon, _, _), aiohttp.ClientSession(connector=connector) as http:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", daemon.port))
+        client = TlsClient(sock, ca.client_context())
+        await client.handshake()
+        payload = json.dumps(BODY).encode()
+        await client.send(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        while frames_tokens(client.plain) < 3:      # a few frames, then it stops reading
+            client.received(await loop.sock_recv(sock, 1024))
+        engine = daemon.state.engines["sim"]
+        unread = [-1]
+
+        async def stalled() -> bool:
+            before, unread[0] = unread[0], struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            return engine.stats().running == 0 and unread[0] == before
+        await until(stalled, "the stream to stall on its client", timeout_s=30)
+        client.received(sock.recv(unread[0]))       # all that reached the client's socket, decrypted
+        sock.close()
+        [row] = await settled_rows(http, f"https://127.0.0.1:{daemon.port}", 1)
+        assert row["status"] == 499 and row["stream"]
+        assert 0 < row["completion_tokens"] <= frames_tokens(client.plain) < GENERATED
+
+
+class TlsClient:
+    """TLS over a bare socket (memory BIOs), so the test reads exactly what reached the socket."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        self.sock, self.incoming, self.outgoing = sock, ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+        self.plain = b""
+
+    async def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self.tls.do_handshake()
+                return await self._flush()
+            except ssl.SSLWantReadError:
+                await self._flush()
+                self.incoming.write(await asyncio.get_running_loop().sock_recv(self.sock, 65536))
+
+    async def send(self, data: bytes) -> None:
+        self.tls.write(data)
+        await self._flush()
+
+    def received(self, data: bytes) -> None:
+        self.incoming.write(data)
+        while True:
+            try:
+                chunk = self.tls.read(65536)
+            except ssl.SSLWantReadError:        # the rest of a record has not arrived
+                return
+            if not chunk:
+                return
+            self.plain += chunk
