@@ -25,13 +25,12 @@ from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_resp
                                store_unavailable)
 from inferd.api.streaming.sse import Inflight
 from inferd.api.state import ServerState
-from inferd.observability import get_logger, request_id_var
+from inferd.observability import get_logger, request_id_var, truncated_path
 from inferd.store import StoreUnavailable
 
 log = get_logger("inferd.api")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-LOGGED_PATH_CHARS = 256     # a client picks the path's length: beyond this, a log line says only how much was cut
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})   # scraped every few seconds: debug level
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -82,11 +81,8 @@ def request_id_for(request: web.BaseRequest) -> str:
 
 
 def logged_path(request: web.BaseRequest) -> str:
-    """The path as a log line carries it: its first LOGGED_PATH_CHARS characters, and how many more there were."""
-    path = request.path
-    if len(path) <= LOGGED_PATH_CHARS:
-        return path
-    return f"{path[:LOGGED_PATH_CHARS]}...(+{len(path) - LOGGED_PATH_CHARS} chars)"
+    """The path as a log line carries it (inferd.observability.log.truncated_path)."""
+    return truncated_path(request.path)
 
 
 def _unless_started(request: web.Request, err: ApiError) -> web.StreamResponse:

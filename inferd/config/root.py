@@ -54,6 +54,9 @@ class ServerConfig(ConfigTable):
     port: int = 8000
     max_body_bytes: int = 1_048_576
     heartbeat_interval_s: float = 15.0
+    # A finished stream's end waits this long for its client to acknowledge the content (inferd.api.streaming.
+    # accepted); past it, the stream is not complete: recorded 499, billed what its client acknowledged.
+    stream_ack_timeout_s: float = 10.0
     request_timeout_s: float = 600.0
     drain_grace_s: float = 30.0
     engines_root: str = "engines"
@@ -207,8 +210,8 @@ def _server_errors(s: ServerConfig) -> list[str]:
             errors.append(f"server.host: expected an IP address such as 127.0.0.1 (or localhost), got {s.host!r}")
     if not 0 <= s.port <= 65535:
         errors.append(f"server.port: must be in 0..65535 (0 = any free port), got {s.port}")
-    for key in ("max_body_bytes", "heartbeat_interval_s", "request_timeout_s", "header_timeout_s",
-                "body_timeout_s", "idle_timeout_s", "max_connections"):
+    for key in ("max_body_bytes", "heartbeat_interval_s", "stream_ack_timeout_s", "request_timeout_s",
+                "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_connections"):
         if not getattr(s, key) > 0:   # `not >` also rejects NaN
             errors.append(f"server.{key}: must be > 0, got {getattr(s, key)}")
     for key in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):

@@ -43,10 +43,19 @@ TEXT_FIELDS = frozenset({
     "body", "stop",
 })
 REDACTED = "[redacted]"
+LOGGED_PATH_CHARS = 256     # a client picks the path's length: beyond this, a log line says only how much was cut
 
 QUEUE_LINES = 10_000         # lines waiting for the writer thread; beyond that, new ones are dropped
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _RESERVED = frozenset({"ts", "level", "logger", "event", "request_id"})
+
+
+def truncated_path(path: str) -> str:
+    """A request path as logs and trace spans carry it: its first LOGGED_PATH_CHARS characters, and how many
+    more there were."""
+    if len(path) <= LOGGED_PATH_CHARS:
+        return path
+    return f"{path[:LOGGED_PATH_CHARS]}...(+{len(path) - LOGGED_PATH_CHARS} chars)"
 
 
 @contextlib.contextmanager

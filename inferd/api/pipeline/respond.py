@@ -123,9 +123,10 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
     ctx.delivered = entry.accepted      # a stream that does not complete bills what its client's socket took
 
     async def before_done() -> None:
-        # Complete only once its content reached the client (499 if it leaves first: it is billed what did);
-        # then the stream's outcome, even if its client hangs up during the commit.
-        await entry.accepted.acknowledged(ctx.deadline)
+        # Complete only once its content reached the client (499 if it leaves first, or does not take it
+        # within the bound: it is billed what did); then the stream's outcome, even if its client hangs up
+        # during the commit.
+        await _delivered_or_cut(ctx, entry)
         ctx.status = final_status(entry.final, entry)
         try:
             await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)
@@ -151,6 +152,21 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         ctx.status = 500                # a bug ended the stream with an internal_error frame
     await record_usage_once(ctx, ctx.last, ctx.status)
     return resp
+
+
+async def _delivered_or_cut(ctx: RequestContext, entry) -> None:
+    """Wait (at most [server] stream_ack_timeout_s, and never past the request's deadline) for the client to
+    acknowledge the content before the final frames. A client that does not has its connection cut (what
+    waits in the buffers would otherwise be kept for it without end), and ConnectionResetError makes the
+    stream 499, billed what it acknowledged, as a client that left."""
+    bound = min(ctx.state.config.server.stream_ack_timeout_s, ctx.deadline - time.monotonic())
+    if await entry.accepted.acknowledged(bound):
+        return
+    ctx.log_fields["client_stalled"] = True
+    transport = ctx.request.transport
+    if transport is not None:
+        transport.abort()
+    raise ConnectionResetError("the client did not acknowledge its stream's content in time")
 
 
 async def _collect(ctx: RequestContext, stream, entry) -> web.Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from inferd.api import appkeys as keys
 from inferd.api.pipeline.context import TRACKED, RequestContext
 from inferd.engine import Engine
+from inferd.observability import truncated_path
 
 
 def version_label(engine: Engine) -> str:
@@ -25,10 +26,11 @@ async def begin_tracking(ctx: RequestContext) -> None:
     ctx.reached = TRACKED
     label = version_label(engine)
     if state.tracing is not None:
+        path = truncated_path(request.path)     # as the log line has it: a client picks the path's length
         request[keys.TRACE] = state.tracing.begin(
-            f"inferd {request.path}", request.headers, ctx.arrival,
+            f"inferd {path}", request.headers, ctx.arrival,
             {"inferd.request_id": ctx.request_id, "inferd.model": ctx.model, "inferd.version": label,
-             "inferd.tenant": ctx.tenant, "http.request.method": request.method, "url.path": request.path})
+             "inferd.tenant": ctx.tenant, "http.request.method": request.method, "url.path": path})
     if "traceparent" in request.headers:        # ties the log line to the caller's trace (W3C trace context)
         ctx.log_fields["traceparent"] = request.headers["traceparent"][:128]
     ctx.headers.update({"X-Request-Id": ctx.request_id, "X-Inferd-Model-Version": label})

@@ -7,15 +7,21 @@ inferd.api.streaming.sse), and Linux grows a socket's send buffer to megabytes. 
 remembered with the byte offset where it ends and the stream's token count up to it; the bytes the
 client's TCP acknowledged are those written less what waits in user space
 (`transport.get_write_buffer_size()`) and in the send queue (`SIOCOUTQ`: written, not yet acknowledged).
-Frames wholly acknowledged count. Over TLS, or where the send queue cannot be read, only user space is
-subtracted (what the kernel accepted).
+Frames wholly acknowledged count.
+
+Over TLS the same is subtracted, counted in encrypted bytes: the TLS layer's buffers, the raw TCP
+transport's (asyncio's, read through its TLS protocol; uvloop's cannot be read, docs/store.md states
+that bound) and the send queue. An encrypted record is longer than the text it carries, so this never
+counts a frame the client did not acknowledge; it may count the last few a record's overhead late.
 
 The count is sampled after a frame is written (one ioctl beside the frame's send(), about 1.8 us; at most
 once per SAMPLE_INTERVAL_S, so an engine that outruns its clients does not pay it per frame), on each
-watchdog scan and when a paused stream drains. Frames leave the pending list once acknowledged, so it
-holds what the client has not acknowledged yet (which backpressure bounds) and the last interval's frames. The transport's buffer is dropped
-when the connection is lost, so nothing is sampled after: a client that leaves is billed for the last
-sample, never more than it received (what it acknowledged since then goes unbilled).
+watchdog scan, when a paused stream drains, and while the stream's end waits for its acknowledgement.
+Frames leave the pending list once acknowledged, so it holds what the client has not acknowledged yet and
+the last interval's frames; past MAX_PENDING entries, neighbours merge (a merged entry counts once its
+later frame is acknowledged), so a slow client with megabytes queued costs a bounded list. The transport's
+buffer is dropped when the connection is lost, so nothing is sampled after: a client that leaves is billed
+for the last sample, never more than it received (what it acknowledged since then goes unbilled).
 """
 from __future__ import annotations
 
@@ -29,18 +35,27 @@ from asyncio import WriteTransport
 
 _INT = b"\0\0\0\0"
 SAMPLE_INTERVAL_S = 0.001
+MAX_PENDING = 1024
+# Polling the end's acknowledgement (no event says "acknowledged"): from 1 ms, doubling to at most 16 ms,
+# so an acknowledgement is seen at most 16 ms late (a loopback or LAN client's within a millisecond or two),
+# and a client that stopped reading costs about 60 wake-ups a second until the bound.
+_POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.016
 _monotonic = time.monotonic
 
 
 class SocketAccepted:
     """Counts the tokens whose frames one stream's client acknowledged."""
 
-    __slots__ = ("_fd", "_pending", "_sampled_at", "_sent", "_taken", "_transport", "delivered_tokens")
+    __slots__ = ("_acked", "_fd", "_last_start", "_pending", "_raw", "_sampled_at", "_sent", "_taken",
+                 "_transport", "delivered_tokens")
 
     def __init__(self) -> None:
         self._transport: WriteTransport | None = None
-        self._fd = -1                   # the socket whose send queue is read (-1: none, or TLS)
+        self._raw: WriteTransport | None = None     # over TLS: the TCP transport under it, where readable
+        self._fd = -1                   # the socket whose send queue is read (-1: none)
         self._sent = 0                  # bytes this stream wrote to the transport
+        self._last_start = 0            # where the last frame written begins
+        self._acked = 0                 # bytes of this stream its client acknowledged, at the last sample
         self._taken = 0                 # output tokens read from the engine's stream so far
         self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (frame's end offset, tokens)
         self._sampled_at = 0.0
@@ -50,8 +65,9 @@ class SocketAccepted:
         """From here the stream's bytes go to `transport`. Bytes written before (headers, pings while it
         waited in admission) come ahead of them in the same queues, so they are never counted as ours."""
         self._transport = transport
+        self._raw = _tls_raw_transport(transport)
         sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_extra_info("sslcontext") is None:
+        if sock is not None:
             self._fd = sock.fileno()
 
     def took(self, tokens: int) -> None:
@@ -60,8 +76,12 @@ class SocketAccepted:
 
     def wrote(self, nbytes: int) -> None:
         """A frame of `nbytes` was written to the transport."""
+        self._last_start = self._sent
         self._sent += nbytes
-        self._pending.append((self._sent, self._taken))
+        pending = self._pending
+        pending.append((self._sent, self._taken))
+        if len(pending) > MAX_PENDING:
+            self._pending = _merged(pending)
         if _monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S:
             self.sample()
 
@@ -72,29 +92,33 @@ class SocketAccepted:
         if transport is None or transport.is_closing():
             return
         self._sampled_at = _monotonic()
-        out = self._sent - transport.get_write_buffer_size() - self._unacknowledged()
+        held = transport.get_write_buffer_size()
+        if self._raw is not None:
+            held += self._raw.get_write_buffer_size()
+        out = self._acked = self._sent - held - self._unacknowledged()
         pending = self._pending
         while pending and pending[0][0] <= out:
             self.delivered_tokens = pending.popleft()[1]
 
-    async def acknowledged(self, deadline: float) -> None:
-        """Wait until the client has acknowledged every frame but the last (the stream's final frames,
-        just written), so a stream is recorded as complete only once its content reached the client.
-        A client reading along has acknowledged them already; one that stopped reading holds this until
-        it reads, leaves (ConnectionResetError), or the request's `deadline` (time.monotonic) passes."""
-        delay = 0.005
+    async def acknowledged(self, bound_s: float) -> bool:
+        """Wait until the client has acknowledged every byte written before the last frame (the stream's
+        final frames, just written), so a stream is recorded as complete only once its content reached the
+        client. A client reading along has acknowledged them already, or does within its round trip.
+        False: `bound_s` passed first (a client that stopped reading; what it acknowledged is counted);
+        ConnectionResetError: the client left."""
+        target, give_up, delay = self._last_start, _monotonic() + bound_s, _POLL_FIRST_S
         while True:
             self.sample()
-            if len(self._pending) <= 1:
-                return
+            if self._acked >= target:
+                return True
             transport = self._transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client closed the connection")
-            left = deadline - _monotonic()
+            left = give_up - _monotonic()
             if left <= 0:
-                return
-            await asyncio.sleep(min(delay, left))     # no event says "acknowledged": polled, backing off
-            delay = min(delay * 2, 0.25)
+                return False
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX_S)
 
     def _unacknowledged(self) -> int:
         if self._fd < 0:
@@ -104,3 +128,15 @@ class SocketAccepted:
         except OSError:                 # not a TCP socket after all (or closed): user space only
             self._fd = -1
             return 0
+
+
+def _merged(pending: collections.deque[tuple[int, int]]) -> collections.deque[tuple[int, int]]:
+    """Every other entry, the newest kept: each stands for its frame and the one before it."""
+    return collections.deque(list(pending)[::-1][::2][::-1])
+
+
+def _tls_raw_transport(transport: WriteTransport) -> WriteTransport | None:
+    """The TCP transport under asyncio's TLS transport, whose buffer `get_write_buffer_size()` leaves out
+    (None for plain TCP, and for uvloop's TLS, whose protocol does not expose it)."""
+    raw = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
+    return raw if callable(getattr(raw, "get_write_buffer_size", None)) else None

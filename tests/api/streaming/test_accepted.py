@@ -6,16 +6,20 @@ import asyncio
 import fcntl
 import json
 import socket
+import ssl
 import struct
 import termios
-import time
 
 import aiohttp
+import msgspec
 import pytest
 
-from inferd.api.streaming.accepted import SocketAccepted
+from inferd.api.streaming.accepted import MAX_PENDING, SocketAccepted
+from inferd.config.root import load_config
 from tests.api.pipeline.test_billing import config, settled_rows
-from tests.daemon.harness import running_daemon, until
+from tests.api.pipeline.test_usage import PRICES
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
+from tests.daemon.tls_certs import TestCA, needs_openssl
 
 GENERATED = 1900
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": GENERATED, "ignore_eos": True, "temperature": 0,
@@ -37,7 +41,10 @@ def frames_tokens(data: bytes) -> int:
         rest = tail[size + 2:]
 
 
-async def raw_stream(url: str) -> socket.socket:
+SHORT = {**BODY, "max_tokens": 250, "logprobs": 1}
+
+
+async def raw_stream(url: str, body: dict = BODY) -> socket.socket:
     """A streamed completion on a bare socket with a small receive buffer (set before connecting)."""
     host, port = url.removeprefix("http://").split(":")
     loop = asyncio.get_running_loop()
@@ -45,7 +52,7 @@ async def raw_stream(url: str) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
     await loop.sock_connect(sock, (host, int(port)))
-    payload = json.dumps(BODY).encode()
+    payload = json.dumps(body).encode()
     await loop.sock_sendall(sock, f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
                                   f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
     return sock
@@ -107,6 +114,45 @@ def test_only_frames_wholly_out_of_user_space_count_and_nothing_is_sampled_after
     assert counted.delivered_tokens == 2
 
 
+async def test_a_short_stream_whose_client_stops_reading_is_499_billed_what_reached_it_within_the_bound(tmp_path):
+    cfg = config(tmp_path, time_scale=0.01)
+    cfg = msgspec.structs.replace(cfg, server=msgspec.structs.replace(cfg.server, stream_ack_timeout_s=0.3))
+    async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession() as http:
+        sock = await raw_stream(url, SHORT)      # about 50 KB: it fits the daemon's buffers, never paused
+        loop = asyncio.get_running_loop()
+        got = b""
+        while frames_tokens(got) < 3:           # a few frames, then it stops reading, its window full
+            got += await loop.sock_recv(sock, 1024)
+        [row] = await settled_rows(http, url, 1)    # not the request's 600 s deadline: the 0.3 s bound
+        unread = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        reached = got + sock.recv(unread, socket.MSG_PEEK)
+        sock.close()
+        assert row["status"] == 499 and row["stream"]
+        assert 0 < row["completion_tokens"] <= frames_tokens(reached) < SHORT["max_tokens"]
+
+
+async def test_a_completed_stream_is_still_200_with_its_full_usage(tmp_path):
+    async with running_daemon(config(tmp_path, time_scale=0.01)) as (_, _, url), aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/completions", json=SHORT) as resp:
+            body = await resp.read()
+        assert body.rstrip().endswith(b"data: [DONE]")
+        [row] = await settled_rows(http, url, 1)
+        assert row["status"] == 200 and row["completion_tokens"] == SHORT["max_tokens"]
+
+
+def test_pending_frames_merge_past_the_cap_and_never_count_an_unacknowledged_one():
+    transport, counted = FakeTransport(), SocketAccepted()
+    counted.attach(transport)
+    transport.buffered = 10 ** 9                # nothing leaves: every frame stays pending
+    for _ in range(MAX_PENDING * 3):
+        counted.took(1)
+        counted.wrote(10)
+    assert len(counted._pending) <= MAX_PENDING
+    transport.buffered = 10 * MAX_PENDING       # all but the last MAX_PENDING frames out
+    counted.sample()
+    assert 0 < counted.delivered_tokens <= 2 * MAX_PENDING
+
+
 async def test_a_stream_is_complete_once_all_but_its_last_frame_left_and_a_client_that_left_raises():
     transport, counted = FakeTransport(), SocketAccepted()
     counted.attach(transport)
@@ -114,8 +160,80 @@ async def test_a_stream_is_complete_once_all_but_its_last_frame_left_and_a_clien
         counted.took(1)
         counted.wrote(10)
     transport.buffered = 10                     # only the final frame still buffered
-    await counted.acknowledged(time.monotonic() + 5)
+    await counted.acknowledged(5)
     transport.buffered, transport.closing = 25, True
     counted.wrote(10)
     with pytest.raises(ConnectionResetError):
-        await counted.acknowledged(time.monotonic() + 5)
+        await counted.acknowledged(5)
+
+
+@needs_openssl
+async def test_over_tls_a_client_that_stops_reading_is_billed_at_most_what_it_received(tmp_path):
+    ca = TestCA(tmp_path / "pki")
+    ca.issue("server", serial=1)
+    tls = '[server.tls]\ncert_file = "pki/server.pem"\nkey_file = "pki/server.key"\n'
+    cfg = load_config(write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.01)}, PRICES + tls))
+    connector = aiohttp.TCPConnector(ssl=ca.client_context())
+    async with running_daemon(cfg) as (daemon, _, _), aiohttp.ClientSession(connector=connector) as http:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", daemon.port))
+        client = TlsClient(sock, ca.client_context())
+        await client.handshake()
+        payload = json.dumps(BODY).encode()
+        await client.send(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        while frames_tokens(client.plain) < 3:      # a few frames, then it stops reading
+            client.received(await loop.sock_recv(sock, 1024))
+        engine = daemon.state.engines["sim"]
+        unread = [-1]
+
+        async def stalled() -> bool:
+            before, unread[0] = unread[0], struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            return engine.stats().running == 0 and unread[0] == before
+        await until(stalled, "the stream to stall on its client", timeout_s=30)
+        client.received(sock.recv(unread[0]))       # all that reached the client's socket, decrypted
+        sock.close()
+        [row] = await settled_rows(http, f"https://127.0.0.1:{daemon.port}", 1)
+        assert row["status"] == 499 and row["stream"]
+        assert 0 < row["completion_tokens"] <= frames_tokens(client.plain) < GENERATED
+
+
+class TlsClient:
+    """TLS over a bare socket (memory BIOs), so the test reads exactly what reached the socket."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        self.sock, self.incoming, self.outgoing = sock, ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+        self.plain = b""
+
+    async def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self.tls.do_handshake()
+                return await self._flush()
+            except ssl.SSLWantReadError:
+                await self._flush()
+                self.incoming.write(await asyncio.get_running_loop().sock_recv(self.sock, 65536))
+
+    async def send(self, data: bytes) -> None:
+        self.tls.write(data)
+        await self._flush()
+
+    def received(self, data: bytes) -> None:
+        self.incoming.write(data)
+        while True:
+            try:
+                chunk = self.tls.read(65536)
+            except ssl.SSLWantReadError:        # the rest of a record has not arrived
+                return
+            if not chunk:
+                return
+            self.plain += chunk
