@@ -73,6 +73,7 @@ async def test_a_tenant_gets_its_first_token_while_another_ones_long_streams_hol
                 full.set()
 
     reading = [asyncio.ensure_future(read_to_end(resp)) for resp in hog]
+    asking: asyncio.Future | None = None
     try:
         assert all(resp.status == 200 for resp in hog)
         await asyncio.wait_for(full.wait(), 60)          # the KV cache is full of beta's contexts
@@ -90,8 +91,8 @@ async def test_a_tenant_gets_its_first_token_while_another_ones_long_streams_hol
         assert (await asking)["usage"]["completion_tokens"] == 1
         await asyncio.gather(*reading)                    # beta's streams end whole: only paused
     finally:
-        for task in reading:
+        for task in (*reading, *([asking] if asking is not None else [])):
             task.cancel()
-        await asyncio.gather(*reading, return_exceptions=True)
+        await asyncio.gather(*reading, *([asking] if asking is not None else []), return_exceptions=True)
         for resp in hog:
             resp.close()
