@@ -87,9 +87,8 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     # Prompt tokens submitted but not yet computed (queued + partially prefilled). Admission uses it
     # to keep one tenant's prefills from filling every step a newcomer's prefill would share.
     pending_prefill_tokens: int = 0
-    # Sequences that yielded their slot (Engine.yield_slot, or preempted for KV from the tenant holding the
-    # most: inferd.engine.victims) and resume once one is free and nothing newer waits, and the KV blocks
-    # they will need then. free_slots and free_kv_blocks leave them out, so the
+    # Sequences that yielded their slot (Engine.yield_slot) and resume once one is free and nothing newer
+    # waits, and the KV blocks they will need then. free_slots and free_kv_blocks leave them out, so the
     # tenant a slot was yielded for can take it; anyone else should leave them for the parked ones.
     parked: int = 0
     parked_kv_blocks: int = 0

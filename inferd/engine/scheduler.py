@@ -235,7 +235,7 @@ class Scheduler:
                 freed += self._unschedule(victim, j, out)
                 undone += 1
                 i -= 1
-            self._preempt(victim, park=self._shared(victim))
+            self._preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
                 return False, undone, freed
@@ -267,23 +267,11 @@ class Scheduler:
         if self._leaders is not None and seq.prompt_key is not None and self._leaders.get(seq.prompt_key) is seq:
             del self._leaders[seq.prompt_key]
 
-    def _shared(self, victim: Sequence) -> bool:
-        """Another tenant's sequence runs or waits beside `victim`'s tenant (the one holding the most KV)."""
-        tenant = victim.tenant
-        return any(s.tenant != tenant for s in self.running) or any(s.tenant != tenant for s in self.waiting)
-
-    def _preempt(self, seq: Sequence, park: bool = False) -> None:
-        """Free `seq`'s blocks; it is recomputed later. First in line again (it was admitted before the
-        rest), unless `park`: its tenant holds the most KV beside another tenant's work, whose waiting
-        sequences then go first (as after Scheduler.park), or it would take back at once the blocks it
-        gave up."""
+    def _preempt(self, seq: Sequence) -> None:
         self._forget_leader(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
-        if park:
-            self.parked.append(seq)
-        else:
-            self.waiting.appendleft(seq)
+        self.waiting.appendleft(seq)     # first in line again: it was admitted before the rest
         self.num_preemptions += 1
 
     def _pack(self, out: SchedulerOutput) -> None:

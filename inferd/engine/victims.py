@@ -8,10 +8,6 @@ the most blocks per unit of weight (Sequence.weight, the tenant's configured wei
 at least its weighted share of the blocks the running sequences hold, so a tenant under its share never
 loses a sequence while one over its share has one to give. With one tenant (or equal holdings per
 weight, where the newest's tenant wins the tie) this is the newest running sequence, as before.
-
-Where another tenant's work runs or waits beside it, the victim does not go back to the head of the
-waiting queue (it would take its blocks back in the next step, ahead of the lighter tenant's new
-request) but waits with the parked sequences, which resume when nothing else waits (Scheduler._preempt).
 """
 from __future__ import annotations
 
