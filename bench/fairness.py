@@ -13,7 +13,7 @@ TTLs), on the same engine settings, and prints the same figures for both:
             requests -> alpha's p99 TTFT vs. alone. Ours only (FCFS has nothing to compare): preempting
             (the sim yields a slot: inferd.admission.slots), with fairness_preemption off (as before
             slots were fair), and on an engine that cannot preempt (as trtllm: the standing reserve);
-            and a KV hog: beta's streams hold half the slots but, from 3,000-token prompts, all the KV
+            and a KV hog: beta's streams hold half the slots but, from 1,192-token prompts, all the KV
 
 Times are simulated seconds: the sim engine runs at --time-scale (default 0.2: a 60 s scenario takes
 12 s of wall time) and admission's clock is the loop clock divided by it; rejection latency is wall
@@ -275,7 +275,7 @@ def hog_request(rng: random.Random, tenant: str, n: int, prompt: int = 512) -> G
                              sampling=SamplingParams(max_tokens=HOG_TOKENS, ignore_eos=True))
 
 
-KV_HOG_PROMPT = 3000
+KV_HOG_PROMPT = 1192       # + HOG_TOKENS: the profile's whole 8,192-token context
 
 
 def kv_hog_request(rng: random.Random, tenant: str, n: int) -> GenerationRequest:
@@ -343,6 +343,12 @@ async def kv_hog(alpha, alone, policy, engine_class, args):
     print(f"  kv hog: beta streams: {half} of {KV_HOG_PROMPT} + {HOG_TOKENS} tokens ({HOG_KV_BLOCKS} KV blocks)")
     print(f"  kv hog: alpha ttft p99 with hog: {m99:.3f} s")
     print(f"  kv hog: p99 ratio: {m99 / a99:.2f}x")
+    def tpot99(records):
+        return pct([r.tpot if r.tpot is not None else math.inf for r in records
+                    if r.tenant == "alpha" and r.rejected is None], 0.99)
+
+    print(f"  kv hog: alpha time per output token p99 alone/with hog: {1000 * tpot99(alone):.1f}/"
+          f"{1000 * tpot99(mixed):.1f} ms")
     print(f"  kv hog: alpha ttft p50 with hog: {pct(ttfts(mixed, 'alpha'), 0.5):.3f} s; alpha unfinished: "
           f"{sum(r.tenant == 'alpha' and r.ttft is None and r.rejected is None for r in mixed)}; refused: "
           f"{sum(r.tenant == 'alpha' and r.rejected is not None for r in mixed)}")
