@@ -12,7 +12,8 @@ TTLs), on the same engine settings, and prints the same figures for both:
   hog       beta fills every sequence slot with long streams (ignore_eos, 7,000 tokens), then alpha sends
             requests -> alpha's p99 TTFT vs. alone. Ours only (FCFS has nothing to compare): preempting
             (the sim yields a slot: inferd.admission.slots), with fairness_preemption off (as before
-            slots were fair), and on an engine that cannot preempt (as trtllm: the standing reserve)
+            slots were fair), and on an engine that cannot preempt (as trtllm: the standing reserve);
+            and a KV hog: beta's streams hold half the slots but, from 1,192-token prompts, all the KV
 
 Times are simulated seconds: the sim engine runs at --time-scale (default 0.2: a 60 s scenario takes
 12 s of wall time) and admission's clock is the loop clock divided by it; rejection latency is wall
@@ -248,10 +249,11 @@ async def scenario_ramp(cap, args):
 
 
 HOG_TOKENS = 7000
-# KV for every slot's whole hog stream (and alpha's): the scenario is about slots. With the default pool
-# the hog's contexts outgrow KV and preempt one another (and alpha's newest sequence) for blocks,
-# which slot fairness does not address (see docs/tenants.md).
-HOG_KV_BLOCKS = 16384
+# The engine's default pool: beta's contexts outgrow it, so the engine preempts for blocks (from the
+# tenant holding the most per weight: inferd.engine.victims). --hog-kv-blocks 16384 holds every hog
+# stream whole (a scenario about slots only). The "kv hog" lines: beta holds only half the slots, and
+# with long prompts the whole KV cache (admission has it yield KV to alpha: inferd.admission.slots).
+HOG_KV_BLOCKS = 4096
 HOG_GRACE_S = 150.0        # simulated seconds: beta's streams end well within it
 
 
@@ -264,13 +266,21 @@ def set_hog_kv_blocks(n: int) -> None:
     HOG_KV_BLOCKS = n
 
 
-def hog_request(rng: random.Random, tenant: str, n: int) -> GenerationRequest:
+def hog_request(rng: random.Random, tenant: str, n: int, prompt: int = 512) -> GenerationRequest:
     """beta's are long streams that never stop early; alpha's the usual mix."""
     if tenant != "beta":
         return make_request(rng, tenant, n)
-    start = rng.randrange(len(_POOL) - 512)
-    return GenerationRequest(request_id=f"{tenant}-{n}", tenant=tenant, prompt_token_ids=_POOL[start:start + 512],
+    start = rng.randrange(len(_POOL) - prompt)
+    return GenerationRequest(request_id=f"{tenant}-{n}", tenant=tenant, prompt_token_ids=_POOL[start:start + prompt],
                              sampling=SamplingParams(max_tokens=HOG_TOKENS, ignore_eos=True))
+
+
+KV_HOG_PROMPT = 1192       # + HOG_TOKENS: the profile's whole 8,192-token context
+
+
+def kv_hog_request(rng: random.Random, tenant: str, n: int) -> GenerationRequest:
+    """The KV hog: beta's streams start from long prompts, so half the slots fill the KV cache soon."""
+    return hog_request(rng, tenant, n, KV_HOG_PROMPT)
 
 
 class NoPreemptSim(SimEngine):
@@ -318,6 +328,30 @@ async def scenario_hog(cap, args):
         print(f"  {label}: alpha ttft p50 alone/with hog: {pct(ttfts(alone, 'alpha'), 0.5):.3f}/"
               f"{pct(ttfts(mixed, 'alpha'), 0.5):.3f} s; beta streams running at the end: "
               f"{sum(r.tenant == 'beta' and r.end is None for r in mixed)}/{slots}")
+        if name in ("preempt", "before"):
+            await kv_hog(alpha, alone, policy, engine_class, args)
+
+
+async def kv_hog(alpha, alone, policy, engine_class, args):
+    """beta holds half the slots (its share beside alpha) but, from long prompts, the whole KV cache."""
+    half = ENGINE["max_batch_size"] // 2
+    beta = [(0.1 * i, "beta") for i in range(half)]
+    mixed, _ = await run(policy, {"alpha": TenantConfig(), "beta": TenantConfig()}, sorted(alpha + beta),
+                         args.time_scale, 600.0, args.duration, max(args.grace, HOG_GRACE_S), 4,
+                         request_for=kv_hog_request, engine_class=engine_class)
+    a99, m99 = pct(ttfts(alone, "alpha"), 0.99), pct(ttfts(mixed, "alpha"), 0.99)
+    print(f"  kv hog: beta streams: {half} of {KV_HOG_PROMPT} + {HOG_TOKENS} tokens ({HOG_KV_BLOCKS} KV blocks)")
+    print(f"  kv hog: alpha ttft p99 with hog: {m99:.3f} s")
+    print(f"  kv hog: p99 ratio: {m99 / a99:.2f}x")
+    def tpot99(records):
+        return pct([r.tpot if r.tpot is not None else math.inf for r in records
+                    if r.tenant == "alpha" and r.rejected is None], 0.99)
+
+    print(f"  kv hog: alpha time per output token p99 alone/with hog: {1000 * tpot99(alone):.1f}/"
+          f"{1000 * tpot99(mixed):.1f} ms")
+    print(f"  kv hog: alpha ttft p50 with hog: {pct(ttfts(mixed, 'alpha'), 0.5):.3f} s; alpha unfinished: "
+          f"{sum(r.tenant == 'alpha' and r.ttft is None and r.rejected is None for r in mixed)}; refused: "
+          f"{sum(r.tenant == 'alpha' and r.rejected is not None for r in mixed)}")
 
 
 async def main(args) -> None:

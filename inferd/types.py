@@ -88,6 +88,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     # time.monotonic() by which the answer is due (None: none). Admission enforces it on every engine;
     # the unary batcher (inferd.engine.unary) also closes batches and drops hopeless work by it.
     deadline: float | None = None
+    # The tenant's weight ([tenants.<name>] weight), set by admission: an engine that must preempt for KV
+    # blocks takes from the tenant holding the most blocks per unit of weight (inferd.engine.victims).
+    weight: float = 1.0
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,8 +10,9 @@ Retry-After and early refusals come from inferd.admission.estimate.
 The dispatcher is a task woken by submissions, first tokens and finishing streams, plus a short poll
 while blocked on engine capacity (capacity also frees on engine steps). When the picked request cannot
 go yet (no slot beyond the headroom, no room in the prefill budget) a light tenant's request that fits
-goes instead; and when a tenant owed a slot waits while another holds more than its share, the engine
-is asked to yield one of the over-served tenant's slots (inferd.admission.slots).
+goes instead; and when a tenant owed a slot waits while another holds more than its share of the slots
+(or of the KV blocks), the engine is asked to yield one of the over-served tenant's sequences
+(inferd.admission.slots).
 """
 from __future__ import annotations
 
@@ -215,7 +216,7 @@ class AdmissionQueue:
         if backlog.requests and light:
             self._gate.last_light = now      # a light tenant arrived while others are backlogged: keep headroom
         if (not q and backlog.requests == 0 and self._gate.within_kv_cap(t, self.tenants)
-                and self._gate.fits(self.engine.capacity(), t, light, self.policy)):
+                and self._gate.fits(self.engine.capacity(), t, light, self.policy, self.tenants)):
             self._lift(t.tenant)
             return t
         if self.policy.early_refusal and not follow_up:
@@ -336,7 +337,7 @@ class AdmissionQueue:
                 return True
             cap = self.engine.capacity()
             light = gate.is_light(t.tenant, self.tenants)
-            if not gate.fits(cap, t, light, self.policy):
+            if not gate.fits(cap, t, light, self.policy, self.tenants):
                 t = self._instead(t, light, cap)
                 if t is None:
                     return True
@@ -354,11 +355,14 @@ class AdmissionQueue:
         gate, tenants = self._gate, self.tenants
         if not light:
             alt = self._pick(lambda n: gate.is_light(n, tenants))
-            if alt is not None and gate.fits(cap, alt, True, self.policy):
+            if alt is not None and gate.fits(cap, alt, True, self.policy, tenants):
                 return alt
         owed = t if self._slots.owed(t.tenant, tenants) else self._pick(lambda n: self._slots.owed(n, tenants))
-        if owed is not None and self._slots.take_for(owed, cap, tenants, self.policy):
-            if gate.fits(self.engine.capacity(), owed, True, self.policy):
+        freed = self._slots.take_for(owed, cap, tenants, self.policy) if owed is not None else None
+        if freed is not None:   # the engine may not count the yielded sequence's blocks free yet
+            now = self.engine.capacity()
+            blocks = max(now.free_kv_blocks, cap.free_kv_blocks + freed)
+            if gate.fits(msgspec.structs.replace(now, free_kv_blocks=blocks), owed, True, self.policy, tenants):
                 return owed
         return None
 
@@ -381,8 +385,11 @@ class AdmissionQueue:
     def _submit(self, t: Ticket) -> AdmittedStream | None:
         """Hand `t` to the engine. On an engine error a queued caller gets it through its future
         (and None is returned); a caller released at once gets it raised."""
+        request, weight = t.request, self.tenants.get(t.tenant).weight
+        if request.weight != weight:        # for the engine's KV preemption (inferd.engine.victims)
+            request = msgspec.structs.replace(request, weight=weight)
         try:
-            stream = self.engine.submit(t.request)
+            stream = self.engine.submit(request)
         except Exception as exc:
             self._settle(t, None)
             if t.future is not None:
@@ -404,6 +411,7 @@ class AdmissionQueue:
 
     def charge_output(self, t: Ticket, n: int) -> None:
         """`n` more output tokens of `t` were delivered."""
+        t.output += n
         self._stats.output(self.tenants.label(t.tenant), n)
         self._charge(t, n * self.policy.output_cost_weight)
 

@@ -19,7 +19,9 @@ well-behaved tenant next to a flooding one starts at once instead of waiting for
 only heavy tenants around, no headroom is held and the engine is filled completely. A generating
 engine that cannot preempt (Engine.yields_slots False: trtllm) keeps the headroom as a standing reserve
 (`headroom_without_preemption`): heavy tenants and a tenant alone leave it free at all times, as nothing
-could free a slot for a tenant arriving later; a light tenant beside others may take it.
+could free a slot for a tenant arriving later; a light tenant beside others may take it. Not on a node
+where only one tenant can send requests (TenantRegistry.shared False: auth mode "none"): no one else
+would ever take it.
 
 Parked sequences (preempted for another tenant: inferd.admission.slots) wait for slots and KV blocks the
 engine reports free: only a light tenant may use them, so a heavy one's further requests do not take back
@@ -87,11 +89,26 @@ class CapacityGate:
         active.add(tenant)
         return active
 
+    def _fraction(self, tenant: str, tenants: TenantRegistry) -> float:
+        """`tenant`'s weight over the weights of the tenants with work in flight or queued (itself included)."""
+        return tenants.get(tenant).weight / sum(tenants.get(n).weight for n in self._active(tenant))
+
     def share(self, tenant: str, tenants: TenantRegistry) -> float:
         """`tenant`'s weighted share of the engine's slots, among the tenants with work in flight or
         queued (itself included)."""
-        weight = tenants.get(tenant).weight
-        return weight / sum(tenants.get(n).weight for n in self._active(tenant)) * self.engine.info.max_batch_size
+        return self._fraction(tenant, tenants) * self.engine.info.max_batch_size
+
+    def kv_share(self, tenant: str, tenants: TenantRegistry) -> float:
+        """The same for the engine's KV blocks."""
+        return self._fraction(tenant, tenants) * self.engine.info.num_kv_blocks
+
+    def kv_blocks(self, t: Ticket) -> int:
+        """KV blocks running `t` holds, as admission can tell: its prompt and the output delivered so far
+        (the engine may have made more; a parked one holds none)."""
+        return 0 if t.parked else math.ceil((t.prompt + t.output) / self.engine.info.block_size)
+
+    def kv_held(self, tenant: str) -> int:
+        return sum(self.kv_blocks(t) for t in self.tickets.get(tenant, {}).values())
 
     def is_light(self, tenant: str, tenants: TenantRegistry) -> bool:
         """Fewer requests queued + running than its weighted share of the engine's slots."""
@@ -107,8 +124,9 @@ class CapacityGate:
         budget = policy.max_pending_prefill_tokens
         return budget if budget is not None else max(1, self.engine.info.max_num_tokens // 4)
 
-    def fits(self, cap: Capacity, t: Ticket, light: bool, policy: AdmissionConfig) -> bool:
-        """The engine has room for `t` now (`light`: its tenant is light)."""
+    def fits(self, cap: Capacity, t: Ticket, light: bool, policy: AdmissionConfig, tenants: TenantRegistry) -> bool:
+        """The engine has room for `t` now (`light`: its tenant is light). `tenants`: the registry now (a
+        reload swaps it)."""
         need = math.ceil(t.prompt / cap.block_size)
         slots, blocks = cap.free_slots, cap.free_kv_blocks
         if not light:           # what parked sequences wait for is theirs
@@ -122,9 +140,10 @@ class CapacityGate:
         limit = max(budget, info.max_num_tokens) if light else budget
         if cap.pending_prefill_tokens and cap.pending_prefill_tokens + t.prompt > limit:
             return False
-        # Generation only: an embedding engine's requests hold their slot for one batch, not a stream.
+        # Generation only: an embedding engine's requests hold their slot for one batch, not a stream. And
+        # only where another tenant could come: on a node whose every request is one tenant's, nobody would.
         standing = (policy.headroom_without_preemption and not self.engine.yields_slots
-                    and info.task == "generate")
+                    and info.task == "generate" and tenants.shared)
         alone = standing and light and self._active(t.tenant) == {t.tenant}
         if light and not alone:
             return blocks >= need

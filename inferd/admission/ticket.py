@@ -47,7 +47,7 @@ class AdmissionRejected(Exception):
 
 class Ticket:
     __slots__ = ("request", "tenant", "cls", "prompt", "tokens", "est_cost", "deadline", "expires",
-                 "arrived", "seq", "future", "timer", "state", "lease", "stream", "grouped", "parked")
+                 "arrived", "seq", "future", "timer", "state", "lease", "stream", "grouped", "parked", "output")
 
     def __init__(self, request: GenerationRequest, cls: PriorityClass, est_cost: float, deadline: float,
                  expires: float, arrived: float, seq: int, lease: Lease | None) -> None:
@@ -68,3 +68,4 @@ class Ticket:
         self.stream: Any = None         # its AdmittedStream when `enter` released it at once
         self.grouped = False            # a part of a request of several (AdmissionQueue.enter): never shed
         self.parked = False             # its sequence yielded its slot to another tenant's (admission.slots)
+        self.output = 0                 # output tokens delivered so far (charged: admission.stream)

@@ -145,11 +145,14 @@ class TenantRegistry:
     """
 
     def __init__(self, tenants: Mapping[str, TenantConfig] | None = None,
-                 default: TenantConfig | None = None) -> None:
+                 default: TenantConfig | None = None, *, shared: bool = True) -> None:
+        """`shared`: requests may come from more than one tenant (False: every request is the anonymous
+        tenant's, auth mode "none"; see inferd.tenancy.Tenancy)."""
         tenants = dict(tenants or {})
         # `[tenants.default]` configures every tenant the config does not name.
         self.default = default or tenants.pop("default", None) or DEFAULT_TENANT
         self._tenants = tenants
+        self.shared = shared
 
     def get(self, name: str) -> TenantConfig:
         return self._tenants.get(name, self.default)

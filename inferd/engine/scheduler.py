@@ -2,8 +2,9 @@
 
 One token budget per step is shared by the decode tokens of running sequences (served first,
 oldest first) and the prefill of waiting ones (chunked to fit, FCFS: fairness is decided by
-admission in front of the engine). When the KV pool runs out, the newest running sequence is
-preempted: its blocks are freed and it is recomputed later from its tokens so far. Admission may also
+admission in front of the engine). When the KV pool runs out, a running sequence is preempted: the
+newest of the tenant holding the most blocks per unit of weight (inferd.engine.victims; with one
+tenant, the newest); its blocks are freed and it is recomputed later from its tokens so far. Admission may also
 `park` a sequence (another tenant is owed its slot): preempted the same way, it waits in `parked` and
 resumes only when nothing waits, so it does not take back at once the slot it gave up.
 
@@ -35,6 +36,7 @@ import numpy as np
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.sequence import Sequence, SequenceStatus
+from inferd.engine.victims import victim_index
 from inferd.types import FinishReason
 
 
@@ -181,8 +183,8 @@ class Scheduler:
         return out
 
     def schedule_running(self, out: SchedulerOutput) -> int:
-        """Running sequences first, oldest first, preempting the newest when the pool is short; returns
-        the token budget left for waiting ones. Runs for every running sequence every step, so the common
+        """Running sequences first, oldest first, preempting (inferd.engine.victims) when the pool is short;
+        returns the token budget left for waiting ones. Runs for every running sequence every step, so the common
         case (a decode whose token fits the blocks it holds) is written out inline, with local names."""
         bs = self.block_manager.block_size
         running = self.running
@@ -197,9 +199,16 @@ class Scheduler:
             if n > budget:
                 n = budget
             end = computed + n
-            if end > len(seq.block_table) * bs and not self._make_room(seq, n, out):
-                count = len(running)        # preempted, itself included: the rest of the batch is gone
-                continue
+            if end > len(seq.block_table) * bs:
+                out.kv_tokens += kv_tokens          # the slow path may take back what is counted so far
+                out.attention_pairs += pairs
+                kv_tokens = pairs = 0
+                kept, undone, freed = self._make_room(seq, i, n, out)
+                i -= undone                         # sequences before it, scheduled, then preempted
+                budget += freed
+                count = len(running)
+                if not kept:
+                    continue                        # it was preempted itself
             count = len(running)
             add_seq(seq)
             add_count(n)
@@ -211,18 +220,37 @@ class Scheduler:
         out.attention_pairs += pairs
         return budget
 
-    def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
-        """Blocks for `n` more tokens of `seq`, preempting the newest running sequences until they fit;
-        False when `seq` itself had to go."""
+    def _make_room(self, seq: Sequence, i: int, n: int, out: SchedulerOutput) -> tuple[bool, int, int]:
+        """Blocks for `n` more tokens of `seq` (running[i]), preempting sequences until they fit: the newest
+        of the tenant holding the most blocks per weight (inferd.engine.victims; with one tenant, the
+        newest). Returns (whether `seq` kept its place, how many sequences before it were preempted, the
+        tokens of theirs this step had scheduled, handed back to the budget)."""
         bm = self.block_manager
+        running = self.running
+        undone = freed = 0
         while not bm.can_append(seq, n):
-            victim = self.running.pop()
+            j = victim_index(running)
+            victim = running.pop(j)
+            if j < i:                   # already in this step's batch: take it out again
+                freed += self._unschedule(victim, j, out)
+                undone += 1
+                i -= 1
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
-                return False
+                return False, undone, freed
         bm.append(seq, n)
-        return True
+        return True, undone, freed
+
+    @staticmethod
+    def _unschedule(seq: Sequence, j: int, out: SchedulerOutput) -> int:
+        """Remove row `j` (`seq`, a running sequence scheduled this step) from `out`; its token count."""
+        del out.seqs[j]
+        n = out.num_new_tokens.pop(j)
+        end = seq.num_computed_tokens + n
+        out.kv_tokens -= end
+        out.attention_pairs -= n * end - n * (n - 1) // 2
+        return n
 
     def _leader_of(self, seq: Sequence) -> Sequence | None:
         """The running sequence `seq` (never admitted yet) can fork from: same salt, same prompt. Never for

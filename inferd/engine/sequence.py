@@ -36,12 +36,12 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
-        "prompt_key", "needs_prompt_logits", "grammar",
+        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
                  sampling: SamplingParams | None = None, *, salt: bytes = b"", arrival: int = 0,
-                 lora: str | None = None) -> None:
+                 lora: str | None = None, tenant: str = "", weight: float = 1.0) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
@@ -68,6 +68,10 @@ class Sequence:
         # logits by it and feeds it each sampled token once (a recompute after preemption samples none of
         # the old ones again, so the matcher never sees a token twice); it ending ends the sequence.
         self.grammar: Any = None
+        # Whose it is, and that tenant's weight: KV preemption takes from the tenant holding the most
+        # blocks per unit of weight (inferd.engine.victims).
+        self.tenant = tenant
+        self.weight = weight
 
     @property
     def num_tokens(self) -> int:

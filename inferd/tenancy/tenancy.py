@@ -36,6 +36,16 @@ Clock = Callable[[], float]
 log = get_logger("inferd.tenancy")
 
 
+def many_senders(config: Config) -> bool:
+    """Whether requests may come from more than one tenant: API keys, client certificates naming a tenant
+    other than the anonymous one, or cluster peers forwarding their callers'. With auth mode "none" and
+    none of those, every request is the anonymous tenant's: admission keeps no slots for anyone else."""
+    tls = config.server.tls
+    named = set(tls.tenant_by_subject.values()) if tls is not None else set()
+    return (config.auth.mode != "none" or bool(named - {config.auth.anonymous_tenant})
+            or config.cluster is not None)
+
+
 class _Queue:
     __slots__ = ("model", "engine", "queue")
 
@@ -52,7 +62,7 @@ class Tenancy:
     def __init__(self, config: Config, *, authenticator: Authenticator | None = None,
                  quota_clock: Clock = time.monotonic, keys_poll_interval_s: float | None = None) -> None:
         self.config = config
-        self.tenants = TenantRegistry(config.tenants)
+        self.tenants = TenantRegistry(config.tenants, shared=many_senders(config))
         # Config paths are already absolute (inferd.config.load_config resolves them); "." only matters for
         # a Config built in code with relative paths.
         self.authenticator = authenticator or load_authenticator(config.auth, Path("."))
@@ -117,7 +127,7 @@ class Tenancy:
         a changed [auth] table gets a new authenticator, also built off the loop, unless one is given."""
         old_auth = self.config.auth
         self.config = config
-        self.tenants = TenantRegistry(config.tenants)
+        self.tenants = TenantRegistry(config.tenants, shared=many_senders(config))
         self.quota.set_tenants(self.tenants)
         self.budgets.tenants = self.tenants
         self._pace(config)

@@ -73,6 +73,15 @@ async def test_vtc_serves_backlogged_tenants_in_proportion_to_weight(make_queue)
         t.cancel()
 
 
+async def test_the_engine_gets_each_request_with_its_tenants_weight_as_configured_now(make_queue):
+    q, engine = make_queue(engine=FakeEngine(slots=4), tenants={"a": TenantConfig(weight=3)})
+    await q.admit(req("a"), deadline=far())
+    await q.admit(req("b"), deadline=far())
+    q.set_tenants(TenantRegistry({"a": TenantConfig(weight=0.5)}))
+    await q.admit(req("a"), deadline=far())
+    assert [r.weight for r in engine.submitted] == [3, 1, 0.5]
+
+
 async def test_fcfs_policy_releases_in_arrival_order(make_queue):
     q, engine = make_queue(tenants={"a": TenantConfig(weight=3)}, scheduling="fcfs")
     await occupy(q, engine)

@@ -2,7 +2,7 @@
 the prefill budget, light tenants and the headroom kept for them."""
 import asyncio
 
-from inferd.config.tenants import AdmissionConfig, TenantConfig, admission_errors
+from inferd.config.tenants import AdmissionConfig, TenantConfig, TenantRegistry, admission_errors
 from tests.admission.harness import BS, FakeEngine, far, make_queue, req, settle, spawn  # noqa: F401
 
 
@@ -160,3 +160,17 @@ async def test_an_engine_that_cannot_preempt_keeps_a_standing_reserve_for_whoeve
     assert not fifth.done() and engine.slots == 1
     newcomer = await asyncio.wait_for(q.admit(req("alpha"), deadline=far()), 5)
     assert newcomer.tenant == "alpha" and engine.slots == 0
+
+
+async def test_no_standing_reserve_where_only_one_tenant_can_send_read_at_each_decision(make_queue):
+    engine = FakeEngine(slots=5)                # cannot preempt, as trtllm
+    q, _ = make_queue(engine=engine, headroom_fraction=0.2)
+    for _ in range(4):
+        await q.admit(req("local"), deadline=far())
+    fifth = spawn(q.admit(req("local"), deadline=far()))
+    await asyncio.sleep(0.02)
+    assert not fifth.done() and engine.slots == 1     # keys or certificates: someone else may come
+    q.set_tenants(TenantRegistry({}, shared=False))   # a reload to auth mode "none": nobody else can
+    await asyncio.wait_for(fifth, 5)
+    assert engine.slots == 0
+

@@ -4,7 +4,7 @@ often (at most once per engine step; a yielded slot is not taken back by the ten
 import asyncio
 
 from inferd.config.tenants import TenantConfig
-from tests.admission.harness import FakeEngine, far, make_queue, req, settle, spawn  # noqa: F401
+from tests.admission.harness import BS, FakeEngine, far, make_queue, req, settle, spawn  # noqa: F401
 
 
 async def fill(q, tenant, n):
@@ -86,3 +86,33 @@ async def test_off_by_config_and_on_an_engine_that_cannot_preempt(make_queue):
         waiting = spawn(q.admit(req("alpha"), deadline=far()))
         await asyncio.sleep(0.02)
         assert not waiting.done() and engine.yielded == []
+
+
+async def test_a_tenant_short_of_kv_blocks_gets_a_sequence_yielded_by_the_tenant_over_its_kv_share(make_queue):
+    # Slots are not short (beta holds 3 of 8); KV blocks are: beta holds 15 of 20. The fake engine frees
+    # the yielded sequence's blocks only later (as the reference engine, at its next step).
+    q, engine = make_queue(engine=FakeEngine(slots=8, blocks=20, yields=True))
+    beta = [await q.admit(req("beta", prompt=5 * BS), deadline=far()) for _ in range(3)]
+    alpha = await asyncio.wait_for(q.admit(req("alpha", prompt=6 * BS), deadline=far()), 5)
+    assert alpha.tenant == "alpha" and engine.yielded == [beta[-1].request_id]
+    second = spawn(q.admit(req("alpha", prompt=BS), deadline=far()))
+    await asyncio.sleep(0.02)           # beta now holds 10 of its 10: it yields no more (not this step either)
+    engine.steps += 1
+    await asyncio.sleep(0.02)
+    assert not second.done() and engine.yielded == [beta[-1].request_id]
+
+
+async def test_no_kv_yield_from_a_tenant_at_its_kv_share_or_when_the_request_could_not_start(make_queue):
+    q, engine = make_queue(engine=FakeEngine(slots=8, blocks=12, yields=True))
+    for _ in range(2):
+        await q.admit(req("beta", prompt=5 * BS), deadline=far())   # 10 of 12: yielding one leaves 5 < 6
+    waiting = spawn(q.admit(req("alpha", prompt=3 * BS), deadline=far()))
+    await asyncio.sleep(0.02)
+    assert not waiting.done() and engine.yielded == []
+    q2, engine2 = make_queue(engine=FakeEngine(slots=8, blocks=20, yields=True))
+    for _ in range(3):
+        await q2.admit(req("beta", prompt=5 * BS), deadline=far())
+    engine2.waiting = 2                 # the engine's own queue is full: the blocks would not start it
+    waiting2 = spawn(q2.admit(req("alpha", prompt=6 * BS), deadline=far()))
+    await asyncio.sleep(0.02)
+    assert not waiting2.done() and engine2.yielded == []

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from inferd.admission.fair_queue import AdmissionRejected
+from inferd.config import AuthConfig, Config, ServerConfig, TlsConfig
 from inferd.config.root import parse_config
 from inferd.engine.sim.engine import SimEngine
 from inferd.tenancy.keys import InvalidApiKey, KeyHasher, create_key, revoke_key
-from inferd.tenancy.tenancy import Tenancy
+from inferd.tenancy.tenancy import Tenancy, many_senders
 from inferd.types import GenerationRequest, SamplingParams
 
 
@@ -91,3 +93,13 @@ async def test_metrics_labels_are_configured_tenants_and_other(tmp_path):
     snap = tenancy.metrics_snapshot()
     assert snap["rejections"] == {"acme": {"limit": 1}, "other": {"limit": 2}}
     await tenancy.close()
+
+
+def test_only_one_tenant_sends_with_auth_mode_none_and_no_certificate_tenants_or_peers():
+    assert not many_senders(Config())
+    assert many_senders(Config(auth=AuthConfig(mode="api_key")))
+    tls = TlsConfig(cert_file="c.pem", key_file="k.pem", client_ca_file="ca.pem")
+    assert not many_senders(Config(server=ServerConfig(tls=msgspec.structs.replace(
+        tls, tenant_by_subject={"CN=me": "local"}))))
+    assert many_senders(Config(server=ServerConfig(tls=msgspec.structs.replace(
+        tls, tenant_by_subject={"CN=alice": "alice"}))))

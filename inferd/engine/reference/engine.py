@@ -166,7 +166,8 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._validate(request)
         stream = RequestStream(request.request_id, on_cancel=self.abort)
         seq = Sequence(request.request_id, request.prompt_token_ids, request.sampling,
-                       salt=prefix_salt(request.tenant, request.lora), lora=request.lora)
+                       salt=prefix_salt(request.tenant, request.lora), lora=request.lora, tenant=request.tenant,
+                       weight=request.weight)
         seq.engine_state = RequestOutput(stream, time.monotonic())
         blocks = self._blocks.blocks_needed(len(request.prompt_token_ids))
         with self._cond:

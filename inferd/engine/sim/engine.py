@@ -187,6 +187,7 @@ class SimEngine(Engine):
         seq = SimSequence(request.request_id, stream, prompt, sp.max_tokens, key, stop_ids, eos_threshold,
                           StopMatcher(sp.stop) if sp.stop else None)
         seq.logprobs, seq.prompt_logprobs = sp.logprobs, sp.prompt_logprobs
+        seq.tenant, seq.weight = request.tenant, request.weight
         return seq
 
     def yield_slot(self, request_id: str) -> bool:
