@@ -13,7 +13,7 @@ from `inferd keys create`.
      --seconds; per request the end-to-end latency.
   2. `uploads`: the same traffic while beta sends --uploads concurrent uploads of a --size-mb JSONL file
      (valid batch lines of ~2 KB), measured from the first upload's start to the last one's answer.
-The daemon's RSS (/proc) is sampled every 20 ms; its growth is the peak during the uploads over the RSS
+The RSS of the daemon's process tree (/proc: the daemon and its uploads' line worker) is sampled every 20 ms; its growth is the peak during the uploads over the RSS
 before them. Prints JSON, then the named lines `alpha p99 alone`, `alpha p99 during uploads`,
 `p99 ratio` (goal <= 1.5x) and `peak RSS growth` (goal < 200 MB). --size-mb 8 makes a quick run.
 Run it against another checkout with PYTHONPATH=that/checkout.
@@ -83,10 +83,18 @@ def batch_file(size: int) -> bytes:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """The RSS of the daemon and its children (the uploads' line worker), summed."""
+    total = 0.0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += rss_mb(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass            # a process that ended while being read
+    return total
 
 
 async def sample_rss(pid: int, peak: list[float], stop: asyncio.Event) -> None:

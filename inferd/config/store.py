@@ -30,6 +30,10 @@ class StoreConfig(ConfigTable):
     max_pending_writes: int = 20_000        # the writer's queue bound: beyond it writers wait (backpressure)
     idempotency_ttl_s: float = 86_400.0     # Idempotency-Key records expire after this long
     max_file_bytes: int = 104_857_600       # POST /v1/files upload limit (100 MiB)
+    # What all uploads on this node together are read, checked and written at: a flood of uploads takes
+    # at most this much of the daemon's loop and store writer, whatever their number (TCP backpressure
+    # slows the uploaders). 8 MiB/s: a 100 MiB file in about 13 s.
+    upload_bytes_per_s: int = 8_388_608
     # After a ledger commit fails for the store's sake (disk full, server gone), new requests get 503
     # store_unavailable for this long before one is let through to try again: none runs unbilled.
     unavailable_retry_s: float = 5.0
@@ -52,7 +56,7 @@ def store_errors(s: StoreConfig, path: str = "store") -> list[str]:
     if s.backend == "postgres" and s.path:
         errors.append(f"{path}.path: only with backend = \"sqlite\"")
     for key in ("commit_interval_ms", "commit_rows", "max_pending_writes", "idempotency_ttl_s", "max_file_bytes",
-                "unavailable_retry_s", "timeout_s", "ping_interval_s", "ping_timeout_s"):
+                "upload_bytes_per_s", "unavailable_retry_s", "timeout_s", "ping_interval_s", "ping_timeout_s"):
         if not getattr(s, key) > 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(s, key)}")
     return errors

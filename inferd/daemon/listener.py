@@ -187,6 +187,13 @@ class GuardedHandler(RequestHandler):
             self._body = payload
             self._arm(_BODY, self._limits.body_timeout_s)
 
+    def handler_reads_body(self) -> None:
+        """The handler reads the body itself, with a timeout on each read (an upload paced to the node's
+        upload rate may take minutes while never stalling): the body's total deadline no longer applies."""
+        if self.phase == _BODY:
+            self._body = None
+            self._disarm(_BUSY)
+
     async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
                               start_time: float | None) -> tuple[web.StreamResponse, bool]:
         result = await super().finish_response(request, resp, start_time)

@@ -19,9 +19,8 @@ log = get_logger("inferd.store")
 async def ping_once(db: Database, timeout_s: float) -> None:
     """One ping; its outcome recorded in `db.health` (a change logged)."""
     try:
-        async with asyncio.timeout(timeout_s + 0.5):    # the backend bounds itself; this is the backstop
-            await db.ping(timeout_s)
-    except (StoreError, TimeoutError) as exc:
+        await asyncio.wait_for(db.ping(timeout_s), timeout_s + 0.5)   # the backend bounds itself: a backstop
+    except (StoreError, asyncio.TimeoutError) as exc:
         error = str(exc) or f"{db.where}: ping: no answer within {timeout_s} s"
         if db.health.ok:
             log.error("store_unavailable", where=db.where, error=error)

@@ -47,9 +47,8 @@ class BoundedCalls:
 
     async def _bounded(self, work: Callable[[Any], Awaitable[T]]) -> T:
         try:
-            async with asyncio.timeout(self.timeout_s + COMMIT_GRACE_S):
-                return await self._run(work)
-        except TimeoutError:
+            return await asyncio.wait_for(self._run(work), self.timeout_s + COMMIT_GRACE_S)
+        except asyncio.TimeoutError:        # (TimeoutError itself only from Python 3.11)
             self._counters.record(0, 1, None)
             raise self.timed_out("PostgreSQL", self.timeout_s + COMMIT_GRACE_S) from None
 

@@ -110,7 +110,7 @@ class Pinger:
         task.add_done_callback(self._done)
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             task.cancel()           # it closes its connection as it unwinds; the next ping connects afresh
             self._conn = None
             raise StoreUnavailable(f"PostgreSQL at {self._where}: no answer to a ping within {timeout:g} s") from None

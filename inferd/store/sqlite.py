@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,11 @@ from typing import Any
 from inferd.store.db import Counters, Database, DbStats, StoreError, StoreUnavailable
 from inferd.store.schema import SCHEMA_VERSION, VERSION_QUERY, upgrade
 from inferd.store.sqlite_writer import EXEC, MANY, PING, STOP, TX, Result, Ticket, Writer, connect, store_error
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as time_bound
+else:                               # aiohttp's own dependency before 3.11 (raises asyncio.TimeoutError too)
+    from async_timeout import timeout as time_bound
 
 SYNCHRONOUS = ("normal", "full")
 STARTED_GRACE_S = 1.0   # a write already started when its caller's bound ran out: how much longer it waits
@@ -157,9 +163,9 @@ class SqliteDatabase(Database):
         fut.add_done_callback(_retrieve)
         self._writer.queue.put((PING, "", (), fut, 0, ticket))     # no room wait: it adds no rows
         try:
-            async with asyncio.timeout(timeout):
+            async with time_bound(timeout):
                 return await asyncio.shield(fut)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             pass
         ticket.withdraw()
         if self._delivered_at < asked:
@@ -180,17 +186,17 @@ class SqliteDatabase(Database):
         self._check_writable()
         bound, ticket, fut = self.call_timeout(), Ticket(), None
         try:
-            async with asyncio.timeout(bound):      # a writer stuck on I/O fails its callers, not holds them
+            async with time_bound(bound):      # a writer stuck on I/O fails its callers, not holds them
                 fut = await self._enqueue(kind, sql, params, rows, ticket)
                 return await asyncio.shield(fut)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             pass
         if fut is None or ticket.withdraw():        # not queued, or withdrawn: it is never written
             raise self.timed_out("write", bound)
         try:
-            async with asyncio.timeout(STARTED_GRACE_S):
+            async with time_bound(STARTED_GRACE_S):
                 return await asyncio.shield(fut)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             fut.add_done_callback(_retrieve)
             raise self.timed_out("write", bound + STARTED_GRACE_S, pending=fut) from None
 
@@ -243,9 +249,9 @@ class SqliteDatabase(Database):
             raise StoreError(f"{self.where}: the store is {'not open' if self._state == 'new' else 'closed'}")
         bound = self.call_timeout()
         try:
-            async with asyncio.timeout(bound):
+            async with time_bound(bound):
                 return await self._loop.run_in_executor(self._reader, self._read, sql, params)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             raise self.timed_out("read", bound) from None
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[tuple]:

@@ -6,7 +6,8 @@ keeps applying writes while more are queued (up to `commit_rows` rows or `interv
 first), then commits once: a lone write is committed at once, and under load the writes that arrive
 during a commit form the next, larger group. Each write runs inside its own SAVEPOINT, so a failing
 write rolls back alone; a failed COMMIT (or an error that loses the transaction) fails every write of
-the group with StoreUnavailable. Results go back to the loop in one batch per group.
+the group with StoreUnavailable. Results go back to the loop in one batch per group. The WAL's
+checkpoints run on a thread of their own (inferd.store.sqlite_checkpoint), never inside a commit.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferd.store.db import Counters, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable
+from inferd.store.sqlite_checkpoint import Checkpointer
 from inferd.store.schema import VERSION_QUERY, VERSION_TABLE, upgrade
 
 EXEC, MANY, TX, PING = 0, 1, 2, 3
@@ -155,6 +157,7 @@ class Writer:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.conn: sqlite3.Connection | None = None
         self.cur: sqlite3.Cursor | None = None
+        self.checkpointer = Checkpointer(path)
 
     def run(self, opened: Callable[[BaseException | None], None]) -> None:
         lock_fd = None
@@ -162,7 +165,9 @@ class Writer:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
             lock_fd = take_lock(self.path)
             self._setup()
+            self.checkpointer.start()
         except BaseException as exc:
+            self.checkpointer.stop()
             self._close_conn()
             if lock_fd is not None:
                 release_lock(lock_fd)
@@ -172,6 +177,7 @@ class Writer:
         try:
             self._serve()
         finally:
+            self.checkpointer.stop()        # before the connection: the last one to close checkpoints
             self._close_conn()
             release_lock(lock_fd)
 
@@ -185,6 +191,7 @@ class Writer:
             conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA journal_size_limit = 67108864")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")      # the Checkpointer's thread does it
             conn.execute(VERSION_TABLE)
             steps = upgrade("sqlite", conn.execute(VERSION_QUERY).fetchone()[0], now=time.time(), where=self.path)
             if steps:
@@ -295,6 +302,7 @@ class Writer:
             try:
                 self.cur.execute("COMMIT")
                 seconds = time.perf_counter() - start
+                self.checkpointer.committed()
             except Exception as exc:
                 self._abort(ok, failed, exc)
         elif self.conn.in_transaction:

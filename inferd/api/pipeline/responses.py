@@ -77,7 +77,7 @@ async def load_conversation(ctx: RequestContext) -> None:
                        param="previous_response_id", code="response_not_found")
     try:
         before = await asyncio.wait_for(_conversation(ctx, response_id), max(0.001, ctx.deadline - time.monotonic()))
-    except TimeoutError:
+    except asyncio.TimeoutError:
         raise ApiError(504, "The request's deadline passed while its previous_response_id was read from the store.",
                        type=TIMEOUT, param="previous_response_id", code="deadline_exceeded") from None
     prepared = ctx.prepared

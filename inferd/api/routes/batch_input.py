@@ -47,6 +47,9 @@ class InputError(Exception):
         super().__init__(message)
         self.message, self.line, self.param = message, line, param
 
+    def __reduce__(self):          # raised in the uploads' worker process, re-raised in the daemon
+        return (InputError, (self.message, self.line, self.param))
+
     def api_error(self) -> ApiError:
         return invalid(self.message, param=self.param or "file", code="invalid_batch_input")
 

@@ -22,9 +22,11 @@ import time
 from aiohttp import BodyPartReader, http_exceptions, web
 
 from inferd.api import appkeys as keys
-from inferd.api.routes.batch_input import BatchLine, InputError, LineChecker, check_models, gil_yielder
+from inferd.api.routes.batch_input import BatchLine, InputError, check_models
+from inferd.api.routes.line_worker import LINE_WORKER, LineWorker, RemoteChecker
 from inferd.api.errors import ApiError, invalid
 from inferd.api.routes.stored import caller_store, json_response, list_page, not_found, query_int
+from inferd.config import Config
 from inferd.api.routes.upload_gate import UPLOADS, UploadBytes, UploadGate
 from inferd.store import CHUNK_BYTES, FileStore, Upload
 
@@ -39,6 +41,8 @@ _MULTIPART_SLACK = 64 * 1024        # part headers and the other fields, beyond 
 
 def add_routes(app: web.Application) -> None:
     app[UPLOADS] = UploadGate()
+    app[LINE_WORKER] = worker = LineWorker()
+    app.on_cleanup.append(worker.close)
     app.router.add_post("/v1/files", upload_file)
     app.router.add_get("/v1/files", list_files)
     app.router.add_get("/v1/files/{file_id}", get_file)
@@ -68,10 +72,14 @@ async def upload_file(request: web.Request) -> web.Response:
         if request.content_length is not None:
             counted.check(max(0, request.content_length - _MULTIPART_SLACK))
         upload = Upload(db, tenant)
+        reads_body = getattr(request.protocol, "handler_reads_body", None)     # inferd.daemon.listener's
+        if reads_body is not None:
+            reads_body()
+        checker = RemoteChecker(request.app[LINE_WORKER], state.config.server.max_body_bytes + _LINE_SLACK)
         try:
-            sink = _Sink(upload, counted, limit, state.config.server.max_body_bytes, gate)
-            record = await _receive(request, sink)
+            record = await _receive(request, _Sink(upload, counted, limit, checker, gate, state.config))
         except BaseException:
+            checker.discard()
             await upload.abort()
             raise
     return json_response(record.to_openai())
@@ -79,20 +87,20 @@ async def upload_file(request: web.Request) -> web.Response:
 
 class _Sink:
     """Where the `file` part goes: counted (size limit, tenant quota), cut into chunks, each checked line
-    by line off the loop while it is committed to the store."""
+    by line in the uploads' worker process (inferd.api.routes.line_worker) while it is committed to the store."""
 
-    def __init__(self, upload: Upload, counted: UploadBytes, limit: int, max_body_bytes: int,
-                 gate: UploadGate) -> None:
+    def __init__(self, upload: Upload, counted: UploadBytes, limit: int, checker: RemoteChecker,
+                 gate: UploadGate, config: Config) -> None:
         self.upload, self.counted, self.limit, self.gate = upload, counted, limit, gate
-        self.checker = LineChecker(max_body_bytes + _LINE_SLACK)
-        self.pause = gil_yielder()
+        self.rate, self.read_timeout_s = config.store.upload_bytes_per_s, config.server.body_timeout_s
+        self.checker = checker
         self.first_of_model: dict[str, BatchLine] = {}      # what check_models needs, not every line
         self.received = False
 
     async def take(self, part: BodyPartReader) -> None:
         self.received = True
         buf = bytearray()
-        while chunk := await part.read_chunk(_READ):
+        while chunk := await self._read(part):
             if self.counted.size + len(chunk) > self.limit:
                 raise _too_large(self.limit)
             self.counted.add(len(chunk))
@@ -103,14 +111,23 @@ class _Sink:
                 await self._put(piece)
         if buf:
             await self._put(bytes(buf))
-        self._lines(await asyncio.to_thread(self.checker.finish))
+        self._lines(await self.checker.finish())
+
+    async def _read(self, part: BodyPartReader) -> bytes:
+        # Each read has the body's timeout (the whole body has none here: pacing may stretch it).
+        try:
+            return await asyncio.wait_for(part.read_chunk(_READ), self.read_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"No upload bytes arrived for {self.read_timeout_s:g} s (server.body_timeout_s).",
+                           param="file", code="request_timeout") from None
 
     async def _put(self, piece: bytes) -> None:
-        # Both run off the loop (a thread, the store's writer) at once; both end before either error counts,
-        # so nothing is still being written when the upload is aborted.
+        # Both run off the loop (the worker process, the store's writer) at once; both end before either
+        # error counts, so nothing is still being written when the upload is aborted.
         async with self.gate.lane:
-            parsed, written = await asyncio.gather(asyncio.to_thread(self.checker.feed, piece, self.pause),
-                                                   self.upload.write(piece, now=time.time()), return_exceptions=True)
+            await self.gate.paced(len(piece), self.rate)
+            parsed, written = await asyncio.gather(self.checker.feed(piece), self.upload.write(piece, now=time.time()),
+                                                   return_exceptions=True)
         for outcome in (parsed, written):
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -28,6 +28,17 @@ class UploadGate:
         # One chunk at a time, node-wide, is checked (a thread) and written (the store's writer): however
         # many uploads run, they take one thread's share of the CPU and one write's share of the writer.
         self.lane = asyncio.Lock()
+        self._next_at = 0.0                         # loop time the lane's next chunk may start
+
+    async def paced(self, nbytes: int, rate: int) -> None:
+        """Hold the lane (the caller holds it) until `nbytes` more fit the node's upload rate: uploads
+        together take a bounded share of the loop and the writer, and the uploaders wait on TCP."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        start = max(now, self._next_at)
+        self._next_at = start + nbytes / rate
+        if start > now:
+            await asyncio.sleep(start - now)
 
     @contextlib.contextmanager
     def slot(self, tenant: str, cap: int) -> Iterator[UploadBytes]:

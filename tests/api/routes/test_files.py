@@ -2,6 +2,7 @@
 name the line), size-limited, per tenant."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 from collections.abc import Iterator
@@ -10,12 +11,14 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from openai import AsyncOpenAI
 
+from inferd.config.root import load_config
 from inferd.store.disk_reserve import RESERVE_BYTES
 from inferd.store.files import CHUNK_BYTES
 from tests.api.batch_harness import chat_line, jsonl, serve
 from tests.api.upload_client import PacedUpload, big_jsonl
-from tests.daemon.harness import until
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
 
 
 async def test_an_uploaded_batch_file_reads_back_lists_and_deletes(tmp_path):
@@ -202,3 +205,21 @@ async def test_a_file_is_deleted_on_a_full_disk_and_the_space_reused(tmp_path):
             (tmp_path / "state" / "filler").unlink()
             await client.files.delete(again.id)             # room again: the reserve is made anew
             assert (tmp_path / "state" / "inferd.db.reserve").stat().st_size == RESERVE_BYTES
+
+
+async def test_uploads_are_paced_to_the_node_rate_and_a_paced_upload_outlives_the_body_deadline(tmp_path):
+    # 3 MiB at 1 MiB/s takes about 2 s past its first chunk; the body's total deadline is 1 s. Each read
+    # keeps that deadline, the whole paced body does not: the upload completes.
+    path = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.0)},
+                        f"[store]\nupload_bytes_per_s = {CHUNK_BYTES}\n")
+    path.write_text(path.read_text().replace("[server]\n", "[server]\nbody_timeout_s = 1.0\n", 1))
+    async with running_daemon(load_config(path), run_batches=False) as (daemon, _, url):
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        content = big_jsonl(3 * CHUNK_BYTES)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        made = await client.files.create(file=("big.jsonl", content), purpose="batch")
+        paced_for = loop.time() - started
+        assert (await client.files.content(made.id)).content == content
+        await client.close()
+    assert paced_for >= 1.0             # 3 chunks at one a second: the pace held (a lower bound only)
