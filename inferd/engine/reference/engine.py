@@ -75,6 +75,7 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         # scheduled yet, nothing to yield): a second yield would count a slot free that nothing frees.
         self._yielded: set[str] = set()  # guarded by _cond
         self._compiling: set[str] = set()  # guarded by _cond
+        self._held_yields: list[str] = []  # loop thread; granted, not sent to the step thread yet
         # (free blocks for new work, running, waiting, prompt tokens not yet computed, parked, their blocks)
         self._snapshot = (num_kv_blocks, 0, 0, 0, 0, 0)
         self._used_blocks_snapshot = 0
@@ -177,6 +178,9 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         with self._cond:
             if self._failed is not None or self._stop:   # lost a race with the thread ending
                 raise EngineUnavailable(self._failed or "the reference engine is closing")
+            if self._held_yields:       # see yield_slot
+                self._commands.extend(("yield", rid) for rid in self._held_yields)
+                self._held_yields.clear()
             self._commands.append(("submit", seq))
             self._pending_requests += 1
             self._pending_blocks += blocks
@@ -193,17 +197,28 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._check_adapter(request)
 
     def yield_slot(self, request_id: str) -> bool:
-        """Parked by the step thread before its next step; capacity() counts the slot free from now."""
+        """Parked by the step thread before its next step; capacity() counts the slot free from now. False
+        for one parked or already asked to yield (until it resumes) or whose grammar still compiles."""
         if request_id not in self._streams or self._thread is None:
             return False
         with self._cond:
             if request_id in self._yielded or request_id in self._compiling:
                 return False
             self._yielded.add(request_id)
-            self._commands.append(("yield", request_id))
             self._pending_yields += 1
-            self._cond.notify()
+        # Held until the submit that follows it in this loop callback (admission's), so both reach the
+        # step thread together: applied alone, the step thread could resume the parked sequence in the
+        # free slot before the request it was yielded for arrives. Else sent on the loop's next turn.
+        self._held_yields.append(request_id)
+        if len(self._held_yields) == 1:
+            asyncio.get_running_loop().call_soon(self._send_held_yields)
         return True
+
+    def _send_held_yields(self) -> None:
+        with self._cond:
+            self._commands.extend(("yield", rid) for rid in self._held_yields)
+            self._held_yields.clear()
+            self._cond.notify()
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams and self._thread is not None:
