@@ -58,6 +58,8 @@ class AdmittedStream:
         self._charge_at = 1               # charge (and note the first token) once _output reaches this
         self._closed = False
         self._deadline_timer: asyncio.TimerHandle | None = None
+        # The engine tells when a yielded sequence holds a slot again (RequestStream.resumed).
+        stream.on_resumed(lambda: queue.resumed(ticket))
         if deadline_in_s is not None:
             self._deadline_timer = asyncio.get_running_loop().call_later(deadline_in_s, self._on_deadline)
 
@@ -79,8 +81,6 @@ class AdmittedStream:
     def _delivered(self, delta: Delta) -> None:
         # Once per read: only count, unless a charge step is reached or the stream ends.
         self._output += len(delta.token_ids)
-        if self._ticket.parked and delta.token_ids:     # it yielded its slot, and runs again
-            self._queue.resumed(self._ticket)
         if self._output >= self._charge_at or delta.finish_reason is not None:
             self._account(delta)
 

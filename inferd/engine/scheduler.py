@@ -58,6 +58,7 @@ class SchedulerOutput:
     kv_tokens: int = 0              # K/V entries the step's attention reads (each row's context after it)
     attention_pairs: int = 0        # (query, key) pairs the step's attention computes
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, new) K/V to copy first (forks)
+    resumed: list[Sequence] = field(default_factory=list)      # parked ones that took a slot again this step
 
     @property
     def empty(self) -> bool:
@@ -167,6 +168,8 @@ class Scheduler:
                 if seq.prompt_key is not None and not seq.admitted:
                     self._leaders[seq.prompt_key] = seq
             queue.popleft()
+            if queue is self.parked:
+                out.resumed.append(seq)
             if not seq.admitted:
                 seq.admitted = True
                 seq.num_cached_tokens = seq.num_computed_tokens

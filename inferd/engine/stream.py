@@ -61,7 +61,7 @@ class RequestStream:
     """
 
     __slots__ = ("request_id", "_ids", "_texts", "_last", "_count", "_waiter", "_listener", "_final_pushed",
-                 "_final_read", "_on_cancel", "_lp")
+                 "_final_read", "_on_cancel", "_lp", "_on_resumed")
 
     def __init__(self, request_id: str, on_cancel: Callable[[str], None] | None = None) -> None:
         self.request_id = request_id
@@ -75,6 +75,7 @@ class RequestStream:
         self._final_read = False
         self._on_cancel = on_cancel
         self._lp: Delta | None = None         # log-probabilities pending (requests that asked only)
+        self._on_resumed: Callable[[], None] | None = None
 
     # -- producer side (engine) --------------------------------------------------------
     def push(self, delta: Delta) -> None:
@@ -103,6 +104,16 @@ class RequestStream:
         self._count += 1
         if self._count == 1:
             self._notify()
+
+    def resumed(self) -> None:
+        """The engine says: the sequence that yielded its slot (Engine.yield_slot) holds one again, or the
+        yield was never applied. Told at once, not inferred from output: a step in flight when the yield
+        was asked, and output already buffered, still deliver tokens after it."""
+        if self._on_resumed is not None:
+            self._on_resumed()
+
+    def on_resumed(self, callback: Callable[[], None] | None) -> None:
+        self._on_resumed = callback
 
     def _notify(self) -> None:
         # Only on the first push since the last read: the consumer has not read yet after that.

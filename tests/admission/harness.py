@@ -19,7 +19,8 @@ class FakeEngine(Engine):
 
     A submitted prompt counts as pending prefill until `prefilled()` or `finish()`. With `yields`, it can
     preempt (Engine.yields_slots): yield_slot parks a request (its slot counted free, itself as parked)
-    until `resume()`; `steps` is what stats() reports as steps_total."""
+    until `resume()`; like the reference engine, the step in flight when the yield is asked still delivers
+    one more token for it. `steps` is what stats() reports as steps_total."""
 
     def __init__(self, slots=1, blocks=100, tokens_per_s=0.0, yields=False):
         self.info = EngineInfo(backend="fake", model_name="m", version="v", max_model_len=4096, block_size=BS,
@@ -30,6 +31,7 @@ class FakeEngine(Engine):
         self.streams: dict[str, RequestStream] = {}
         self.aborted: list[str] = []
         self.capacity_calls = 0
+        self.capacity_event = asyncio.Event()
         self.submit_event = asyncio.Event()
         self.yields_slots = yields
         self.yielded: list[str] = []
@@ -56,12 +58,14 @@ class FakeEngine(Engine):
         self.yielded.append(request_id)
         self.parked.add(request_id)
         self.slots += 1
+        asyncio.get_running_loop().call_soon(stream.push, Delta(token_ids=[7]))   # the step in flight
         return True
 
     def resume(self, request_id):
         """A parked request takes a slot again and delivers a token."""
         self.parked.remove(request_id)
         self.slots -= 1
+        self.streams[request_id].resumed()
         self.streams[request_id].push(Delta(token_ids=[7]))
 
     def finish(self, request_id, n_out=3, reason=FinishReason.STOP):
@@ -70,6 +74,7 @@ class FakeEngine(Engine):
         if request_id in self.parked:
             self.parked.remove(request_id)
             self.slots -= 1
+            self.streams[request_id].resumed()
         self.slots += 1
         self.free_blocks += math.ceil(len(req.prompt_token_ids) / BS)
         self.streams[request_id].push(Delta(token_ids=[7] * n_out, finish_reason=reason, usage=Usage(
@@ -82,6 +87,7 @@ class FakeEngine(Engine):
 
     def capacity(self):
         self.capacity_calls += 1
+        self.capacity_event.set()
         return Capacity(free_kv_blocks=self.free_blocks, free_kv_tokens=self.free_blocks * BS,
                         free_slots=self.slots, waiting=self.waiting, block_size=BS,
                         pending_prefill_tokens=sum(self.pending.values()), parked=len(self.parked))
@@ -95,6 +101,14 @@ class FakeEngine(Engine):
         return EngineStats(running=0, waiting=0, kv_blocks_total=0, kv_blocks_used=0, prefix_cache_hit_rate=0.0,
                            step_latency_s=0.0, steps_total=self.steps, prompt_tokens_total=0, generation_tokens_total=0,
                            prefix_cache_hit_tokens_total=0, tokens_per_s=self.tokens_per_s)
+
+    async def dispatcher_passes(self, n=3):
+        """Wait until the dispatcher has asked for capacity `n` more times: at least one whole pass that
+        began after this call, so a negative assertion after it tests what that pass decided."""
+        target = self.capacity_calls + n
+        while self.capacity_calls < target:
+            self.capacity_event.clear()
+            await asyncio.wait_for(self.capacity_event.wait(), 5)
 
     async def wait_submitted(self, n):
         while len(self.submitted) < n:

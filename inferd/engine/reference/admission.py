@@ -46,6 +46,8 @@ class Admission:
                     raise ready
                 if ready is None:
                     self._deferred[seq.request_id] = seq
+                    with self._cond:
+                        self._compiling.add(seq.request_id)
                     self._grammar_worker.compile(seq.sampling.guided).add_done_callback(
                         lambda fut: self._command("compiled", (seq, fut)))
                     return False

@@ -71,6 +71,11 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._pending_blocks = 0
         self._pending_prompt_tokens = 0
         self._pending_yields = 0         # yield_slot()s the step thread has not applied yet (guarded by _cond)
+        # Ids a yield_slot() was granted for and that have not resumed, or whose grammar compiles (not
+        # scheduled yet, nothing to yield): a second yield would count a slot free that nothing frees.
+        self._yielded: set[str] = set()  # guarded by _cond
+        self._compiling: set[str] = set()  # guarded by _cond
+        self._held_yields: list[str] = []  # loop thread; granted, not sent to the step thread yet
         # (free blocks for new work, running, waiting, prompt tokens not yet computed, parked, their blocks)
         self._snapshot = (num_kv_blocks, 0, 0, 0, 0, 0)
         self._used_blocks_snapshot = 0
@@ -173,6 +178,9 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         with self._cond:
             if self._failed is not None or self._stop:   # lost a race with the thread ending
                 raise EngineUnavailable(self._failed or "the reference engine is closing")
+            if self._held_yields:       # see yield_slot
+                self._commands.extend(("yield", rid) for rid in self._held_yields)
+                self._held_yields.clear()
             self._commands.append(("submit", seq))
             self._pending_requests += 1
             self._pending_blocks += blocks
@@ -189,14 +197,28 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._check_adapter(request)
 
     def yield_slot(self, request_id: str) -> bool:
-        """Parked by the step thread before its next step; capacity() counts the slot free from now."""
+        """Parked by the step thread before its next step; capacity() counts the slot free from now. False
+        for one parked or already asked to yield (until it resumes) or whose grammar still compiles."""
         if request_id not in self._streams or self._thread is None:
             return False
         with self._cond:
-            self._commands.append(("yield", request_id))
+            if request_id in self._yielded or request_id in self._compiling:
+                return False
+            self._yielded.add(request_id)
             self._pending_yields += 1
-            self._cond.notify()
+        # Held until the submit that follows it in this loop callback (admission's), so both reach the
+        # step thread together: applied alone, the step thread could resume the parked sequence in the
+        # free slot before the request it was yielded for arrives. Else sent on the loop's next turn.
+        self._held_yields.append(request_id)
+        if len(self._held_yields) == 1:
+            asyncio.get_running_loop().call_soon(self._send_held_yields)
         return True
+
+    def _send_held_yields(self) -> None:
+        with self._cond:
+            self._commands.extend(("yield", rid) for rid in self._held_yields)
+            self._held_yields.clear()
+            self._cond.notify()
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams and self._thread is not None:
@@ -233,9 +255,15 @@ class ReferenceEngine(LoraHost, Admission, Engine):
 
     def _deliver(self, items: list[tuple[RequestStream, Delta]]) -> None:
         for stream, delta in items:
+            if delta is None:           # see _resumed
+                stream.resumed()
+                continue
             stream.push(delta)
             if delta.finish_reason is not None and self._streams.get(stream.request_id) is stream:
                 del self._streams[stream.request_id]
+                with self._cond:     # an id may be used again once its stream ended
+                    self._yielded.discard(stream.request_id)
+                    self._compiling.discard(stream.request_id)
 
     # -- step thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -298,6 +326,8 @@ class ReferenceEngine(LoraHost, Admission, Engine):
                 seq, compiled = arg  # type: ignore[misc]
                 if self._deferred.get(seq.request_id) is seq:     # else aborted while it compiled
                     del self._deferred[seq.request_id]
+                    with self._cond:
+                        self._compiling.discard(seq.request_id)
                     self._taken(seq, taken)
                     self._compiled(seq, compiled, deltas)
             elif kind == "adapter":
@@ -307,7 +337,11 @@ class ReferenceEngine(LoraHost, Admission, Engine):
                 seq = self._seqs.get(arg)  # type: ignore[arg-type]
                 if seq is not None and self._scheduler.park(seq):
                     self._counters["parked"] += 1
+                else:       # it ended (or never started) meanwhile: nothing was freed, tell admission
+                    self._resumed(arg, seq, deltas)  # type: ignore[arg-type]
             elif (parked := self._deferred.pop(arg, None)) is not None:  # type: ignore[arg-type]
+                with self._cond:
+                    self._compiling.discard(parked.request_id)
                 self._taken(parked, taken)
                 self._final(parked, FinishReason.ABORT, deltas)     # aborted before it ever started
             else:
@@ -316,6 +350,13 @@ class ReferenceEngine(LoraHost, Admission, Engine):
                     self._end(seq, FinishReason.ABORT, deltas)
         self._retry_held_adapters()
         return taken
+
+    def _resumed(self, request_id: str, seq: Sequence | None, deltas) -> None:
+        """`request_id` holds a slot again (or its yield was not applied): yieldable again; its stream is told."""
+        with self._cond:
+            self._yielded.discard(request_id)
+        if seq is not None:
+            deltas.append((seq.engine_state.stream, None))
 
     def _end(self, seq: Sequence, reason: FinishReason, deltas, error: str | None = None) -> None:
         if not self._waits.discard(seq, reason):
@@ -329,6 +370,8 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         started = time.monotonic()
         sched = self._scheduler
         out = sched.schedule()
+        for seq in out.resumed:
+            self._resumed(seq.request_id, seq, deltas)
         if out.empty:
             # submit() only admits requests that fit an empty pool, so this means a bug; failing
             # the head beats spinning on it forever

@@ -288,6 +288,8 @@ class SimEngine(Engine):
                 turn_start, others = _cpu(), 0.0
                 continue
             plan = self._scheduler.schedule()
+            for seq in plan.output.resumed:     # parked ones that hold a slot again: admission is told
+                seq.stream.resumed()
             step_s = self.profile.step_time(plan.num_tokens, plan.kv_tokens, plan.pairs)
             if self._adapters.in_use_total:
                 step_s += self._adapters.step_time(plan.scheduled)
