@@ -21,6 +21,7 @@ import asyncio
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -99,7 +100,7 @@ async def main(args: argparse.Namespace) -> None:
     server.start()
     try:
         dsn = server.create_database()
-        with __import__("tempfile").TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
             config = load_config(write_config(Path(tmp) / "inferd.toml", {"sim": sim_model(time_scale=1.0)},
                                               f'[store]\nbackend = "postgres"\ndsn = "{dsn}"\n'))
             async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
