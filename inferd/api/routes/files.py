@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiohttp import BodyPartReader, http_exceptions, web
 
@@ -36,6 +38,7 @@ MAX_FILENAME = 255
 _READ = 256 * 1024                  # bytes asked of the socket at a time
 _LINE_SLACK = 4096                  # a batch line's custom_id, method and url, beyond the body
 _FIELD_LIMIT = 1024                 # bytes of a text field (purpose)
+T = TypeVar("T")
 _MULTIPART_SLACK = 64 * 1024        # part headers and the other fields, beyond the file itself
 
 
@@ -114,9 +117,14 @@ class _Sink:
         self._lines(await self.checker.finish())
 
     async def _read(self, part: BodyPartReader) -> bytes:
-        # Each read has the body's timeout (the whole body has none here: pacing may stretch it).
+        return await self.within(part.read_chunk(_READ))
+
+    async def within(self, read: Awaitable[T]) -> T:
+        """One read of the form, bounded by the body's timeout: the whole body has none here (the node's
+        upload pace may stretch it), so a client that stops sending is cut per read, and its tenant's
+        max_concurrent_uploads bounds how many such uploads it holds."""
         try:
-            return await asyncio.wait_for(part.read_chunk(_READ), self.read_timeout_s)
+            return await asyncio.wait_for(read, self.read_timeout_s)
         except asyncio.TimeoutError:
             raise ApiError(408, f"No upload bytes arrived for {self.read_timeout_s:g} s (server.body_timeout_s).",
                            param="file", code="request_timeout") from None
@@ -159,12 +167,12 @@ async def _read_form(request: web.Request, sink: _Sink) -> tuple[str | None, str
         raise _malformed() from None
     purpose = filename = None
     try:
-        while (part := await reader.next()) is not None:
+        while (part := await sink.within(reader.next())) is not None:
             if not isinstance(part, BodyPartReader):        # a nested multipart/mixed
                 raise _malformed()
             name = part.name
             if name == "purpose":
-                purpose = _purpose(await _read_field(part, _FIELD_LIMIT + 1))
+                purpose = _purpose(await sink.within(_read_field(part, _FIELD_LIMIT + 1)))
             elif name == "file":
                 if sink.received:
                     raise invalid("Only one `file` per upload.", param="file")

@@ -223,3 +223,14 @@ async def test_uploads_are_paced_to_the_node_rate_and_a_paced_upload_outlives_th
         assert (await client.files.content(made.id)).content == content
         await client.close()
     assert paced_for >= 1.0             # 3 chunks at one a second: the pace held (a lower bound only)
+
+
+async def test_an_upload_that_stops_sending_is_cut_after_one_read_timeout_and_leaves_nothing(tmp_path):
+    path = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=0.0)})
+    path.write_text(path.read_text().replace("[server]\n", "[server]\nbody_timeout_s = 1.0\n", 1))
+    async with running_daemon(load_config(path), run_batches=False) as (daemon, _, url), \
+            aiohttp.ClientSession() as http:
+        upload = PacedUpload(url, "none", big_jsonl(3 * CHUNK_BYTES), pieces=2).start(http)   # never released
+        status, body = await upload.task
+        assert status == 408 and body["error"]["code"] == "request_timeout"
+        assert await daemon.state.store.query("SELECT COUNT(*) FROM file_chunks") == [(0,)]
