@@ -89,7 +89,8 @@ async def test_a_postgres_server_that_stops_answering_turns_readyz_503_and_fails
     config = load_config(write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=1.0)},
                                       f'[store]\nbackend = "postgres"\ndsn = "{pg_dsn}"\n{PROBES}'))
     async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
-        assert await ready(http, url)
+        # The server was paused by the other case just before: a first ping may still find it waking.
+        await until(lambda: ready(http, url), "/readyz to be 200 at start", timeout_s=30)
         slow = {**BODY, "max_tokens": 1000, "ignore_eos": True}     # generating for about 2 s
         headers = {"X-Request-Timeout": "60"}
         in_flight = asyncio.ensure_future(http.post(url + "/v1/completions", json=slow, headers=headers))
