@@ -16,19 +16,25 @@ async def _first_data_line(resp) -> None:
             return
 
 
+async def _beta_streams(serve, engine, keys_file, beta: str, *, streams: int, max_tokens: int):
+    """The app with tenants alpha and beta (auth on), and beta's long streams started (the responses)."""
+    served = await serve({"sim": engine}, auth=AuthConfig(mode="api_key", keys_file=str(keys_file)),
+                         tenants={"alpha": TenantConfig(), "beta": TenantConfig()})
+    url = served.base_url + "/v1/completions"
+    long_body = {"model": "sim", "prompt": "tell me everything", "max_tokens": max_tokens, "ignore_eos": True,
+                 "stream": True}
+    hog = [await served.http.post(url, json=long_body, headers={"Authorization": f"Bearer {beta}"})
+           for _ in range(streams)]
+    return served, url, hog
+
+
 async def test_a_tenant_gets_its_first_token_while_another_ones_long_streams_hold_every_slot(serve, tmp_path):
     keys_file = tmp_path / "keys.jsonl"
     alpha, beta = (create_key(keys_file, KeyHasher(None), t, ("inference",))[1] for t in ("alpha", "beta"))
     ops = create_key(keys_file, KeyHasher(None), "ops", ("metrics",))[1]
     # Two slots; beta's streams run ~4,000 paced steps, far longer than alpha's one-token request.
     engine = sim_engine(max_batch_size=2, time_scale=1.0, max_model_len=4096, num_kv_blocks=1024)
-    served = await serve({"sim": engine}, auth=AuthConfig(mode="api_key", keys_file=str(keys_file)),
-                         tenants={"alpha": TenantConfig(), "beta": TenantConfig()})
-    url = served.base_url + "/v1/completions"
-    long_body = {"model": "sim", "prompt": "tell me everything", "max_tokens": 4000, "ignore_eos": True,
-                 "stream": True}
-    hog = [await served.http.post(url, json=long_body, headers={"Authorization": f"Bearer {beta}"})
-           for _ in range(2)]
+    served, url, hog = await _beta_streams(serve, engine, keys_file, beta, streams=2, max_tokens=4000)
     reading: list[asyncio.Future] = []
     try:
         for resp in hog:
@@ -58,13 +64,7 @@ async def test_a_tenant_gets_its_first_token_while_another_ones_long_streams_hol
     # Eight slots, of which beta's three streams hold fewer than its share (4); but 64 KV blocks (1,024
     # tokens), which three streams of ~1,000 tokens each outgrow: the engine preempts for blocks.
     engine = sim_engine(max_batch_size=8, time_scale=1.0, max_model_len=1024, num_kv_blocks=64)
-    served = await serve({"sim": engine}, auth=AuthConfig(mode="api_key", keys_file=str(keys_file)),
-                         tenants={"alpha": TenantConfig(), "beta": TenantConfig()})
-    url = served.base_url + "/v1/completions"
-    long_body = {"model": "sim", "prompt": "tell me everything", "max_tokens": 1000, "ignore_eos": True,
-                 "stream": True}
-    hog = [await served.http.post(url, json=long_body, headers={"Authorization": f"Bearer {beta}"})
-           for _ in range(3)]
+    served, url, hog = await _beta_streams(serve, engine, keys_file, beta, streams=3, max_tokens=1000)
     full = asyncio.Event()
 
     async def read_to_end(resp) -> None:

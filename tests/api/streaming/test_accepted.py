@@ -58,6 +58,18 @@ async def raw_stream(url: str, body: dict = BODY) -> socket.socket:
     return sock
 
 
+async def stalled_on(sock: socket.socket, engine) -> int:
+    """Wait until the stream is all generated and the client's socket holds still (kernel queues have no
+    event: two equal readings of its unread bytes); those bytes, what reached the client."""
+    unread = [-1]
+
+    async def stalled() -> bool:
+        before, unread[0] = unread[0], struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        return engine.stats().running == 0 and unread[0] == before
+    await until(stalled, "the stream to stall on its client", timeout_s=30)
+    return unread[0]
+
+
 async def test_a_client_that_stops_reading_is_billed_for_what_its_socket_took(tmp_path):
     async with running_daemon(config(tmp_path, time_scale=0.01)) as (daemon, _, url), \
             aiohttp.ClientSession() as http:
@@ -66,16 +78,7 @@ async def test_a_client_that_stops_reading_is_billed_for_what_its_socket_took(tm
         got = b""
         while frames_tokens(got) < 3:               # a few frames, then it stops reading
             got += await loop.sock_recv(sock, 1024)
-        engine = daemon.state.engines["sim"]
-
-        unread = [-1]
-
-        async def stalled() -> bool:
-            # all generated, and the client's socket full: what reached it stays put (kernel queues have no event)
-            before, unread[0] = unread[0], struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
-            return engine.stats().running == 0 and unread[0] == before
-        await until(stalled, "the stream to stall on its client", timeout_s=30)
-        unread = unread[0]
+        unread = await stalled_on(sock, daemon.state.engines["sim"])
         reached = got + sock.recv(unread, socket.MSG_PEEK)      # all that reached the client's socket
         sock.close()                                            # with unread data: a reset
         [row] = await settled_rows(http, url, 1)
@@ -187,14 +190,7 @@ async def test_over_tls_a_client_that_stops_reading_is_billed_at_most_what_it_re
                           f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
         while frames_tokens(client.plain) < 3:      # a few frames, then it stops reading
             client.received(await loop.sock_recv(sock, 1024))
-        engine = daemon.state.engines["sim"]
-        unread = [-1]
-
-        async def stalled() -> bool:
-            before, unread[0] = unread[0], struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
-            return engine.stats().running == 0 and unread[0] == before
-        await until(stalled, "the stream to stall on its client", timeout_s=30)
-        client.received(sock.recv(unread[0]))       # all that reached the client's socket, decrypted
+        client.received(sock.recv(await stalled_on(sock, daemon.state.engines["sim"])))       # all that reached the client's socket, decrypted
         sock.close()
         [row] = await settled_rows(http, f"https://127.0.0.1:{daemon.port}", 1)
         assert row["status"] == 499 and row["stream"]
