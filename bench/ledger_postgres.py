@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inferd.store.ledger import _INSERT, _MAX_BATCH, LedgerRow, _values  # noqa: E402
 from inferd.store.postgres import PostgresDatabase  # noqa: E402
-from tests.pg_server import PgServer, find_bin_dir  # noqa: E402
+from tests.pg_server import script_server  # noqa: E402
 
 ROW = LedgerRow(request_id="bench", tenant="t", key_id=None, model="m", version="v", node="n",
                 endpoint="completions", stream=False, prompt_tokens=10, cached_tokens=0, completion_tokens=20,
@@ -55,12 +55,7 @@ async def run(dsn: str, nodes: int, ordered: bool, seconds: float, in_flight: in
 
 
 async def main(args: argparse.Namespace) -> None:
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        sys.exit("PostgreSQL binaries not found (apt install postgresql)")
-    server = PgServer(bin_dir)
-    server.start()
-    try:
+    with script_server() as server:
         for nodes in args.nodes:
             for ordered in (True, False):
                 dsn = server.create_database()
@@ -70,8 +65,6 @@ async def main(args: argparse.Namespace) -> None:
                     server.drop_database(dsn)
                 print(f"{nodes} node(s), {args.groups_in_flight} group(s) of {_MAX_BATCH} in flight each, "
                       f"{'ordered  ' if ordered else 'unordered'}: {rate:,.0f} rows/s", flush=True)
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

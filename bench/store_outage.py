@@ -31,7 +31,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferd.config.root import load_config  # noqa: E402
 from tests.daemon.harness import running_daemon, sim_model, write_config  # noqa: E402
-from tests.pg_server import PgServer, find_bin_dir  # noqa: E402
+from tests.pg_server import PgServer, script_server  # noqa: E402
 from tests.store.test_health import pause, resume, signal_server  # noqa: E402
 
 BODY = {"model": "sim", "prompt": "hello there", "max_tokens": 5, "temperature": 0}
@@ -93,21 +93,16 @@ def fmt(values: list[float | None]) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        sys.exit("PostgreSQL binaries not found (apt install postgresql)")
-    server = PgServer(bin_dir)
-    server.start()
-    try:
-        dsn = server.create_database()
-        with tempfile.TemporaryDirectory() as tmp:
-            config = load_config(write_config(Path(tmp) / "inferd.toml", {"sim": sim_model(time_scale=1.0)},
-                                              f'[store]\nbackend = "postgres"\ndsn = "{dsn}"\n'))
-            async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
-                results = [await one_outage(args, server, daemon, http, url) for _ in range(args.outages)]
-    finally:
-        signal_server(server, signal.SIGCONT) if args.mode == "sigstop" else None
-        server.stop()
+    with script_server() as server:
+        try:
+            dsn = server.create_database()
+            with tempfile.TemporaryDirectory() as tmp:
+                config = load_config(write_config(Path(tmp) / "inferd.toml", {"sim": sim_model(time_scale=1.0)},
+                                                  f'[store]\nbackend = "postgres"\ndsn = "{dsn}"\n'))
+                async with running_daemon(config) as (daemon, _, url), aiohttp.ClientSession() as http:
+                    results = [await one_outage(args, server, daemon, http, url) for _ in range(args.outages)]
+        finally:
+            signal_server(server, signal.SIGCONT) if args.mode == "sigstop" else None
     flights = [f for r in results for f in r["in_flight"]]
     print(f"mode: {args.mode}, outages: {args.outages} x {args.outage_s:g} s, in flight each: {args.in_flight}")
     print(f"time to readyz 503: {fmt([r['to_503'] for r in results])} s")

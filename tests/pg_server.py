@@ -8,6 +8,7 @@ Test cluster only: trust auth on loopback and the socket directory, nothing else
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
@@ -17,6 +18,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -148,6 +150,21 @@ class PgServer:
 
     def drop_database(self, dsn: str) -> None:
         self._admin(f'DROP DATABASE IF EXISTS "{dsn.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def script_server() -> Iterator[PgServer]:
+    """A started server for a script (bench/), stopped after; the script exits naming what is missing
+    when PostgreSQL is not installed."""
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        sys.exit(NOT_FOUND)
+    server = PgServer(bin_dir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
