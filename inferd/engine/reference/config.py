@@ -1,4 +1,11 @@
-"""A Llama checkpoint's config.json, read and checked against what the NumPy decoder runs (HF semantics)."""
+"""A Llama-family checkpoint's config.json, read and checked against what the NumPy decoder runs (HF semantics).
+
+The decoder runs three model_types, which differ only in a few switches (FAMILIES):
+- "llama" (TinyLlama, SmolLM2, Llama 3.x): `attention_bias` puts biases on q/k/v/o alike.
+- "qwen2" (Qwen2, Qwen2.5): biases on q/k/v always, none on o_proj; transformers reads no attention_bias.
+- "qwen3": an RMSNorm over each head of q and of k (q_norm/k_norm) before RoPE; head_dim defaults to 128,
+  not hidden_size / heads, as transformers' Qwen3Config does.
+"""
 from __future__ import annotations
 
 import json
@@ -28,6 +35,9 @@ class Llama3RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The decoder's shape and switches, for every model_type of FAMILIES."""
+
+    model_type: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,8 +50,10 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
     rope_theta: float
     rope_scaling: Llama3RopeScaling | None
     tie_word_embeddings: bool
-    attention_bias: bool
+    qkv_bias: bool             # biases on q_proj, k_proj, v_proj
+    o_bias: bool               # a bias on o_proj
     mlp_bias: bool
+    qk_norm: bool              # RMSNorm over each q and k head (q_norm/k_norm weights [head_dim]) before RoPE
 
     @classmethod
     def from_json(cls, path: Path) -> "LlamaConfig":
@@ -57,21 +69,24 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
     def from_dict(cls, raw: dict[str, Any]) -> "LlamaConfig":
         """HF semantics: transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`)."""
         model_type = raw.get("model_type", "llama")
-        if model_type != "llama":
-            raise ModelConfigError(f"model_type {model_type!r} is not supported (only 'llama')", "model_type")
+        if model_type not in FAMILIES:
+            raise ModelConfigError(f"model_type {model_type!r} is not supported (supported: "
+                                   f"{', '.join(repr(t) for t in FAMILIES)})", "model_type")
         if raw.get("hidden_act", "silu") != "silu":
             raise ModelConfigError(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')",
                                    "hidden_act")
+        _refuse_sliding_window(raw)
         hidden = _int(raw, "hidden_size")
         heads = _int(raw, "num_attention_heads")
         kv_heads = _int(raw, "num_key_value_heads", heads)
         if heads % kv_heads:
             raise ModelConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads "
                                    f"{kv_heads}", "num_key_value_heads")
-        if raw.get("head_dim") is None and hidden % heads:
+        default_head_dim = FAMILIES[model_type]["head_dim"]
+        if raw.get("head_dim") is None and default_head_dim is None and hidden % heads:
             raise ModelConfigError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}",
                                    "hidden_size")
-        head_dim = _int(raw, "head_dim", hidden // heads)
+        head_dim = _int(raw, "head_dim", default_head_dim or hidden // heads)
         if head_dim % 2:
             raise ModelConfigError(f"head_dim {head_dim} must be even for rotary embeddings", "head_dim")
         max_pos = _int(raw, "max_position_embeddings", 2048)
@@ -95,12 +110,11 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ModelConfigError(f"{rope_field}.rope_type {rope_type!r} is not supported "
                                    f"(supported: 'default', 'llama3')", f"{rope_field}.rope_type")
         return cls(
-            vocab_size=_int(raw, "vocab_size"), hidden_size=hidden, intermediate_size=_int(raw, "intermediate_size"),
+            model_type=model_type, vocab_size=_int(raw, "vocab_size"), hidden_size=hidden, intermediate_size=_int(raw, "intermediate_size"),
             num_hidden_layers=_int(raw, "num_hidden_layers"), num_attention_heads=heads,
             num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_pos,
             rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-            tie_word_embeddings=_bool(raw, "tie_word_embeddings", False),
-            attention_bias=_bool(raw, "attention_bias", False), mlp_bias=_bool(raw, "mlp_bias", False))
+            tie_word_embeddings=_bool(raw, "tie_word_embeddings", False), **_switches(raw, model_type))
 
     def inv_freq(self) -> np.ndarray:
         """Rotary inverse frequencies [head_dim/2], float32, as transformers computes them."""
@@ -118,6 +132,34 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True):
             medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
             inv = np.where(medium, smoothed, scaled)
         return inv.astype(np.float32)
+
+
+# model_type -> its defaults: head_dim (None: hidden_size / num_attention_heads), and which switches it has.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"head_dim": None, "qk_norm": False},
+    "qwen2": {"head_dim": None, "qk_norm": False},
+    "qwen3": {"head_dim": 128, "qk_norm": True},
+}
+
+
+def _switches(raw: dict, model_type: str) -> dict[str, bool]:
+    """qkv_bias/o_bias/mlp_bias/qk_norm as transformers builds the model_type's layers."""
+    if model_type == "qwen2":   # Qwen2Attention hard-codes bias=True on q/k/v, False on o; its MLP has none
+        return {"qkv_bias": True, "o_bias": False, "mlp_bias": False, "qk_norm": False}
+    bias = _bool(raw, "attention_bias", False)
+    mlp_bias = _bool(raw, "mlp_bias", False) if model_type == "llama" else False
+    return {"qkv_bias": bias, "o_bias": bias, "mlp_bias": mlp_bias, "qk_norm": FAMILIES[model_type]["qk_norm"]}
+
+
+def _refuse_sliding_window(raw: dict) -> None:
+    """Qwen checkpoints name a sliding_window but ship use_sliding_window false: only full attention runs here."""
+    if raw.get("use_sliding_window"):
+        raise ModelConfigError("use_sliding_window is true: sliding-window attention is not supported",
+                               "use_sliding_window")
+    layer_types = raw.get("layer_types") or []
+    if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
+        raise ModelConfigError(f"layer_types {layer_types!r} is not supported (only 'full_attention' layers)",
+                               "layer_types")
 
 
 def _get(raw: dict, key: str, default: Any, field: str | None) -> tuple[Any, str]:

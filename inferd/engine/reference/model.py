@@ -1,4 +1,6 @@
-"""The Llama decoder (HF transformers' LlamaForCausalLM) in float32 NumPy over a paged KV cache.
+"""The Llama-family decoder (HF transformers' LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) in float32
+NumPy over a paged KV cache. The families differ only in which projections have biases and in Qwen3's
+per-head q/k RMSNorm before RoPE (LlamaConfig's switches).
 
 One `forward` is one engine step over a packed continuous batch: every linear layer runs once over
 all T scheduled tokens (QKV and gate/up fused at load), attention reads each sequence's context
@@ -48,6 +50,7 @@ class _Layer:
     attn_norm: np.ndarray
     wqkv: np.ndarray                 # [hidden, (heads + 2 kv_heads) * head_dim]
     bqkv: np.ndarray | None
+    qk_norm: np.ndarray | None       # [heads + kv_heads, head_dim]: q_norm's weight per q head, k_norm's per k head
     wo: np.ndarray                   # [heads * head_dim, hidden]
     bo: np.ndarray | None
     mlp_norm: np.ndarray
@@ -59,6 +62,12 @@ class _Layer:
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     variance = np.einsum("ij,ij->i", x, x)[:, None] / np.float32(x.shape[1])
+    return (x / np.sqrt(variance + np.float32(eps))) * weight
+
+
+def _head_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis of [T, heads, head_dim], a weight row per head (Qwen3's q_norm/k_norm)."""
+    variance = np.einsum("thd,thd->th", x, x)[..., None] / np.float32(x.shape[-1])
     return (x / np.sqrt(variance + np.float32(eps))) * weight
 
 
@@ -102,6 +111,10 @@ class LlamaModel:
         def fused_bias(names: list[str], sizes: list[int]) -> np.ndarray:
             return np.concatenate([checkpoint.get(n, (s,)) for n, s in zip(names, sizes)])
 
+        def head_norms(p: str) -> np.ndarray:
+            q, k = (checkpoint.get(p + f"self_attn.{n}_norm.weight", (hd,)) for n in "qk")
+            return np.concatenate([np.broadcast_to(q, (heads, hd)), np.broadcast_to(k, (kv_heads, hd))])
+
         self.layers: list[_Layer] = []
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -111,9 +124,10 @@ class LlamaModel:
             self.layers.append(_Layer(
                 attn_norm=checkpoint.get(p + "input_layernorm.weight", (hidden,)),
                 wqkv=fused([n + ".weight" for n in attn], [(s, hidden) for s in qkv_sizes]),
-                bqkv=fused_bias([n + ".bias" for n in attn], qkv_sizes) if c.attention_bias else None,
+                bqkv=fused_bias([n + ".bias" for n in attn], qkv_sizes) if c.qkv_bias else None,
+                qk_norm=head_norms(p) if c.qk_norm else None,
                 wo=np.ascontiguousarray(checkpoint.get(p + "self_attn.o_proj.weight", (hidden, heads * hd)).T),
-                bo=checkpoint.get(p + "self_attn.o_proj.bias", (hidden,)) if c.attention_bias else None,
+                bo=checkpoint.get(p + "self_attn.o_proj.bias", (hidden,)) if c.o_bias else None,
                 mlp_norm=checkpoint.get(p + "post_attention_layernorm.weight", (hidden,)),
                 wgu=fused([n + ".weight" for n in mlp], [(inter, hidden)] * 2),
                 bgu=fused_bias([n + ".bias" for n in mlp], [inter] * 2) if c.mlp_bias else None,
@@ -206,6 +220,8 @@ class LlamaModel:
             for adapter, rows in lora:
                 adapter.add(index, "qkv", h, qkv, rows)
             qk = qkv[:, :k_end].reshape(tokens, heads + kv_heads, hd)
+            if layer.qk_norm is not None:
+                qk = _head_rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
             x1, x2 = qk[..., :half], qk[..., half:]
             rotated = np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)
             q = rotated[:, :heads]
