@@ -1,4 +1,4 @@
-"""CLI: `inferd serve | check-config | engines ... | keys ... | usage | batches ... | audit verify | monitoring ... | capacity`.
+"""CLI: `inferd serve [--model X] | pull | check-config | engines ... | keys ... | usage | batches ... | audit verify | monitoring ... | capacity`.
 
 Each subcommand's work lives in the module that owns that concern; this file only parses
 arguments and imports lazily, so `inferd engines verify` does not pay for aiohttp or numpy.
@@ -17,9 +17,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the daemon")
-    serve.add_argument("--config", default="config.toml", help="TOML config file (default: ./config.toml)")
+    serve.add_argument("--config", default=None, help="TOML config file (default: ./config.toml; not with --model)")
     serve.add_argument("--host", default=None, help="override server.host")
     serve.add_argument("--port", type=int, default=None, help="override server.port")
+    # `vllm serve`'s flags, for serving one model with no config file (inferd.daemon.serve_model)
+    serve.add_argument("--model", default=None, help="serve this with no config file: a hub id (pulled), a local "
+                                                     "HF checkpoint directory, or an artifact name or directory")
+    serve.add_argument("--served-model-name", default=None, help="with --model: the name requests use "
+                                                                 "(default: the repo's or directory's name)")
+    serve.add_argument("--api-key", default=None, help="with --model: requests must send `Authorization: Bearer "
+                                                       "<this>` (default: no auth, loopback only)")
+    serve.add_argument("--max-model-len", type=int, default=None, help="with --model: the longest prompt + "
+                                                                       "output (default: the model's context)")
+
+    from inferd.artifacts import add_pull_parser     # argparse only: huggingface_hub loads on a pull
+    add_pull_parser(sub)
 
     check = sub.add_parser("check-config", help="validate a config file; exit 1 naming every bad key")
     check.add_argument("path")
@@ -83,8 +95,21 @@ def _audit_path(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        if args.model is None and (args.served_model_name or args.api_key or args.max_model_len) is not None:
+            print("inferd serve: --served-model-name, --api-key and --max-model-len go with --model (with --config, "
+                  "set them in the file)", file=sys.stderr)
+            return 2
+        if args.model is not None and args.config is not None:
+            print("inferd serve: give --model or --config, not both", file=sys.stderr)
+            return 2
         from inferd.daemon import serve_main
         return serve_main(args)
+    if args.command == "pull":
+        from inferd.artifacts import pull_main
+        from inferd.config import default_state_dir
+        from inferd.observability import configure_logging
+        configure_logging("info")
+        return pull_main(args, default_state_dir() / "engines")
     if args.command == "check-config":
         from inferd.config import check_config_main
         from inferd.daemon import preflight_errors

@@ -1,4 +1,4 @@
-"""Engine artifacts: manifests and hashing, ed25519 signing, the `inferd engines` CLI; builders in `build`.
+"""Engine artifacts: manifests, hashing, signing, the `inferd engines` CLI, pulls from a hub; builders in `build`.
 
 `build` (reference checkpoints, LoRA adapters, TensorRT-LLM engines) is imported on its own: it needs
 numpy and tokenizers, which reading or verifying an artifact does not.
@@ -6,6 +6,7 @@ numpy and tokenizers, which reading or verifying an artifact does not.
 from __future__ import annotations
 
 from inferd.artifacts.engines_cli import keygen_main, sign_main, verify_main
+from inferd.artifacts.hub import HubError, artifact_name_for, looks_like_hub_id, pull
 from inferd.artifacts.manifest import (
     LATEST_FILE,
     MANIFEST_FILE,
@@ -24,6 +25,7 @@ from inferd.artifacts.manifest import (
     template_tool_call_format,
     verify_artifact,
 )
+from inferd.artifacts.pull_cli import add_pull_parser, pull_main
 from inferd.artifacts.signing import (
     SigningKeyError,
     fingerprint,
@@ -38,6 +40,7 @@ from inferd.artifacts.signing import (
 )
 
 __all__ = [
+    "HubError", "add_pull_parser", "artifact_name_for", "looks_like_hub_id", "pull", "pull_main",
     "LATEST_FILE", "MANIFEST_FILE", "SIGNATURE_FILE", "Architecture", "ArtifactError", "DefaultSampling",
     "EmbeddingSpec", "Manifest", "Progress", "SigningKeyError", "fingerprint", "generate_key_pair", "keygen_main",
     "load_private_key", "load_public_key", "load_trusted_keys", "publish_artifact", "read_manifest", "template_tool_call_format",

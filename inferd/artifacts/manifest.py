@@ -96,7 +96,10 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     version: str
     target: str                      # "reference" | "trtllm"
-    source: str                      # "synthetic:tiny", "hf:<dir name>", ...
+    source: str                      # "synthetic:tiny", "hf:<dir name>", "hf:<org>/<repo>" (pulled), ...
+    # The hub commit (40 hex) a pulled checkpoint was downloaded at: `source` + `revision` fetch the same files
+    # again. None: not from a hub (synthetic, a local checkout).
+    revision: str | None = None
     architecture: Architecture
     sampling: DefaultSampling = DefaultSampling()
     embedding: EmbeddingSpec | None = None   # an embedding model (None: a generative one)
@@ -313,7 +316,7 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
                      architecture: Architecture, sampling: DefaultSampling = DefaultSampling(),
                      build: dict[str, str | int | float | bool] | None = None,
                      embedding: EmbeddingSpec | None = None, progress: Progress | None = None,
-                     tool_call_format: str | None = None) -> Path:
+                     tool_call_format: str | None = None, revision: str | None = None) -> Path:
     """Hash `staging`, write its manifest, move it to `engines_root/name/<version>`, point LATEST at it.
 
     Idempotent: if that version exists (same content), it is verified and reused, never rewritten; it
@@ -321,7 +324,8 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
     """
     files = hash_files(staging, progress)
     version = content_version(files)
-    manifest = Manifest(name=name, version=version, target=target, source=source, architecture=architecture,
+    manifest = Manifest(name=name, version=version, target=target, source=source, revision=revision,
+                        architecture=architecture,
                         sampling=sampling, embedding=embedding, build=build or {}, files=files,
                         tool_call_format=tool_call_format or tool_call_format_of(staging))
     (staging / MANIFEST_FILE).write_text(manifest_to_toml(manifest), encoding="utf-8")

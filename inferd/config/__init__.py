@@ -27,6 +27,7 @@ from inferd.config.root import (
 )
 from inferd.config.embeddings import DEFAULT_LATENCY_TARGET_MS, BatchingConfig, latency_targets
 from inferd.config.slos import LATENCY_SLIS, SloConfig
+from inferd.config.state_dir import default_state_dir
 from inferd.config.store import DB_FILE, StoreConfig
 from inferd.config.tenants import (
     CLASSES_BY_RANK,
@@ -51,6 +52,6 @@ __all__ = [
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
     "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
-    "check_tls_binding", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
+    "check_tls_binding", "default_state_dir", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",
 ]

@@ -120,6 +120,9 @@ class ModelConfig(ConfigTable):
     max_batch_size: int = 32
     max_num_tokens: int = 512
     num_kv_blocks: int | None = None       # reference: default 2048; sim: derived from the profile
+    # reference: the longest sequence (prompt + output) served, below the model's own context (vLLM's
+    # --max-model-len); None: the model's max_position_embeddings (and never past the KV pool)
+    max_model_len: int | None = None
     block_size: int = 16
     verify: bool = True                    # reference: check artifact sha256s at start
     trusted_keys: tuple[str, ...] = ()     # when set, replaces server.trusted_keys for this model
@@ -249,6 +252,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
             errors.append(f"{p}.{key}: must be > 0, got {getattr(m, key)}")
     if m.num_kv_blocks is not None and m.num_kv_blocks <= 0:
         errors.append(f"{p}.num_kv_blocks: must be > 0, got {m.num_kv_blocks}")
+    if m.max_model_len is not None and m.max_model_len <= 0:
+        errors.append(f"{p}.max_model_len: must be > 0 tokens, got {m.max_model_len}")
     if m.block_size > 0 and m.block_size & (m.block_size - 1):
         errors.append(f"{p}.block_size: must be a power of two, got {m.block_size}")
     if m.hardware is not None and not MODEL_NAME_RE.match(m.hardware):

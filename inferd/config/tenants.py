@@ -50,6 +50,9 @@ class AuthConfig(ConfigTable):
     secret_file: str | None = None              # HMAC-SHA256 key for key hashes; None = plain SHA-256
     allow_unauthenticated_non_loopback: bool = False
     anonymous_tenant: str = LOCAL_TENANT        # tenant of every request when mode = "none"
+    # mode = "api_key": one more key, any string, given as its SHA-256 hex (`inferd serve --model --api-key K`,
+    # as vLLM takes it); a request bearing it is anonymous_tenant with every scope. None: keys_file's keys only.
+    static_key_sha256: str | None = None
 
 
 class TenantConfig(ConfigTable):

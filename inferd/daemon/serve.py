@@ -39,16 +39,21 @@ async def _relay(event: asyncio.Event, action: Callable[[], None]) -> None:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    """`inferd serve --config PATH [--host H] [--port P]`."""
+    """`inferd serve [--config PATH] [--host H] [--port P]`, or `--model X` and vLLM's flags (no config file)."""
     configure_logging("info")
+    path = None if getattr(args, "model", None) else (args.config or "config.toml")
     try:
-        config = with_overrides(load_config(args.config), host=args.host, port=args.port)
+        if path is None:
+            from inferd.daemon.serve_model import model_config
+            config = model_config(args)
+        else:
+            config = with_overrides(load_config(path), host=args.host, port=args.port)
     except ConfigError as exc:
         log.error("invalid_config", source=exc.source, errors=exc.errors)
         return 1
     configure_logging(config.server.log_level)
-    log.info("starting", config=str(Path(args.config).resolve()), pid=os.getpid())
-    return run_loop(Daemon(config, config_path=args.config).run(install_signals=True),
+    log.info("starting", config=str(Path(path).resolve()) if path else None, pid=os.getpid())
+    return run_loop(Daemon(config, config_path=path).run(install_signals=True),
                        loop_factory=_loop_factory())
 
 

@@ -129,6 +129,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             max_batch_size=model.max_batch_size,
             max_num_tokens=model.max_num_tokens,
             verify=model.verify,
+            max_model_len=model.max_model_len,
             lora_adapters=dict(model.lora_adapters),
             max_loaded_adapters=model.max_loaded_adapters,
             adapter_idle_unload_s=model.adapter_idle_unload_s,

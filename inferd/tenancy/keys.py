@@ -236,6 +236,7 @@ class Authenticator:
         self.auth = auth
         self.store = store
         self._anonymous = Principal(tenant=auth.anonymous_tenant, key_id=None, scopes=frozenset(SCOPES))
+        self._static = auth.static_key_sha256 if auth.mode == "api_key" else None   # serve --model --api-key
 
     def authenticate(self, header_value: str | None, scope: str = "inference") -> Principal:
         if self.auth.mode == "none":
@@ -247,6 +248,9 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token:
             raise MissingApiKey("malformed Authorization header: expected `Bearer <key>`")
         record = self.store.verify(token) if self.store is not None else None
+        if record is None and self._static is not None and hmac.compare_digest(
+                hashlib.sha256(token.encode()).hexdigest(), self._static):
+            return self._anonymous          # the one key the command line gave: every scope, as vLLM's
         if record is None:
             raise InvalidApiKey("invalid API key")
         if scope not in record.scopes:

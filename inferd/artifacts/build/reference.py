@@ -5,7 +5,8 @@
   trained here; rebuilding gives byte-identical files and the same version. An embedding kind's
   manifest has an `[embedding]` table; with last-token pooling its tokenizer also appends EOS, the
   token whose state is the embedding (as gte-Qwen's tokenizer does).
-- `pack_hf(hf_dir, name, engines_root)`: copy an existing HF Llama checkpoint into an artifact.
+- `pack_hf(hf_dir, name, engines_root, source=, revision=)`: copy an existing HF Llama checkpoint into an
+  artifact; a pulled one (inferd.artifacts.hub) records its hub id and commit in the manifest.
 """
 from __future__ import annotations
 
@@ -282,8 +283,10 @@ def _weight_files(hf_dir: Path) -> list[str]:
     return sorted(p.name for p in hf_dir.glob("*.safetensors"))
 
 
-def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | None = None) -> Path:
-    """Copy an HF Llama-family checkpoint (safetensors + fast tokenizer) into an artifact."""
+def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | None = None, *,
+            source: str | None = None, revision: str | None = None) -> Path:
+    """Copy an HF Llama-family checkpoint (safetensors + fast tokenizer) into an artifact. `source` (default
+    "hf:<dir name>") and `revision` (the hub commit it was pulled at) go into the manifest as they are."""
     hf_dir, say = Path(hf_dir), progress or _stderr_progress
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
@@ -306,7 +309,8 @@ def pack_hf(hf_dir: Path, name: str, engines_root: Path, progress: Progress | No
         for fname in files:
             say(f"{name}: copying {fname} ({(hf_dir / fname).stat().st_size / 1e6:.1f} MB)")
             shutil.copyfile(hf_dir / fname, staging / fname)
-        path = publish_artifact(staging, engines_root, name=name, target="reference", source=f"hf:{hf_dir.name}",
+        path = publish_artifact(staging, engines_root, name=name, target="reference",
+                                source=source or f"hf:{hf_dir.name}", revision=revision,
                                 architecture=architecture_from_config(
                                     config, _count_checkpoint_parameters([hf_dir / w for w in weights])),
                                 sampling=sampling_from_generation_config(generation), progress=say)

@@ -54,7 +54,7 @@ class ReferenceEngine(LoraHost, Admission, Engine):
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
                  max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None,
-                 adapter_trusted_keys: Mapping[str, str] | None = None) -> None:
+                 adapter_trusted_keys: Mapping[str, str] | None = None, max_model_len: int | None = None) -> None:
         for name, value in (("num_kv_blocks", num_kv_blocks), ("block_size", block_size),
                             ("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens)):
             if not isinstance(value, int) or value < 1:
@@ -63,6 +63,7 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._num_kv_blocks, self._block_size = num_kv_blocks, block_size
         self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
         self._verify = verify
+        self._max_model_len = max_model_len      # None: the model's own context
         self._init_adapters(lora_adapters, max_loaded=max_loaded_adapters, idle_unload_s=adapter_idle_unload_s,
                             verify=verify, trusted=adapter_trusted_keys)
         self._cond = threading.Condition()
@@ -106,7 +107,8 @@ class ReferenceEngine(LoraHost, Admission, Engine):
         self._adapters.bind(config)
         # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
         # default max_tokens to a context this engine then refuses.
-        max_model_len = min(config.max_position_embeddings, self._num_kv_blocks * self._block_size)
+        max_model_len = min(config.max_position_embeddings, self._num_kv_blocks * self._block_size,
+                            self._max_model_len or config.max_position_embeddings)
         self.info = EngineInfo(
             backend="reference", model_name=manifest.name, version=manifest.version,
             max_model_len=max_model_len, block_size=self._block_size,

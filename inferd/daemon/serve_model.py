@@ -1,0 +1,81 @@
+"""`inferd serve --model X`: a Config from command-line flags alone, as `vllm serve X` takes them.
+
+X is a Hugging Face checkpoint directory (packed into an artifact first), an artifact directory
+(engines/<name> or engines/<name>/<version>), the name of an artifact already in the state
+directory's engines (what `inferd pull` wrote), or a hub id (pulled, then packed). The flags vLLM
+has keep its names: --host, --port, --api-key, --max-model-len, --served-model-name.
+
+The Config is built as a TOML file would be (a dict through inferd.config.parse_config), so every
+default and check of the file applies, and bad flags are reported as bad keys are. Runtime state
+(keys, audit log, usage store, engines) lives in inferd.config.default_state_dir().
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from inferd.artifacts import LATEST_FILE, MANIFEST_FILE, ArtifactError, HubError, looks_like_hub_id, pull, read_manifest
+from inferd.config import Config, ConfigError, default_state_dir, parse_config
+from inferd.observability import get_logger
+
+log = get_logger("inferd.daemon")
+
+
+def model_config(args: argparse.Namespace) -> Config:
+    """The Config `serve --model` runs; ConfigError (source "command line") names what is wrong."""
+    state = default_state_dir()
+    try:
+        engines_root, artifact, version = resolve_model(args.model, state / "engines", args.served_model_name)
+        _check_max_model_len(engines_root / artifact, version, args.max_model_len)
+    except ArtifactError as exc:
+        raise ConfigError([f"--model {args.model}: {exc}"], "command line") from None
+    served = args.served_model_name or artifact
+    model: dict[str, Any] = {"backend": "reference", "artifact": artifact, "version": version}
+    if args.max_model_len is not None:
+        model["max_model_len"] = args.max_model_len
+    raw: dict[str, Any] = {
+        "server": {"host": args.host or "127.0.0.1", "port": 8000 if args.port is None else args.port,
+                   "state_dir": str(state), "engines_root": str(engines_root)},
+        "models": {served: model},
+    }
+    if args.api_key is not None:
+        # Only its hash is held, as for keys in the keys file; requests bearing it are the `local` tenant
+        raw["auth"] = {"mode": "api_key", "static_key_sha256": hashlib.sha256(args.api_key.encode()).hexdigest()}
+    config = parse_config(raw, base_dir=state, source="command line")
+    log.info("serve_model", model=args.model, served_as=served, artifact=str(engines_root / artifact),
+             version=version, state_dir=str(state))
+    return config
+
+
+def resolve_model(model: str, engines_root: Path, name: str | None) -> tuple[Path, str, str]:
+    """(engines root, artifact name, version) serving `model`; packs or pulls it first when need be."""
+    path = Path(model).expanduser()
+    if (path / MANIFEST_FILE).is_file():                # engines/<name>/<version>
+        return path.resolve().parent.parent, path.resolve().parent.name, path.resolve().name
+    if (path / LATEST_FILE).is_file():                  # engines/<name>
+        return path.resolve().parent, path.resolve().name, "latest"
+    if (engines_root / model / LATEST_FILE).is_file() and "/" not in model:
+        return engines_root, model, "latest"            # pulled before, by name
+    if path.is_dir() or looks_like_hub_id(model):
+        engines_root.mkdir(parents=True, exist_ok=True)
+        try:
+            artifact_dir = pull(model, engines_root, name=name)
+        except HubError as exc:
+            raise ArtifactError(str(exc)) from None
+        return engines_root, artifact_dir.parent.name, artifact_dir.name
+    raise ArtifactError(f"not a checkpoint or artifact directory, not an artifact in {engines_root}, and not a "
+                        "Hugging Face model id (org/name)")
+
+
+def _check_max_model_len(artifact: Path, version: str, max_model_len: int | None) -> None:
+    """vLLM refuses a --max-model-len past the model's context; so does this, before loading anything."""
+    if max_model_len is None:
+        return
+    if version == "latest":
+        version = (artifact / LATEST_FILE).read_text(encoding="utf-8").strip()
+    limit = read_manifest(artifact / version).architecture.max_position_embeddings
+    if not 0 < max_model_len <= limit:
+        raise ArtifactError(f"--max-model-len {max_model_len}: this model's context is 1..{limit} tokens "
+                            "(max_position_embeddings)")
