@@ -23,6 +23,7 @@ from inferd.config.root import (
     artifact_name,
     check_config_main,
     load_config,
+    parse_config,
     with_overrides,
 )
 from inferd.config.embeddings import DEFAULT_LATENCY_TARGET_MS, BatchingConfig, latency_targets
@@ -52,6 +53,6 @@ __all__ = [
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
     "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
-    "check_tls_binding", "default_state_dir", "load_config", "parse_address", "parse_target", "price_for", "rollout_errors",
+    "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",
 ]

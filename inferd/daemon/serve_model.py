@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.artifacts import LATEST_FILE, MANIFEST_FILE, ArtifactError, HubError, looks_like_hub_id, pull, read_manifest
-from inferd.config import Config, ConfigError, default_state_dir, parse_config
+from inferd.config import ROUTE_NAME_RE, Config, ConfigError, default_state_dir, parse_config
 from inferd.observability import get_logger
 
 log = get_logger("inferd.daemon")
@@ -26,8 +26,12 @@ log = get_logger("inferd.daemon")
 def model_config(args: argparse.Namespace) -> Config:
     """The Config `serve --model` runs; ConfigError (source "command line") names what is wrong."""
     state = default_state_dir()
+    name = args.served_model_name
+    if name is not None and not ROUTE_NAME_RE.match(name):      # before a pull that may take minutes
+        raise ConfigError([f"--served-model-name {name!r}: must match {ROUTE_NAME_RE.pattern} (it is used in URLs "
+                           "and metric labels)"], "command line")
     try:
-        engines_root, artifact, version = resolve_model(args.model, state / "engines", args.served_model_name)
+        engines_root, artifact, version = resolve_model(args.model, state / "engines")
         _check_max_model_len(engines_root / artifact, version, args.max_model_len)
     except ArtifactError as exc:
         raise ConfigError([f"--model {args.model}: {exc}"], "command line") from None
@@ -49,8 +53,9 @@ def model_config(args: argparse.Namespace) -> Config:
     return config
 
 
-def resolve_model(model: str, engines_root: Path, name: str | None) -> tuple[Path, str, str]:
-    """(engines root, artifact name, version) serving `model`; packs or pulls it first when need be."""
+def resolve_model(model: str, engines_root: Path) -> tuple[Path, str, str]:
+    """(engines root, artifact name, version) serving `model`; packs or pulls it first when need be. The
+    artifact is named after the checkout or repo (not the served name: one artifact, any names)."""
     path = Path(model).expanduser()
     if (path / MANIFEST_FILE).is_file():                # engines/<name>/<version>
         return path.resolve().parent.parent, path.resolve().parent.name, path.resolve().name
@@ -61,7 +66,7 @@ def resolve_model(model: str, engines_root: Path, name: str | None) -> tuple[Pat
     if path.is_dir() or looks_like_hub_id(model):
         engines_root.mkdir(parents=True, exist_ok=True)
         try:
-            artifact_dir = pull(model, engines_root, name=name)
+            artifact_dir = pull(model, engines_root)
         except HubError as exc:
             raise ArtifactError(str(exc)) from None
         return engines_root, artifact_dir.parent.name, artifact_dir.name

@@ -1,0 +1,154 @@
+"""`inferd serve --model X` with vLLM's flags and no config file (inferd.daemon.serve_model).
+
+The checkpoint is a random SmolLM2-shaped one (tests/hf_checkpoints.py); hub ids are served by the loopback
+hub (tests/hub_server.py). One test runs the real process and talks to it with the openai SDK."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import openai
+import orjson
+import pytest
+
+from inferd.__main__ import build_parser, main
+from inferd.config import ConfigError
+from inferd.daemon.serve_model import model_config
+from tests.hf_checkpoints import save_checkpoint
+from tests.hub_server import HubServer, repo_from_dir
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("hf") / "SmolLM2-tiny"
+    save_checkpoint(directory, "smollm2")
+    return directory
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("INFERD_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_a_local_checkout_is_packed_into_the_state_dir_and_served_by_its_name(checkpoint, state):
+    config = model_config(serve_args("--model", str(checkpoint)))
+    assert list(config.models) == ["SmolLM2-tiny"]
+    model = config.models["SmolLM2-tiny"]
+    assert (model.backend, model.artifact, model.max_model_len) == ("reference", "SmolLM2-tiny", None)
+    assert config.server.engines_root == str(state / "engines") and config.server.state_dir == str(state)
+    assert (config.server.host, config.server.port, config.auth.mode) == ("127.0.0.1", 8000, "none")
+    assert (state / "engines" / "SmolLM2-tiny" / model.version / "manifest.toml").is_file()
+
+
+def test_flags_become_the_keys_a_config_file_would_set(checkpoint, state):
+    config = model_config(serve_args("--model", str(checkpoint), "--served-model-name", "smol", "--port", "0",
+                                     "--host", "127.0.0.1", "--max-model-len", "64", "--api-key", "k-123"))
+    assert list(config.models) == ["smol"] and config.models["smol"].max_model_len == 64
+    assert config.server.port == 0 and config.auth.mode == "api_key"
+    assert config.auth.static_key_sha256 and "k-123" not in config.auth.static_key_sha256   # only its hash
+
+
+def test_an_artifact_is_found_by_name_or_directory_once_packed(checkpoint, state):
+    packed = model_config(serve_args("--model", str(checkpoint), "--served-model-name", "smol"))
+    assert packed.models["smol"].artifact == "SmolLM2-tiny"      # named after its checkout, served as asked
+    assert model_config(serve_args("--model", "SmolLM2-tiny")).models["SmolLM2-tiny"].version == "latest"
+    by_dir = model_config(serve_args("--model", str(state / "engines" / "SmolLM2-tiny"), "--served-model-name", "b"))
+    assert by_dir.models["b"].artifact == "SmolLM2-tiny" and by_dir.models["b"].version == "latest"
+
+
+def test_a_hub_id_is_pulled_and_served_by_the_repo_name(checkpoint, state, monkeypatch, tmp_path):
+    hub = HubServer().start()
+    try:
+        hub.repos["acme/SmolLM2-hub"] = repo_from_dir(checkpoint)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
+        config = model_config(serve_args("--model", "acme/SmolLM2-hub"))
+    finally:
+        hub.stop()
+    assert config.models["SmolLM2-hub"].artifact == "SmolLM2-hub"
+    assert config.server.engines_root == str(state / "engines")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--model", "no/such-dir-or-model"], "--model no/such-dir-or-model: no/such-dir-or-model: cannot download"),
+    (["--model", "just-a-name"], "not a checkpoint or artifact directory"),
+    (["--max-model-len", "100000"], "--max-model-len 100000: this model's context is 1..256 tokens"),
+    (["--served-model-name", "org/smol"], "--served-model-name 'org/smol': must match"),
+    (["--host", "0.0.0.0"], "server.host"),
+])
+def test_bad_flags_are_a_config_error_naming_them(checkpoint, state, monkeypatch, argv, says):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")       # nothing listens: no hub reachable
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    args = serve_args(*(argv if argv[0] == "--model" else ["--model", str(checkpoint), *argv]))
+    with pytest.raises(ConfigError) as caught:
+        model_config(args)
+    assert caught.value.source == "command line" and says in "\n".join(caught.value.errors)
+
+
+@pytest.mark.parametrize("argv", [["--api-key", "k"], ["--max-model-len", "64"], ["--model", "x", "--config", "c.toml"]])
+def test_vllm_flags_without_model_or_with_config_exit_2(argv, capsys):
+    assert main(["serve", *argv]) == 2
+    assert "--model" in capsys.readouterr().err
+
+
+async def _event(proc: asyncio.subprocess.Process, event: str, seen: list[dict]) -> dict:
+    while True:
+        raw = await proc.stderr.readline()
+        if not raw:
+            pytest.fail(f"inferd exited before logging {event!r}; its log: {seen}")
+        with contextlib.suppress(ValueError):
+            seen.append(orjson.loads(raw))
+            if seen[-1].get("event") == event:
+                return seen[-1]
+
+
+async def _serve(state: Path, *argv: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, "INFERD_STATE_DIR": str(state), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "inferd", "serve", *argv, env=env,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+
+
+async def test_serve_model_runs_a_checkpoint_with_no_config_file_for_the_openai_sdk(checkpoint, tmp_path):
+    proc = await _serve(tmp_path / "state", "--model", str(checkpoint), "--port", "0", "--served-model-name",
+                        "smol", "--api-key", "sk-test", "--max-model-len", "64")
+    seen: list[dict] = []
+    try:
+        port = (await asyncio.wait_for(_event(proc, "listening", seen), 120))["port"]
+        await asyncio.wait_for(_event(proc, "ready", seen), 120)
+        base = f"http://127.0.0.1:{port}/v1"
+        async with openai.AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
+            [model] = (await client.models.list()).data
+            assert model.id == "smol" and model.max_model_len == 64
+            reply = await client.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": "The capital of France is"}], max_tokens=4)
+            assert reply.choices[0].finish_reason in ("length", "stop") and reply.usage.completion_tokens >= 1
+            with pytest.raises(openai.BadRequestError) as long:        # 80 byte tokens > --max-model-len 64
+                await client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x" * 80}])
+            assert long.value.code == "context_length_exceeded"
+        async with openai.AsyncOpenAI(base_url=base, api_key="wrong", max_retries=0) as client:
+            with pytest.raises(openai.AuthenticationError):
+                await client.models.list()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_serve_model_of_an_unknown_hub_id_exits_1_naming_it_without_a_traceback(tmp_path):
+    proc = await _serve(tmp_path / "state", "--model", "acme/no-such-model")
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 1
+    assert b"acme/no-such-model" in err and b"invalid_config" in err and b"Traceback" not in err
