@@ -4,6 +4,8 @@
   python build_engines.py --target reference --synthetic tiny|small
   python build_engines.py --target reference --synthetic tiny-embed|embed     (embedding models)
   python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
+  python build_engines.py --target reference --hf-model HuggingFaceTB/SmolLM2-135M-Instruct [--revision main]
+                                                   (downloaded with huggingface_hub: HF_TOKEN, HF_ENDPOINT)
   python build_engines.py --target trtllm ...      (options come from inferd.artifacts.build.trtllm)
   ... --sign inferd-signing.key                    also sign the artifact's manifest (docs/artifacts.md)
 
@@ -19,7 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from inferd.artifacts import ArtifactError, SigningKeyError, load_private_key, resolve_artifact, sign_artifact
+from inferd.artifacts import (
+    ArtifactError,
+    HubError,
+    SigningKeyError,
+    load_private_key,
+    pull,
+    resolve_artifact,
+    sign_artifact,
+)
 from inferd.engine import TokenizerLoadError
 from inferd.artifacts.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
 
@@ -43,7 +53,11 @@ def build_parser(trtllm: ModuleType | None) -> argparse.ArgumentParser:
                         help="deterministic random-weight Llama with a trained byte-level BPE tokenizer "
                              "(tiny-embed, embed: embedding models, with an [embedding] table in the manifest)")
     source.add_argument("--hf-dir", type=Path, help="an existing Hugging Face Llama checkpoint directory")
-    parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind)")
+    source.add_argument("--hf-model", metavar="ORG/NAME", help="a Hugging Face hub model id, downloaded into the hub "
+                                                             "cache first (resumable; the commit goes in the manifest)")
+    parser.add_argument("--revision", help="with --hf-model: branch, tag or commit (default: main)")
+    parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind, or the "
+                                       "repo's name with --hf-model)")
     parser.add_argument("--sign", type=Path, metavar="PRIVATE_KEY_FILE",
                         help="sign the built artifact's manifest (ed25519; key from `inferd engines keygen`)")
     if trtllm is not None and hasattr(trtllm, "add_arguments"):
@@ -77,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         if result == 0 and key is not None:     # the builder points LATEST at what it published
             return _sign(lambda: resolve_artifact(args.engines_root, args.name), key)
         return result
-    if args.synthetic is None and args.hf_dir is None:
-        parser.error("one of --synthetic or --hf-dir is required for --target reference")
+    if args.synthetic is None and args.hf_dir is None and args.hf_model is None:
+        parser.error("one of --synthetic, --hf-dir or --hf-model is required for --target reference")
+    if args.revision is not None and args.hf_model is None:
+        parser.error("--revision goes with --hf-model")
     if args.hf_dir is not None and not args.name:
         parser.error("--name is required with --hf-dir")
     try:
@@ -86,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.name and args.name != args.synthetic:
                 parser.error("--name cannot rename a synthetic artifact (its name is its kind)")
             path = build_synthetic(args.synthetic, args.engines_root)
+        elif args.hf_model is not None:
+            path = pull(args.hf_model, args.engines_root, name=args.name, revision=args.revision)
         else:
             path = pack_hf(args.hf_dir, args.name, args.engines_root)
-    except (ArtifactError, TokenizerLoadError, OSError) as exc:
+    except (ArtifactError, HubError, TokenizerLoadError, OSError) as exc:
         print(f"build_engines.py: {exc}", file=sys.stderr)
         return 1
     if key is not None:

@@ -137,3 +137,23 @@ def test_a_pull_killed_mid_file_reruns_without_refetching_the_files_it_completed
     assert not any(blobs.glob("*.incomplete"))                   # the killed pull's partial is cleaned up
     manifest = verify_artifact(Path(out.strip()))
     assert manifest.revision == repo.commit and "pull_progress" in err     # not a terminal: log lines
+
+
+def test_build_engines_hf_model_pulls_at_a_revision_and_prints_the_artifact(hub, tmp_path, capsys, monkeypatch):
+    from tests.artifacts.build.test_reference import load_build_engines
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))   # read at its import
+    hub.repos[REPO].refs["v1"] = hub.repos[REPO].commit
+    build_engines = load_build_engines()
+    assert build_engines.main(["--engines-root", str(tmp_path / "e"), "--hf-model", REPO, "--revision", "v1"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.parent == tmp_path / "e" / "tiny-llama" and read_manifest(path).revision == hub.repos[REPO].commit
+    assert build_engines.main(["--engines-root", str(tmp_path / "e"), "--hf-model", "acme/nope"]) == 1
+    assert "acme/nope: no such model" in capsys.readouterr().err
+
+
+def test_a_second_pull_with_no_hub_reachable_packs_the_cached_copy(hub, tmp_path, monkeypatch):
+    first = pull(REPO, tmp_path / "engines", cache_dir=tmp_path / "cache", progress=lambda _: None)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")             # nothing listens there
+    again = pull(REPO, tmp_path / "engines", cache_dir=tmp_path / "cache", progress=lambda _: None)
+    assert again == first and read_manifest(again).revision == hub.repos[REPO].commit

@@ -33,6 +33,7 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture
 def state(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("INFERD_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))   # read at its import
     return tmp_path / "state"
 
 
@@ -71,8 +72,6 @@ def test_a_hub_id_is_pulled_and_served_by_the_repo_name(checkpoint, state, monke
     try:
         hub.repos["acme/SmolLM2-hub"] = repo_from_dir(checkpoint)
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
         config = model_config(serve_args("--model", "acme/SmolLM2-hub"))
     finally:
         hub.stop()
@@ -114,7 +113,8 @@ async def _event(proc: asyncio.subprocess.Process, event: str, seen: list[dict])
 
 
 async def _serve(state: Path, *argv: str) -> asyncio.subprocess.Process:
-    env = {**os.environ, "INFERD_STATE_DIR": str(state), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env = {**os.environ, "INFERD_STATE_DIR": str(state), "HF_ENDPOINT": "http://127.0.0.1:9",
+           "HF_HOME": str(state.parent / "hf")}
     return await asyncio.create_subprocess_exec(sys.executable, "-m", "inferd", "serve", *argv, env=env,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
 
