@@ -178,6 +178,9 @@ def auth_errors(auth: AuthConfig, path: str = "auth") -> list[str]:
         errors.append(f"{path}.keys_file: must not be empty")
     if not TENANT_NAME_RE.match(auth.anonymous_tenant):
         errors.append(f"{path}.anonymous_tenant: must match {TENANT_NAME_RE.pattern}")
+    if auth.static_key_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", auth.static_key_sha256):
+        errors.append(f"{path}.static_key_sha256: expected the key's SHA-256 as 64 lowercase hex digits "
+                      "(e.g. from `printf %s KEY | sha256sum`)")
     return errors
 
 

@@ -157,3 +157,38 @@ def test_a_second_pull_with_no_hub_reachable_packs_the_cached_copy(hub, tmp_path
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")             # nothing listens there
     again = pull(REPO, tmp_path / "engines", cache_dir=tmp_path / "cache", progress=lambda _: None)
     assert again == first and read_manifest(again).revision == hub.repos[REPO].commit
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as Linux has it")
+def test_on_a_terminal_pull_shows_huggingface_hubs_progress_bars(hub, tmp_path):
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    main_fd, term_fd = pty.openpty()
+    fcntl.ioctl(term_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # tqdm draws nothing 0 wide
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "inferd", "pull", REPO, "--engines-root", str(tmp_path / "e")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=term_fd)
+    os.close(term_fd)
+    shown = b""
+    try:
+        while select.select([main_fd], [], [], 120)[0]:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:                   # EIO: the terminal's other end closed (the pull exited)
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert proc.wait(60) == 0, shown
+    finally:
+        os.close(main_fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = shown.decode(errors="replace")
+    assert "Fetching 5 files: 100%" in text and "pull_progress" not in text

@@ -152,3 +152,10 @@ async def test_serve_model_of_an_unknown_hub_id_exits_1_naming_it_without_a_trac
     _, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 1
     assert b"acme/no-such-model" in err and b"invalid_config" in err and b"Traceback" not in err
+
+
+def test_a_static_key_in_a_config_file_must_be_a_sha256():
+    from inferd.config import parse_config
+
+    with pytest.raises(ConfigError, match=r"auth.static_key_sha256: expected the key's SHA-256"):
+        parse_config({"auth": {"mode": "api_key", "static_key_sha256": "sk-plain-key"}})
