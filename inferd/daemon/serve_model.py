@@ -33,7 +33,7 @@ def model_config(args: argparse.Namespace) -> Config:
     try:
         engines_root, artifact, version = resolve_model(args.model, state / "engines")
         _check_max_model_len(engines_root / artifact, version, args.max_model_len)
-    except ArtifactError as exc:
+    except (ArtifactError, OSError) as exc:            # OSError: a full disk, an unreadable directory
         raise ConfigError([f"--model {args.model}: {exc}"], "command line") from None
     served = args.served_model_name or artifact
     model: dict[str, Any] = {"backend": "reference", "artifact": artifact, "version": version}
