@@ -2,7 +2,8 @@
 
 `save_checkpoint(directory, family)` writes what a hub repo of that family holds: config.json and
 generation_config.json and model.safetensors from transformers' own `AutoModelForCausalLM.from_config` +
-`save_pretrained(safe_serialization=True)`, plus a small byte-level tokenizer.json with a ChatML template.
+`save_pretrained(safe_serialization=True)`, plus a small byte-level tokenizer.json (token id b is byte b, so
+a served token's bytes name its id) with a ChatML template.
 It returns the transformers model (float32, eval) for parity checks. Shapes are tiny (hidden 64, 2 layers)
 so a checkpoint is made and saved in well under a second.
 
@@ -97,13 +98,19 @@ def _perturb_biases_and_norms(model, seed: int) -> None:
 
 
 def byte_level_tokenizer() -> Tokenizer:
-    """Byte-level BPE with no merges: every byte one token (ids 0-255), then SPECIALS (256-258). Built, not trained."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
+    """Byte-level BPE with no merges: token id b is byte b (0-255), then SPECIALS (256-258). Built, not trained."""
+    tokenizer = Tokenizer(models.BPE(vocab={symbol: b for b, symbol in enumerate(_byte_symbols())}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(SPECIALS))
     return tokenizer
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte-to-character table (what ByteLevel pre-tokenizes into), in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
 
 
 def write_tokenizer(directory: Path) -> None:

@@ -1,12 +1,12 @@
-"""Artifacts for the reference (NumPy) engine: HF-layout Llama checkpoints.
+"""Artifacts for the reference (NumPy) engine: HF-layout Llama-family checkpoints (Llama, Qwen2, Qwen3).
 
 - `build_synthetic(kind, engines_root)` for a kind of SYNTHETIC_SPECS ("tiny", "small"; the embedding
   models "tiny-embed", "embed"): deterministic random weights plus a real byte-level BPE tokenizer
   trained here; rebuilding gives byte-identical files and the same version. An embedding kind's
   manifest has an `[embedding]` table; with last-token pooling its tokenizer also appends EOS, the
   token whose state is the embedding (as gte-Qwen's tokenizer does).
-- `pack_hf(hf_dir, name, engines_root, source=, revision=)`: copy an existing HF Llama checkpoint into an
-  artifact; a pulled one (inferd.artifacts.hub) records its hub id and commit in the manifest.
+- `pack_hf(hf_dir, name, engines_root, source=, revision=)`: copy an existing HF checkpoint of
+  SUPPORTED_ARCHITECTURES into an artifact; a pulled one (inferd.artifacts.hub) records its hub id and commit.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ from inferd.artifacts.manifest import (
     staging_dir,
 )
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+# What the reference engine's decoder runs (inferd/engine/reference/config.py checks the details at load).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _HF_OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
                       "chat_template.jinja", "model.safetensors.index.json")
 
@@ -175,29 +176,34 @@ def _llama_config(spec: SyntheticSpec, bos_id: int, eos_ids: list[int]) -> dict:
 
 
 def architecture_from_config(config: dict, num_params: int | None = None) -> Architecture:
-    """Summarize an HF config.json; raises ArtifactError naming a missing or odd field."""
+    """Summarize an HF config.json; raises ArtifactError naming a missing or odd field.
+
+    Defaults are transformers': Qwen3's head_dim is 128 when absent (not hidden/heads), and transformers 5
+    writes rope_theta inside `rope_parameters` (4.x at the top level, beside `rope_scaling`)."""
     try:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
+        model_type = str(config.get("model_type", "llama"))
+        rope = config.get("rope_parameters") or {}
         arch = Architecture(
             architecture=config["architectures"][0],
-            model_type=str(config.get("model_type", "llama")),
+            model_type=model_type,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
             num_layers=int(config["num_hidden_layers"]),
             num_attention_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            head_dim=int(config.get("head_dim") or (128 if model_type == "qwen3" else hidden // heads)),
             intermediate_size=int(config["intermediate_size"]),
             max_position_embeddings=int(config["max_position_embeddings"]),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             dtype=str(config.get("dtype") or config.get("torch_dtype") or "unknown"),
             num_parameters=num_params if num_params is not None else -1,
         )
     except KeyError as exc:
         raise ArtifactError(f"config.json lacks {exc.args[0]}", "config.json") from exc
-    except (TypeError, ValueError, IndexError) as exc:
+    except (TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ArtifactError(f"config.json has a malformed field: {exc}", "config.json") from exc
     return arch
 

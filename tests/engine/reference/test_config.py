@@ -46,3 +46,33 @@ def test_from_json_reports_an_unreadable_file(tmp_path: Path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelConfigError, match="cannot read"):
         LlamaConfig.from_json(tmp_path / "config.json")
+
+
+def test_qwen2_has_biases_on_q_k_v_and_none_on_o_proj_whatever_attention_bias_says():
+    config = LlamaConfig.from_dict({**BASE, "model_type": "qwen2", "attention_bias": False,
+                                    "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 21})
+    assert (config.qkv_bias, config.o_bias, config.mlp_bias, config.qk_norm) == (True, False, False, False)
+
+
+def test_qwen3_normalizes_q_and_k_heads_and_its_head_dim_defaults_to_128_as_transformers_does():
+    config = LlamaConfig.from_dict({**BASE, "model_type": "qwen3"})
+    assert (config.qk_norm, config.qkv_bias, config.o_bias, config.head_dim) == (True, False, False, 128)
+    biased = LlamaConfig.from_dict({**BASE, "model_type": "qwen3", "attention_bias": True, "head_dim": 32})
+    assert (biased.qkv_bias, biased.o_bias, biased.head_dim) == (True, True, 32)
+
+
+def test_llama_attention_bias_puts_biases_on_every_attention_projection():
+    config = LlamaConfig.from_dict({**BASE, "attention_bias": True})
+    assert (config.model_type, config.qkv_bias, config.o_bias, config.qk_norm) == ("llama", True, True, False)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
+    ({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
+    ({"model_type": "qwen2_moe"}, "model_type"),
+    ({"model_type": "qwen3", "attention_bias": "no"}, "attention_bias"),
+])
+def test_family_features_this_decoder_lacks_are_refused_naming_the_field(change, field):
+    with pytest.raises(ModelConfigError) as info:
+        LlamaConfig.from_dict({**BASE, **change})
+    assert info.value.field == field
