@@ -62,15 +62,16 @@ def hub_endpoint() -> str:
 
 
 def download(repo_id: str, *, revision: str | None = None, cache_dir: Path | None = None,
-             token: str | None = None) -> tuple[Path, str]:
-    """The checkpoint's files in the hub cache: (snapshot directory, commit sha). Raises HubError."""
+             token: str | None = None, patterns: list[str] = PULL_PATTERNS) -> tuple[Path, str]:
+    """The checkpoint's files (those matching `patterns`) in the hub cache: (snapshot directory, commit sha).
+    Raises HubError."""
     from huggingface_hub import snapshot_download
 
     logging.getLogger("httpx2").setLevel(logging.WARNING)    # not a log line per HTTP request of the pull
     _remove_dead_partials(cache_dir, repo_id)
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, token=token,
-                                   endpoint=hub_endpoint(), allow_patterns=PULL_PATTERNS,
+                                   endpoint=hub_endpoint(), allow_patterns=patterns,
                                    tqdm_class=None if sys.stderr.isatty() else _logging_tqdm(repo_id))
     except Exception as exc:   # huggingface_hub's errors: each a sentence for the user, no traceback
         raise _hub_error(repo_id, revision, exc) from exc
@@ -112,10 +113,22 @@ def pull(source: str, engines_root: Path, *, name: str | None = None, revision: 
     if not HUB_ID_RE.match(source):
         raise HubError(f"{source!r} is neither a directory nor a Hugging Face model id such as "
                        "HuggingFaceTB/SmolLM2-135M-Instruct")
-    folder, commit = download(source, revision=revision, cache_dir=cache_dir)
+    # config.json first: a model the engine cannot run is refused before gigabytes of weights are fetched
+    folder, commit = download(source, revision=revision, cache_dir=cache_dir, patterns=["config.json"])
+    _check_architecture(folder / "config.json")
+    folder, commit = download(source, revision=commit, cache_dir=cache_dir)      # that same commit
     _event("pulled", repo=source, revision=revision or "main", commit=commit, path=str(folder))
     return pack_hf(folder, name or artifact_name_for(source), engines_root, progress,
                    source=f"hf:{source}", revision=commit)
+
+
+def _check_architecture(config_path: Path) -> None:
+    from inferd.artifacts.build.reference import SUPPORTED_ARCHITECTURES, read_json_object
+
+    architectures = read_json_object(config_path).get("architectures") if config_path.is_file() else None
+    if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
+        raise ArtifactError(f"config.json: architectures = {architectures!r}; the reference engine runs only "
+                            f"{', '.join(SUPPORTED_ARCHITECTURES)}", "config.json")
 
 
 def _hub_error(repo_id: str, revision: str | None, exc: Exception) -> HubError:

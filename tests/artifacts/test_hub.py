@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from inferd.__main__ import build_parser
-from inferd.artifacts import MANIFEST_FILE, pull_main, read_manifest, verify_artifact
+from inferd.artifacts import MANIFEST_FILE, ArtifactError, pull_main, read_manifest, verify_artifact
 from inferd.artifacts.build import build_synthetic
 from inferd.artifacts.hub import HubError, pull
 from tests.hub_server import HubServer, Repo, repo_from_dir
@@ -192,3 +192,12 @@ def test_on_a_terminal_pull_shows_huggingface_hubs_progress_bars(hub, tmp_path):
             proc.wait()
     text = shown.decode(errors="replace")
     assert "Fetching 5 files: 100%" in text and "pull_progress" not in text
+
+
+def test_a_model_the_engine_cannot_run_is_refused_before_its_weights_are_fetched(hub, tmp_path):
+    files = dict(hub.repos[REPO].files)
+    files["config.json"] = b'{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}'
+    hub.repos["acme/gpt2ish"] = Repo(files=files)
+    with pytest.raises(ArtifactError, match=r"\['GPT2LMHeadModel'\]; the reference engine runs only LlamaForCausalLM"):
+        pull("acme/gpt2ish", tmp_path / "engines", cache_dir=tmp_path / "cache")
+    assert hub.gets("config.json") and not hub.gets("model.safetensors")
