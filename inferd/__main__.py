@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None, help="with --model: the name requests use "
                                                                  "(default: the repo's or directory's name)")
     serve.add_argument("--api-key", default=None, help="with --model: requests must send `Authorization: Bearer "
-                                                       "<this>` (default: no auth, loopback only)")
+                                                       "<this>` (default: $INFERD_API_KEY, else no auth)")
     serve.add_argument("--max-model-len", type=int, default=None, help="with --model: the longest prompt + "
                                                                        "output (default: the model's context)")
 

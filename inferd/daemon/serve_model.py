@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,11 @@ def model_config(args: argparse.Namespace) -> Config:
                    "state_dir": str(state), "engines_root": str(engines_root)},
         "models": {served: model},
     }
-    if args.api_key is not None:
+    # $INFERD_API_KEY as vLLM reads $VLLM_API_KEY: a key in the environment is not in `ps` output
+    api_key = args.api_key if args.api_key is not None else os.environ.get("INFERD_API_KEY") or None
+    if api_key is not None:
         # Only its hash is held, as for keys in the keys file; requests bearing it are the `local` tenant
-        raw["auth"] = {"mode": "api_key", "static_key_sha256": hashlib.sha256(args.api_key.encode()).hexdigest()}
+        raw["auth"] = {"mode": "api_key", "static_key_sha256": hashlib.sha256(api_key.encode()).hexdigest()}
     config = parse_config(raw, base_dir=state, source="command line")
     log.info("serve_model", model=args.model, served_as=served, artifact=str(engines_root / artifact),
              version=version, state_dir=str(state))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture
 def state(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("INFERD_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("INFERD_API_KEY", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))   # read at its import
     return tmp_path / "state"
 
@@ -57,6 +59,13 @@ def test_flags_become_the_keys_a_config_file_would_set(checkpoint, state):
     assert list(config.models) == ["smol"] and config.models["smol"].max_model_len == 64
     assert config.server.port == 0 and config.auth.mode == "api_key"
     assert config.auth.static_key_sha256 and "k-123" not in config.auth.static_key_sha256   # only its hash
+
+
+def test_the_api_key_may_come_from_inferd_api_key_instead_of_the_command_line(checkpoint, state, monkeypatch):
+    monkeypatch.setenv("INFERD_API_KEY", "k-env")
+    config = model_config(serve_args("--model", str(checkpoint)))
+    assert config.auth.mode == "api_key"
+    assert config.auth.static_key_sha256 == hashlib.sha256(b"k-env").hexdigest()
 
 
 def test_an_artifact_is_found_by_name_or_directory_once_packed(checkpoint, state):
