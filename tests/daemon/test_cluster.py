@@ -110,24 +110,33 @@ async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that
             assert resp.status == 200
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
             assert (await resp.json())["usage"]["completion_tokens"] == 4
+        retakes = []
+        await _keep_busy(a, a_url, b, http, retakes)
         async with AsyncOpenAI(base_url=a_url + "/v1", api_key="unused", max_retries=0) as sdk:
-            stream = await sdk.completions.create(**SHORT, stream=True, stream_options={"include_usage": True})
-            chunks = [c async for c in stream]
+            raw = await sdk.completions.with_raw_response.create(**SHORT, stream=True,
+                                                                stream_options={"include_usage": True})
+            assert raw.headers["X-Inferd-Node"] == b.state.cluster.node_id
+            chunks = [c async for c in raw.parse()]
         assert chunks[-1].usage.completion_tokens == 4
-        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room again")
-        again = None
-        if not await _busy(a):      # on a slow machine the long request can end by now: take the slot again
-            again = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG))
-            await until(lambda: _busy(a), "node 0's only slot to be taken again")
+        await _keep_busy(a, a_url, b, http, retakes)
         async with http.post(a_url + "/v1/completions", json={**SHORT, "n": 2}) as resp:   # forwarded as sent:
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id            # the peer applies n
             body = await resp.json()
             assert [c["index"] for c in body["choices"]] == [0, 1] and body["usage"]["completion_tokens"] == 8
         assert a.state.cluster.spillovers["forwarded"] == 3
-        if again is not None:
-            again.cancel()
+        for task in retakes:
+            task.cancel()
     # the caller's trace context went on to the peer (neither node traces): both request lines carry it
     assert len([r for r in caplog.records if getattr(r, "fields", {}).get("traceparent") == TRACEPARENT]) == 2
+
+
+async def _keep_busy(a, a_url: str, b, http: aiohttp.ClientSession, retakes: list) -> None:
+    """Before each request that must spill: node 1 known to have room, node 0's only slot taken. On a slow
+    machine the long request can end between two requests (the next would then be served at home)."""
+    await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
+    if not await _busy(a):
+        retakes.append(asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG)))
+        await until(lambda: _busy(a), "node 0's only slot to be taken again")
 
 
 async def _has_room(a, b) -> bool:
