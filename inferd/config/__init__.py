@@ -32,6 +32,7 @@ from inferd.config.state_dir import default_state_dir
 from inferd.config.store import DB_FILE, StoreConfig
 from inferd.config.tenants import (
     CLASSES_BY_RANK,
+    DEFAULT_TENANT,
     TENANT_NAME_RE,
     AdmissionConfig,
     AuthConfig,
@@ -52,7 +53,7 @@ __all__ = [
     "KEYS_FILE", "ModelConfig", "OutputRules", "PolicyConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
     "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
-    "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
+    "DEFAULT_TENANT", "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
     "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",
 ]

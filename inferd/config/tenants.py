@@ -62,7 +62,9 @@ class TenantConfig(ConfigTable):
     priority: PriorityClass = PriorityClass.STANDARD
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None        # prompt + max_tokens charged up front, unused refunded
-    max_concurrent_requests: int = 64           # queued + running
+    # Queued + running. None: no cap of its own (the node's admission queue still bounds it); the anonymous
+    # tenant of a node without auth has none unless [tenants.<it>] sets one (inferd.tenancy.tenant_registry).
+    max_concurrent_requests: int | None = 64
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None        # also the max_tokens used when a request sets none
     allowed_models: tuple[str, ...] = ("*",)    # served model names; "*" = any
@@ -214,7 +216,9 @@ def tenant_errors(name: str, t: TenantConfig, path: str = "tenants") -> list[str
         value = getattr(t, key)
         if value is not None and value <= 0:
             errors.append(f"{p}.{key}: must be > 0 (omit it for no limit), got {value}")
-    for key in ("max_concurrent_requests", "max_queued_requests", "max_queued_tokens", "max_request_timeout_s",
+    if t.max_concurrent_requests is not None and t.max_concurrent_requests <= 0:
+        errors.append(f"{p}.max_concurrent_requests: must be > 0 (omit it for 64), got {t.max_concurrent_requests}")
+    for key in ("max_queued_requests", "max_queued_tokens", "max_request_timeout_s",
                 "max_stored_file_bytes", "max_concurrent_uploads"):
         if getattr(t, key) <= 0:
             errors.append(f"{p}.{key}: must be > 0, got {getattr(t, key)}")

@@ -258,9 +258,9 @@ class Quota:
         if self._share is not None:
             share = self._share(tenant)
             st.apply_share(share, now)
-            if self._share_concurrency:
+            if self._share_concurrency and cap is not None:
                 cap = max(1, math.ceil(cap * share))
-        if st.in_flight >= cap:
+        if cap is not None and st.in_flight >= cap:
             # Leases end one by one; with n held for ~hold_ema_s each, one frees about every hold/n.
             waits["concurrency"] = max(0.05, st.hold_ema_s / max(1, st.in_flight))
         if st.rpm is not None:

@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from inferd.admission import AdmissionQueue, AdmissionRejected
-from inferd.config import TenantRegistry
+from inferd.config import DEFAULT_TENANT, TenantRegistry
 from inferd.engine import Engine
 from inferd.observability import get_logger
 from inferd.tenancy.budget import Budgets
@@ -46,6 +48,22 @@ def many_senders(config: Config) -> bool:
             or config.cluster is not None)
 
 
+def tenant_registry(config: Config) -> TenantRegistry:
+    """The config's tenants. On a node where every request is the anonymous tenant's (see many_senders),
+    that tenant, unless configured by name, has no per-tenant caps on concurrency and queueing: it is the
+    only sender, so they would refuse a single client's concurrency (an async SDK with 100 streams) that
+    the node's own admission queue ([admission] max_queued_*) is there to bound."""
+    shared = many_senders(config)
+    tenants = dict(config.tenants)
+    anonymous = config.auth.anonymous_tenant
+    if not shared and anonymous not in tenants:
+        base = tenants.get("default", DEFAULT_TENANT)
+        tenants[anonymous] = msgspec.structs.replace(
+            base, max_concurrent_requests=None, max_queued_requests=config.admission.max_queued_requests,
+            max_queued_tokens=config.admission.max_queued_tokens)
+    return TenantRegistry(tenants, shared=shared)
+
+
 class _Queue:
     __slots__ = ("model", "engine", "queue")
 
@@ -62,7 +80,7 @@ class Tenancy:
     def __init__(self, config: Config, *, authenticator: Authenticator | None = None,
                  quota_clock: Clock = time.monotonic, keys_poll_interval_s: float | None = None) -> None:
         self.config = config
-        self.tenants = TenantRegistry(config.tenants, shared=many_senders(config))
+        self.tenants = tenant_registry(config)
         # Config paths are already absolute (inferd.config.load_config resolves them); "." only matters for
         # a Config built in code with relative paths.
         self.authenticator = authenticator or load_authenticator(config.auth, Path("."))
@@ -127,7 +145,7 @@ class Tenancy:
         a changed [auth] table gets a new authenticator, also built off the loop, unless one is given."""
         old_auth = self.config.auth
         self.config = config
-        self.tenants = TenantRegistry(config.tenants, shared=many_senders(config))
+        self.tenants = tenant_registry(config)
         self.quota.set_tenants(self.tenants)
         self.budgets.tenants = self.tenants
         self._pace(config)

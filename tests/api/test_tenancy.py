@@ -420,3 +420,21 @@ async def test_models_list_shows_only_the_models_the_tenant_may_use(tmp_path):
         assert [m.id for m in (await n.sdk(wide).models.list()).data] == ["m1", "m2"]
         with pytest.raises(openai.PermissionDeniedError):       # and what is not listed is refused
             await n.sdk(narrow).completions.create(model="m2", prompt="x", max_tokens=1)
+
+
+async def test_without_auth_one_client_streams_300_at_once_with_no_429_and_the_node_queue_still_bounds(tmp_path):
+    """auth "none": every request is `local`, whose per-tenant caps (64 concurrent, 256 queued) would refuse an
+    async SDK client's burst; the node's admission queue is the bound instead."""
+    fast = {"sim": {"profile": "tiny", "time_scale": 0.0, "max_model_len": 4096}, "max_batch_size": 8}
+    async with node(tmp_path, auth="none", model=fast, admission={"max_queued_requests": 1000}) as n:
+        sdk = n.sdk()
+
+        async def one() -> int:
+            stream = await sdk.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}],
+                                                       max_tokens=4, stream=True)
+            return len([c async for c in stream])
+        counts = await asyncio.gather(*(one() for _ in range(300)))
+        assert all(c > 0 for c in counts)
+    async with node(tmp_path / "capped", auth="none", model=fast,
+                    tenants={"local": {"max_concurrent_requests": 2}}) as n:   # a cap set by name still holds
+        assert n.tenancy.tenants.get("local").max_concurrent_requests == 2
