@@ -123,6 +123,9 @@ class ModelConfig(ConfigTable):
     # reference: the longest sequence (prompt + output) served, below the model's own context (vLLM's
     # --max-model-len); None: the model's max_position_embeddings (and never past the KV pool)
     max_model_len: int | None = None
+    # max_tokens of a chat or Responses request that sets none (completions keep OpenAI's 16); None: the rest
+    # of the context, which on a CPU model is minutes of decoding (the shipped config sets one)
+    default_max_tokens: int | None = None
     block_size: int = 16
     verify: bool = True                    # reference: check artifact sha256s at start
     trusted_keys: tuple[str, ...] = ()     # when set, replaces server.trusted_keys for this model
@@ -252,6 +255,9 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
             errors.append(f"{p}.{key}: must be > 0, got {getattr(m, key)}")
     if m.num_kv_blocks is not None and m.num_kv_blocks <= 0:
         errors.append(f"{p}.num_kv_blocks: must be > 0, got {m.num_kv_blocks}")
+    if m.default_max_tokens is not None and m.default_max_tokens <= 0:
+        errors.append(f"{p}.default_max_tokens: must be > 0 tokens (omit it for the rest of the context), "
+                      f"got {m.default_max_tokens}")
     if m.max_model_len is not None and m.max_model_len <= 0:
         errors.append(f"{p}.max_model_len: must be > 0 tokens, got {m.max_model_len}")
     if m.block_size > 0 and m.block_size & (m.block_size - 1):

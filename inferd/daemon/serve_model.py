@@ -23,6 +23,8 @@ from inferd.observability import get_logger
 
 log = get_logger("inferd.daemon")
 
+SERVE_DEFAULT_MAX_TOKENS = 512
+
 
 def model_config(args: argparse.Namespace) -> Config:
     """The Config `serve --model` runs; ConfigError (source "command line") names what is wrong."""
@@ -37,7 +39,9 @@ def model_config(args: argparse.Namespace) -> Config:
     except (ArtifactError, OSError) as exc:            # OSError: a full disk, an unreadable directory
         raise ConfigError([f"--model {args.model}: {exc}"], "command line") from None
     served = args.served_model_name or artifact
-    model: dict[str, Any] = {"backend": "reference", "artifact": artifact, "version": version}
+    # A chat without max_tokens gets SERVE_DEFAULT_MAX_TOKENS, not the rest of the context (minutes on a CPU)
+    model: dict[str, Any] = {"backend": "reference", "artifact": artifact, "version": version,
+                             "default_max_tokens": SERVE_DEFAULT_MAX_TOKENS}
     if args.max_model_len is not None:
         model["max_model_len"] = args.max_model_len
     raw: dict[str, Any] = {

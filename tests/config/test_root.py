@@ -57,7 +57,7 @@ def test_shipped_config_matches_struct_defaults():
     defaults = parse_config({}, base_dir=REPO_ROOT)
     assert shipped.server == defaults.server
     model = shipped.models["small"]
-    assert model == ModelConfig(artifact="small", num_kv_blocks=2048)
+    assert model == ModelConfig(artifact="small", num_kv_blocks=2048, default_max_tokens=128)   # a CPU model: short answers
 
 
 def test_unknown_key_is_named_with_its_path():

@@ -42,9 +42,11 @@ async def tokenize_and_resolve_sampling(ctx: RequestContext) -> None:
     bounded pool when long) and its SamplingParams (inferd.api.pipeline.sampling), one prompt after the
     other: each prompt gives `n` choices, prompt-major (choice i*n + j is prompt i's j-th), each its own
     engine request with its own seed (Prepared.choice_seed). A prompt is tokenized once for its n choices."""
+    model = ctx.state.config.models.get(ctx.model)
     limits = sampling.Limits(max_model_len=ctx.engine.info.max_model_len, tenancy=ctx.state.tenancy,
                              tenant=ctx.tenant, allowed_model=ctx.allowed_model,
-                             degraded_max_tokens=ctx.degraded_max_tokens)
+                             degraded_max_tokens=ctx.degraded_max_tokens,
+                             default_max_tokens=model.default_max_tokens if model is not None else None)
     sampling.check_logit_bias(ctx.prepared, ctx.engine.tokenizer.vocab_size)
     for part in ctx.prepared.prompts():
         ids = await tokenize(ctx.engine, part, len(ctx.body), ctx.deadline)

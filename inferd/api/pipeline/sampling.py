@@ -1,7 +1,7 @@
 """Sampling resolved once per choice: every rule that decides max_tokens, in one place, in order.
 
-1. the client's max_tokens, or the endpoint's default (16 for completions as OpenAI; the rest of the
-   context for chat);
+1. the client's max_tokens, or the endpoint's default (16 for completions as OpenAI; for chat and the
+   Responses API the model's default_max_tokens, else the rest of the context);
 2. the model's context: prompt + max_tokens must fit, and an explicit value that does not is a 400;
 3. the tenant's caps (max_output_tokens, and what fits its tokens-per-minute bucket) when the client
    set none, then the tenant's limits (inferd.tenancy.quota.check_limits);
@@ -37,6 +37,7 @@ class Limits:
     tenant: str
     allowed_model: str              # the name the tenant's permission allowed (its per-model limits)
     degraded_max_tokens: int | None
+    default_max_tokens: int | None = None    # the model's (models.X.default_max_tokens), for chat and responses
 
 
 def check_logit_bias(p: Prepared, vocab_size: int) -> None:
@@ -59,7 +60,7 @@ def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
     room = max_model_len - prompt_len
     max_tokens = p.max_tokens
     if max_tokens is None:
-        default = names.default_max_tokens
+        default = names.default_max_tokens if names.default_max_tokens is not None else limits.default_max_tokens
         max_tokens = room if default is None else min(default, room)
     elif max_tokens > room:
         raise invalid(f"{names.max_tokens_field}: the prompt ({prompt_len} tokens) + {max_tokens} new tokens exceeds "

@@ -88,3 +88,25 @@ async def test_a_large_negative_logit_bias_keeps_a_token_out_on_the_reference_en
     banned = await sdk.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1, temperature=0,
                                           logit_bias={str(first): -100}, extra_body={"ignore_eos": True})
     assert banned.choices[0].text != plain.choices[0].text
+
+
+async def test_a_chat_without_max_tokens_gets_the_models_default_and_one_that_sets_it_wins(serve):
+    from inferd.config.root import ModelConfig
+    served = await serve(models={"sim": ModelConfig(backend="sim", default_max_tokens=5)})
+    sdk, body = served.sdk, dict(model="sim", messages=MESSAGES, extra_body={"ignore_eos": True})
+    assert (await sdk.chat.completions.create(**body)).usage.completion_tokens == 5
+    assert (await sdk.chat.completions.create(**body, max_tokens=9)).usage.completion_tokens == 9
+    streamed = await sdk.chat.completions.create(**body, stream=True, stream_options={"include_usage": True})
+    assert [c async for c in streamed][-1].usage.completion_tokens == 5
+    responses = await sdk.responses.create(model="sim", input="hello")
+    assert responses.usage.output_tokens <= 5
+    # completions keep OpenAI's 16
+    assert (await sdk.completions.create(model="sim", prompt="hi", extra_body={"ignore_eos": True})
+            ).usage.completion_tokens == 16
+
+
+def test_default_max_tokens_must_be_positive():
+    from inferd.config import ConfigError
+    from inferd.config.root import parse_config
+    with pytest.raises(ConfigError, match="models.small.default_max_tokens"):
+        parse_config({"models": {"small": {"default_max_tokens": 0}}})
