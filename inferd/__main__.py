@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--trusted-key", action="append", default=[], metavar="PUB",
                         help="repeatable: a .pub file; then an unsigned artifact or another signer fails")
     keygen = engines_sub.add_parser("keygen", help="write an ed25519 signing key pair (NAME.key, NAME.pub)")
-    keygen.add_argument("--out-dir", default=".", help="where to write them (default: the current directory)")
+    keygen.add_argument("--out-dir", default=None, help="where to write them (default: signing/ in the state directory "
+                                                        "of --config, or of INFERD_STATE_DIR / ~/.local/state/inferd "
+                                                        "when that file does not exist)")
+    keygen.add_argument("--config", default="config.toml", help="whose state directory (default: ./config.toml)")
     keygen.add_argument("--name", default="inferd-signing", help="file name stem (default: inferd-signing)")
     sign = engines_sub.add_parser("sign", help="sign artifacts (after checking their files) with a private key")
     sign.add_argument("path", help="an artifact directory, or a tree of them")
@@ -92,6 +95,19 @@ def _audit_path(args) -> str:
     return str(audit_path(load_config(args.config)))
 
 
+def _signing_dir(args) -> str:
+    """Where `inferd engines keygen` writes: --out-dir, else signing/ in the state directory (never the
+    checkout, where a private key would sit beside files that get committed)."""
+    from pathlib import Path
+
+    from inferd.config import default_state_dir, load_config
+    if args.out_dir is not None:
+        return args.out_dir
+    if Path(args.config).is_file():
+        return str(Path(load_config(args.config).server.state_dir) / "signing")
+    return str(default_state_dir() / "signing")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -117,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "engines":
         from inferd.artifacts import keygen_main, sign_main, verify_main
         if args.engines_command == "keygen":
-            return keygen_main(args.out_dir, args.name)
+            from inferd.config import ConfigError
+            try:
+                out_dir = _signing_dir(args)
+            except (ConfigError, OSError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            return keygen_main(out_dir, args.name)
         if args.engines_command == "sign":
             return sign_main(args.path, args.key)
         return verify_main(args.path, args.trusted_key)
@@ -138,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        return audit_verify_main(path)
+        return audit_verify_main(path, missing_ok=args.path is None)
     if args.command == "capacity":
         from inferd.capacity import capacity_main
         return capacity_main(args)

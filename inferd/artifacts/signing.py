@@ -131,6 +131,7 @@ def load_trusted_keys(paths: Iterable[str]) -> dict[str, str]:
 def generate_key_pair(out_dir: str | Path, name: str) -> tuple[Path, Path]:
     """Write `<name>.key` (0600) and `<name>.pub` into `out_dir`; never overwrites either."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     private_path, public_path = out_dir / f"{name}{PRIVATE_SUFFIX}", out_dir / f"{name}{PUBLIC_SUFFIX}"
     for path in (private_path, public_path):
         if path.exists():

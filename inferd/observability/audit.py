@@ -281,8 +281,13 @@ def verify_audit(path: str | Path) -> AuditVerdict:
     return AuditVerdict(path, count, legacy, last_seq)
 
 
-def audit_verify_main(path: str | Path) -> int:
-    """`inferd audit verify`: print the verdict; 0 if the chain is intact, 1 if broken or unreadable."""
+def audit_verify_main(path: str | Path, *, missing_ok: bool = False) -> int:
+    """`inferd audit verify`: print the verdict; 0 if the chain is intact, 1 if broken or unreadable.
+    `missing_ok` (the config's own path, not one the caller named): no file yet is a fresh install, 0."""
+    if missing_ok and not Path(path).exists():
+        print(f"no audit log yet at {path}: nothing to verify (the daemon starts it with "
+              "the first change it audits)")
+        return 0
     try:
         verdict = verify_audit(path)
     except OSError as exc:

@@ -126,25 +126,40 @@ def test_verify_with_a_trusted_key_fails_unsigned_and_other_signers(
 
 # --- keygen and sign -------------------------------------------------------------------------------
 
-def test_keygen_writes_a_key_pair_in_the_current_directory_and_prints_both_paths(
+def test_keygen_writes_a_key_pair_into_the_state_directory_not_the_checkout_and_prints_both_paths(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)                          # no config.toml here: INFERD_STATE_DIR's
+    monkeypatch.setenv("INFERD_STATE_DIR", str(tmp_path / "state"))
     assert inferd_main(["engines", "keygen"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["inferd-signing.key", "inferd-signing.pub"]
-    private, public = tmp_path / "inferd-signing.key", tmp_path / "inferd-signing.pub"
-    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    signing = tmp_path / "state" / "signing"
+    private, public = signing / "inferd-signing.key", signing / "inferd-signing.pub"
+    assert capsys.readouterr().out.splitlines() == [str(private), str(public)]
+    assert not list(tmp_path.glob("*.key"))
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and stat.S_IMODE(signing.stat().st_mode) == 0o700
     assert public.read_text().startswith("ssh-ed25519 AAAA") and public.read_text().endswith(" inferd-signing\n")
     assert fingerprint(load_private_key(private).public_key()) == fingerprint(load_public_key(public))
 
 
+def test_keygen_beside_a_config_writes_into_that_configs_state_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.toml").write_text('[server]\nstate_dir = "var"\n')
+    assert inferd_main(["engines", "keygen"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == str(tmp_path / "var" / "signing" / "inferd-signing.key")
+
+
 def test_keygen_never_overwrites_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
     (tmp_path / "inferd-signing.pub").write_text("precious")
-    assert inferd_main(["engines", "keygen"]) == 1
+    assert inferd_main(["engines", "keygen", "--out-dir", str(tmp_path)]) == 1
     assert "inferd-signing.pub: already exists" in capsys.readouterr().err
     assert (tmp_path / "inferd-signing.pub").read_text() == "precious"
     assert not (tmp_path / "inferd-signing.key").exists()
+
+
+def test_the_repository_ignores_private_keys() -> None:
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().splitlines()
+    assert "*.key" in ignored
 
 
 def test_sign_refuses_a_tampered_artifact_and_a_key_that_is_not_one(

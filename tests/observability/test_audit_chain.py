@@ -123,3 +123,11 @@ def test_cli_verify_of_a_missing_file_is_an_error(tmp_path, capsys):
     assert "nope.jsonl" in capsys.readouterr().err
 
 
+
+
+def test_cli_verify_on_a_fresh_install_with_no_audit_log_yet_says_so_and_succeeds(tmp_path, capsys):
+    config = tmp_path / "config.toml"
+    config.write_text("")                         # the config's own path: <state>/audit.jsonl, not written yet
+    assert main(["audit", "verify", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "no audit log yet" in out and str(tmp_path / "state" / "audit.jsonl") in out
