@@ -20,7 +20,6 @@ from inferd.daemon.context import DaemonContext
 from inferd.daemon.progress import StartupProgress
 from inferd.daemon.synthetic_build import build_synthetic_artifact
 from inferd.models import EngineConfigError, missing_synthetic, routes_from_config, run_prewarm_schedule, version_specs
-from inferd.models.specs import VersionSpec
 
 # A forced exit still asks each engine to close, but waits at most this long for it.
 FORCED_CLOSE_TIMEOUT_S = 2.0
@@ -68,11 +67,11 @@ async def _build_missing(ctx: DaemonContext) -> None:
     await asyncio.gather(*(build(name, kind) for name, kind in missing.items()))
 
 
-async def _load_specs(state: ServerState, specs: list[VersionSpec], progress: StartupProgress | None) -> None:
+async def _load_specs(state: ServerState, specs: list, progress: StartupProgress | None) -> None:
     """Every version at once: one model's warmup runs while the next one's weights are read."""
     per_model = Counter(spec.model for spec in specs)
 
-    async def load(spec: VersionSpec) -> None:
+    async def load(spec) -> None:
         name = spec.model if per_model[spec.model] == 1 else spec.label
         if progress is not None:
             progress.set(name, "loading")

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 import orjson
 from aiohttp import web
 
-from inferd.api.errors import SERVER_HEADER, error_response, unavailable
+from inferd.api import SERVER_HEADER
 from inferd.daemon.context import DaemonContext
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.progress import StartupProgress
@@ -41,11 +41,11 @@ def starting_app(progress: StartupProgress) -> web.Application:
 
     async def handle(request: web.Request) -> web.Response:
         if request.path in _HEALTH_PATHS and request.method in ("GET", "HEAD"):
-            resp = web.Response(body=orjson.dumps({"status": "ok"}), content_type="application/json")
+            resp = _json({"status": "ok"}, 200)
         elif request.path == "/readyz":
             resp = _readyz(progress)
         else:
-            resp = error_response(_starting_error())
+            resp = _json({"error": _STARTING}, 503)
         resp.headers["Server"] = SERVER_HEADER
         resp.force_close()      # nothing stays attached to this app: the next request meets the real one
         return resp
@@ -55,17 +55,22 @@ def starting_app(progress: StartupProgress) -> web.Application:
     return app
 
 
-def _starting_error():
-    return unavailable("The server is starting (models are being built and loaded); GET /readyz shows "
-                       "each model's progress. Retry shortly.", retry_after_s=RETRY_AFTER_S, code="starting")
+# The OpenAI envelope, as inferd.api's `unavailable` writes it (the api's error helpers are its inside).
+_STARTING = {"message": "The server is starting (models are being built and loaded); GET /readyz shows each "
+                        "model's progress. Retry shortly.",
+             "type": "service_unavailable_error", "param": None, "code": "starting"}
+
+
+def _json(body: dict, status: int) -> web.Response:
+    resp = web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    if status == 503:
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return resp
 
 
 def _readyz(progress: StartupProgress) -> web.Response:
-    err = _starting_error()
-    body = {"status": "starting", "reasons": ["engines are still starting"], "models": progress.snapshot(),
-            "error": err.body()}
-    return web.Response(body=orjson.dumps(body), status=503, content_type="application/json",
-                        headers=err.headers)
+    return _json({"status": "starting", "reasons": ["engines are still starting"], "models": progress.snapshot(),
+                  "error": _STARTING}, 503)
 
 
 @contextlib.asynccontextmanager
