@@ -18,6 +18,7 @@ the next connection is accepted by the real app.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -33,6 +34,8 @@ from inferd.observability import Metrics, get_logger
 log = get_logger("inferd.daemon")
 
 RETRY_AFTER_S = 1
+HANDOVER_GRACE_S = 1.0      # connections the starting app accepted get this long to be answered
+HANDOVER_POLL_S = 0.01
 _HEALTH_PATHS = frozenset({"/healthz", "/health"})
 
 
@@ -94,10 +97,18 @@ async def starting_site(ctx: DaemonContext) -> AsyncIterator[None]:
 
 
 async def stop_starting(ctx: DaemonContext) -> None:
-    """Close the starting app's dup of the socket (the real site keeps the original) and its connections."""
+    """Close the starting app's dup of the socket (the real site keeps the original), then its connections
+    once each has had its answer (at most HANDOVER_GRACE_S: one accepted just before the hand-over may not
+    have sent its request yet, and closing it unanswered would look like a reset to its client)."""
     runner, ctx.starting = ctx.starting, None
-    if runner is not None:
-        await runner.cleanup()
+    if runner is None:
+        return
+    for accepting in list(runner.sites):
+        await accepting.stop()
+    deadline = asyncio.get_running_loop().time() + HANDOVER_GRACE_S
+    while runner.server is not None and runner.server.connections and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(HANDOVER_POLL_S)
+    await runner.cleanup()
 
 
 def _url_host(host: str | None) -> str:
