@@ -58,7 +58,8 @@ async def _build_missing(ctx: DaemonContext) -> None:
     async def build(name: str, kind: str) -> None:
         progress.set(name, "building")
         try:
-            await build_synthetic_artifact(root, name, kind, ctx.notifier)
+            await build_synthetic_artifact(root, name, kind, ctx.notifier,
+                                           on_step=lambda n: progress.set(name, "building", done=n))
         except Exception as exc:
             progress.set(name, "failed", error=str(exc))
             raise

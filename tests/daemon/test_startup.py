@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import aiohttp
+import msgspec
 
 from inferd.config.root import load_config
 from inferd.daemon.lifecycle import Daemon
 from inferd.models import build_engine
-from tests.daemon.harness import sim_model, write_config
+from tests.daemon.harness import running_daemon, sim_model, write_config
 
 
 class Gate:
@@ -125,3 +127,24 @@ async def test_independent_models_load_at_the_same_time(tmp_path):
         for gate in gates.values():
             gate.release.set()
         await _wait(daemon.ready, task)
+
+
+async def test_a_first_start_logs_each_models_way_from_queued_through_building_to_ready(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="inferd.daemon")
+    models = {"tiny": 'backend = "reference"\nartifact = "tiny"\nnum_kv_blocks = 64\n', "sim": sim_model()}
+    config = load_config(write_config(tmp_path / "inferd.toml", models))
+    config = msgspec.structs.replace(config, server=msgspec.structs.replace(
+        config.server, engines_root=str(tmp_path / "engines")))
+    async with running_daemon(config) as (daemon, _, url):
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/readyz") as resp:
+            assert resp.status == 200
+    phases = {name: [f["phase"] for f in (getattr(r, "fields", {}) for r in caplog.records
+                                         if r.getMessage() == "model_progress") if f["model"] == name]
+              for name in models}
+    built = phases["tiny"]
+    assert built[0] == "queued" and built[-3:] == ["loading", "warming", "ready"]
+    assert built.index("building") < built.index("built") < built.index("loading")
+    assert phases["sim"] == ["queued", "loading", "warming", "ready"]
+    steps = [f.get("done") for f in (getattr(r, "fields", {}) for r in caplog.records
+                                     if r.getMessage() == "model_progress") if f["phase"] == "building"]
+    assert steps[0] is None and steps[1:] == list(range(1, len(steps)))
