@@ -9,7 +9,8 @@ and, from the daemon's own log lines (their timestamps against the spawn time):
     built_s          the last synthetic artifact built (event `engine_built`)
     loaded_s         the last version ready (event `version_ready`)
 
-Usage: python bench/first_start.py [--runs 3] [--timeout 120]
+Usage: python bench/first_start.py [--runs 3] [--timeout 120] [--busy 1]
+(--busy N: N other processes spin at 100% of a core meanwhile, as on a laptop doing something else.)
 Prints `name: value` lines, per run and the median over runs. The goal on an idle 2-core machine:
 first_answer_s under 3, ready_s under 30.
 """
@@ -75,7 +76,21 @@ def log_marks(log_path: Path, t0_wall: float) -> dict[str, float]:
     return marks
 
 
-def one_run(timeout: float) -> dict[str, float]:
+def spinners(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def one_run(timeout: float, busy: int = 0) -> dict[str, float]:
+    hogs = spinners(busy)
+    try:
+        return _measure(timeout)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _measure(timeout: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="inferd-first-start-") as tmp:
         workdir, port = Path(tmp), free_port()
         config = config_for(workdir, port)
@@ -115,12 +130,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning at 100%% of a core meanwhile")
     args = parser.parse_args()
     runs = []
     for i in range(args.runs):
-        run = one_run(args.timeout)
+        run = one_run(args.timeout, args.busy)
         runs.append(run)
         print(f"run {i + 1}: " + "  ".join(f"{k}={v}" for k, v in run.items()), flush=True)
+    print(f"busy_processes: {args.busy}")
     for key in ("first_answer_s", "accepting_s", "built_s", "loaded_s", "ready_s"):
         values = [r[key] for r in runs if key in r]
         if values:

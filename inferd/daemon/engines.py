@@ -19,6 +19,7 @@ from inferd.api import ServerState
 from inferd.daemon.context import DaemonContext
 from inferd.daemon.progress import StartupProgress
 from inferd.daemon.synthetic_build import build_synthetic_artifact
+from inferd.engine import startup_loads
 from inferd.models import EngineConfigError, missing_synthetic, routes_from_config, run_prewarm_schedule, version_specs
 
 # A forced exit still asks each engine to close, but waits at most this long for it.
@@ -82,7 +83,11 @@ async def _load_specs(state: ServerState, specs: list, progress: StartupProgress
             progress.set(name, "ready") if key is not None else progress.set(
                 name, "failed", error=state.versions.failures.get(spec.label))
 
-    await asyncio.gather(*(load(spec) for spec in specs))
+    if progress is None:
+        await asyncio.gather(*(load(spec) for spec in specs))
+        return
+    with startup_loads():       # nothing serves yet: no reason to load at the lowest CPU priority
+        await asyncio.gather(*(load(spec) for spec in specs))
 
 
 async def load_versions(state: ServerState, progress: StartupProgress | None = None) -> None:
