@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# A benchmark: run by `pytest -m bench` (.ci/run does, after the default run), never the default run.
+pytestmark = pytest.mark.bench
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "lifecycle.py"
 ARGS = ["--duration-s", "120", "--rate", "1", "--drift-period-s", "30", "--seed", "5"]
 

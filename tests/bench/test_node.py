@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# A benchmark: run by `pytest -m bench` (.ci/run does, after the default run), never the default run.
+pytestmark = pytest.mark.bench
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "node.py"
 
 

@@ -10,6 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# A benchmark: run by `pytest -m bench` (.ci/run does, after the default run), never the default run.
+pytestmark = pytest.mark.bench
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "unary_batching.py"
 ARGS = ["--duration-s", "0.3", "--loads", "2,0.5", "--max-batch-size", "8", "--seed", "3"]
 

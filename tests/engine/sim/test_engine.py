@@ -116,6 +116,7 @@ async def test_decode_step_time_follows_the_roofline_with_batch_size(make_engine
     assert step_times[64] / step_times[1] == pytest.approx(implied, rel=0.05)
 
 
+@pytest.mark.bench        # timed: `pytest -m bench`, not the default run
 async def test_wall_clock_follows_simulated_time_times_time_scale(make_engine) -> None:
     engine = await make_engine(time_scale=2.0)
     start = time.monotonic()
@@ -124,6 +125,7 @@ async def test_wall_clock_follows_simulated_time_times_time_scale(make_engine) -
     assert engine.sim_time * 2.0 * 0.9 <= elapsed <= engine.sim_time * 2.0 + 0.5
 
 
+@pytest.mark.bench        # timed: `pytest -m bench`, not the default run
 async def test_time_scale_zero_runs_without_waiting_for_simulated_time(make_engine) -> None:
     engine = await make_engine("llama3-70b-4xh100")
     start = time.monotonic()
@@ -132,6 +134,7 @@ async def test_time_scale_zero_runs_without_waiting_for_simulated_time(make_engi
     assert time.monotonic() - start < 0.1 * engine.sim_time
 
 
+@pytest.mark.bench        # timed: `pytest -m bench`, not the default run
 async def test_step_of_256_running_sequences_costs_a_few_milliseconds_at_most(make_engine) -> None:
     engine = await make_engine("llama3-8b-h100", max_batch_size=256)
     streams = [submit(engine, prompt(8, i), max_tokens=60) for i in range(256)]
