@@ -1,7 +1,7 @@
 """Log lines for a person at a terminal: `inferd serve --log-format text` (the default when stderr is one).
 
     08:41:07  starting  config=/srv/inferd/config.toml
-    08:41:07  listening on http://127.0.0.1:8000
+    08:41:07  listening on http://127.0.0.1:8000 (starting: /healthz answers 200, /readyz 503 until the models are ready)
     08:41:08  small  building   [######--------------]  3/10
     08:41:12  small  loading
     08:41:15  serving small, embed on http://127.0.0.1:8000
@@ -64,7 +64,7 @@ class ConsoleFormatter(logging.Formatter):
         self._clock = clock
         self._url: str | None = None
         self._sentences: dict[str, Callable[[dict[str, Any]], str | None]] = {
-            "listening": self._listening, "ready": self._ready, "model_progress": self._model_progress,
+            "accepting": self._accepting, "listening": self._listening, "ready": self._ready, "model_progress": self._model_progress,
             "building_engine_step": self._build_step, "pull_progress": self._pull_progress,
             "request": self._request,
         }
@@ -91,9 +91,17 @@ class ConsoleFormatter(logging.Formatter):
         return f"\x1b[{code}m{text}\x1b[0m" if self.colour else text
 
     # -- the events a person waits on --------------------------------------------------------------
+    def _accepting(self, f: dict[str, Any]) -> str:
+        """The port is bound before the models load: probes get answers while they do."""
+        self._url = f.get("url") or f"{f.get('scheme', 'http')}://{f.get('host')}:{f.get('port')}"
+        return f"listening on {self._url} (starting: /healthz answers 200, /readyz 503 until the models are ready)"
+
     def _listening(self, f: dict[str, Any]) -> str:
-        self._url = f"{'https' if f.get('tls') else 'http'}://{f.get('host')}:{f.get('port')}"
-        return f"listening on {self._url}"
+        host = str(f.get("host"))
+        host = f"[{host}]" if ":" in host else host          # an IPv6 address, as a URL spells it
+        url = f"{f.get('scheme') or ('https' if f.get('tls') else 'http')}://{host}:{f.get('port')}"
+        said, self._url = self._url == url, url
+        return "every route open" if said else f"listening on {url}"
 
     def _ready(self, f: dict[str, Any]) -> str:
         models = ", ".join(f.get("models") or []) or "no models"

@@ -29,7 +29,15 @@ def test_listening_then_ready_says_serving_which_models_on_which_url():
     assert fmt.format(record("ready", models=["small", "embed"], versions=["small@1"], refused=[])) == \
         "08:41:07  serving small, embed on http://127.0.0.1:8000"
     fmt.format(record("listening", host="::1", port=443, tls=True))
-    assert fmt.format(record("ready", models=["m"])).endswith("serving m on https://::1:443")
+    assert fmt.format(record("ready", models=["m"])).endswith("serving m on https://[::1]:443")
+
+
+def test_accepting_while_starting_says_the_probes_answer_and_listening_after_it_is_not_repeated():
+    fmt = ConsoleFormatter()
+    line = fmt.format(record("accepting", host="127.0.0.1", port=8000, scheme="http", url="http://127.0.0.1:8000"))
+    assert line.startswith("08:41:07  listening on http://127.0.0.1:8000 (starting: /healthz answers 200")
+    assert fmt.format(record("listening", host="127.0.0.1", port=8000, scheme="http", tls=False)) == \
+        "08:41:07  every route open"
 
 
 def test_model_progress_shows_a_bar_when_counted_and_a_failure_names_its_error():
