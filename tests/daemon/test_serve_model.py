@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import os
 import signal
@@ -14,12 +13,12 @@ import sys
 from pathlib import Path
 
 import openai
-import orjson
 import pytest
 
 from inferd.__main__ import build_parser, main
 from inferd.config import ConfigError
 from inferd.daemon.serve_model import model_config
+from tests.daemon.test_lifecycle import read_event
 from tests.hf_checkpoints import save_checkpoint
 from tests.hub_server import HubServer, repo_from_dir
 
@@ -110,17 +109,6 @@ def test_vllm_flags_without_model_or_with_config_exit_2(argv, capsys):
     assert "--model" in capsys.readouterr().err
 
 
-async def _event(proc: asyncio.subprocess.Process, event: str, seen: list[dict]) -> dict:
-    while True:
-        raw = await proc.stderr.readline()
-        if not raw:
-            pytest.fail(f"inferd exited before logging {event!r}; its log: {seen}")
-        with contextlib.suppress(ValueError):
-            seen.append(orjson.loads(raw))
-            if seen[-1].get("event") == event:
-                return seen[-1]
-
-
 async def _serve(state: Path, *argv: str) -> asyncio.subprocess.Process:
     env = {**os.environ, "INFERD_STATE_DIR": str(state), "HF_ENDPOINT": "http://127.0.0.1:9",
            "HF_HOME": str(state.parent / "hf")}
@@ -133,8 +121,8 @@ async def test_serve_model_runs_a_checkpoint_with_no_config_file_for_the_openai_
                         "smol", "--api-key", "sk-test", "--max-model-len", "64")
     seen: list[dict] = []
     try:
-        port = (await asyncio.wait_for(_event(proc, "listening", seen), 120))["port"]
-        await asyncio.wait_for(_event(proc, "ready", seen), 120)
+        port = (await asyncio.wait_for(read_event(proc, "listening", seen), 120))["port"]
+        await asyncio.wait_for(read_event(proc, "ready", seen), 120)
         base = f"http://127.0.0.1:{port}/v1"
         async with openai.AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
             [model] = (await client.models.list()).data
