@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, help="TOML config file (default: ./config.toml; not with --model)")
     serve.add_argument("--host", default=None, help="override server.host")
     serve.add_argument("--port", type=int, default=None, help="override server.port")
+    serve.add_argument("--log-format", choices=["auto", "text", "json"], default=None,
+                       help="override server.log_format: text for a terminal, json lines, or auto (text on a terminal)")
     # `vllm serve`'s flags, for serving one model with no config file (inferd.daemon.serve_model)
     serve.add_argument("--model", default=None, help="serve this with no config file: a hub id (pulled), a local "
                                                      "HF checkpoint directory, or an artifact name or directory")
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.artifacts import pull_main
         from inferd.config import default_state_dir
         from inferd.observability import configure_logging
-        configure_logging("info")
+        configure_logging("info", fmt=args.log_format)
         return pull_main(args, default_state_dir() / "engines")
     if args.command == "check-config":
         from inferd.config import check_config_main

@@ -19,6 +19,8 @@ def add_pull_parser(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--name", default=None, help="artifact name (default: the repo's or directory's name)")
     pull.add_argument("--engines-root", type=Path, default=None,
                       help="where artifacts go (default: <state dir>/engines, where `serve --model` looks)")
+    pull.add_argument("--log-format", choices=["auto", "text", "json"], default="auto",
+                      help="its log lines: text for a terminal, json lines, or auto (text on a terminal)")
 
 
 def pull_main(args: argparse.Namespace, default_engines_root: Path) -> int:

@@ -41,6 +41,7 @@ from inferd.config.walk import ConfigTable, check_table, type_name, well_formed
 
 Backend = Literal["reference", "sim", "trtllm"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "text", "json"]
 SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
 
 # Served model names appear in URLs, metric labels and `name@version` routing: keep them plain.
@@ -64,6 +65,9 @@ class ServerConfig(ConfigTable):
     # $STATE_DIRECTORY (/var/lib/inferd), else ./state beside the config file (git-ignored).
     state_dir: str | None = None
     log_level: LogLevel = "info"
+    # json: one JSON object per line (journald, files, pipes); text: lines for a person at a terminal
+    # (inferd.observability.console); auto: text when stderr is a terminal. `serve --log-format` overrides it.
+    log_format: LogFormat = "auto"
     # The listener's guards against slow or idle clients (inferd.daemon.listener); read per new connection.
     header_timeout_s: float = 10.0         # first byte of a request -> end of its headers
     body_timeout_s: float = 30.0           # end of the headers -> end of the body

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from inferd.api import ServerState, StoreServices
 from inferd.config import Config
+from inferd.daemon.progress import StartupProgress
 from inferd.daemon.purge import PURGE_INTERVAL_S, Purger
 from inferd.daemon.sdnotify import Notifier
 from inferd.daemon.tls import ListenerTls
@@ -32,6 +33,7 @@ class DaemonContext:
     forced: asyncio.Event               # a second stop: skip waits, close at once
     run_batches: bool = True            # the Batch API's runner (tests drive their own)
     purge_every_s: float = PURGE_INTERVAL_S
+    progress: StartupProgress = field(default_factory=StartupProgress)   # each model's way to serving
     # Set by the services, in the order they start.
     tls: ListenerTls | None = None      # the listener's TLS context, when [server.tls] is set
     sock: socket.socket | None = None   # the listening socket, bound before anything slow
@@ -41,4 +43,5 @@ class DaemonContext:
     tracing: Tracing | None = None
     state: ServerState | None = None
     runner: web.AppRunner | None = None
+    starting: web.AppRunner | None = None   # the starting app (inferd.daemon.starting) until the real site listens
     purger: Purger | None = None

@@ -33,6 +33,7 @@ from inferd.cluster import ClusterKeyError
 from inferd.config import Config, InsecureBindError
 from inferd.daemon.context import AppFactory, DaemonContext, EngineFactory
 from inferd.daemon.engines import load_versions
+from inferd.daemon.progress import StartupProgress
 from inferd.daemon.purge import PURGE_INTERVAL_S, Purger
 from inferd.daemon.reload import ReloadResult, Reloader
 from inferd.daemon.reload_steps import reload_steps
@@ -99,6 +100,11 @@ class Daemon:
     @property
     def port(self) -> int | None:
         return self._ctx.port
+
+    @property
+    def progress(self) -> StartupProgress:
+        """Each model's way to serving (what /readyz shows while starting)."""
+        return self._ctx.progress
 
     @property
     def purger(self) -> Purger | None:
@@ -208,7 +214,7 @@ class Daemon:
         self.ready.set()
 
     async def _load_versions(self, state: ServerState) -> None:
-        await load_versions(state)
+        await load_versions(state, self._ctx.progress)
 
     async def _drain(self) -> None:
         """Stop taking work; what is still running gets server.drain_grace_s, then the listener closes.

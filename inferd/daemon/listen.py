@@ -16,6 +16,7 @@ from inferd.config import check_auth_binding, check_tls_binding
 from inferd.daemon.bind import bind_listener
 from inferd.daemon.context import DaemonContext
 from inferd.daemon.listener import GuardedRunner
+from inferd.daemon.starting import stop_starting
 from inferd.daemon.tls import ListenerTls
 from inferd.observability import get_logger
 
@@ -73,6 +74,7 @@ async def site(ctx: DaemonContext) -> AsyncIterator[None]:
     await runner.setup()
     ctx.runner = runner
     await web.SockSite(runner, ctx.sock, ssl_context=tls.context if tls is not None else None).start()
+    await stop_starting(ctx)        # the real app accepts on the same socket now: the starting app goes
     ctx.host, ctx.port = runner.addresses[0][:2]
-    log.info("listening", host=ctx.host, port=ctx.port, tls=tls is not None)
+    log.info("listening", host=ctx.host, port=ctx.port, tls=tls is not None, scheme="https" if tls else "http")
     yield

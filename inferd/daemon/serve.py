@@ -40,7 +40,7 @@ async def _relay(event: asyncio.Event, action: Callable[[], None]) -> None:
 
 def serve_main(args: argparse.Namespace) -> int:
     """`inferd serve [--config PATH] [--host H] [--port P]`, or `--model X` and vLLM's flags (no config file)."""
-    configure_logging("info")
+    configure_logging("info", fmt=args.log_format or "auto")
     path = None if getattr(args, "model", None) else (args.config or "config.toml")
     try:
         if path is None:
@@ -51,7 +51,7 @@ def serve_main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("invalid_config", source=exc.source, errors=exc.errors)
         return 1
-    configure_logging(config.server.log_level)
+    configure_logging(config.server.log_level, fmt=args.log_format or config.server.log_format)
     log.info("starting", config=str(Path(path).resolve()) if path else None, pid=os.getpid())
     return run_loop(Daemon(config, config_path=path).run(install_signals=True),
                        loop_factory=_loop_factory())

@@ -17,6 +17,7 @@ from inferd.daemon.engines import model_versions
 from inferd.daemon.listen import http_runner, listen_socket, site
 from inferd.daemon.purge import Purger
 from inferd.daemon.reclaim import dead_claims
+from inferd.daemon.starting import starting_site
 from inferd.observability import Tracing, get_logger
 from inferd.store import ensure_reserve, open_database, pinging
 from inferd.tenancy import Tenancy, load_spend
@@ -169,6 +170,7 @@ async def _task(coro) -> AsyncIterator[None]:
 
 SERVICES = (
     listen_socket,      # the address checks, TLS, the bound socket: a taken port fails the start at once
+    starting_site,      # /healthz 200, /readyz 503 `starting` with each model's progress, until `site`
     durable_store,      # before anything that records into it; closed last
     tracing,
     node_state,         # tenancy, routing control plane, cluster (not started): the ServerState, whole

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from inferd.daemon.sdnotify import Notifier
@@ -19,8 +21,10 @@ log = get_logger("inferd.daemon")
 BUILD_PROGRESS_INTERVAL_S = 5.0
 
 
-async def build_synthetic_artifact(engines_root: Path, name: str, kind: str, notifier: Notifier) -> Path:
-    """First run: build the synthetic artifact in a thread, logging progress while it runs."""
+async def build_synthetic_artifact(engines_root: Path, name: str, kind: str, notifier: Notifier,
+                                   on_step: Callable[[int], None] | None = None) -> Path:
+    """First run: build the synthetic artifact in a thread, logging progress while it runs. `on_step(n)`
+    is called on the loop after the build's n-th step."""
     from inferd.artifacts.build import build_synthetic
 
     log.info("building_engine", model=name, kind=kind, engines_root=str(engines_root),
@@ -29,12 +33,19 @@ async def build_synthetic_artifact(engines_root: Path, name: str, kind: str, not
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Path] = loop.create_future()
 
+    steps = itertools.count(1)
+
+    def step(text: str) -> None:
+        log.info("building_engine_step", model=name, kind=kind, step=text)
+        if on_step is not None:
+            with contextlib.suppress(RuntimeError):     # the loop is gone: the daemon stopped meanwhile
+                loop.call_soon_threadsafe(on_step, next(steps))
+
     def work() -> None:
         result: Path | None = None
         error: BaseException | None = None
         try:
-            result = build_synthetic(kind, engines_root, progress=lambda step: log.info(
-                "building_engine_step", model=name, kind=kind, step=step))
+            result = build_synthetic(kind, engines_root, progress=step)
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, re-raised there
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is gone: the daemon stopped meanwhile

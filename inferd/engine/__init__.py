@@ -24,7 +24,7 @@ from inferd.engine.base import (
     InvalidRequest,
 )
 from inferd.engine.grammar import DEAD_END, GrammarError, Grammars, GrammarState, GrammarUnavailable
-from inferd.engine.loading import run_load
+from inferd.engine.loading import run_load, startup_loads
 from inferd.engine.stream import RequestStream, StreamWrapper, add_logprobs, merge_deltas
 from inferd.engine.tokenization import HFTokenizer, TokenizerLoadError
 from inferd.engine.validation import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, PENALTY_RANGE
@@ -35,5 +35,5 @@ __all__ = [
     "GrammarState", "GrammarUnavailable", "Grammars", "HFTokenizer",
     "InvalidRequest", "LOGIT_BIAS_RANGE", "MAX_LOGIT_BIAS", "PENALTY_RANGE", "RequestStream", "StreamWrapper",
     "TokenizerLoadError", "UnknownAdapter", "add_logprobs", "check_adapter_signature", "merge_deltas",
-    "resolve_adapter_source", "run_load",
+    "resolve_adapter_source", "run_load", "startup_loads",
 ]

@@ -7,15 +7,18 @@ on the one CPU they share). Here the thread is `nice` 19 (Linux: per thread), so
 the serving threads the CPU whenever they want it and the load the rest; hashing, file reads and
 NumPy's conversions release the GIL, so the load does not hold them up there either. One thread:
 loads are one at a time anyway (inferd.models.memory_budget), and a second would only compete with the first.
+The daemon's first loads are the exception (`startup_loads`): nothing serves yet for them to yield to.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -24,6 +27,9 @@ log = logging.getLogger(__name__)
 LOAD_NICE = 19
 T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
+STARTUP_LOADS = 2
+_startup: contextvars.ContextVar[bool] = contextvars.ContextVar("inferd_startup_load", default=False)
+_startup_executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 
 
@@ -49,5 +55,27 @@ def load_pool() -> ThreadPoolExecutor:
 
 
 async def run_load(fn: Callable[..., T], *args: object) -> T:
-    """`fn(*args)` on the load thread."""
-    return await asyncio.get_running_loop().run_in_executor(load_pool(), functools.partial(fn, *args))
+    """`fn(*args)` on the load thread (inside `startup_loads()`: on a startup thread, at normal priority)."""
+    pool = _startup_pool() if _startup.get() else load_pool()
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
+
+
+@contextlib.contextmanager
+def startup_loads() -> Iterator[None]:
+    """Loads started inside (and in the tasks it creates) run at normal priority, STARTUP_LOADS at once.
+    At startup no version serves yet, so a load at nice 19 yields only to the other processes on the
+    machine: on a 2-core laptop with one core busy elsewhere, loading the shipped small + embed took
+    22 s instead of 2 (bench/first_start.py)."""
+    token = _startup.set(True)
+    try:
+        yield
+    finally:
+        _startup.reset(token)
+
+
+def _startup_pool() -> ThreadPoolExecutor:
+    global _startup_executor
+    with _lock:
+        if _startup_executor is None:
+            _startup_executor = ThreadPoolExecutor(STARTUP_LOADS, thread_name_prefix="inferd-startup-load")
+        return _startup_executor

@@ -34,15 +34,8 @@ from typing import IO, Any
 
 import orjson
 
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("inferd_request_id", default=None)
+from inferd.observability.log_fields import REDACTED, TEXT_FIELDS, request_id_var
 
-# Field names that could hold user text. Redacted, never written (design: logs never carry
-# prompt or completion text unless a tenant's retention setting asks for it).
-TEXT_FIELDS = frozenset({
-    "prompt", "prompts", "messages", "content", "completion", "text", "output", "input",
-    "body", "stop",
-})
-REDACTED = "[redacted]"
 LOGGED_PATH_CHARS = 256     # a client picks the path's length: beyond this, a log line says only how much was cut
 
 QUEUE_LINES = 10_000         # lines waiting for the writer thread; beyond that, new ones are dropped
@@ -144,17 +137,24 @@ _listener: _Listener | None = None
 _dropped_before = 0                          # lines dropped by handlers replaced since
 
 
-def configure_logging(level: str = "info", stream: IO[str] | None = None, *, queue_lines: int = QUEUE_LINES) -> None:
-    """Route inferd's and aiohttp's loggers to JSON lines on `stream` (default stderr), written by a
-    thread from a queue of at most `queue_lines`. Idempotent: a second call replaces the first
+LOG_FORMATS = ("auto", "text", "json")
+
+
+def configure_logging(level: str = "info", stream: IO[str] | None = None, *, queue_lines: int = QUEUE_LINES,
+                      fmt: str = "json") -> None:
+    """Route inferd's and aiohttp's loggers to `stream` (default stderr), written by a thread from a queue
+    of at most `queue_lines`: JSON lines, or with `fmt` "text" lines for a person (inferd.observability.console),
+    "auto" choosing text when the stream is a terminal. Idempotent: a second call replaces the first
     (writing out what the first had queued)."""
     global _queue_handler, _listener
     if level not in _LEVELS:
         raise ValueError(f"log level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
     shutdown_logging()
     root = logging.getLogger()
     handler = _QueueHandler(queue.Queue(maxsize=queue_lines))
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(_formatter(fmt, stream or sys.stderr))
     listener = _Listener(handler.queue, _LineHandler(stream, handler))
     listener.start()
     _queue_handler, _listener = handler, listener
@@ -162,6 +162,15 @@ def configure_logging(level: str = "info", stream: IO[str] | None = None, *, que
     root.setLevel(_LEVELS[level])
     # inferd logs one line per request itself; aiohttp's access log would be a second, text one.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _formatter(fmt: str, stream: IO[str]) -> logging.Formatter:
+    from inferd.observability.console import ConsoleFormatter, colour_wanted
+
+    isatty = getattr(stream, "isatty", None)
+    if fmt == "text" or (fmt == "auto" and isatty is not None and isatty()):
+        return ConsoleFormatter(colour=colour_wanted(stream))
+    return JsonFormatter()
 
 
 def shutdown_logging() -> None:

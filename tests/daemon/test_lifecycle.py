@@ -344,7 +344,7 @@ async def test_port_in_use_fails_startup_before_any_engine_loads(caplog):
     assert daemon.state is None                       # no engine was loaded, so none had to be closed
 
 
-async def test_the_port_is_bound_but_refuses_connections_until_the_daemon_is_ready():
+async def test_the_port_is_bound_first_and_answers_503_starting_until_the_daemon_is_ready():
     app = LifecycleApp()
     daemon = Daemon(with_overrides(sim_config(), port=0), app_factory=app)
     entered = asyncio.Event()
@@ -362,8 +362,9 @@ async def test_the_port_is_bound_but_refuses_connections_until_the_daemon_is_rea
     port = daemon.port                                # bound before the engines load
     with socket.socket() as other, pytest.raises(OSError):
         other.bind(("127.0.0.1", port))               # the port is ours already
-    with pytest.raises(ConnectionRefusedError):       # but not listening: a client is refused, not left hanging
-        await asyncio.open_connection("127.0.0.1", port)
+    async with aiohttp.ClientSession() as http:       # answering already: 503 `starting`, not refused
+        async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+            assert resp.status == 503 and (await resp.json())["status"] == "starting"
     release.set()
     await asyncio.wait_for(daemon.ready.wait(), 10.0)
     assert daemon.port == port

@@ -2,6 +2,7 @@
 seccomp filter), the loads still run and the log says so once, naming the fix."""
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -39,3 +40,20 @@ async def test_the_load_thread_runs_at_nice_19(monkeypatch, caplog):
         loading._pool.shutdown(wait=True)
     assert nice == loading.LOAD_NICE
     assert not [r for r in caplog.records if r.getMessage() == "load_priority_not_lowered"]
+
+
+async def test_startup_loads_run_at_normal_priority_two_at_once(monkeypatch):
+    # At startup nothing serves yet: a niced load would only yield to the machine's other processes.
+    monkeypatch.setattr(loading, "_startup_executor", None)
+    both = threading.Barrier(2, timeout=30)            # passes only when two loads run at the same time
+
+    def load() -> int:
+        both.wait()
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    try:
+        with loading.startup_loads():
+            nices = await asyncio.gather(loading.run_load(load), loading.run_load(load))
+    finally:
+        loading._startup_executor.shutdown(wait=True)
+    assert nices == [os.getpriority(os.PRIO_PROCESS, 0)] * 2

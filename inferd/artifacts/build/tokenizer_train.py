@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import threading
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -119,8 +120,23 @@ def generate_corpus(num_lines: int, seed: int, lexicon_size: int) -> list[str]:
     return lines
 
 
+# Trained tokenizers by (vocab_size, num_lines, seed), serialised: the shipped `small` and `embed` train
+# the same one, and a first start builds both at once; training is a second of CPU each on a laptop.
+_trained: dict[tuple[int, int, int], str] = {}
+_training_lock = threading.Lock()
+
+
 def train_byte_level_bpe(vocab_size: int, *, num_lines: int, seed: int = 0) -> Tokenizer:
-    """Train a Llama-3-style byte-level BPE whose post-processor prepends BOS."""
+    """Train a Llama-3-style byte-level BPE whose post-processor prepends BOS (once per process and
+    arguments: later calls get a fresh copy of the first result, which callers may modify)."""
+    key = (vocab_size, num_lines, seed)
+    with _training_lock:        # a second build with the same arguments waits for the first's result
+        if key not in _trained:
+            _trained[key] = _train(vocab_size, num_lines=num_lines, seed=seed).to_str()
+        return Tokenizer.from_str(_trained[key])
+
+
+def _train(vocab_size: int, *, num_lines: int, seed: int) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
