@@ -38,7 +38,7 @@ retention = "1h"
 """
 # Enough for every phase (examples, coverage, fuzzing, stateful) to reach each operation in a few
 # seconds; a fixed seed keeps the suite deterministic. Without --seed, `st run` explores further.
-MAX_EXAMPLES = 30
+MAX_EXAMPLES = 12
 SEED = 20261124
 
 

@@ -119,7 +119,7 @@ def cases(draw) -> tuple[dict, str | None]:
     return draw(SCHEMAS), None
 
 
-@settings(max_examples=1000, deadline=None, derandomize=True, database=None,
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases(), st.integers(0, 2**32 - 1))
 def test_generated_schemas_compile_or_are_refused_and_output_validates(case, seed):
