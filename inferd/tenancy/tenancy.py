@@ -48,6 +48,9 @@ def many_senders(config: Config) -> bool:
             or config.cluster is not None)
 
 
+_UNBOUNDED = 2 ** 62
+
+
 def tenant_registry(config: Config) -> TenantRegistry:
     """The config's tenants. On a node where every request is the anonymous tenant's (see many_senders),
     that tenant, unless configured by name, has no per-tenant caps on concurrency and queueing: it is the
@@ -58,9 +61,9 @@ def tenant_registry(config: Config) -> TenantRegistry:
     anonymous = config.auth.anonymous_tenant
     if not shared and anonymous not in tenants:
         base = tenants.get("default", DEFAULT_TENANT)
+        # Queue bounds that never bind before the node's: a full node is its 503 node_full, not a tenant's 429
         tenants[anonymous] = msgspec.structs.replace(
-            base, max_concurrent_requests=None, max_queued_requests=config.admission.max_queued_requests,
-            max_queued_tokens=config.admission.max_queued_tokens)
+            base, max_concurrent_requests=None, max_queued_requests=_UNBOUNDED, max_queued_tokens=_UNBOUNDED)
     return TenantRegistry(tenants, shared=shared)
 
 
