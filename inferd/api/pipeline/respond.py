@@ -126,7 +126,8 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         # Complete only once its content reached the client (499 if it leaves first, or does not take it
         # within the bound: it is billed what did); then the stream's outcome, even if its client hangs up
         # during the commit.
-        await _delivered_or_cut(ctx, entry)
+        if not entry.timed_out:     # cut by its deadline: 504 whatever reached the client, billed what its socket took
+            await _delivered_or_cut(ctx, entry)
         ctx.status = final_status(entry.final, entry)
         try:
             await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)

@@ -194,7 +194,9 @@ async def test_over_tls_a_client_that_stops_reading_is_billed_at_most_what_it_re
         sock.close()
         [row] = await settled_rows(http, f"https://127.0.0.1:{daemon.port}", 1)
         assert row["status"] == 499 and row["stream"]
-        assert 0 < row["completion_tokens"] <= frames_tokens(client.plain) < GENERATED
+        # Never more than it received. How much of that is billed depends on when the server last sampled
+        # before the client left (a loaded machine may not have since the client's ACKs): at least 0.
+        assert 0 <= row["completion_tokens"] <= frames_tokens(client.plain) < GENERATED
 
 
 class TlsClient:
