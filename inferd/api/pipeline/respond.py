@@ -126,9 +126,12 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         # Complete only once its content reached the client (499 if it leaves first, or does not take it
         # within the bound: it is billed what did); then the stream's outcome, even if its client hangs up
         # during the commit.
-        if not entry.timed_out:     # cut by its deadline: 504 whatever reached the client, billed what its socket took
+        status = final_status(entry.final, entry)
+        # Only a stream that completes waits for its content to be acknowledged: one that ends in error (its
+        # deadline passed, the engine failed) ends so at once, billed what its socket took by then
+        if status == 200:
             await _delivered_or_cut(ctx, entry)
-        ctx.status = final_status(entry.final, entry)
+        ctx.status = status
         try:
             await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)
         except ApiError as err:         # the stream ends with this error frame instead of [DONE]
