@@ -249,7 +249,7 @@ class Authenticator:
             raise MissingApiKey("malformed Authorization header: expected `Bearer <key>`")
         record = self.store.verify(token) if self.store is not None else None
         if record is None and self._static is not None and hmac.compare_digest(
-                hashlib.sha256(token.encode()).hexdigest(), self._static):
+                hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest(), self._static):
             return self._anonymous          # the one key the command line gave: every scope, as vLLM's
         if record is None:
             raise InvalidApiKey("invalid API key")
