@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from inferd.observability.log_fields import REDACTED, TEXT_FIELDS, request_id_var
+from inferd.observability.log_fields import logged_value, request_id_var
 
 BAR_WIDTH = 20
 _LEVEL_COLOUR = {"WARNING": "33", "ERROR": "31", "CRITICAL": "31"}
@@ -51,7 +51,7 @@ def _value(value: Any) -> str:
 
 
 def _pairs(fields: dict[str, Any], skip: frozenset[str] | set[str] = frozenset()) -> str:
-    return " ".join(f"{k}={_value(REDACTED if k in TEXT_FIELDS else v)}" for k, v in fields.items()
+    return " ".join(f"{k}={_value(logged_value(k, v))}" for k, v in fields.items()
                     if k not in skip and k not in _QUIET_FIELDS and v is not None)
 
 

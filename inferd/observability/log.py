@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import orjson
 
-from inferd.observability.log_fields import REDACTED, TEXT_FIELDS, request_id_var
+from inferd.observability.log_fields import REDACTED, TEXT_FIELDS, logged_value, request_id_var
 
 LOGGED_PATH_CHARS = 256     # a client picks the path's length: beyond this, a log line says only how much was cut
 
@@ -77,7 +77,7 @@ class JsonFormatter(logging.Formatter):
         for key, value in getattr(record, "fields", {}).items():
             if key in _RESERVED:
                 key = f"field_{key}"
-            line[key] = REDACTED if key in TEXT_FIELDS else value
+            line[key] = logged_value(key, value)
         if record.exc_info and record.exc_info[0] is not None:
             exc_type, exc, tb = record.exc_info
             line["exc_type"] = exc_type.__name__

@@ -12,3 +12,8 @@ TEXT_FIELDS = frozenset({
     "body", "stop",
 })
 REDACTED = "[redacted]"
+
+
+def logged_value(key: str, value: object) -> object:
+    """What a log line (any format) writes for a field: the value, or REDACTED where the name says user text."""
+    return REDACTED if key in TEXT_FIELDS else value
