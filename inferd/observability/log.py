@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import orjson
 
-from inferd.observability.log_fields import REDACTED, TEXT_FIELDS, logged_value, request_id_var
+from inferd.observability.log_fields import REDACTED, logged_value, request_id_var  # REDACTED: its callers import it here
 
 LOGGED_PATH_CHARS = 256     # a client picks the path's length: beyond this, a log line says only how much was cut
 
