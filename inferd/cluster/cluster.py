@@ -20,7 +20,8 @@ from inferd.cluster.membership import Member
 from inferd.cluster.messages import Load, State
 from inferd.cluster.shares import QuotaShares
 from inferd.cluster.spends import PeerSpends
-from inferd.cluster.wire import Keyring, load_key
+from inferd.cluster.keyring import Keyring, load_keys
+from inferd.cluster.wire import Rejected
 from inferd.config import ClusterConfig
 from inferd.engine import Engine
 from inferd.observability import get_logger
@@ -51,9 +52,9 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Read the key (ClusterKeyError names the file), bind the gossip socket (OSError), join the seeds
+        """Read the keys (ClusterKeyError names the file), bind the gossip socket (OSError), join the seeds
         in the background, and take a share of each tenant's limits if quotas are shared."""
-        self.keyring = Keyring(await asyncio.to_thread(load_key, self.config.key_file), clock=self._clock)
+        self.keyring = Keyring(await asyncio.to_thread(load_keys, self.config.key_file), clock=self._clock)
         self.gossip = Gossip(self.config, self.keyring, http_url=self.http_url,
                              load_report=lambda: local_report(self._tenancy, self._ready), on_load=self._heard,
                              clock=self._clock)
@@ -65,19 +66,22 @@ class Cluster:
                                           auto_decompress=False)
         self._share_quotas()
         log.info("cluster_started", node=self.node_id, gossip=f"{self.gossip.address[0]}:{self.gossip.address[1]}",
-                 seeds=list(self.config.seeds))
+                 seeds=list(self.config.seeds), primary_key=self.keyring.primary_fingerprint,
+                 keys=self.keyring.fingerprints())
 
-    async def read_key(self, config: ClusterConfig) -> bytes:
-        """A reload's first step, off the loop: the key file it names (ClusterKeyError refuses the reload)."""
-        return await asyncio.to_thread(load_key, config.key_file)
+    async def read_key(self, config: ClusterConfig) -> list[bytes]:
+        """A reload's first step, off the loop: the keys in the file it names, primary first
+        (ClusterKeyError refuses the reload)."""
+        return await asyncio.to_thread(load_keys, config.key_file)
 
-    def reconfigure(self, config: ClusterConfig, key: bytes) -> None:
-        """SIGHUP: timings, seeds, spillover and quota settings; a new key becomes current and the old one
-        is still accepted for key_grace_s (peers get the new file at slightly different times)."""
+    def reconfigure(self, config: ClusterConfig, keys: list[bytes]) -> None:
+        """SIGHUP: timings, seeds, spillover and quota settings, and the key file's keys: the first sends,
+        every one is accepted, and one no longer in the file is still accepted for key_grace_s."""
         self.config = config
         self.loads.max_age_s = config.load_max_age_s
-        if self.keyring is not None and self.keyring.rotate(key, config.key_grace_s):
-            log.info("cluster_key_rotated", grace_s=config.key_grace_s)
+        if self.keyring is not None and self.keyring.update(keys, config.key_grace_s):
+            log.info("cluster_keys_changed", primary_key=self.keyring.primary_fingerprint,
+                     keys=self.keyring.fingerprints(), grace_s=config.key_grace_s)
         if self.gossip is not None:
             self.gossip.reconfigure(config)
         self._share_quotas()
@@ -147,9 +151,13 @@ class Cluster:
         return sign_identity(self._key(), ident)
 
     def verify(self, token: str) -> ForwardedIdentity:
-        """The identity in a forwarded request's token (MAC and expiry checked; its body not yet: call
-        `check_body` once read). Raises inferd.cluster.wire.Rejected."""
-        return verify_token(self._key(), token)
+        """The identity in a forwarded request's token (MAC, expiry and destination checked; its body not
+        yet: call `check_body` once read). Raises inferd.cluster.wire.Rejected: "wrong_node" for a token
+        sent to another node (a copy captured on its way there, replayed here)."""
+        ident = verify_token(self._key(), token)
+        if ident.destination != self.node_id:
+            raise Rejected("wrong_node", f"the token was for {ident.destination}, not {self.node_id}")
+        return ident
 
     def check_body(self, ident: ForwardedIdentity, body: bytes) -> None:
         """Rejected unless `body` is the one `ident` was signed for, or (replay) its request was already

@@ -7,8 +7,9 @@ membership updates piggyback on every datagram sent, and every `gossip_interval_
 `gossip_nodes` random peers in a Broadcast. Joining sends a Sync (reply wanted) to each seed, retried
 until one answers; every `sync_interval_s` one random peer gets a full push-pull. Every
 `load_interval_s` this node's own load report goes to every live peer, split into parts that fit a
-datagram. Datagrams are sealed and opened by inferd.cluster.wire: a bad one is counted by reason and
-dropped; nothing a peer sends can raise out of the receive path.
+datagram. Datagrams are sealed (encrypted for the node id they are sent to) and opened by
+inferd.cluster.wire: a bad one is counted by reason and dropped; nothing a peer sends can raise out
+of the receive path.
 """
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ class Gossip:
         self.drop_rate = 0.0
         self._node_id, self._host = config.node_id, config.advertise_host or config.bind_host   # restart-only
         self._address: tuple[str, int] = (config.bind_host, config.bind_port)
-        self._opener = Opener(keyring, window_s=config.timestamp_window_s, wall_clock=wall_clock)
+        self._opener = Opener(keyring, node_id=self._node_id or "", window_s=config.timestamp_window_s,
+                              wall_clock=wall_clock)
         self._sealer: Sealer | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._protocol: Endpoint | None = None
@@ -117,6 +119,7 @@ class Gossip:
             lambda: Endpoint(self._receive), local_addr=(c.bind_host, c.bind_port))
         self._transport, self._protocol = transport, protocol
         self._address = tuple(transport.get_extra_info("sockname")[:2])
+        self._opener.node_id = self.node_id         # with the bound port when node_id is not configured
         try:
             self._sealer = Sealer(self.node_id, self._keyring, wall_clock=self._wall_clock)
             self.membership = Membership(self.node_id, host_port(self._host, self._address[1]), self._http_url, c,
@@ -159,7 +162,7 @@ class Gossip:
             self._leaving = True
             claim = self.membership.leave()
             for peer in self.membership.live():
-                self._send(Leave(claim.incarnation), peer.addr)
+                self._send(Leave(claim.incarnation), peer.addr, peer.node)
 
         def unsent() -> bool:                       # nobody left to tell, or the claim told its full count
             return bool(self.membership.live()) and any(u.node == self.node_id for u in self.membership.pending())
@@ -180,15 +183,16 @@ class Gossip:
             await asyncio.wait([self._protocol.closed], timeout=1.0)
 
     # -- sending ------------------------------------------------------------------------------
-    def _send(self, body: Body, to: str | tuple[str, int]) -> None:
-        """Seal `body` with as many pending updates as fit and send it (fire and forget)."""
+    def _send(self, body: Body, to: str | tuple[str, int], receiver: str) -> None:
+        """Seal `body` for node `receiver` (at address `to`) with as many pending updates as fit and send it
+        (fire and forget). `receiver` "": only a Sync to a seed whose node id is not known yet."""
         addr = address(to) if isinstance(to, str) else to
         transport = self._transport
         if addr is None or transport is None or transport.is_closing() or self._sealer is None:
             return
         pending = self.membership.pending()
         try:
-            data, n = self._sealer.seal(body, pending)
+            data, n = self._sealer.seal(body, pending, receiver)
         except ValueError:
             log.debug("gossip_unsendable", body=type(body).__name__)
             return
@@ -202,10 +206,10 @@ class Gossip:
     def _fits(self, body: Body) -> bool:
         return self._sealer is not None and self._sealer.fits(body)
 
-    def _send_sync(self, to: tuple[str, int] | str, *, reply: bool) -> None:
+    def _send_sync(self, to: tuple[str, int] | str, receiver: str, *, reply: bool) -> None:
         members = self.membership.snapshot()
         for i, run in enumerate(pack(members, lambda run: Sync(tuple(run), reply), self._fits)):
-            self._send(Sync(tuple(run), reply and i == 0), to)        # one reply is enough
+            self._send(Sync(tuple(run), reply and i == 0), to, receiver)        # one reply is enough
 
     # -- receiving ----------------------------------------------------------------------------
     def _receive(self, data: bytes, source: Any) -> None:
@@ -238,18 +242,18 @@ class Gossip:
             return
         if isinstance(body, Ping):
             if body.target == self.node_id:         # a stale address may reach someone else: no ack then
-                self._send(Ack(body.probe, self.node_id), source)
+                self._send(Ack(body.probe, self.node_id), source, packet.sender)
         elif isinstance(body, Ack):
             prober.acked(body, packet.sender)
         elif isinstance(body, PingReq):
-            prober.relay(body, source)
+            prober.relay(body, source, packet.sender)
         elif isinstance(body, Nack):
             prober.nacked(body)
         elif isinstance(body, Sync):
             for member in body.members:
                 self.membership.apply(member)
             if body.reply:
-                self._send_sync(source, reply=False)
+                self._send_sync(source, packet.sender, reply=False)
             elif source in self._join_seeds:
                 self._answered.add(source)
                 self._sync_reply.set()
@@ -280,12 +284,13 @@ class Gossip:
         peers = [m for m in self.membership.members()
                  if m.state in (State.ALIVE, State.SUSPECT) or (m.state == State.DEAD and now - m.since < recently)]
         for peer in self._rng.sample(peers, min(self._config.gossip_nodes, len(peers))):
-            self._send(Broadcast(), peer.addr)
+            self._send(Broadcast(), peer.addr, peer.node)
 
     def _push_pull(self) -> None:
         peers = self.membership.live()
         if peers:
-            self._send_sync(self._rng.choice(peers).addr, reply=True)
+            peer = self._rng.choice(peers)
+            self._send_sync(peer.addr, peer.node, reply=True)
 
     def _send_load(self) -> None:
         if self._load_report is None or self._leaving or not (peers := self.membership.live()):
@@ -293,7 +298,7 @@ class Gossip:
         bodies = load_parts(*self._load_report(), self._fits)
         for peer in peers:
             for body in bodies:
-                self._send(body, peer.addr)
+                self._send(body, peer.addr, peer.node)
 
     # -- joining ------------------------------------------------------------------------------
     def _start_join(self, seeds: Sequence[str]) -> None:
@@ -315,7 +320,7 @@ class Gossip:
         self._answered -= seeds
         while not self._joined(seeds):
             for seed in sorted(seeds):
-                self._send_sync(seed, reply=True)
+                self._send_sync(seed, "", reply=True)       # a seed's node id is not known yet
             deadline = loop.time() + min(JOIN_RETRY_S, self._config.probe_interval_s)
             while not self._joined(seeds) and (left := deadline - loop.time()) > 0:
                 self._sync_reply.clear()

@@ -1,11 +1,12 @@
 """The identity a forwarded request carries: who the caller is, signed by the node that authenticated them.
 
 A node that spills a request to a peer does not pass the client's API key on: it sends
-`X-Inferd-Forwarded: <token>`, the tenant (and key id) it authenticated, its own node id, the request
-id, a hash of the exact body forwarded and an expiry, MAC'd with the cluster key (purpose FORWARD).
-The peer trusts the tenant in a token that verifies, for that body only and until it expires; such a
-request is never forwarded again (one hop) and is not charged against the tenant's quota again (the
-origin charged it).
+`X-Inferd-Forwarded: <token>`, the tenant (and key id) it authenticated, its own node id, the node id
+of the peer it sends it to, the request id, a hash of the exact body forwarded and an expiry, MAC'd
+with the cluster's primary key (purpose FORWARD). The peer trusts the tenant in a token that verifies
+under any key of its keyring, names it as the destination (inferd.cluster.Cluster.verify), for that
+body only, once, and until it expires; such a request is never forwarded again (one hop) and is not
+charged against the tenant's quota again (the origin charged it).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from inferd.cluster.wire import FORWARD, MAC_BYTES, Keyring, Rejected
+from inferd.cluster.keyring import FORWARD, MAC_BYTES, Keyring
+from inferd.cluster.wire import Rejected
 
 HEADER = "X-Inferd-Forwarded"
 TOKEN_TTL_S = 30.0
@@ -33,6 +35,7 @@ class ForwardedIdentity(msgspec.Struct, array_like=True, frozen=True):
     tenant: str
     key_id: str | None
     origin: str                  # node id of the node that authenticated the caller
+    destination: str             # node id of the peer it was sent to: refused by any other node
     request_id: str
     body_sha256: bytes           # the body this identity may be used with
     expires: float               # wall clock

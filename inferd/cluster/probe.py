@@ -115,7 +115,7 @@ class ProbeStats(Protocol):
     probe_rtt_buckets: dict[float, int]
 
 
-Send = Callable[[Body, "str | tuple[str, int]"], None]
+Send = Callable[[Body, "str | tuple[str, int]", str], None]     # (body, address, receiving node id)
 
 
 class Prober:
@@ -154,7 +154,7 @@ class Prober:
         try:
             stats.probes += 1
             sent_at = self._clock()
-            self._send(Ping(probe, member.node), member.addr)
+            self._send(Ping(probe, member.node), member.addr, member.node)
             try:
                 if await asyncio.wait_for(asyncio.shield(acked), config.probe_timeout_s) == member.node:
                     self._observe_rtt(self._clock() - sent_at)
@@ -165,8 +165,8 @@ class Prober:
             if helpers:
                 stats.indirect_probes += 1
             for helper in helpers:
-                self._send(PingReq(probe, member.node, member.addr), helper.addr)
-            self._send(Ping(probe, member.node), member.addr)
+                self._send(PingReq(probe, member.node, member.addr), helper.addr, helper.node)
+            self._send(Ping(probe, member.node), member.addr, member.node)
             try:
                 await asyncio.wait_for(acked, max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
@@ -201,24 +201,24 @@ class Prober:
         if nack.probe in self._waiting:
             self.nacks += 1
 
-    def relay(self, req: PingReq, asker: tuple[str, int]) -> None:
-        """Probe `req.target` for `asker` (in the background; bounded)."""
+    def relay(self, req: PingReq, asker: tuple[str, int], asker_node: str) -> None:
+        """Probe `req.target` for `asker` (its address and node id; in the background; bounded)."""
         if len(self._relays) >= MAX_RELAYS or self._leaving():
             return
-        task = asyncio.get_running_loop().create_task(self._relay(req, asker))
+        task = asyncio.get_running_loop().create_task(self._relay(req, asker, asker_node))
         self._relays.add(task)
         task.add_done_callback(self._relays.discard)
 
-    async def _relay(self, req: PingReq, asker: tuple[str, int]) -> None:
+    async def _relay(self, req: PingReq, asker: tuple[str, int], asker_node: str) -> None:
         probe, acked = self._expect(req.target)
         try:
-            self._send(Ping(probe, req.target), req.target_addr)
+            self._send(Ping(probe, req.target), req.target_addr, req.target)
             try:
                 await asyncio.wait_for(acked, self._config().probe_timeout_s)
             except asyncio.TimeoutError:
-                self._send(Nack(req.probe, req.target), asker)
+                self._send(Nack(req.probe, req.target), asker, asker_node)
             else:
-                self._send(Ack(req.probe, req.target), asker)
+                self._send(Ack(req.probe, req.target), asker, asker_node)
         finally:
             self._waiting.pop(probe, None)
 

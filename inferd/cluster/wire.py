@@ -1,146 +1,46 @@
-"""Authenticated datagrams: the cluster key, sealing a Packet into bytes and opening (checking) it again.
+"""Encrypted datagrams: sealing a Packet into bytes for one receiver and opening (checking) it again.
 
-A datagram is MAGIC + msgpack(Packet) + HMAC-SHA256(key, MAGIC + payload). `Opener.open` drops, with a
-reason it counts, anything that is too big, not ours, altered or forged (bad MAC, under the current key
-or the previous one during its grace period), sent outside the timestamp window, or replayed (a
+A datagram is MAGIC + a 12-byte random nonce + the AES-256-GCM ciphertext and tag of msgpack(Packet)
+under the primary cluster key (inferd.cluster.keyring), with MAGIC + the receiving node's id as
+associated data: nothing of it is readable on the wire, and a datagram sealed for B does not open on
+C. A Sync to a seed whose node id is not known yet is sealed for "" (no receiver); any other body
+sealed so is refused. `Opener.open` drops, with a reason it counts, anything that is too big, not
+ours, altered, forged or sealed for another node (bad_mac: no accepted key opens it for this node),
+addressed to nobody but not a Sync (unaddressed), sent outside the timestamp window, or replayed (a
 sender's `seq` seen before, or older than its last REPLAY_WINDOW). Nothing malformed raises anything
-but `Rejected`. The same Keyring signs forwarded requests' identity (inferd.cluster.identity), under a
-different purpose label so a datagram's MAC can never pass for an identity's or the reverse.
+but `Rejected`.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import msgspec
 
-from inferd.cluster.messages import MAX_DATAGRAM, Body, MemberUpdate, Packet
+from inferd.cluster.keyring import FORWARD, MAC_BYTES, SEAL_OVERHEAD, ClusterKeyError, Keyring, load_key, load_keys
+from inferd.cluster.messages import MAX_DATAGRAM, Body, MemberUpdate, Packet, Sync
 
-MAGIC = b"IG\x01"
-MAC_BYTES = 32
+MAGIC = b"IG\x02"
 REPLAY_WINDOW = 64                 # seqs below a sender's highest by this much are refused as replays
-REJECT_REASONS = ("oversize", "malformed", "bad_mac", "stale", "replay")
-GOSSIP = b"gossip"                 # Keyring.mac purposes
-FORWARD = b"forward"
+REJECT_REASONS = ("oversize", "malformed", "bad_mac", "unaddressed", "stale", "replay")
 
-_MIN_RAW_KEY = 32
-_MIN_HEX_KEY = 64
-_HEX = re.compile(rb"[0-9a-fA-F]+")
 _HEADER = len(MAGIC)
-_MIN_DATAGRAM = _HEADER + 1 + MAC_BYTES          # magic, at least one payload byte, MAC
+_MIN_DATAGRAM = _HEADER + SEAL_OVERHEAD + 1      # magic, nonce, at least one payload byte, tag
 _WINDOW_MASK = (1 << REPLAY_WINDOW) - 1
 
 
-class ClusterKeyError(Exception):
-    """The key file is missing, unreadable or too short; the message names the file."""
-
-
 class Rejected(Exception):
-    """A datagram (or forwarded identity) that is dropped; `reason` is one of REJECT_REASONS."""
+    """A datagram (or forwarded identity) that is dropped; `reason` is one of REJECT_REASONS (or, for an
+    identity, inferd.cluster.identity's)."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
 
 
-def load_key(path: str) -> bytes:
-    """The cluster key from `path`: at least 64 hex digits, or at least 32 raw bytes (surrounding
-    whitespace ignored). Raises ClusterKeyError naming the file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read().strip()
-    except FileNotFoundError:
-        raise ClusterKeyError(f"cluster key file {path}: does not exist") from None
-    except IsADirectoryError:
-        raise ClusterKeyError(f"cluster key file {path}: is a directory, not a file") from None
-    except PermissionError:
-        raise ClusterKeyError(f"cluster key file {path}: not readable (permission denied)") from None
-    except OSError as e:
-        raise ClusterKeyError(f"cluster key file {path}: cannot be read ({e.strerror or e})") from None
-    if not raw:
-        raise ClusterKeyError(f"cluster key file {path}: is empty (need at least {_MIN_HEX_KEY} hex digits "
-                              f"or {_MIN_RAW_KEY} bytes)")
-    if len(raw) >= _MIN_HEX_KEY and len(raw) % 2 == 0 and _HEX.fullmatch(raw):
-        return bytes.fromhex(raw.decode("ascii"))
-    if len(raw) < _MIN_RAW_KEY:
-        raise ClusterKeyError(f"cluster key file {path}: too short ({len(raw)} bytes; need at least "
-                              f"{_MIN_HEX_KEY} hex digits or {_MIN_RAW_KEY} bytes)")
-    return raw
-
-
-class _Key:
-    """One key's HMAC state, with the purpose prefix already fed in (copied per message: cheap)."""
-
-    __slots__ = ("key", "_base", "_by_purpose")
-
-    def __init__(self, key: bytes) -> None:
-        self.key = key
-        self._base = hmac.new(key, digestmod=hashlib.sha256)
-        self._by_purpose: dict[bytes, hmac.HMAC] = {}
-
-    def mac(self, purpose: bytes, data: bytes) -> bytes:
-        purpose = bytes(purpose)
-        h = self._by_purpose.get(purpose)
-        if h is None:
-            if len(purpose) > 0xFFFF:
-                raise ValueError("MAC purpose longer than 65535 bytes")
-            h = self._base.copy()
-            h.update(len(purpose).to_bytes(2, "big") + purpose)
-            self._by_purpose[purpose] = h
-        h = h.copy()
-        h.update(data)
-        return h.digest()
-
-
-def _check_key(key: bytes) -> bytes:
-    if not isinstance(key, (bytes, bytearray)):
-        raise TypeError(f"cluster key must be bytes, not {type(key).__name__}")
-    if not key:
-        raise ValueError("cluster key is empty")
-    return bytes(key)
-
-
-class Keyring:
-    """The current key, and the previous one until its grace period ends (rotation on SIGHUP)."""
-
-    def __init__(self, key: bytes, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._current = _Key(_check_key(key))
-        self._previous: _Key | None = None
-        self._previous_until = 0.0
-
-    def rotate(self, key: bytes, grace_s: float) -> bool:
-        """Make `key` current; the old one verifies for `grace_s` more seconds. False (nothing changes)
-        when `key` is already current."""
-        key = _check_key(key)
-        if hmac.compare_digest(key, self._current.key):
-            return False
-        self._previous = self._current
-        self._previous_until = self._clock() + max(0.0, grace_s)
-        self._current = _Key(key)
-        return True
-
-    def mac(self, purpose: bytes, data: bytes) -> bytes:
-        """HMAC-SHA256 under the current key of `purpose` (length-prefixed) + `data`: MAC_BYTES bytes."""
-        return self._current.mac(purpose, data)
-
-    def verify(self, purpose: bytes, data: bytes, mac: bytes) -> bool:
-        """Constant-time check against the current key, and the previous one within its grace period."""
-        if len(mac) != MAC_BYTES:
-            return False
-        if hmac.compare_digest(self._current.mac(purpose, data), mac):
-            return True
-        previous = self._previous
-        if previous is None:
-            return False
-        if not self._clock() < self._previous_until:
-            self._previous = None                       # its grace period is over: forget it
-            return False
-        return hmac.compare_digest(previous.mac(purpose, data), mac)
+def _aad(receiver: str) -> bytes:
+    return MAGIC + receiver.encode("utf-8")
 
 
 def _array_header_extra(n: int) -> int:
@@ -150,7 +50,7 @@ def _array_header_extra(n: int) -> int:
 
 class Sealer:
     """Seals this node's packets: sender id, rising seq (starting at the wall clock in microseconds),
-    wall-clock timestamp, MAC."""
+    wall-clock timestamp; encrypted for one receiver."""
 
     def __init__(self, node_id: str, keyring: Keyring, *, wall_clock: Callable[[], float] = time.time) -> None:
         self._node_id = node_id
@@ -159,15 +59,16 @@ class Sealer:
         self._seq = int(wall_clock() * 1e6)
         self._encoder = msgspec.msgpack.Encoder()
 
-    def seal(self, body: Body, updates: Sequence[MemberUpdate] = ()) -> tuple[bytes, int]:
-        """(the datagram, how many of `updates` it carries): as many as fit in MAX_DATAGRAM, in order.
-        Raises ValueError if `body` alone does not fit (the caller splits what it sends)."""
+    def seal(self, body: Body, updates: Sequence[MemberUpdate] = (), receiver: str = "") -> tuple[bytes, int]:
+        """(the datagram for node `receiver`, how many of `updates` it carries): as many as fit in
+        MAX_DATAGRAM, in order. `receiver` "": a Sync to a seed whose node id is unknown (receivers refuse
+        any other body sealed so). Raises ValueError if `body` alone does not fit (the caller splits)."""
         seq, ts = self._seq, float(self._wall_clock())
         encode = self._encoder.encode
-        budget = MAX_DATAGRAM - _HEADER - MAC_BYTES
+        budget = MAX_DATAGRAM - _HEADER - SEAL_OVERHEAD          # AES-GCM's ciphertext is as long as its input
         payload = encode(Packet(self._node_id, seq, ts, body))
         if len(payload) > budget:
-            raise ValueError(f"{type(body).__name__} body alone is {len(payload) + _HEADER + MAC_BYTES} bytes "
+            raise ValueError(f"{type(body).__name__} body alone is {len(payload) + _HEADER + SEAL_OVERHEAD} bytes "
                              f"sealed; a datagram holds at most {MAX_DATAGRAM}")
         # Each update adds exactly its own encoding, plus the array header growing at 16 items.
         size, taken = len(payload), []
@@ -184,24 +85,24 @@ class Sealer:
                 taken.pop()
                 payload = encode(Packet(self._node_id, seq, ts, body, tuple(taken)))
         self._seq = seq + 1
-        signed = MAGIC + payload
-        return signed + self._keyring.mac(GOSSIP, signed), len(taken)
+        return MAGIC + self._keyring.encrypt(_aad(receiver), payload), len(taken)
 
     def fits(self, body: Body) -> bool:
         """Whether `body` alone fits in one datagram."""
         payload = self._encoder.encode(Packet(self._node_id, self._seq, float(self._wall_clock()), body))
-        return _HEADER + len(payload) + MAC_BYTES <= MAX_DATAGRAM
+        return _HEADER + len(payload) + SEAL_OVERHEAD <= MAX_DATAGRAM
 
 
 class Opener:
-    """Checks incoming datagrams. Keeps, per sender (at most `max_senders`, least recently heard
-    forgotten first), the highest seq and which of the REPLAY_WINDOW below it were seen."""
+    """Checks incoming datagrams for node `node_id`. Keeps, per sender (at most `max_senders`, least
+    recently heard forgotten first), the highest seq and which of the REPLAY_WINDOW below it were seen."""
 
-    def __init__(self, keyring: Keyring, *, window_s: float, wall_clock: Callable[[], float] = time.time,
-                 max_senders: int = 4096) -> None:
+    def __init__(self, keyring: Keyring, *, node_id: str, window_s: float,
+                 wall_clock: Callable[[], float] = time.time, max_senders: int = 4096) -> None:
         if max_senders < 1:
             raise ValueError(f"max_senders must be at least 1, not {max_senders}")
         self._keyring = keyring
+        self.node_id = node_id
         self.window_s = window_s
         self._wall_clock = wall_clock
         self._max_senders = max_senders
@@ -210,9 +111,11 @@ class Opener:
         self._senders: OrderedDict[str, list[int]] = OrderedDict()
 
     window_s: float                 # settable: a reload changes it
+    node_id: str                    # settable: gossip knows its own id once its socket is bound
 
     def open(self, data: bytes) -> Packet:
-        """The packet, or Rejected(reason). Checks in cost order: size, magic, MAC, decode, timestamp, replay."""
+        """The packet, or Rejected(reason). Checks in cost order: size, magic, decryption (for this node, else
+        for nobody: then only a Sync), decode, timestamp, replay."""
         if not isinstance(data, bytes):
             if not isinstance(data, (bytearray, memoryview)):
                 raise Rejected("malformed", f"not bytes: {type(data).__name__}")
@@ -223,13 +126,19 @@ class Opener:
             raise Rejected("malformed", f"{len(data)} bytes is too short")
         if data[:_HEADER] != MAGIC:
             raise Rejected("malformed", "bad magic")
-        signed, mac = data[:-MAC_BYTES], data[-MAC_BYTES:]
-        if not self._keyring.verify(GOSSIP, signed, mac):
+        sealed = data[_HEADER:]
+        payload = self._keyring.decrypt(_aad(self.node_id), sealed) if self.node_id else None
+        addressed = payload is not None
+        if payload is None:
+            payload = self._keyring.decrypt(_aad(""), sealed)
+        if payload is None:
             raise Rejected("bad_mac")
         try:
-            packet = self._decoder.decode(signed[_HEADER:])
+            packet = self._decoder.decode(payload)
         except (msgspec.MsgspecError, ValueError, TypeError, OverflowError, RecursionError) as e:
             raise Rejected("malformed", str(e)[:200]) from None
+        if not addressed and not isinstance(packet.body, Sync):
+            raise Rejected("unaddressed", f"a {type(packet.body).__name__} from {packet.sender} names no receiver")
         skew = self._wall_clock() - packet.ts
         if not abs(skew) <= self.window_s:            # NaN and inf timestamps are stale too
             raise Rejected("stale", f"{packet.sender} is {skew:.3f}s off")
@@ -259,5 +168,5 @@ class Opener:
         senders.move_to_end(sender)
 
 
-__all__ = ["FORWARD", "GOSSIP", "MAC_BYTES", "MAX_DATAGRAM", "REJECT_REASONS", "ClusterKeyError", "Keyring",
-           "Opener", "Rejected", "Sealer", "load_key"]
+__all__ = ["FORWARD", "MAC_BYTES", "MAGIC", "MAX_DATAGRAM", "REJECT_REASONS", "ClusterKeyError", "Keyring",
+           "Opener", "Rejected", "Sealer", "load_key", "load_keys"]

@@ -84,10 +84,10 @@ class ClusterReload:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
 
-    async def check(self, new: Config) -> bytes:
+    async def check(self, new: Config) -> list[bytes]:
         return await self.cluster.read_key(new.cluster)     # ClusterKeyError refuses the reload
 
-    async def reconfigure(self, new: Config, checked: bytes | None = None) -> None:
+    async def reconfigure(self, new: Config, checked: list[bytes] | None = None) -> None:
         if checked is not None:         # Reloader.apply (a config not checked here) leaves the cluster be
             self.cluster.reconfigure(new.cluster, checked)
 

@@ -150,13 +150,13 @@ async def test_forged_and_replayed_datagrams_are_rejected_and_change_nothing(mak
     transport, inbox = raw_socket
     host, port = transport.get_extra_info("sockname")[:2]
     intruder = MemberUpdate("evil", f"{host}:{port}", "http://evil", State.ALIVE, 7, "evil")
-    forged, _ = Sealer("evil", Keyring(OTHER_KEY)).seal(Sync((intruder,), reply=True))
+    forged, _ = Sealer("evil", Keyring(OTHER_KEY)).seal(Sync((intruder,), reply=True), (), node.node_id)
     transport.sendto(forged, node.address)
     await until(lambda: node.stats.rejected.get("bad_mac") == 1, "the forged datagram counted")
     assert node.membership.get("evil") is None and inbox.datagrams == []
 
     # A peer's genuine Ping, answered once; the same bytes again are a replay: no second Ack.
-    genuine, _ = Sealer("peer", Keyring(KEY)).seal(Ping(41, node.node_id))
+    genuine, _ = Sealer("peer", Keyring(KEY)).seal(Ping(41, node.node_id), (), node.node_id)
     transport.sendto(genuine, node.address)
     await until(lambda: len(inbox.datagrams) == 1, "the Ack to the genuine ping")
     sent = node.stats.sent
@@ -175,8 +175,8 @@ async def test_a_sync_reply_too_big_for_one_datagram_comes_in_several(make_node,
         node.membership.apply(MemberUpdate(f"member-{i:02d}.example", f"127.0.0.1:{9 + i}", f"http://10.0.0.{i}:8000",
                                            State.ALIVE, 0, "test"))
     peer = MemberUpdate("peer", here, "http://127.0.0.1:1", State.ALIVE, 0, "peer")
-    transport.sendto(Sealer("peer", Keyring(KEY)).seal(Sync((peer,), reply=True))[0], node.address)
-    opener, syncs = Opener(Keyring(KEY), window_s=30.0), []
+    transport.sendto(Sealer("peer", Keyring(KEY)).seal(Sync((peer,), reply=True), (), "")[0], node.address)
+    opener, syncs = Opener(Keyring(KEY), node_id="peer", window_s=30.0), []
 
     def heard() -> set[str]:
         while inbox.datagrams:
@@ -233,13 +233,13 @@ async def test_bad_bytes_and_odd_but_authentic_packets_never_break_the_node(make
     await until(lambda: sum(node.stats.rejected.values()) == len(junk), "every junk datagram rejected")
     assert {k for k, n in node.stats.rejected.items() if n} <= {"oversize", "malformed", "bad_mac"}
     assert node.stats.rejected["oversize"] > 0
-    # Genuine MAC, nonsense content: unknown probes, a bad address, a leave from a stranger, a load nobody asked for.
+    # Genuine key, nonsense content: unknown probes, a bad address, a leave from a stranger, a load nobody asked for.
     sealer = Sealer("stranger", Keyring(KEY))
     odd = [Ack(123, "nobody"), Nack(5, "nobody"), PingReq(9, "ghost", "not an address"),
            PingReq(10, "x", "127.0.0.1:9"), Leave(3), Broadcast(), Load(0.0, (), ()), Ping(1, "someone else"),
            Sync((MemberUpdate("odd", "nowhere", "", State.SUSPECT, 1, "stranger"),), reply=False)]
     for body in odd:
-        transport.sendto(sealer.seal(body)[0], node.address)
+        transport.sendto(sealer.seal(body, (), node.node_id)[0], node.address)
     await until(lambda: node.stats.received >= len(junk) + len(odd), "the odd packets")
     late = await make_node(node)                              # still joins, probes and answers
     await until(lambda: all_alive([node, other, late]), "convergence after the junk")

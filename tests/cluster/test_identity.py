@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from inferd.cluster.identity import MAX_TOKEN_CHARS, ForwardedIdentity, open_identity, sign_identity
-from inferd.cluster.wire import FORWARD, GOSSIP, Keyring, Rejected
+from inferd.cluster.keyring import FORWARD, Keyring
+from inferd.cluster.wire import Rejected
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(100, 132))
@@ -27,7 +28,7 @@ class FakeClock:
 
 
 def ident(body: bytes = BODY, expires: float = NOW + 30.0, key_id: str | None = "k1") -> ForwardedIdentity:
-    return ForwardedIdentity("acme", key_id, "node-a", "req-1", hashlib.sha256(body).digest(), expires)
+    return ForwardedIdentity("acme", key_id, "node-a", "node-b", "req-1", hashlib.sha256(body).digest(), expires)
 
 
 def b64(data: bytes) -> str:
@@ -72,7 +73,7 @@ def test_other_body_is_rejected_as_body(keyring: Keyring) -> None:
 def test_tampered_payload_is_rejected_as_bad_mac(keyring: Keyring) -> None:
     token = sign_identity(keyring, ident())
     payload, mac = token.split(".")
-    forged = msgspec.msgpack.encode(ForwardedIdentity("other-tenant", "k1", "node-a", "req-1",
+    forged = msgspec.msgpack.encode(ForwardedIdentity("other-tenant", "k1", "node-a", "node-b", "req-1",
                                                       hashlib.sha256(BODY).digest(), NOW + 30.0))
     assert reason(keyring, b64(forged) + "." + mac) == "bad_mac"
     flipped = bytearray(base64.urlsafe_b64decode(mac + "="))
@@ -84,16 +85,22 @@ def test_identity_signed_with_another_key_is_rejected_as_bad_mac(keyring: Keyrin
     assert reason(keyring, sign_identity(Keyring(OTHER_KEY), ident())) == "bad_mac"
 
 
-def test_gossip_mac_does_not_pass_for_an_identity(keyring: Keyring) -> None:
+def test_another_purposes_mac_does_not_pass_for_an_identity(keyring: Keyring) -> None:
     payload = msgspec.msgpack.encode(ident())
-    assert reason(keyring, b64(payload) + "." + b64(keyring.mac(GOSSIP, payload))) == "bad_mac"
+    assert reason(keyring, b64(payload) + "." + b64(keyring.mac(b"other", payload))) == "bad_mac"
+
+
+def test_identity_signed_with_any_key_in_the_file_verifies() -> None:
+    token = sign_identity(Keyring([OTHER_KEY, KEY]), ident())         # a peer already using the new key
+    assert open_identity(Keyring([KEY, OTHER_KEY]), token, BODY, wall_clock=lambda: NOW).origin == "node-a"
+    assert reason(Keyring(KEY), token) == "bad_mac"
 
 
 def test_identity_signed_before_rotation_verifies_during_grace() -> None:
     clock = FakeClock()
     keyring = Keyring(KEY, clock=clock)
     token = sign_identity(keyring, ident())
-    keyring.rotate(OTHER_KEY, grace_s=5.0)
+    keyring.update([OTHER_KEY], grace_s=5.0)
     assert open_identity(keyring, token, BODY, wall_clock=lambda: NOW).origin == "node-a"
     clock.now = 5.0
     assert reason(keyring, token) == "bad_mac"
@@ -114,7 +121,8 @@ def test_non_string_token_is_rejected_as_malformed(keyring: Keyring) -> None:
 
 
 def test_maced_payload_that_is_not_an_identity_is_rejected_as_malformed(keyring: Keyring) -> None:
-    for payload in (b"\xc1", msgspec.msgpack.encode(["acme", None, "a", "r", "not bytes", 1.0]),
+    for payload in (b"\xc1", msgspec.msgpack.encode(["acme", None, "a", "b", "r", "not bytes", 1.0]),
+                    msgspec.msgpack.encode(["acme", None, "a", "r", b"x" * 32, 1.0]),    # no destination
                     msgspec.msgpack.encode({"tenant": "acme"})):
         assert reason(keyring, b64(payload) + "." + b64(keyring.mac(FORWARD, payload))) == "malformed"
 
@@ -142,8 +150,8 @@ def test_a_token_is_good_for_one_request_until_it_expires():
 
     now = [1000.0]
     used = UsedTokens(wall_clock=lambda: now[0])
-    first = ForwardedIdentity(tenant="t", key_id=None, origin="a", request_id="r1", body_sha256=b"x" * 32,
-                              expires=1030.0)
+    first = ForwardedIdentity(tenant="t", key_id=None, origin="a", destination="b", request_id="r1",
+                              body_sha256=b"x" * 32, expires=1030.0)
     used.use(first)
     with pytest.raises(Rejected) as exc:
         used.use(first)

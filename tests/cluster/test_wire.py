@@ -1,33 +1,20 @@
-"""inferd.cluster.wire: the cluster key file, the keyring, sealing and opening datagrams."""
+"""inferd.cluster.wire: sealing datagrams (encrypted for one receiver) and opening them again."""
 from __future__ import annotations
 
-import builtins
 import math
 import random
-from pathlib import Path
 
 import msgspec
 import pytest
 
 from inferd.cluster.messages import MAX_DATAGRAM, Ack, Broadcast, Load, MemberUpdate, Packet, Ping, State, Sync
-from inferd.cluster.wire import (
-    FORWARD,
-    GOSSIP,
-    MAC_BYTES,
-    MAGIC,
-    REJECT_REASONS,
-    REPLAY_WINDOW,
-    ClusterKeyError,
-    Keyring,
-    Opener,
-    Rejected,
-    Sealer,
-    load_key,
-)
+from inferd.cluster.keyring import FORWARD, SEAL_OVERHEAD
+from inferd.cluster.wire import MAGIC, REJECT_REASONS, REPLAY_WINDOW, Keyring, Opener, Rejected, Sealer
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(100, 132))
 NOW = 1_700_000_000.0
+ME = "node-b"                   # the opener's own node id
 
 
 class FakeClock:
@@ -55,135 +42,34 @@ def sealer(keyring: Keyring, wall: FakeClock) -> Sealer:
 
 @pytest.fixture
 def opener(keyring: Keyring, wall: FakeClock) -> Opener:
-    return Opener(keyring, window_s=10.0, wall_clock=wall)
+    return Opener(keyring, node_id=ME, window_s=10.0, wall_clock=wall)
 
 
 def update(i: int, pad: int = 0) -> MemberUpdate:
     return MemberUpdate(f"node-{i}", f"10.0.0.{i % 250}:7946", "http://h:8000" + "x" * pad, State.ALIVE, i, "node-a")
 
 
-def craft(keyring: Keyring, payload: bytes) -> bytes:
-    """A correctly MAC'd datagram around any payload (what a key holder could send)."""
-    signed = MAGIC + payload
-    return signed + keyring.mac(GOSSIP, signed)
+def craft(keyring: Keyring, payload: bytes, receiver: str = ME) -> bytes:
+    """A correctly encrypted datagram around any payload (what a key holder could send)."""
+    return MAGIC + keyring.encrypt(MAGIC + receiver.encode(), payload)
 
 
-def packet(seq: int, ts: float = NOW, sender: str = "node-b") -> bytes:
+def packet(seq: int, ts: float = NOW, sender: str = "node-c") -> bytes:
     return msgspec.msgpack.encode(Packet(sender, seq, ts, Ping(1, "node-a")))
-
-
-# load_key
-
-def test_load_key_reads_hex_digits_as_bytes(tmp_path: Path) -> None:
-    path = tmp_path / "key"
-    path.write_text("  " + KEY.hex() * 2 + "\n")
-    assert load_key(str(path)) == KEY * 2
-
-
-def test_load_key_reads_raw_bytes_with_whitespace_stripped(tmp_path: Path) -> None:
-    path = tmp_path / "key"
-    raw = b"not-hex-but-long-enough-to-be-a-key-" + bytes([200, 201])
-    path.write_bytes(b"\n" + raw + b" \n")
-    assert load_key(str(path)) == raw
-
-
-def test_load_key_short_hex_is_taken_as_raw_bytes(tmp_path: Path) -> None:
-    path = tmp_path / "key"
-    path.write_text("ab" * 20)
-    assert load_key(str(path)) == b"ab" * 20
-
-
-@pytest.mark.parametrize(("content", "problem"), [
-    (None, "does not exist"),
-    (b"short\n", r"too short \(5 bytes"),
-    (b" \n\t", "is empty"),
-    ("dir", "is a directory"),
-])
-def test_load_key_errors_name_the_path_and_the_problem(tmp_path: Path, content: bytes | str | None,
-                                                       problem: str) -> None:
-    path = tmp_path / "key"
-    if content == "dir":
-        path.mkdir()
-    elif isinstance(content, bytes):
-        path.write_bytes(content)
-    with pytest.raises(ClusterKeyError, match=problem) as info:
-        load_key(str(path))
-    assert str(path) in str(info.value)
-
-
-def test_load_key_unreadable_file_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "key"
-    path.write_bytes(KEY)
-
-    def denied(*args: object, **kwargs: object) -> None:
-        raise PermissionError(13, "Permission denied")
-
-    monkeypatch.setattr(builtins, "open", denied)
-    with pytest.raises(ClusterKeyError, match="not readable") as info:
-        load_key(str(path))
-    assert str(path) in str(info.value)
-    assert info.value.__cause__ is None and info.value.__suppress_context__
-
-
-# Keyring
-
-def test_mac_is_32_bytes_and_depends_on_the_purpose(keyring: Keyring) -> None:
-    mac = keyring.mac(GOSSIP, b"data")
-    assert len(mac) == MAC_BYTES
-    assert keyring.verify(GOSSIP, b"data", mac)
-    assert not keyring.verify(FORWARD, b"data", mac)
-    assert not keyring.verify(GOSSIP, b"datA", mac)
-    assert not keyring.verify(GOSSIP, b"data", mac[:-1])
-
-
-def test_purpose_is_length_prefixed_so_it_cannot_slide_into_data(keyring: Keyring) -> None:
-    assert keyring.mac(b"ab", b"c") != keyring.mac(b"a", b"bc")
-
-
-def test_rotate_to_the_current_key_returns_false(keyring: Keyring) -> None:
-    assert keyring.rotate(KEY, grace_s=5.0) is False
-    assert keyring.rotate(OTHER_KEY, grace_s=5.0) is True
-
-
-def test_previous_key_verifies_until_grace_ends() -> None:
-    clock = FakeClock(100.0)
-    keyring = Keyring(KEY, clock=clock)
-    old_mac = keyring.mac(GOSSIP, b"data")
-    assert keyring.rotate(OTHER_KEY, grace_s=30.0)
-    assert keyring.mac(GOSSIP, b"data") != old_mac            # signs with the new key
-    clock.now = 129.9
-    assert keyring.verify(GOSSIP, b"data", old_mac)
-    clock.now = 130.0
-    assert not keyring.verify(GOSSIP, b"data", old_mac)
-    clock.now = 100.0                                         # forgotten for good once the grace ended
-    assert not keyring.verify(GOSSIP, b"data", old_mac)
-
-
-def test_datagram_sealed_under_old_key_opens_during_grace(wall: FakeClock) -> None:
-    clock = FakeClock()
-    old, new = Keyring(KEY, clock=clock), Keyring(OTHER_KEY, clock=clock)
-    datagram, _ = Sealer("node-b", old, wall_clock=wall).seal(Broadcast())
-    new.rotate(KEY, grace_s=0)
-    new.rotate(OTHER_KEY, grace_s=10.0)                      # KEY is now the previous key
-    assert Opener(new, window_s=10.0, wall_clock=wall).open(datagram).sender == "node-b"
-    clock.now = 10.0
-    with pytest.raises(Rejected) as info:
-        Opener(new, window_s=10.0, wall_clock=wall).open(datagram)
-    assert info.value.reason == "bad_mac"
 
 
 # Sealer and Opener
 
 def test_sealed_packet_opens_to_the_same_packet(sealer: Sealer, opener: Opener) -> None:
     body = Load(0.5, (), ())
-    datagram, carried = sealer.seal(body, [update(1), update(2)])
+    datagram, carried = sealer.seal(body, [update(1), update(2)], ME)
     assert carried == 2 and datagram.startswith(MAGIC)
     got = opener.open(datagram)
     assert (got.sender, got.ts, got.body, got.updates) == ("node-a", NOW, body, (update(1), update(2)))
 
 
 def test_seq_starts_at_wall_clock_microseconds_and_rises_per_seal(sealer: Sealer, opener: Opener) -> None:
-    seqs = [opener.open(sealer.seal(Ack(i, "node-a"))[0]).seq for i in range(3)]
+    seqs = [opener.open(sealer.seal(Ack(i, "node-a"), (), ME)[0]).seq for i in range(3)]
     assert seqs == [int(NOW * 1e6), int(NOW * 1e6) + 1, int(NOW * 1e6) + 2]
 
 
@@ -191,18 +77,18 @@ def test_seal_fits_as_many_updates_as_fit_under_mtu(sealer: Sealer, opener: Open
     rng = random.Random(7)
     for _ in range(40):
         updates = [update(i, pad=rng.randrange(0, 120)) for i in range(rng.randrange(0, 60))]
-        datagram, n = sealer.seal(Ping(3, "x"), updates)
+        datagram, n = sealer.seal(Ping(3, "x"), updates, ME)
         assert len(datagram) <= MAX_DATAGRAM
         got = opener.open(datagram)
         assert got.updates == tuple(updates[:n])
         if n < len(updates):                                  # one more would not have fitted
             bigger = Packet("node-a", got.seq, NOW, Ping(3, "x"), tuple(updates[:n + 1]))
-            assert len(MAGIC) + len(msgspec.msgpack.encode(bigger)) + MAC_BYTES > MAX_DATAGRAM
+            assert len(MAGIC) + len(msgspec.msgpack.encode(bigger)) + SEAL_OVERHEAD > MAX_DATAGRAM
 
 
 def test_seal_carries_more_than_sixteen_small_updates(sealer: Sealer, opener: Opener) -> None:
     updates = [update(i) for i in range(200)]
-    datagram, n = sealer.seal(Broadcast(), updates)
+    datagram, n = sealer.seal(Broadcast(), updates, ME)
     assert 16 < n < 200 and len(datagram) <= MAX_DATAGRAM
     assert opener.open(datagram).updates == tuple(updates[:n])
 
@@ -218,7 +104,7 @@ def test_seal_raises_value_error_when_the_body_alone_does_not_fit(sealer: Sealer
 
 
 def test_replayed_datagram_is_rejected_as_replay(sealer: Sealer, opener: Opener) -> None:
-    datagram, _ = sealer.seal(Broadcast())
+    datagram, _ = sealer.seal(Broadcast(), (), ME)
     opener.open(datagram)
     with pytest.raises(Rejected) as info:
         opener.open(datagram)
@@ -259,7 +145,7 @@ def test_senders_have_separate_replay_windows(keyring: Keyring, opener: Opener) 
 
 
 def test_least_recently_heard_sender_is_forgotten_first(keyring: Keyring, wall: FakeClock) -> None:
-    opener = Opener(keyring, window_s=10.0, wall_clock=wall, max_senders=2)
+    opener = Opener(keyring, node_id=ME, window_s=10.0, wall_clock=wall, max_senders=2)
     opener.open(craft(keyring, packet(1, sender="a")))
     opener.open(craft(keyring, packet(1, sender="b")))
     opener.open(craft(keyring, packet(2, sender="a")))        # a heard more recently than b
@@ -284,7 +170,7 @@ def test_window_s_change_applies_to_the_next_datagram(keyring: Keyring, opener: 
 
 
 def test_altered_byte_is_rejected_as_bad_mac(sealer: Sealer, opener: Opener) -> None:
-    datagram, _ = sealer.seal(Ping(1, "node-b"), [update(1)])
+    datagram, _ = sealer.seal(Ping(1, "node-b"), [update(1)], ME)
     for i in range(len(MAGIC), len(datagram)):
         altered = bytearray(datagram)
         altered[i] ^= 0x01
@@ -294,16 +180,16 @@ def test_altered_byte_is_rejected_as_bad_mac(sealer: Sealer, opener: Opener) -> 
 
 
 def test_forged_packet_with_another_key_rejected(opener: Opener, wall: FakeClock) -> None:
-    forged, _ = Sealer("node-a", Keyring(OTHER_KEY), wall_clock=wall).seal(Broadcast())
+    forged, _ = Sealer("node-a", Keyring(OTHER_KEY), wall_clock=wall).seal(Broadcast(), (), ME)
     with pytest.raises(Rejected) as info:
         opener.open(forged)
     assert info.value.reason == "bad_mac"
 
 
 def test_forward_mac_does_not_pass_for_a_datagram(keyring: Keyring, opener: Opener) -> None:
-    signed = MAGIC + packet(1)
+    signed = MAGIC + bytes(12) + packet(1)
     with pytest.raises(Rejected, match="bad_mac"):
-        opener.open(signed + keyring.mac(FORWARD, signed))
+        opener.open(signed + keyring.mac(FORWARD, signed)[:16])
 
 
 def test_oversize_datagram_rejected_as_oversize(opener: Opener) -> None:
@@ -312,7 +198,8 @@ def test_oversize_datagram_rejected_as_oversize(opener: Opener) -> None:
     assert info.value.reason == "oversize"
 
 
-@pytest.mark.parametrize("data", [b"", MAGIC, MAGIC + bytes(MAC_BYTES), b"XX\x01" + bytes(100)])
+@pytest.mark.parametrize("data", [b"", MAGIC, MAGIC + bytes(SEAL_OVERHEAD), b"XX\x01" + bytes(100),
+                                  b"IG\x01" + bytes(100)])          # the clear, MAC'd format before encryption
 def test_short_or_foreign_datagram_rejected_as_malformed(opener: Opener, data: bytes) -> None:
     with pytest.raises(Rejected) as info:
         opener.open(data)
@@ -327,7 +214,7 @@ def test_short_or_foreign_datagram_rejected_as_malformed(opener: Opener, data: b
     msgspec.msgpack.encode(["b", 1, NOW, ["ping", 1, "a"], [["n", "a", "h", 9, 1, "b"]]]),  # state 9
     packet(1) + b"\x00",                                      # trailing bytes
 ])
-def test_maced_payload_that_is_not_a_packet_is_rejected_as_malformed(keyring: Keyring, opener: Opener,
+def test_encrypted_payload_that_is_not_a_packet_is_rejected_as_malformed(keyring: Keyring, opener: Opener,
                                                                      payload: bytes) -> None:
     with pytest.raises(Rejected) as info:
         opener.open(craft(keyring, payload))
@@ -336,8 +223,8 @@ def test_maced_payload_that_is_not_a_packet_is_rejected_as_malformed(keyring: Ke
 
 def test_random_bytes_never_raise_anything_but_rejected(sealer: Sealer, keyring: Keyring, opener: Opener) -> None:
     rng = random.Random(1234)
-    valid, _ = sealer.seal(Load(1.0, (), ()), [update(i) for i in range(5)])
-    payload = valid[len(MAGIC):-MAC_BYTES]
+    valid, _ = sealer.seal(Load(1.0, (), ()), [update(i) for i in range(5)], ME)
+    payload = msgspec.msgpack.encode(opener.open(valid))
     for i in range(3000):
         kind = i % 4
         if kind == 0:
@@ -349,9 +236,51 @@ def test_random_bytes_never_raise_anything_but_rejected(sealer: Sealer, keyring:
             for _ in range(rng.randrange(1, 6)):
                 mutated[rng.randrange(len(mutated))] = rng.randrange(256)
             mutated = mutated[:rng.randrange(len(mutated) + 1)] if rng.random() < 0.3 else mutated
-            # kind 3 re-MACs the mutation, so the decoder (not the MAC) has to refuse it
-            data = craft(keyring, bytes(mutated)) if kind == 3 else MAGIC + bytes(mutated) + valid[-MAC_BYTES:]
+            # kind 3 encrypts the mutation, so the decoder (not the decryption) has to refuse it
+            data = craft(keyring, bytes(mutated)) if kind == 3 else MAGIC + valid[len(MAGIC):len(MAGIC) + 12] + \
+                bytes(mutated) + valid[-16:]
         try:
             opener.open(data)
         except Rejected as e:
             assert e.reason in REJECT_REASONS
+
+
+# Encryption for one receiver
+
+def test_a_datagram_sealed_for_one_node_does_not_open_on_another(sealer: Sealer, keyring: Keyring,
+                                                                  wall: FakeClock) -> None:
+    datagram, _ = sealer.seal(Ping(1, ME), (), ME)
+    elsewhere = Opener(keyring, node_id="node-c", window_s=10.0, wall_clock=wall)
+    with pytest.raises(Rejected) as info:
+        elsewhere.open(datagram)                              # a genuine B-bound datagram replayed to C
+    assert info.value.reason == "bad_mac"
+    assert Opener(keyring, node_id=ME, window_s=10.0, wall_clock=wall).open(datagram).body == Ping(1, ME)
+
+
+def test_only_a_sync_may_name_no_receiver(sealer: Sealer, opener: Opener) -> None:
+    join = Sync((update(1),), reply=True)
+    assert opener.open(sealer.seal(join, (), "")[0]).body == join       # a join to a seed address
+    for body in (Ping(1, ME), Load(0.0, (), ()), Broadcast()):
+        with pytest.raises(Rejected) as info:
+            opener.open(sealer.seal(body, (), "")[0])
+        assert info.value.reason == "unaddressed"
+
+
+def test_nothing_of_the_packet_is_in_clear_on_the_wire(sealer: Sealer, opener: Opener) -> None:
+    from inferd.cluster.messages import TenantDemand
+    load = Load(0.0, (), (TenantDemand("acme-corp", 6.6, 0, 0.0, 0),))
+    datagram, _ = sealer.seal(load, [update(1)], ME)
+    clear = msgspec.msgpack.encode(Packet("node-a", 1, NOW, load, (update(1),)))
+    assert b"acme-corp" not in datagram and b"node-a" not in datagram and b"10.0.0.1" not in datagram
+    assert not any(clear[i:i + 8] in datagram for i in range(len(clear) - 8))   # no 8-byte run of the packet
+    assert opener.open(datagram).body == load
+    again, _ = sealer.seal(load, [update(1)], ME)
+    assert again[len(MAGIC):len(MAGIC) + 12] != datagram[len(MAGIC):len(MAGIC) + 12]      # a fresh nonce
+
+
+def test_a_datagram_sealed_under_a_second_key_opens(wall: FakeClock) -> None:
+    both = Keyring([KEY, OTHER_KEY], clock=FakeClock())
+    datagram, _ = Sealer("node-a", Keyring([OTHER_KEY, KEY]), wall_clock=wall).seal(Broadcast(), (), ME)
+    assert Opener(both, node_id=ME, window_s=10.0, wall_clock=wall).open(datagram).sender == "node-a"
+    with pytest.raises(Rejected, match="bad_mac"):
+        Opener(Keyring(KEY), node_id=ME, window_s=10.0, wall_clock=wall).open(datagram)

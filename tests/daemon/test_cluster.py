@@ -149,12 +149,12 @@ async def _busy(a) -> bool:
 
 async def test_a_forwarded_request_signed_with_another_key_or_for_another_body_is_refused(tmp_path):
     async with cluster_of(tmp_path, 1) as nodes, aiohttp.ClientSession() as http:
-        (_, url), = nodes
+        (daemon, url), = nodes
         body = b'{"model": "sim", "prompt": "hi", "max_tokens": 2}'
 
         def token(key: bytes, signed_body: bytes) -> str:
             return sign_identity(Keyring(key), ForwardedIdentity(
-                tenant="local", key_id=None, origin="x", request_id="r1",
+                tenant="local", key_id=None, origin="x", destination=daemon.state.cluster.node_id, request_id="r1",
                 body_sha256=hashlib.sha256(signed_body).digest(), expires=time.time() + 30))
 
         for bad in (token(b"k" * 32, body), token(bytes.fromhex(KEY), b"{}")):

@@ -31,6 +31,7 @@ from inferd.api.pipeline.context import RequestContext
 from inferd.api.errors import INVALID_REQUEST, ApiError
 from inferd.api.wire.responses import USAGE_COMMENT
 from inferd.cluster import FORWARDED_HEADER, TOKEN_TTL_S, Cluster, ForwardedIdentity, Rejected
+from inferd.cluster.membership import Member
 from inferd.observability import TRACE_HEADERS
 from inferd.types import Usage
 
@@ -114,7 +115,7 @@ async def forward(out: Outgoing, cluster: Cluster, lease: Lease, headers: dict[s
             break
         tried.add(peer.node)
         try:
-            upstream = await _send(out, cluster, peer.http)
+            upstream = await _send(out, cluster, peer)
         except _PeerFailed as exc:
             _count(cluster, "peer_failed")
             out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
@@ -130,14 +131,14 @@ def _count(cluster: Cluster, outcome: str) -> None:
     cluster.spillovers[outcome] = cluster.spillovers.get(outcome, 0) + 1
 
 
-async def _send(out: Outgoing, cluster: Cluster, base_url: str) -> aiohttp.ClientResponse:
+async def _send(out: Outgoing, cluster: Cluster, peer: Member) -> aiohttp.ClientResponse:
     request = out.request
     principal = request.get(PRINCIPAL)
     remaining = out.deadline - time.monotonic()
     if remaining <= 0:
         raise _PeerFailed("deadline passed")
     ident = ForwardedIdentity(tenant=out.tenant, key_id=principal.key_id if principal is not None else None,
-                              origin=cluster.node_id, request_id=out.request_id,
+                              origin=cluster.node_id, destination=peer.node, request_id=out.request_id,
                               body_sha256=hashlib.sha256(out.body).digest(), expires=time.time() + TOKEN_TTL_S)
     headers = {"Content-Type": "application/json", FORWARDED_HEADER: cluster.sign(ident),
                "X-Request-Id": out.request_id, "X-Request-Timeout": f"{remaining:.3f}"}
@@ -149,7 +150,7 @@ async def _send(out: Outgoing, cluster: Cluster, base_url: str) -> aiohttp.Clien
     timeout = aiohttp.ClientTimeout(total=None, sock_read=remaining, sock_connect=cluster.config.forward_timeout_s)
     try:
         upstream = await asyncio.wait_for(
-            cluster.http.post(base_url.rstrip("/") + request.path, data=out.body, headers=headers, timeout=timeout),
+            cluster.http.post(peer.http.rstrip("/") + request.path, data=out.body, headers=headers, timeout=timeout),
             min(remaining, cluster.config.forward_timeout_s))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _PeerFailed(type(exc).__name__) from None
