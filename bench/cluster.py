@@ -16,8 +16,9 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 live nodes, one per node that takes one; suspicions (distinct member and incarnation; all
                 refuted unless they became false positives) are counted apart. Then one node gets SIGKILL;
                 figure: until every other node holds it dead.
-  security      One node; crafted datagrams: wrong key, one altered byte, stale (and future) timestamps, and
-                valid datagrams sent twice (the second copy is the replay). Figure: the node's rejected
+  security      One node; crafted datagrams: wrong key, one altered byte, stale (and future) timestamps, sealed
+                for another node, a Ping naming no receiver, and valid datagrams sent twice (the second copy
+                is the replay). Figure: the node's rejected
                 counters (their growth) over the bad datagrams sent; the valid originals must be answered.
 
   spillover     Three real daemons (sim, H100 Llama 3 8B timing, 8 sequence slots each); every request goes to
@@ -25,6 +26,8 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 per second) with spillover on / the same run with it off (bench/cluster_daemons.py).
   tpm           Three real daemons; one tenant with tokens_per_minute set sends round-robin over them at three
                 times its limit. Figure: admitted tokens per minute / the limit, after a warm-up.
+  rotation      Three real daemons rotate their key (install, use, remove; one node --rotation-stagger ahead
+                each step) by SIGHUP. Figure: deaths any node declared (bench/cluster_keys.py).
 
     .venv/bin/python bench/cluster.py [--only convergence,failure,security,spillover,tpm] [--nodes 16] [--fp-seconds 60]
 
@@ -49,6 +52,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
+import cluster_keys  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -296,19 +300,23 @@ async def forged_replayed(args: argparse.Namespace, workdir: Path) -> list[str]:
             right, wrong = Keyring(load_key(str(args.key))), Keyring(os.urandom(32))
             claim = Sync((MemberUpdate("intruder", here, "http://127.0.0.1:9", State.ALIVE, 9, "intruder"),), True)
             rng = random.Random(1)
-            bad: dict[str, list[bytes]] = {"wrong key": [], "altered byte": [], "stale": [], "future": [], "replay": []}
+            bad: dict[str, list[bytes]] = {"wrong key": [], "altered byte": [], "stale": [], "future": [],
+                                           "other receiver": [], "no receiver": [], "replay": []}
             good: list[bytes] = []
             forger, peer = Sealer("forger", wrong), Sealer("peer", right)
             old = Sealer("old-peer", right, wall_clock=lambda: time.time() - 3600)
             ahead = Sealer("ahead-peer", right, wall_clock=lambda: time.time() + 3600)
+            me = node.node_id
             for i in range(per_kind):
-                bad["wrong key"].append(forger.seal(claim)[0])
-                datagram = bytearray(peer.seal(Ping(1000 + i, node.node_id))[0])
+                bad["wrong key"].append(forger.seal(claim, (), me)[0])
+                datagram = bytearray(peer.seal(Ping(1000 + i, me), (), me)[0])
                 datagram[rng.randrange(3, len(datagram))] ^= 1 << rng.randrange(8)     # past the magic
                 bad["altered byte"].append(bytes(datagram))
-                bad["stale"].append(old.seal(claim)[0])
-                bad["future"].append(ahead.seal(claim)[0])
-                original = peer.seal(Ping(i, node.node_id))[0]
+                bad["stale"].append(old.seal(claim, (), me)[0])
+                bad["future"].append(ahead.seal(claim, (), me)[0])
+                bad["other receiver"].append(peer.seal(Ping(2000 + i, me), (), "127.0.0.1:9")[0])   # a copy of A->B
+                bad["no receiver"].append(peer.seal(Ping(3000 + i, me), (), "")[0])
+                original = peer.seal(Ping(i, me), (), me)[0]
                 good.append(original)
                 bad["replay"].append(original)
             before = await node.fetch_stats(cluster)
@@ -362,6 +370,7 @@ MEASUREMENTS: dict[str, Measurement] = {
     "security": forged_replayed,
     "spillover": spillover,
     "tpm": tpm,
+    "rotation": cluster_keys.rotation,
 }
 
 
@@ -396,6 +405,10 @@ def main() -> int:
     p.add_argument("--tpm-warmup", type=float, default=35.0,
                    help="tpm: not measured (the buckets start full: a limit's worth of burst, drained at 2x the limit)")
     p.add_argument("--tpm-baseline", action="store_true", help="tpm: also run with shared_quotas = false")
+    p.add_argument("--rotation-stagger", type=float, default=10.0,
+                   help="rotation: seconds one node reloads ahead of the others at each step")
+    p.add_argument("--rotation-baseline", action="store_true",
+                   help="rotation: then also replace the key in one step (what splits a cluster)")
     p.add_argument("--role", choices=("driver", "node", "daemon"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)

@@ -56,7 +56,7 @@ def run_daemon(config_path: Path) -> None:
     configure_logging(config.server.log_level)
 
     async def main() -> int:
-        daemon = Daemon(config)
+        daemon = Daemon(config, config_path=config_path)       # a SIGHUP re-reads it
         run = asyncio.ensure_future(daemon.run(install_signals=True))
         ready = asyncio.ensure_future(daemon.ready.wait())
         await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)

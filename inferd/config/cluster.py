@@ -25,8 +25,10 @@ class ClusterConfig(ConfigTable):
     advertise_host: str | None = None      # the address peers reach this node at (default: bind_host)
     http_url: str | None = None            # where peers forward requests (default: this node's listener)
     seeds: tuple[str, ...] = ()            # "host:port" of gossip sockets to join through
-    # HMAC key of every datagram and of forwarded requests' identity; the same file on every node. A
-    # SIGHUP re-reads it; the previous key is still accepted for key_grace_s.
+    # The cluster's keys, one a line (64+ hex digits; or one raw key of 32+ bytes): the first encrypts
+    # every datagram (AES-256-GCM) and signs forwarded requests' identity; every one is accepted. A
+    # SIGHUP re-reads it; a key that left the file is still accepted for key_grace_s. Rotate in three
+    # reloads (add the new key second, move it first, remove the old: docs/cluster.md).
     key_file: str = ""
     key_grace_s: float = 60.0
     timestamp_window_s: float = 30.0       # datagrams sent longer ago (or in the future) are dropped
@@ -56,7 +58,8 @@ class ClusterConfig(ConfigTable):
 def cluster_errors(c: ClusterConfig, path: str = "cluster") -> list[str]:
     errors: list[str] = []
     if not c.key_file:
-        errors.append(f"{path}.key_file: required (a file with the cluster's shared secret, at least 32 bytes)")
+        errors.append(f"{path}.key_file: required (a file with the cluster's keys, one a line, at least 64 hex "
+                      "digits each)")
     for key in ("bind_host", "advertise_host"):
         value = getattr(c, key)
         if value is not None and not _is_ip(value):
