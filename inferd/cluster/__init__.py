@@ -1,4 +1,4 @@
-"""Peers: SWIM membership over authenticated UDP, load hints, spillover to peers with room, cluster-wide quotas."""
+"""Peers: SWIM membership over encrypted UDP, load hints, spillover to peers with room, cluster-wide quotas."""
 from __future__ import annotations
 
 from inferd.cluster.identity import HEADER as FORWARDED_HEADER
