@@ -10,13 +10,14 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import aiohttp
 import msgspec
 
 from inferd.cluster.identity import verify_token
-from inferd.cluster.keyring import Keyring
+from inferd.cluster.keyring import Keyring, fingerprint
 from inferd.cluster.messages import Load, MemberUpdate, State
 from inferd.cluster.wire import Opener
 from inferd.config.root import load_config
@@ -95,7 +96,8 @@ def bad_macs(daemons: list) -> int:
     return sum(d.state.cluster.stats.rejected.get("bad_mac", 0) for d in daemons)
 
 
-async def test_a_live_cluster_rotates_its_key_in_three_staggered_reloads_without_a_death(tmp_path):
+async def test_a_live_cluster_rotates_its_key_in_three_staggered_reloads_without_a_death(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     # A short grace: the old key must be truly gone at the end, and the steps must not need it.
     async with keyed_cluster(tmp_path, 3, grace_s=0.3) as nodes, aiohttp.ClientSession() as http:
         daemons = [d for d, _ in nodes]
@@ -128,6 +130,12 @@ async def test_a_live_cluster_rotates_its_key_in_three_staggered_reloads_without
         finally:
             busy.cancel()
         assert [s for s in seen if s[2] == "dead"] == [], seen
+    # Each node logged which key is primary: a fingerprint, never the key.
+    changes = [r.fields for r in caplog.records if r.msg == "cluster_keys_changed"]
+    assert [c["primary_key"] for c in changes] == [fingerprint(bytes.fromhex(OLD))] * 3 + \
+        [fingerprint(bytes.fromhex(NEW))] * 6
+    secrets = (OLD, NEW, repr(bytes.fromhex(OLD))[2:-1], repr(bytes.fromhex(NEW))[2:-1])
+    assert not any(key in r.getMessage() + repr(getattr(r, "fields", "")) for r in caplog.records for key in secrets)
 
 
 async def test_replacing_the_key_in_one_step_splits_the_cluster(tmp_path):
