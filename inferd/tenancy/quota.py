@@ -174,6 +174,17 @@ class Quota:
     def share(self) -> Share | None:
         return self._share
 
+    def reshare(self) -> None:
+        """Apply the shares as they are now to every tenant's buckets (the cluster calls this when its
+        own demand report goes out). A bucket refills at the share it had until its share changes, so
+        a share that changes between two of a tenant's requests must be applied when it changes:
+        applied only at the next request, the share of that moment would count for the whole gap."""
+        if self._share is None:
+            return
+        now = self._clock()
+        for name, st in self._state.items():
+            st.apply_share(self._share(name), now)
+
     def demand(self) -> list[tuple[str, float, int]]:
         """(tenant, requests attempted per second lately, in flight) for every tenant seen lately."""
         now = self._clock()
