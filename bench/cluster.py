@@ -25,6 +25,8 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 per second) with spillover on / the same run with it off (bench/cluster_daemons.py).
   tpm           Three real daemons; one tenant with tokens_per_minute set sends round-robin over them at three
                 times its limit. Figure: admitted tokens per minute / the limit, after a warm-up.
+  quota         The same with 8 daemons, few and large requests (0.2 req/s per node, 406 tokens each): the
+                hard case for each node's share of the limit (bench/cluster_quota.py).
 
     .venv/bin/python bench/cluster.py [--only convergence,failure,security,spillover,tpm] [--nodes 16] [--fp-seconds 60]
 
@@ -49,6 +51,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
+import cluster_quota  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -347,7 +350,7 @@ async def spillover(args: argparse.Namespace, workdir: Path) -> list[str]:
 async def tpm(args: argparse.Namespace, workdir: Path) -> list[str]:
     lines = []
     for shared in (True, False) if args.tpm_baseline else (True,):
-        out = await cluster_daemons.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup, shared=shared)
+        out = await cluster_quota.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup, shared=shared)
         detail("tpm", shared_quotas=shared, **out)
         label = "cluster TPM ratio" if shared else "cluster TPM ratio without shared quotas (baseline)"
         lines.append(f"{label}: {out['ratio']:.2f} (admitted {out['admitted_tpm']:.0f} tokens/min, limit "
@@ -362,6 +365,7 @@ MEASUREMENTS: dict[str, Measurement] = {
     "security": forged_replayed,
     "spillover": spillover,
     "tpm": tpm,
+    "quota": cluster_quota.quota,
 }
 
 
@@ -396,6 +400,7 @@ def main() -> int:
     p.add_argument("--tpm-warmup", type=float, default=35.0,
                    help="tpm: not measured (the buckets start full: a limit's worth of burst, drained at 2x the limit)")
     p.add_argument("--tpm-baseline", action="store_true", help="tpm: also run with shared_quotas = false")
+    cluster_quota.add_arguments(p)
     p.add_argument("--role", choices=("driver", "node", "daemon"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
