@@ -33,28 +33,30 @@ class QuotaShares:
         self._peers = peers
         self._live_nodes = live_nodes
         self._clock = clock
-        # This node's demand as its peers see it: what its last load report said (nothing before the
-        # first one, which is what the peers have then too: a floor for every tenant, at most one
-        # load_interval_s after start).
+        # This node's demand as its peers see it: what its last load report said. Before the first one
+        # (at most load_interval_s after start), or when the last is stale for the peers too (no peer
+        # was alive to send it to), the floor for every tenant.
         self._reported: dict[str, float] = {}
+        self._reported_at = -float("inf")
         self._cache: dict[str, float] = {}
         self._cached_at = -float("inf")
 
     def reported(self, demand: Iterable[TenantDemand]) -> None:
         """This node's load report, as it is being sent: its own demand from now on."""
         self._reported = {d.tenant: d.requests_per_s for d in demand}
+        self._reported_at = self._clock()
         self._cached_at = -float("inf")
 
     def __call__(self, tenant: str) -> float:
         now = self._clock()
         if now - self._cached_at > REFRESH_S:
-            self._cache, self._cached_at = self._compute(), now
+            self._cache, self._cached_at = self._compute(now), now
         return self._cache.get(tenant, self._cache.get("", 1.0))
 
-    def _compute(self) -> dict[str, float]:
+    def _compute(self, now: float) -> dict[str, float]:
         """tenant -> share; "" -> the share of a tenant nobody reported (an equal split)."""
         reports = [d for d in (self._peers.fresh_demand(n) for n in self._live_nodes()) if d is not None]
-        mine = self._reported
+        mine = self._reported if now - self._reported_at <= self._peers.max_age_s else {}
         tenants = set(mine).union(*reports) if reports else set(mine)
         n = 1 + len(reports)
         shares = {"": 1.0 / n}

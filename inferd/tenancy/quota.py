@@ -175,10 +175,8 @@ class Quota:
         return self._share
 
     def reshare(self) -> None:
-        """Apply the shares as they are now to every tenant's buckets (the cluster calls this when its
-        own demand report goes out). A bucket refills at the share it had until its share changes, so
-        a share that changes between two of a tenant's requests must be applied when it changes:
-        applied only at the next request, the share of that moment would count for the whole gap."""
+        """Apply the shares as they are now to every tenant's buckets, so each stretch of time refills at
+        the share it had (else a request applies its share to the whole gap since the tenant's last one)."""
         if self._share is None:
             return
         now = self._clock()

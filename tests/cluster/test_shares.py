@@ -71,3 +71,11 @@ def test_before_its_first_report_a_node_counts_the_floor_as_its_peers_do():
     loads.heard("b", Load(age_s=0.0, versions=(), demand=(TenantDemand("acme", 1.0, 0),)))
     share = QuotaShares(loads, lambda: ["b"], clock)
     assert share("acme") == pytest.approx(FLOOR / (FLOOR + 1.0 + FLOOR))
+
+
+def test_an_own_report_as_old_as_a_stale_one_counts_for_the_floor_only():
+    share, loads, clock = shares_of({"acme": 5.0}, {"b": {"acme": 1.0}})
+    assert share("acme") == pytest.approx(5.02 / 6.04)
+    clock.t += 4                                  # no report sent since (no peer was alive), then b's comes
+    loads.heard("b", Load(age_s=0.0, versions=(), demand=(TenantDemand("acme", 1.0, 0),)))
+    assert share("acme") == pytest.approx(FLOOR / (FLOOR + 1.0 + FLOOR))
