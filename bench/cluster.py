@@ -351,7 +351,7 @@ async def tpm(args: argparse.Namespace, workdir: Path) -> list[str]:
     lines = []
     for shared in (True, False) if args.tpm_baseline else (True,):
         out = await cluster_quota.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup, shared=shared)
-        detail("tpm", shared_quotas=shared, **out)
+        detail("tpm", **out)
         label = "cluster TPM ratio" if shared else "cluster TPM ratio without shared quotas (baseline)"
         lines.append(f"{label}: {out['ratio']:.2f} (admitted {out['admitted_tpm']:.0f} tokens/min, limit "
                      f"{out['limit_tpm']}, offered {out['offered_tpm']} round-robin over 3 nodes)")
