@@ -28,6 +28,8 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 times its limit. Figure: admitted tokens per minute / the limit, after a warm-up.
   rotation      Three real daemons rotate their key (install, use, remove; one node --rotation-stagger ahead
                 each step) by SIGHUP. Figure: deaths any node declared (bench/cluster_keys.py).
+  quota         The same with 8 daemons, few and large requests (0.2 req/s per node, 406 tokens each): the
+                hard case for each node's share of the limit (bench/cluster_quota.py).
 
     .venv/bin/python bench/cluster.py [--only convergence,failure,security,spillover,tpm] [--nodes 16] [--fp-seconds 60]
 
@@ -53,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
 import cluster_keys  # noqa: E402
+import cluster_quota  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -355,8 +358,8 @@ async def spillover(args: argparse.Namespace, workdir: Path) -> list[str]:
 async def tpm(args: argparse.Namespace, workdir: Path) -> list[str]:
     lines = []
     for shared in (True, False) if args.tpm_baseline else (True,):
-        out = await cluster_daemons.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup, shared=shared)
-        detail("tpm", shared_quotas=shared, **out)
+        out = await cluster_quota.cluster_tpm_ratio(args.tpm_seconds, args.tpm_warmup, shared=shared)
+        detail("tpm", **out)
         label = "cluster TPM ratio" if shared else "cluster TPM ratio without shared quotas (baseline)"
         lines.append(f"{label}: {out['ratio']:.2f} (admitted {out['admitted_tpm']:.0f} tokens/min, limit "
                      f"{out['limit_tpm']}, offered {out['offered_tpm']} round-robin over 3 nodes)")
@@ -371,6 +374,7 @@ MEASUREMENTS: dict[str, Measurement] = {
     "spillover": spillover,
     "tpm": tpm,
     "rotation": cluster_keys.rotation,
+    "quota": cluster_quota.quota,
 }
 
 
@@ -409,6 +413,7 @@ def main() -> int:
                    help="rotation: seconds one node reloads ahead of the others at each step")
     p.add_argument("--rotation-baseline", action="store_true",
                    help="rotation: then also replace the key in one step (what splits a cluster)")
+    cluster_quota.add_arguments(p)
     p.add_argument("--role", choices=("driver", "node", "daemon"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)

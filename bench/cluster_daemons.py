@@ -1,15 +1,13 @@
-"""The two cluster measurements that need whole daemons: spillover goodput and the cluster-wide TPM.
+"""Clusters of real daemons for the benchmarks, and the spillover measurement (the cluster-wide quota
+measurements are bench/cluster_quota.py's).
 
-Used by bench/cluster.py (`--only spillover`, `--only tpm`); each function starts three real daemons
-(inferd.daemon.Daemon in subprocesses, sim engines, [cluster] on loopback UDP), drives them with a
-bounded load from this process, stops them and returns its figures.
+Used by bench/cluster.py (`--only spillover`, `--only tpm`, `--only quota`): start_cluster runs real
+daemons (inferd.daemon.Daemon in subprocesses, sim engines, [cluster] on loopback UDP); each measurement
+drives them with a bounded load from this process, stops them and returns its figures.
 
 spillover_goodput: every request goes to node 0, at twice the capacity measured on node 0 alone
 (closed loop, `--capacity-seconds`); goodput = requests answered 200 within the SLO per second,
 with spillover on (nodes 1 and 2 idle until node 0 spills to them) vs the same run with it off.
-cluster_tpm_ratio: one tenant with tokens_per_minute = LIMIT sends round-robin over the three nodes
-at three times that limit; admitted tokens per minute (usage of the 200s) / limit, measured after
-the first `--tpm-warmup` seconds (every bucket starts full: that first burst is not the steady state).
 """
 from __future__ import annotations
 
@@ -21,7 +19,7 @@ import time
 from pathlib import Path
 
 import aiohttp
-from daemon_process import create_key, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 
 KEY = "5e" * 32
 MODEL = """
@@ -172,68 +170,3 @@ async def spillover_goodput(seconds: float = 30.0, capacity_seconds: float = 8.0
     out["slo_s"] = slo_s
     out["ratio"] = out["on"]["goodput_per_s"] / max(1e-9, out["off"]["goodput_per_s"])
     return out
-
-
-# -- cluster-wide TPM ---------------------------------------------------------------------------
-TPM_LIMIT = 12_000
-TPM_REQUEST = {"model": "m", "prompt": "count", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
-
-
-def _keys(workdir: Path) -> str:
-    """Create tenant acme's key in a keys file all three nodes read; returns the key."""
-    keys_file = workdir / "keys.jsonl"
-    cfg = workdir / "keys.toml"
-    cfg.write_text(f'[auth]\nmode = "api_key"\nkeys_file = "{keys_file}"\n[tenants.acme]\n')
-    return create_key(cfg, "acme", "inference", "admin")
-
-
-async def cluster_tpm_ratio(seconds: float = 65.0, warmup: float = 35.0, shared: bool = True) -> dict:
-    """`shared`: False runs the same with [cluster] shared_quotas = false (each node enforces the whole
-    limit, as before this feature): the baseline."""
-    with tempfile.TemporaryDirectory(prefix="inferd-tpm-") as tmp:
-        workdir = Path(tmp)
-        key = _keys(workdir)
-        auth = (f'[auth]\nmode = "api_key"\nkeys_file = "{workdir / "keys.jsonl"}"\n'
-                f"[tenants.acme]\ntokens_per_minute = {TPM_LIMIT}\n")
-        nodes = start_cluster(workdir, 3, time_scale=0.01, profile="tiny", batch=64, auth=auth, shared=shared)
-        headers = {"Authorization": f"Bearer {key}"}
-        try:
-            urls = [f"http://127.0.0.1:{n[1]['port']}" for n in nodes]
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-                await wait_converged(http, urls, headers)
-                return await _round_robin(http, urls, headers, seconds, warmup)
-        finally:
-            stop_cluster(nodes)
-
-
-async def _round_robin(http: aiohttp.ClientSession, urls: list[str], headers: dict, seconds: float,
-                       warmup: float) -> dict:
-    cost = 6 + TPM_REQUEST["max_tokens"]          # the sim tokenizer makes 6 tokens of the prompt (usage says)
-    rate = 3 * TPM_LIMIT / 60 / cost               # requests per second: three times the limit
-    admitted: list[tuple[float, int, int]] = []    # (time, tokens, node index)
-    statuses: dict[int, int] = {}
-    start = time.monotonic()
-
-    async def one(i: int) -> None:
-        async with http.post(urls[i % len(urls)] + "/v1/completions", json=TPM_REQUEST, headers=headers) as resp:
-            body = await resp.json()
-            statuses[resp.status] = statuses.get(resp.status, 0) + 1
-            if resp.status == 200:
-                admitted.append((time.monotonic() - start, body["usage"]["total_tokens"], i % len(urls)))
-
-    tasks, i, sent_at = [], 0, []
-    while time.monotonic() - start < seconds:
-        sent_at.append(time.monotonic() - start)
-        tasks.append(asyncio.ensure_future(one(i)))
-        i += 1
-        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-    await asyncio.gather(*tasks)
-    window = seconds - warmup
-    steady = [(tokens, node) for t, tokens, node in admitted if t >= warmup]
-    per_minute = sum(tokens for tokens, _ in steady) / window * 60
-    per_node = [sum(tokens for tokens, node in steady if node == k) / window * 60 for k in range(len(urls))]
-    per_request = sum(tokens for _, tokens, _ in admitted) / max(1, len(admitted))      # what one request costs
-    offered = sum(1 for t in sent_at if t >= warmup) * per_request / window * 60
-    return {"limit_tpm": TPM_LIMIT, "offered_tpm": round(offered), "admitted_tpm": per_minute,
-            "admitted_tpm_per_node": per_node, "statuses": statuses, "ratio": per_minute / TPM_LIMIT,
-            "window_s": window}

@@ -17,7 +17,7 @@ from inferd.cluster.gossip import Gossip, GossipStats
 from inferd.cluster.identity import ForwardedIdentity, UsedTokens, check_body, sign_identity, verify_token
 from inferd.cluster.loads import PeerLoads, local_report
 from inferd.cluster.membership import Member
-from inferd.cluster.messages import Load, State
+from inferd.cluster.messages import Load, State, TenantDemand, VersionLoad
 from inferd.cluster.shares import QuotaShares
 from inferd.cluster.spends import PeerSpends
 from inferd.cluster.keyring import Keyring, load_keys
@@ -56,7 +56,7 @@ class Cluster:
         in the background, and take a share of each tenant's limits if quotas are shared."""
         self.keyring = Keyring(await asyncio.to_thread(load_keys, self.config.key_file), clock=self._clock)
         self.gossip = Gossip(self.config, self.keyring, http_url=self.http_url,
-                             load_report=lambda: local_report(self._tenancy, self._ready), on_load=self._heard,
+                             load_report=self._load_report, on_load=self._heard,
                              clock=self._clock)
         await self.gossip.start()
         self.gossip.membership.on_change = self._changed
@@ -104,9 +104,20 @@ class Cluster:
         if not self.config.shared_quotas:
             quota.set_share(None)
             return
-        shares = QuotaShares(self.loads, lambda: [m.node for m in self._alive()],
-                             lambda: {t: rate for t, rate, _ in quota.demand()}, self._clock)
+        # A reload keeps the shares (and with them this node's last reported demand).
+        shares = quota.share if isinstance(quota.share, QuotaShares) else \
+            QuotaShares(self.loads, lambda: [m.node for m in self._alive()], self._clock)
         quota.set_share(shares, concurrency=self.config.shared_concurrency)
+
+    def _load_report(self) -> tuple[tuple[VersionLoad, ...], tuple[TenantDemand, ...]]:
+        """The load report gossip sends now. Its tenants' demand is also this node's own in its quota
+        shares from now on (the figure the peers compute theirs from), and the shares are applied at once."""
+        versions, demand = local_report(self._tenancy, self._ready)
+        quota = self._tenancy.quota
+        if isinstance(quota.share, QuotaShares):
+            quota.share.reported(demand)
+            quota.reshare()
+        return versions, demand
 
     # -- peers --------------------------------------------------------------------------------
     @property

@@ -174,6 +174,15 @@ class Quota:
     def share(self) -> Share | None:
         return self._share
 
+    def reshare(self) -> None:
+        """Apply the shares as they are now to every tenant's buckets, so each stretch of time refills at
+        the share it had (else a request applies its share to the whole gap since the tenant's last one)."""
+        if self._share is None:
+            return
+        now = self._clock()
+        for name, st in self._state.items():
+            st.apply_share(self._share(name), now)
+
     def demand(self) -> list[tuple[str, float, int]]:
         """(tenant, requests attempted per second lately, in flight) for every tenant seen lately."""
         now = self._clock()

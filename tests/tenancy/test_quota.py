@@ -180,6 +180,19 @@ def test_a_cluster_share_scales_the_buckets_and_headers_keep_the_cluster_wide_li
         q.acquire("acme", prompt_tokens=1, max_tokens=1)
 
 
+def test_reshare_refills_each_stretch_at_the_share_it_had_not_at_the_share_of_the_next_request(clock):
+    q = make_quota(clock, requests_per_minute=60)
+    shares = {"acme": 0.5}
+    q.set_share(lambda tenant: shares["acme"])
+    for _ in range(30):                           # empty: half of 60
+        q.acquire("acme", prompt_tokens=1, max_tokens=1)
+    clock.t += 10                                 # 10 s at half the limit: 5 requests' worth
+    shares["acme"] = 0.1
+    q.reshare()
+    clock.t += 10                                 # 10 s at a tenth: 1 more
+    assert q.snapshot()["acme"]["remaining_requests"] == pytest.approx(6.0)
+
+
 def test_a_shared_concurrency_cap_is_split_only_when_asked(clock):
     q = make_quota(clock, max_concurrent_requests=4)
     q.set_share(lambda tenant: 0.5)
