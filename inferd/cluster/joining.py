@@ -1,0 +1,155 @@
+"""Joining and re-joining for inferd.cluster.gossip: seeds (IP or DNS name), the join at start, and
+partition healing.
+
+Join (at start, and for seeds a reload adds): a push-pull (Sync, reply wanted) to every seed address,
+each one that has not answered sent again every min(JOIN_RETRY_S, probe_interval_s) for at most
+JOIN_PATIENCE_S, so a node starts with the union of every seed's table, not just the first one's.
+Reconnect (as Serf does it, every `reconnect_interval_s`): a push-pull with one random member held
+dead, and a Sync to every seed address that is not a live member. Dead members are kept in the table
+for `reconnect_timeout_s` (inferd.cluster.membership), so after a partition both sides still know
+whom to try; the exchange makes each side see the other's claim that it is dead, which it refutes
+(a higher incarnation), and each takes the other's refutation.
+
+Seed names are resolved off the loop (loop.getaddrinfo) at every join and re-join; a name that does
+not resolve is logged and tried again next time, never fatal.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections.abc import Callable, Sequence
+
+from inferd.cluster.membership import Membership
+from inferd.cluster.probe import address, cancel_all, host_port, log
+from inferd.config import ClusterConfig, parse_seed
+
+JOIN_RETRY_S = 1.0             # a seed that has not answered gets the Sync again this often (at most)
+JOIN_PATIENCE_S = 10.0         # ... for this long; then the reconnect loop re-joins it every reconnect_interval_s
+RESOLVE_TIMEOUT_S = 5.0        # one seed name's resolution (getaddrinfo runs in a thread)
+MAX_SEED_ADDRESSES = 8         # addresses of one seed name tried (a name may list many)
+
+Addr = tuple[str, int]
+SendSync = Callable[[Addr, str, str], None]   # (address, reason, receiver node id or "") -> a Sync, reply wanted
+
+
+async def resolve_seeds(seeds: Sequence[str], family: int) -> tuple[set[Addr], int]:
+    """The addresses of `seeds` ("host:port", host an IP or a DNS name), and how many seeds gave none;
+    names resolve to addresses of the gossip socket's `family` only. A seed that does not parse or
+    resolve is logged and left out (the caller tries again later)."""
+    loop = asyncio.get_running_loop()
+    out: set[Addr] = set()
+    failed = 0
+    for seed in seeds:
+        parsed = parse_seed(seed)
+        if parsed is None:
+            log.warning("gossip_seed_malformed", seed=seed)
+            failed += 1
+            continue
+        host, port = parsed
+        if address(host_port(host, port)) is not None:        # an IP address: nothing to resolve
+            out.add((host, port))
+            continue
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM), RESOLVE_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as e:
+            log.warning("gossip_seed_unresolved", seed=seed, error=str(e) or type(e).__name__)
+            failed += 1
+            continue
+        found = sorted({(info[4][0], info[4][1]) for info in infos})
+        out.update(found[:MAX_SEED_ADDRESSES])
+        failed += not found
+    return out, failed
+
+
+class Joiner:
+    """One gossip node's joins and reconnects. Loop thread only."""
+
+    def __init__(self, membership: Membership, send_sync: SendSync, *, own: set[Addr], family: int,
+                 config: Callable[[], ClusterConfig], rng: random.Random) -> None:
+        self._membership = membership
+        self._send_sync = send_sync
+        self._own = own
+        self._family = family
+        self._config = config
+        self._rng = rng
+        self._join: asyncio.Task[None] | None = None
+        self._join_seeds: list[str] = []
+        self._answered: set[Addr] = set()      # addresses a Sync reply came from during the current join
+        self._reply = asyncio.Event()
+
+    def join(self, seeds: Sequence[str]) -> None:
+        """Push-pull with every one of `seeds` (in the background); an unfinished join's seeds are kept."""
+        running = self._join
+        if running is not None and not running.done():     # unfinished: its seeds are joined with the new ones
+            seeds = [*self._join_seeds, *(s for s in seeds if s not in self._join_seeds)]
+            if seeds == self._join_seeds:
+                return
+            running.cancel()
+        elif not seeds:
+            return
+        self._join_seeds = list(seeds)
+        self._answered.clear()
+        self._join = asyncio.get_running_loop().create_task(self._join_loop(seeds), name="gossip-join")
+
+    def joining(self) -> bool:
+        return self._join is not None and not self._join.done()
+
+    def answered(self, source: Addr) -> None:
+        """A Sync reply (no reply wanted) came from `source`."""
+        if self.joining():
+            self._answered.add(source)
+            self._reply.set()
+
+    def _live_addresses(self) -> set[Addr]:
+        return {a for m in self._membership.live() if (a := address(m.addr)) is not None}
+
+    async def _join_loop(self, seeds: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + JOIN_PATIENCE_S
+        unanswered: set[Addr] = set()
+        while True:
+            targets, unresolved = await resolve_seeds(seeds, self._family)
+            unanswered = targets - self._own - self._answered - self._live_addresses()
+            if (not unanswered and not unresolved) or loop.time() >= give_up:
+                break
+            for target in sorted(unanswered):
+                self._send_sync(target, "join", "")
+            deadline = min(give_up, loop.time() + min(JOIN_RETRY_S, self._config().probe_interval_s))
+            while unanswered - self._answered - self._live_addresses() and (left := deadline - loop.time()) > 0:
+                self._reply.clear()
+                try:
+                    await asyncio.wait_for(self._reply.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+        log.info("gossip_joined", node=self._membership.node_id, seeds=list(seeds),
+                 unanswered=[host_port(*a) for a in sorted(unanswered)])
+
+    async def reconnect_loop(self) -> None:
+        """Every reconnect_interval_s: push-pull with one random dead member; re-join absent seeds."""
+        while True:
+            await asyncio.sleep(self._config().reconnect_interval_s)
+            try:
+                await self.reconnect()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gossip_reconnect_failed")
+
+    async def reconnect(self) -> None:
+        dead = self._membership.dead()
+        if dead:
+            member = self._rng.choice(dead)
+            if (target := address(member.addr)) is not None:
+                self._send_sync(target, "reconnect", member.node)
+        seeds = self._config().seeds
+        if not seeds or self.joining():
+            return
+        targets, _ = await resolve_seeds(seeds, self._family)
+        for target in sorted(targets - self._own - self._live_addresses()):
+            self._send_sync(target, "join", "")
+
+    async def close(self) -> None:
+        if self._join is not None:
+            await cancel_all([self._join])
