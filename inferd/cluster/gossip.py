@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from inferd.cluster.joining import Joiner
@@ -94,7 +94,6 @@ class Gossip:
         self._prober: Prober | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._joiner: Joiner | None = None
-        self._synced_new: dict[str, float] = {}          # member -> when it last got a new_member push-pull
         self._leaving = False
         self._closed = False
 
@@ -133,12 +132,13 @@ class Gossip:
                               leaving=lambda: self._leaving, clock=self._clock, rng=self._rng)
         self._joiner = Joiner(self.membership, self._push_pull_to, own={self._address, (self._host, self._address[1])},
                               family=transport.get_extra_info("socket").family, config=lambda: self._config,
-                              rng=self._rng)
+                              clock=self._clock, rng=self._rng)
         self._tasks = [
             loop.create_task(self._prober.loop(), name="gossip-probe"),
             loop.create_task(self._every(lambda: self._config.probe_interval_s / 2, self._tick), name="gossip-tick"),
             loop.create_task(self._every(lambda: self._config.gossip_interval_s, self._broadcast), name="gossip-bcast"),
-            loop.create_task(self._every(lambda: self._config.sync_interval_s, self._push_pull), name="gossip-sync"),
+            loop.create_task(self._every(lambda: self._config.sync_interval_s, self._joiner.push_pull),
+                             name="gossip-sync"),
             loop.create_task(self._every(lambda: self._config.load_interval_s, self._send_load), name="gossip-load"),
             loop.create_task(self._joiner.reconnect_loop(), name="gossip-reconnect"),
         ]
@@ -243,7 +243,8 @@ class Gossip:
             for update in packet.updates:
                 self.membership.apply(update)
             self._handle(packet, (source[0], source[1]))
-            self._sync_arrivals(packet.sender)
+            if self._joiner is not None:
+                self._joiner.arrivals(packet.sender)
         except Exception as e:
             log.debug("gossip_packet_failed", sender=packet.sender, body=type(packet.body).__name__, error=repr(e))
             self._reject("malformed")
@@ -299,28 +300,6 @@ class Gossip:
                  if m.state in (State.ALIVE, State.SUSPECT) or (m.state == State.DEAD and now - m.since < recently)]
         for peer in self._rng.sample(peers, min(self._config.gossip_nodes, len(peers))):
             self._send(Broadcast(), peer.addr)
-
-    def _push_pull(self) -> None:
-        """Anti-entropy with one random known member, dead included (a partition heals this way too)."""
-        known = [m for m in self.membership.members() if m.state <= State.DEAD]
-        if known:
-            peer = self._rng.choice(known)
-            self._push_pull_to(peer.addr, "periodic", peer.node)
-
-    def _sync_arrivals(self, sender: str) -> None:
-        """Push-pull with each member this node just heard of (new, or alive again) from someone else
-        than the member itself: it may not know this node, or know members this node does not. At
-        most once per member per sync_interval_s."""
-        now, period = self._clock(), self._config.sync_interval_s
-        for node in self.membership.take_arrivals():
-            member = self.membership.get(node)
-            last = self._synced_new.get(node)
-            if node == sender or member is None or (last is not None and now - last < period):
-                continue
-            if len(self._synced_new) >= 4 * len(self.membership.members()) + 64:      # forget old entries
-                self._synced_new = {k: t for k, t in self._synced_new.items() if now - t < period}
-            self._synced_new[node] = now
-            self._push_pull_to(member.addr, "new_member", node)
 
     def _send_load(self) -> None:
         if self._load_report is None or self._leaving or not (peers := self.membership.live()):

@@ -1,10 +1,13 @@
-"""Joining and re-joining for inferd.cluster.gossip: seeds (IP or DNS name), the join at start, and
-partition healing.
+"""The push-pulls of inferd.cluster.gossip: joining seeds (IP or DNS name), anti-entropy, members heard of
+from others, and partition healing.
 
 Join (at start, and for seeds a reload adds): a push-pull (Sync, reply wanted) to every seed address,
 each one that has not answered sent again every min(JOIN_RETRY_S, probe_interval_s) for at most
 JOIN_PATIENCE_S, so a node starts with the union of every seed's table, not just the first one's.
-Reconnect (as Serf does it, every `reconnect_interval_s`): a push-pull with one random member held
+Periodic (every `sync_interval_s`): with one random known member, dead included. New member: a member
+this node hears of from a third node (new, or alive again after dead) gets one at once, at most once
+per member per sync_interval_s, so a cold start converges in one round instead of waiting for the
+periodic one. Reconnect (as Serf does it, every `reconnect_interval_s`): a push-pull with one random member held
 dead, and a Sync to every seed address that is not a live member. Dead members are kept in the table
 for `reconnect_timeout_s` (inferd.cluster.membership), so after a partition both sides still know
 whom to try; the exchange makes each side see the other's claim that it is dead, which it refutes
@@ -21,6 +24,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from inferd.cluster.membership import Membership
+from inferd.cluster.messages import State
 from inferd.cluster.probe import address, cancel_all, host_port, log
 from inferd.config import ClusterConfig, parse_seed
 
@@ -30,7 +34,8 @@ RESOLVE_TIMEOUT_S = 5.0        # one seed name's resolution (getaddrinfo runs in
 MAX_SEED_ADDRESSES = 8         # addresses of one seed name tried (a name may list many)
 
 Addr = tuple[str, int]
-SendSync = Callable[[Addr, str, str], None]   # (address, reason, receiver node id or "") -> a Sync, reply wanted
+# (address, reason: "join", "periodic", "reconnect", "new_member", receiver node id or "") -> a Sync, reply wanted
+SendSync = Callable[[Addr | str, str, str], None]
 
 
 async def resolve_seeds(seeds: Sequence[str], family: int) -> tuple[set[Addr], int]:
@@ -64,16 +69,18 @@ async def resolve_seeds(seeds: Sequence[str], family: int) -> tuple[set[Addr], i
 
 
 class Joiner:
-    """One gossip node's joins and reconnects. Loop thread only."""
+    """One gossip node's joins, reconnects and other push-pulls. Loop thread only."""
 
     def __init__(self, membership: Membership, send_sync: SendSync, *, own: set[Addr], family: int,
-                 config: Callable[[], ClusterConfig], rng: random.Random) -> None:
+                 config: Callable[[], ClusterConfig], clock: Callable[[], float], rng: random.Random) -> None:
         self._membership = membership
         self._send_sync = send_sync
         self._own = own
         self._family = family
         self._config = config
+        self._clock = clock
         self._rng = rng
+        self._synced_new: dict[str, float] = {}   # member -> when it last got a new_member push-pull
         self._join: asyncio.Task[None] | None = None
         self._join_seeds: list[str] = []
         self._answered: set[Addr] = set()      # addresses a Sync reply came from during the current join
@@ -125,6 +132,28 @@ class Joiner:
                     break
         log.info("gossip_joined", node=self._membership.node_id, seeds=list(seeds),
                  unanswered=[host_port(*a) for a in sorted(unanswered)])
+
+    def push_pull(self) -> None:
+        """Anti-entropy with one random known member, dead included (a partition heals this way too)."""
+        known = [m for m in self._membership.members() if m.state <= State.DEAD]
+        if known:
+            peer = self._rng.choice(known)
+            self._send_sync(peer.addr, "periodic", peer.node)
+
+    def arrivals(self, sender: str) -> None:
+        """Push-pull with each member just heard of (new, or alive again) from someone else than the
+        member itself (a datagram from `sender`): it may not know this node, or know members this node
+        does not. At most once per member per sync_interval_s."""
+        now, period = self._clock(), self._config().sync_interval_s
+        for node in self._membership.take_arrivals():
+            member = self._membership.get(node)
+            last = self._synced_new.get(node)
+            if node == sender or member is None or (last is not None and now - last < period):
+                continue
+            if len(self._synced_new) >= 4 * len(self._membership.members()) + 64:      # forget old entries
+                self._synced_new = {k: t for k, t in self._synced_new.items() if now - t < period}
+            self._synced_new[node] = now
+            self._send_sync(member.addr, "new_member", node)
 
     async def reconnect_loop(self) -> None:
         """Every reconnect_interval_s: push-pull with one random dead member; re-join absent seeds."""

@@ -121,7 +121,7 @@ def resolve_cluster_paths(c: ClusterConfig, resolve: Callable[[str], str]) -> Cl
 
 
 def _is_dns_name(text: str) -> bool:
-    name = text[:-1] if text.endswith(".") else text
+    name = text.removesuffix(".")
     return 0 < len(name) <= 253 and all(DNS_LABEL_RE.match(label) for label in name.split(".")) \
         and not name.rsplit(".", 1)[-1].isdigit()        # "10.0.0" is a malformed IP, not a name
 
