@@ -25,6 +25,8 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 per second) with spillover on / the same run with it off (bench/cluster_daemons.py).
   tpm           Three real daemons; one tenant with tokens_per_minute set sends round-robin over them at three
                 times its limit. Figure: admitted tokens per minute / the limit, after a warm-up.
+  convergence_max, partition   bench/cluster_heal.py: the maximum over cold starts through shared seeds, and
+                a partition of three daemons healed (run in a fresh network namespace with `unshare -n`).
 
     .venv/bin/python bench/cluster.py [--only convergence,failure,security,spillover,tpm] [--nodes 16] [--fp-seconds 60]
 
@@ -49,6 +51,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
+import cluster_heal  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -362,6 +365,8 @@ MEASUREMENTS: dict[str, Measurement] = {
     "security": forged_replayed,
     "spillover": spillover,
     "tpm": tpm,
+    "convergence_max": cluster_heal.convergence_max,
+    "partition": cluster_heal.partition,
 }
 
 
@@ -381,7 +386,8 @@ def main() -> int:
     p.add_argument("--only", default=",".join(MEASUREMENTS),
                    help=f"comma-separated measurements to run, of: {', '.join(MEASUREMENTS)} (default: all)")
     p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--runs", type=int, default=3, help="convergence: fresh clusters to measure")
+    p.add_argument("--runs", type=int, default=3, help="convergence, convergence_max: fresh clusters to measure")
+    p.add_argument("--reconnect-interval", type=float, default=1.0, help="partition: [cluster] reconnect_interval_s")
     p.add_argument("--fp-seconds", type=float, default=60.0, help="failure: observation window for false positives")
     p.add_argument("--drop-rate", type=float, default=0.1, help="failure: outgoing datagrams each node drops")
     p.add_argument("--probe-interval", type=float, default=0.2)
