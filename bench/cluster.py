@@ -72,9 +72,10 @@ def node_main(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     async def run() -> None:
-        config = ClusterConfig(bind_host="127.0.0.1", bind_port=0, key_file=args.key,
+        config = ClusterConfig(bind_host="127.0.0.1", bind_port=args.bind_port, key_file=args.key,
                                probe_interval_s=args.probe_interval, probe_timeout_s=args.probe_timeout,
-                               gossip_interval_s=args.gossip_interval, sync_interval_s=args.sync_interval)
+                               gossip_interval_s=args.gossip_interval, sync_interval_s=args.sync_interval,
+                               seeds=tuple(s for s in args.seeds.split(",") if s))
         gossip = Gossip(config, Keyring(load_key(args.key)), http_url="http://127.0.0.1:9")
         gossip.drop_rate = args.drop_rate
         await gossip.start()
@@ -124,6 +125,7 @@ class Node:
         self.changed = changed
         self.node_id = ""
         self.addr = ""
+        self.up_at = 0.0
         self.counts: dict[str, int] = {"alive": 1}
         self.view: dict[str, tuple[str, float]] = {}       # member -> (state, when it became that)
         self.events: list[dict] = []
@@ -137,7 +139,7 @@ class Node:
         async for raw in self.proc.stdout:
             event = json.loads(raw)
             if event["ev"] == "up":
-                self.node_id, self.addr = event["node"], event["addr"]
+                self.node_id, self.addr, self.up_at = event["node"], event["addr"], event["t"]
             elif event["ev"] == "change":
                 self.events.append(event)
                 self.view[event["member"]] = (event["state"], event["t"])
@@ -404,6 +406,8 @@ def main() -> int:
     p.add_argument("--tpm-baseline", action="store_true", help="tpm: also run with shared_quotas = false")
     p.add_argument("--role", choices=("driver", "node", "daemon"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)
+    p.add_argument("--seeds", default="", help=argparse.SUPPRESS)          # node: "host:port,..." to join at start
+    p.add_argument("--bind-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role == "node":

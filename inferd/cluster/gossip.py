@@ -271,7 +271,7 @@ class Gossip:
             if body.reply:
                 self._send_sync(source, reply=False, receiver=packet.sender)
             elif self._joiner is not None:
-                self._joiner.answered(source)
+                self._joiner.answered(source, packet.sender)
         elif isinstance(body, Load):
             if self._on_load is not None:
                 self._on_load(packet.sender, body)
@@ -291,6 +291,8 @@ class Gossip:
     def _tick(self) -> None:
         for node in self.membership.tick():
             log.info("gossip_member_dead", node=node)
+        if self._joiner is not None:
+            self._joiner.retry()
 
     def _broadcast(self) -> None:
         if not self.membership.pending():

@@ -32,6 +32,7 @@ JOIN_RETRY_S = 1.0             # a seed that has not answered gets the Sync agai
 JOIN_PATIENCE_S = 10.0         # ... for this long; then the reconnect loop re-joins it every reconnect_interval_s
 RESOLVE_TIMEOUT_S = 5.0        # one seed name's resolution (getaddrinfo runs in a thread)
 MAX_SEED_ADDRESSES = 8         # addresses of one seed name tried (a name may list many)
+NEW_MEMBER_TRIES = 3           # a new member's push-pull is sent again (each probe interval) until it answers
 
 Addr = tuple[str, int]
 # (address, reason: "join", "periodic", "reconnect", "new_member", receiver node id or "") -> a Sync, reply wanted
@@ -81,6 +82,7 @@ class Joiner:
         self._clock = clock
         self._rng = rng
         self._synced_new: dict[str, float] = {}   # member -> when it last got a new_member push-pull
+        self._awaiting: dict[str, tuple[float, int]] = {}     # member -> (send again at, tries so far)
         self._join: asyncio.Task[None] | None = None
         self._join_seeds: list[str] = []
         self._answered: set[Addr] = set()      # addresses a Sync reply came from during the current join
@@ -103,8 +105,9 @@ class Joiner:
     def joining(self) -> bool:
         return self._join is not None and not self._join.done()
 
-    def answered(self, source: Addr) -> None:
-        """A Sync reply (no reply wanted) came from `source`."""
+    def answered(self, source: Addr, sender: str) -> None:
+        """A Sync reply (no reply wanted) came from `source`, node `sender`."""
+        self._awaiting.pop(sender, None)
         if self.joining():
             self._answered.add(source)
             self._reply.set()
@@ -153,7 +156,20 @@ class Joiner:
             if len(self._synced_new) >= 4 * len(self._membership.members()) + 64:      # forget old entries
                 self._synced_new = {k: t for k, t in self._synced_new.items() if now - t < period}
             self._synced_new[node] = now
+            self._awaiting[node] = (now + self._config().probe_interval_s, 1)
             self._send_sync(member.addr, "new_member", node)
+
+    def retry(self) -> None:
+        """New members' push-pulls not answered within a probe interval go again (a lost datagram must
+        not leave a member unknown until the periodic push-pull), NEW_MEMBER_TRIES in all."""
+        now = self._clock()
+        for node, (at, tries) in list(self._awaiting.items()):
+            member = self._membership.get(node)
+            if member is None or member.state >= State.DEAD or tries >= NEW_MEMBER_TRIES:
+                del self._awaiting[node]
+            elif now >= at:
+                self._awaiting[node] = (now + self._config().probe_interval_s, tries + 1)
+                self._send_sync(member.addr, "new_member", node)
 
     async def reconnect_loop(self) -> None:
         """Every reconnect_interval_s: push-pull with one random dead member; re-join absent seeds."""
