@@ -388,7 +388,8 @@ def main() -> int:
     p.add_argument("--only", default=",".join(MEASUREMENTS),
                    help=f"comma-separated measurements to run, of: {', '.join(MEASUREMENTS)} (default: all)")
     p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--runs", type=int, default=3, help="convergence, convergence_max: fresh clusters to measure")
+    p.add_argument("--runs", type=int, default=3, help="convergence: fresh clusters to measure")
+    cluster_heal.add_convergence_arguments(p, runs_flag="--cold-runs")
     p.add_argument("--reconnect-interval", type=float, default=1.0, help="partition: [cluster] reconnect_interval_s")
     p.add_argument("--fp-seconds", type=float, default=60.0, help="failure: observation window for false positives")
     p.add_argument("--drop-rate", type=float, default=0.1, help="failure: outgoing datagrams each node drops")

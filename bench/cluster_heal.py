@@ -183,7 +183,7 @@ async def cold_start(gossip_bench, group, n: int, seeds_n: int) -> list:
     argv = [sys.executable, gossip_bench.__file__, "--role", "node", "--key", str(args.key),
             "--probe-interval", str(args.probe_interval), "--probe-timeout", str(args.probe_timeout),
             "--gossip-interval", str(args.gossip_interval), "--sync-interval", str(args.sync_interval),
-            "--lifetime-s", str(args.lifetime_s), "--seeds", seeds, "--drop-rate", str(getattr(args, "cold_drop_rate", 0.0))]
+            "--lifetime-s", str(args.lifetime_s), "--seeds", seeds, "--drop-rate", str(args.cold_drop_rate)]
     for port in ports:
         with (group.workdir / f"node-{len(group.nodes)}.log").open("ab") as log:
             proc = await asyncio.create_subprocess_exec(*argv, "--bind-port", str(port), stdin=asyncio.subprocess.PIPE,
@@ -199,7 +199,7 @@ async def convergence_max(args: argparse.Namespace, workdir: Path) -> list[str]:
     import cluster as gossip_bench      # bench/cluster.py (imported here: it imports this module)
 
     n, times = args.nodes, []
-    for run in range(args.runs):
+    for run in range(args.cold_runs):
         async with gossip_bench.Cluster(args, workdir) as group:
             nodes = await cold_start(gossip_bench, group, n, min(3, n))
             last_up = max(node.up_at for node in nodes)
@@ -210,8 +210,14 @@ async def convergence_max(args: argparse.Namespace, workdir: Path) -> list[str]:
                    up_spread_s=round(last_up - min(node.up_at for node in nodes), 3),
                    per_node=[round(t, 3) for t in per_node])
     times.sort()
-    return [f"convergence N={n} max: {times[-1]:.2f} s (over {len(times)} cold starts; median "
-            f"{times[len(times) // 2]:.2f} s)"]
+    return [f"convergence N={n} max: {times[-1]:.2f} s (over {len(times)} cold starts, {args.cold_drop_rate:.0%} of "
+            f"datagrams dropped; median {times[len(times) // 2]:.2f} s)"]
+
+
+def add_convergence_arguments(p: argparse.ArgumentParser, runs_flag: str) -> None:
+    p.add_argument(runs_flag, dest="cold_runs", type=int, default=10, help="convergence: cold starts")
+    p.add_argument("--cold-drop-rate", type=float, default=0.0,
+                   help="convergence: the fraction of its outgoing datagrams each node drops")
 
 
 def main() -> int:
@@ -220,8 +226,7 @@ def main() -> int:
     p.add_argument("--reconnect-interval", type=float, default=1.0, help="partition: [cluster] reconnect_interval_s")
     p.add_argument("--heal-timeout", type=float, default=HEAL_TIMEOUT_S, help="partition: give up after this long")
     p.add_argument("--nodes", type=int, default=16, help="convergence: gossip nodes")
-    p.add_argument("--runs", type=int, default=10, help="convergence: cold starts")
-    p.add_argument("--cold-drop-rate", type=float, default=0.0, help="convergence: outgoing datagrams each node drops")
+    add_convergence_arguments(p, runs_flag="--runs")
     p.add_argument("--probe-interval", type=float, default=0.2)
     p.add_argument("--probe-timeout", type=float, default=0.1)
     p.add_argument("--gossip-interval", type=float, default=0.2)
