@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import socket
 
-from inferd.cluster.joining import resolve_seeds
-from inferd.cluster.messages import State
+from inferd.cluster.joining import Joiner, resolve_seeds
+from inferd.cluster.membership import Membership
+from inferd.cluster.messages import MemberUpdate, State
 from inferd.config import ClusterConfig
 from inferd.config.cluster import cluster_errors
 from tests.cluster.test_gossip import FAST, all_alive, make_node, seed_of, state_of, until  # noqa: F401 (fixture)
@@ -82,3 +84,74 @@ def test_seeds_may_be_dns_names_but_not_malformed_ones():
     assert "IP address or a DNS name" in cluster_errors(bad)[0]
     assert cluster_errors(ClusterConfig(key_file="k", reconnect_interval_s=0, reconnect_timeout_s=-1)) == [
         "cluster.reconnect_interval_s: must be > 0, got 0", "cluster.reconnect_timeout_s: must be > 0, got -1"]
+
+
+class Recorder:
+    """A Joiner's send_sync that only records (address, reason, receiver)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, str, str]] = []
+
+    def __call__(self, to, reason: str, receiver: str) -> None:
+        self.sent.append((to, reason, receiver))
+
+
+def joiner_of(clock, **config):
+    membership = Membership("me", "127.0.0.1:1", "http://me", ClusterConfig(**config), clock=clock)
+    recorder = Recorder()
+    joiner = Joiner(membership, recorder, own={("127.0.0.1", 1)}, family=socket.AF_INET,
+                    config=lambda: membership.config, clock=clock, rng=random.Random(3))
+    return membership, joiner, recorder
+
+
+def member(node: str, port: int, state: State = State.ALIVE, incarnation: int = 0, by: str = "third") -> MemberUpdate:
+    return MemberUpdate(node, f"127.0.0.1:{port}", f"http://{node}", state, incarnation, by)
+
+
+def test_a_member_heard_of_gets_a_push_pull_again_until_it_answers_at_most_three_tries():
+    now = [100.0]
+    membership, joiner, sent = joiner_of(lambda: now[0], probe_interval_s=1.0, probe_timeout_s=0.5)
+    membership.apply(member("x", 2))
+    membership.apply(member("y", 3))
+    joiner.arrivals("y")                            # y told us about itself: no push-pull for y
+    assert sent.sent == [("127.0.0.1:2", "new_member", "x")]
+    for _ in range(5):
+        now[0] += 1.0
+        joiner.retry()
+    assert [s[1:] for s in sent.sent] == [("new_member", "x")] * 3
+    membership.apply(member("z", 4))
+    joiner.arrivals("y")
+    joiner.answered(("127.0.0.1", 4), "z")          # z's table came back: no second try
+    now[0] += 1.0
+    joiner.retry()
+    assert [s[2] for s in sent.sent] == ["x", "x", "x", "z"]
+
+
+def test_a_member_back_from_dead_gets_a_push_pull_but_once_per_sync_interval():
+    now = [100.0]
+    membership, joiner, sent = joiner_of(lambda: now[0], sync_interval_s=30.0)
+    membership.apply(member("x", 2))
+    joiner.arrivals("third")
+    joiner.answered(("127.0.0.1", 2), "x")
+    membership.apply(member("x", 2, State.DEAD))
+    membership.apply(member("x", 2, State.ALIVE, 1))
+    joiner.arrivals("third")
+    assert len(sent.sent) == 1                      # within sync_interval_s of the first
+    now[0] += 30.0
+    membership.apply(member("x", 2, State.DEAD, 1))
+    membership.apply(member("x", 2, State.ALIVE, 2))
+    joiner.arrivals("third")
+    assert len(sent.sent) == 2
+
+
+async def test_reconnect_push_pulls_with_a_dead_member_and_re_resolves_seeds_that_are_not_live():
+    membership, joiner, sent = joiner_of(lambda: 0.0, seeds=("localhost:7001", "127.0.0.1:7002"))
+    membership.apply(member("dead-one", 7003))
+    membership.apply(member("dead-one", 7003, State.DEAD))
+    membership.apply(member("seed-two", 7002))      # a live member at the second seed's address
+    await joiner.reconnect()
+    assert sent.sent == [(("127.0.0.1", 7003), "reconnect", "dead-one"), (("127.0.0.1", 7001), "join", "")]
+    membership.apply(member("seed-one", 7001))
+    sent.sent.clear()
+    await joiner.reconnect()
+    assert sent.sent == [(("127.0.0.1", 7003), "reconnect", "dead-one")]
