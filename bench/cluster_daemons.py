@@ -54,8 +54,9 @@ def _config(workdir: Path, i: int, seeds: str, *, spillover: bool = True, spill_
     d.mkdir(exist_ok=True)
     text = (f'[server]\nport = 0\nlog_level = "warning"\nstate_dir = "state"\n{auth}'
             + MODEL.format(batch=batch, profile=profile, time_scale=time_scale)
-            + CLUSTER.format(key=workdir / "cluster.key", seeds=seeds, bind_port=bind_port, spillover=str(spillover).lower(),
-                             spill_wait=spill_wait, shared=str(shared).lower()) + cluster_extra)
+            + CLUSTER.format(key=workdir / "cluster.key", seeds=seeds, bind_port=bind_port,
+                             spillover=str(spillover).lower(), spill_wait=spill_wait, shared=str(shared).lower())
+            + cluster_extra)
     (d / "inferd.toml").write_text(text)
     return d / "inferd.toml"
 

@@ -1,17 +1,18 @@
-"""The push-pulls of inferd.cluster.gossip: joining seeds (IP or DNS name), anti-entropy, members heard of
-from others, and partition healing.
+"""The push-pulls of inferd.cluster.gossip: joining seeds (IP or DNS name), anti-entropy, members heard
+of from others, and partition healing.
 
 Join (at start, and for seeds a reload adds): a push-pull (Sync, reply wanted) to every seed address,
 each one that has not answered sent again every min(JOIN_RETRY_S, probe_interval_s) for at most
 JOIN_PATIENCE_S, so a node starts with the union of every seed's table, not just the first one's.
-Periodic (every `sync_interval_s`): with one random known member, dead included. New member: a member
-this node hears of from a third node (new, or alive again after dead) gets one at once, at most once
-per member per sync_interval_s, so a cold start converges in one round instead of waiting for the
-periodic one. Reconnect (as Serf does it, every `reconnect_interval_s`): a push-pull with one random member held
-dead, and a Sync to every seed address that is not a live member. Dead members are kept in the table
-for `reconnect_timeout_s` (inferd.cluster.membership), so after a partition both sides still know
-whom to try; the exchange makes each side see the other's claim that it is dead, which it refutes
-(a higher incarnation), and each takes the other's refutation.
+Periodic (every `sync_interval_s`): with one random known member, dead included. New member: a
+member this node hears of from a third node (new, or alive again after dead) gets one at once, sent
+again until it answers (NEW_MEMBER_TRIES), at most once per member per sync_interval_s, so a cold
+start converges in one round instead of waiting for the periodic one. Reconnect (as Serf does it,
+every `reconnect_interval_s`): a push-pull with one random member held dead, and a Sync to every
+seed address that is not a live member. Dead members are kept in the table for
+`reconnect_timeout_s` (inferd.cluster.membership), so after a partition both sides still know whom
+to try; the exchange makes each side see the other's claim that it is dead, which it refutes (a
+higher incarnation), and each takes the other's refutation.
 
 Seed names are resolved off the loop (loop.getaddrinfo) at every join and re-join; a name that does
 not resolve is logged and tried again next time, never fatal.
