@@ -42,32 +42,27 @@ SendSync = Callable[[Addr | str, str, str], None]
 
 async def resolve_seeds(seeds: Sequence[str], family: int) -> tuple[set[Addr], int]:
     """The addresses of `seeds` ("host:port", host an IP or a DNS name), and how many seeds gave none;
-    names resolve to addresses of the gossip socket's `family` only. A seed that does not parse or
-    resolve is logged and left out (the caller tries again later)."""
-    loop = asyncio.get_running_loop()
-    out: set[Addr] = set()
-    failed = 0
-    for seed in seeds:
-        parsed = parse_seed(seed)
-        if parsed is None:
-            log.warning("gossip_seed_malformed", seed=seed)
-            failed += 1
-            continue
-        host, port = parsed
-        if address(host_port(host, port)) is not None:        # an IP address: nothing to resolve
-            out.add((host, port))
-            continue
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM), RESOLVE_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as e:
-            log.warning("gossip_seed_unresolved", seed=seed, error=str(e) or type(e).__name__)
-            failed += 1
-            continue
-        found = sorted({(info[4][0], info[4][1]) for info in infos})
-        out.update(found[:MAX_SEED_ADDRESSES])
-        failed += not found
-    return out, failed
+    names resolve (all at once) to addresses of the gossip socket's `family` only. A seed that does not
+    parse or resolve is logged and left out (the caller tries again later)."""
+    found = await asyncio.gather(*(_resolve(seed, family) for seed in seeds))
+    return {a for addrs in found for a in addrs}, sum(1 for addrs in found if not addrs)
+
+
+async def _resolve(seed: str, family: int) -> list[Addr]:
+    parsed = parse_seed(seed)
+    if parsed is None:
+        log.warning("gossip_seed_malformed", seed=seed)
+        return []
+    host, port = parsed
+    if address(host_port(host, port)) is not None:        # an IP address: nothing to resolve
+        return [(host, port)]
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
+            host, port, family=family, type=socket.SOCK_DGRAM), RESOLVE_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError) as e:
+        log.warning("gossip_seed_unresolved", seed=seed, error=str(e) or type(e).__name__)
+        return []
+    return sorted({(info[4][0], info[4][1]) for info in infos})[:MAX_SEED_ADDRESSES]
 
 
 class Joiner:
