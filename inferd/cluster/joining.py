@@ -34,6 +34,7 @@ JOIN_PATIENCE_S = 10.0         # ... for this long; then the reconnect loop re-j
 RESOLVE_TIMEOUT_S = 5.0        # one seed name's resolution (getaddrinfo runs in a thread)
 MAX_SEED_ADDRESSES = 8         # addresses of one seed name tried (a name may list many)
 NEW_MEMBER_TRIES = 3           # a new member's push-pull is sent again (each probe interval) until it answers
+NEW_MEMBER_BURST = 16          # new-member push-pulls per tick (half a probe interval) at most; the rest wait
 
 Addr = tuple[str, int]
 # (address, reason: "join", "periodic", "reconnect", "new_member", receiver node id or "") -> a Sync, reply wanted
@@ -78,7 +79,8 @@ class Joiner:
         self._clock = clock
         self._rng = rng
         self._synced_new: dict[str, float] = {}   # member -> when it last got a new_member push-pull
-        self._awaiting: dict[str, tuple[float, int]] = {}     # member -> (send again at, tries so far)
+        self._awaiting: dict[str, tuple[float, int]] = {}     # member -> (send (again) at, tries so far)
+        self._budget = NEW_MEMBER_BURST                        # new-member push-pulls left this tick
         self._join: asyncio.Task[None] | None = None
         self._join_seeds: list[str] = []
         self._answered: set[Addr] = set()      # addresses a Sync reply came from during the current join
@@ -152,18 +154,24 @@ class Joiner:
             if len(self._synced_new) >= 4 * len(self._membership.members()) + 64:      # forget old entries
                 self._synced_new = {k: t for k, t in self._synced_new.items() if now - t < period}
             self._synced_new[node] = now
-            self._awaiting[node] = (now + self._config().probe_interval_s, 1)
-            self._send_sync(member.addr, "new_member", node)
+            self._awaiting[node] = (now, 0)
+        if self._awaiting:
+            self._send_due(now)
 
     def retry(self) -> None:
-        """New members' push-pulls not answered within a probe interval go again (a lost datagram must
-        not leave a member unknown until the periodic push-pull), NEW_MEMBER_TRIES in all."""
-        now = self._clock()
+        """Every tick: new members' push-pulls not answered within a probe interval go again (a lost
+        datagram must not leave a member unknown until the periodic push-pull), NEW_MEMBER_TRIES in all,
+        and those over the last tick's NEW_MEMBER_BURST go now (a healed partition of many members)."""
+        self._budget = NEW_MEMBER_BURST
+        self._send_due(self._clock())
+
+    def _send_due(self, now: float) -> None:
         for node, (at, tries) in list(self._awaiting.items()):
             member = self._membership.get(node)
             if member is None or member.state >= State.DEAD or tries >= NEW_MEMBER_TRIES:
                 del self._awaiting[node]
-            elif now >= at:
+            elif now >= at and self._budget > 0:
+                self._budget -= 1
                 self._awaiting[node] = (now + self._config().probe_interval_s, tries + 1)
                 self._send_sync(member.addr, "new_member", node)
 

@@ -155,3 +155,15 @@ async def test_reconnect_push_pulls_with_a_dead_member_and_re_resolves_seeds_tha
     sent.sent.clear()
     await joiner.reconnect()
     assert sent.sent == [(("127.0.0.1", 7003), "reconnect", "dead-one")]
+
+
+def test_new_member_push_pulls_beyond_the_burst_wait_for_the_next_tick():
+    from inferd.cluster.joining import NEW_MEMBER_BURST
+
+    membership, joiner, sent = joiner_of(lambda: 100.0)
+    for i in range(NEW_MEMBER_BURST + 5):
+        membership.apply(member(f"m{i:02d}", 2000 + i))
+    joiner.arrivals("third")
+    assert len(sent.sent) == NEW_MEMBER_BURST
+    joiner.retry()
+    assert len(sent.sent) == NEW_MEMBER_BURST + 5 and len({s[2] for s in sent.sent}) == NEW_MEMBER_BURST + 5
