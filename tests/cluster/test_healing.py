@@ -167,3 +167,15 @@ def test_new_member_push_pulls_beyond_the_burst_wait_for_the_next_tick():
     assert len(sent.sent) == NEW_MEMBER_BURST
     joiner.retry()
     assert len(sent.sent) == NEW_MEMBER_BURST + 5 and len({s[2] for s in sent.sent}) == NEW_MEMBER_BURST + 5
+
+
+def test_the_periodic_push_pull_may_pick_a_dead_member_but_never_a_left_one():
+    membership, joiner, sent = joiner_of(lambda: 0.0)
+    membership.apply(member("gone", 7001))
+    membership.apply(member("gone", 7001, State.LEFT))
+    joiner.push_pull()
+    assert sent.sent == []
+    membership.apply(member("dead-one", 7002))
+    membership.apply(member("dead-one", 7002, State.DEAD))
+    joiner.push_pull()
+    assert sent.sent == [("127.0.0.1:7002", "periodic", "dead-one")]
