@@ -35,9 +35,9 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
+import cluster_daemons
 
-from inferd.config import ClusterConfig  # noqa: E402
+from inferd.config import ClusterConfig
 
 OLD_REAP_PROBES = 100          # the old code forgot dead members after this many probe intervals
 PROBE_INTERVAL_S = 0.2         # bench/cluster_daemons.py's [cluster] probe_interval_s
@@ -201,7 +201,7 @@ async def cold_start(gossip_bench, group, n: int, seeds_n: int) -> list:
 async def convergence_max(args: argparse.Namespace, workdir: Path) -> list[str]:
     """N nodes cold-started at once with three shared seeds; the maximum over args.runs starts of the
     time from the last node up until every node sees all N alive."""
-    import cluster as gossip_bench      # bench/cluster.py (imported here: it imports this module)
+    import cluster as gossip_bench  # bench/cluster.py (imported here: it imports this module)
 
     n, times = args.nodes, []
     for run in range(args.cold_runs):

@@ -12,7 +12,7 @@ from inferd.cluster.membership import Membership
 from inferd.cluster.messages import MemberUpdate, State
 from inferd.config import ClusterConfig
 from inferd.config.cluster import cluster_errors
-from tests.cluster.test_gossip import FAST, all_alive, make_node, seed_of, state_of, until  # noqa: F401 (fixture)
+from tests.cluster.test_gossip import FAST, all_alive, make_node, state_of, until  # noqa: F401 (make_node: a fixture)
 
 
 def free_udp_port() -> int:

@@ -45,11 +45,11 @@ async def run_bench(*argv: str, timeout_s: float) -> str:
 
 @pytest.mark.bench
 async def test_a_partition_heals_within_the_reconnect_interval_after_both_sides_reaped_each_other():
-    if (why := namespace_refused()) is not None:
+    if (why := await asyncio.to_thread(namespace_refused)) is not None:
         pytest.skip(why)
     out = await run_bench("unshare", "-n", sys.executable, str(HEAL), "partition",
                           "--reconnect-interval", str(RECONNECT_INTERVAL_S), "--heal-timeout", "30", timeout_s=240)
-    found = re.search(r"^partition healed after: ([0-9.]+) s", out, re.M)
+    found = re.search(r"^partition healed after: ([0-9.]+) s", out, re.MULTILINE)
     assert found is not None, out
     assert float(found.group(1)) <= RECONNECT_INTERVAL_S + 2.0, out
 
@@ -58,7 +58,7 @@ async def test_a_partition_heals_within_the_reconnect_interval_after_both_sides_
 async def test_sixteen_nodes_started_at_once_all_see_all_within_two_seconds_even_at_30_percent_loss():
     out = await run_bench(sys.executable, str(HEAL), "convergence", "--nodes", "16", "--runs", "5",
                           "--cold-drop-rate", "0.3", "--lifetime-s", "120", timeout_s=400)
-    found = re.search(r"^convergence N=16 max: ([0-9.]+) s", out, re.M)
+    found = re.search(r"^convergence N=16 max: ([0-9.]+) s", out, re.MULTILINE)
     assert found is not None, out
     assert float(found.group(1)) <= 2.0, out
 
@@ -91,8 +91,8 @@ async def test_metrics_show_suspicions_refutations_deaths_the_broadcast_queue_an
             text = await resp.text()
     for series in ("inferd_cluster_suspicions_total", "inferd_cluster_refutations_total",
                    "inferd_cluster_deaths_total", "inferd_cluster_broadcast_queue"):
-        assert re.search(rf"^{series} [0-9.]+$", text, re.M), series
+        assert re.search(rf"^{series} [0-9.]+$", text, re.MULTILINE), series
     for reason in ("join", "periodic", "reconnect", "new_member"):
         assert f'inferd_cluster_push_pulls_total{{reason="{reason}"}}' in text
-    joins = re.search(r'^inferd_cluster_push_pulls_total\{reason="join"\} ([0-9.]+)$', text, re.M)
+    joins = re.search(r'^inferd_cluster_push_pulls_total\{reason="join"\} ([0-9.]+)$', text, re.MULTILINE)
     assert joins is not None and float(joins.group(1)) >= 1
