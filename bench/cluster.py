@@ -30,6 +30,8 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 each step) by SIGHUP. Figure: deaths any node declared (bench/cluster_keys.py).
   quota         The same with 8 daemons, few and large requests (0.2 req/s per node, 406 tokens each): the
                 hard case for each node's share of the limit (bench/cluster_quota.py).
+  convergence_max, partition   bench/cluster_heal.py: the maximum over cold starts through shared seeds, and
+                a partition of three daemons healed (run in a fresh network namespace with `unshare -n`).
 
     .venv/bin/python bench/cluster.py [--only convergence,failure,security,spillover,tpm] [--nodes 16] [--fp-seconds 60]
 
@@ -56,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
 import cluster_keys  # noqa: E402
 import cluster_quota  # noqa: E402
+import cluster_heal  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -76,9 +79,10 @@ def node_main(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     async def run() -> None:
-        config = ClusterConfig(bind_host="127.0.0.1", bind_port=0, key_file=args.key,
+        config = ClusterConfig(bind_host="127.0.0.1", bind_port=args.bind_port, key_file=args.key,
                                probe_interval_s=args.probe_interval, probe_timeout_s=args.probe_timeout,
-                               gossip_interval_s=args.gossip_interval, sync_interval_s=args.sync_interval)
+                               gossip_interval_s=args.gossip_interval, sync_interval_s=args.sync_interval,
+                               seeds=tuple(s for s in args.seeds.split(",") if s))
         gossip = Gossip(config, Keyring(load_key(args.key)), http_url="http://127.0.0.1:9")
         gossip.drop_rate = args.drop_rate
         await gossip.start()
@@ -128,6 +132,7 @@ class Node:
         self.changed = changed
         self.node_id = ""
         self.addr = ""
+        self.up_at = 0.0
         self.counts: dict[str, int] = {"alive": 1}
         self.view: dict[str, tuple[str, float]] = {}       # member -> (state, when it became that)
         self.events: list[dict] = []
@@ -141,7 +146,7 @@ class Node:
         async for raw in self.proc.stdout:
             event = json.loads(raw)
             if event["ev"] == "up":
-                self.node_id, self.addr = event["node"], event["addr"]
+                self.node_id, self.addr, self.up_at = event["node"], event["addr"], event["t"]
             elif event["ev"] == "change":
                 self.events.append(event)
                 self.view[event["member"]] = (event["state"], event["t"])
@@ -375,6 +380,8 @@ MEASUREMENTS: dict[str, Measurement] = {
     "tpm": tpm,
     "rotation": cluster_keys.rotation,
     "quota": cluster_quota.quota,
+    "convergence_max": cluster_heal.convergence_max,
+    "partition": cluster_heal.partition,
 }
 
 
@@ -395,6 +402,8 @@ def main() -> int:
                    help=f"comma-separated measurements to run, of: {', '.join(MEASUREMENTS)} (default: all)")
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--runs", type=int, default=3, help="convergence: fresh clusters to measure")
+    cluster_heal.add_convergence_arguments(p, runs_flag="--cold-runs")
+    p.add_argument("--reconnect-interval", type=float, default=1.0, help="partition: [cluster] reconnect_interval_s")
     p.add_argument("--fp-seconds", type=float, default=60.0, help="failure: observation window for false positives")
     p.add_argument("--drop-rate", type=float, default=0.1, help="failure: outgoing datagrams each node drops")
     p.add_argument("--probe-interval", type=float, default=0.2)
@@ -416,6 +425,8 @@ def main() -> int:
     cluster_quota.add_arguments(p)
     p.add_argument("--role", choices=("driver", "node", "daemon"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)
+    p.add_argument("--seeds", default="", help=argparse.SUPPRESS)          # node: "host:port,..." to join at start
+    p.add_argument("--bind-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role == "node":

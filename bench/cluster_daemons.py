@@ -34,7 +34,7 @@ max_model_len = 4096
 """
 CLUSTER = """
 [cluster]
-bind_port = 0
+bind_port = {bind_port}
 key_file = "{key}"
 seeds = [{seeds}]
 probe_interval_s = 0.2
@@ -47,13 +47,14 @@ shared_quotas = {shared}
 
 def _config(workdir: Path, i: int, seeds: str, *, spillover: bool = True, spill_wait: float = 1.0,
             profile: str = "llama3-8b-h100", time_scale: float = 1.0, batch: int = 8, auth: str = "",
-            shared: bool = True) -> Path:
+            shared: bool = True, cluster_extra: str = "", bind_port: int = 0) -> Path:
     d = workdir / f"node{i}"
     d.mkdir(exist_ok=True)
     text = (f'[server]\nport = 0\nlog_level = "warning"\nstate_dir = "state"\n{auth}'
             + MODEL.format(batch=batch, profile=profile, time_scale=time_scale)
-            + CLUSTER.format(key=workdir / "cluster.key", seeds=seeds, spillover=str(spillover).lower(),
-                             spill_wait=spill_wait, shared=str(shared).lower()))
+            + CLUSTER.format(key=workdir / "cluster.key", seeds=seeds, bind_port=bind_port,
+                             spillover=str(spillover).lower(), spill_wait=spill_wait, shared=str(shared).lower())
+            + cluster_extra)
     (d / "inferd.toml").write_text(text)
     return d / "inferd.toml"
 

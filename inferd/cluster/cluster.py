@@ -186,6 +186,10 @@ class Cluster:
     def stats(self) -> GossipStats | None:
         return self.gossip.stats if self.gossip is not None else None
 
+    def queue_depth(self) -> int:
+        """Membership claims waiting in the dissemination queue."""
+        return self.gossip.membership.queue_depth() if self.gossip is not None else 0
+
     def counts(self) -> dict[str, int]:
         """Members by state (this node included)."""
         out = {s.name.lower(): 0 for s in State}

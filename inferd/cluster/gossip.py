@@ -4,8 +4,10 @@ Every `probe_interval_s` the next member (inferd.cluster.membership.Membership.n
 no Ack within `probe_timeout_s` sends a PingReq to `indirect_probes` helpers, who ping it for us and
 relay its Ack (or a Nack); no Ack by the end of the interval: `probe_failed` (suspect). Pending
 membership updates piggyback on every datagram sent, and every `gossip_interval_s` go to
-`gossip_nodes` random peers in a Broadcast. Joining sends a Sync (reply wanted) to each seed, retried
-until one answers; every `sync_interval_s` one random peer gets a full push-pull. Every
+`gossip_nodes` random peers in a Broadcast. Joining push-pulls with every seed, and partition healing
+re-joins seeds and push-pulls with dead members (inferd.cluster.joining); every `sync_interval_s` one
+random known member (dead included) gets a full push-pull, and a member this node hears of from a
+third node (new, or back from dead) gets one too, so a cold start converges in one round. Every
 `load_interval_s` this node's own load report goes to every live peer, split into parts that fit a
 datagram. Datagrams are sealed (encrypted for the node id they are sent to) and opened by
 inferd.cluster.wire: a bad one is counted by reason and dropped; nothing a peer sends can raise out
@@ -16,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from inferd.cluster.membership import Membership
+from inferd.cluster.joining import Joiner
+from inferd.cluster.membership import Membership, MembershipStats
 from inferd.cluster.messages import (
     Ack,
     Body,
@@ -38,19 +41,23 @@ from inferd.cluster.messages import (
 from inferd.cluster.probe import (RTT_BUCKETS, Endpoint, Prober, address, cancel_all, host_port, load_parts, log,
                                  pack)
 from inferd.cluster.wire import REJECT_REASONS, Keyring, Opener, Rejected, Sealer
-from inferd.config import ClusterConfig, parse_address
+from inferd.config import ClusterConfig
 
 LoadReport = Callable[[], tuple[tuple[VersionLoad, ...], tuple[TenantDemand, ...]]]
 LoadSink = Callable[[str, Load], None]        # (sender node id, one part of its report)
 
-JOIN_RETRY_S = 1.0             # a seed that has not answered gets the Sync again this often (at most)
 GOSSIP_TO_DEAD_PROBES = 30     # broadcasts still reach a dead member this many probe intervals (so it can refute)
 
 
-class GossipStats:
-    """Plain counters (the metrics collector reads them at scrape time)."""
+PUSH_PULL_REASONS = ("join", "periodic", "reconnect", "new_member")
+
+
+class GossipStats(MembershipStats):
+    """Plain counters (the metrics collector reads them at scrape time); the membership's own included."""
 
     def __init__(self) -> None:
+        super().__init__()
+        self.push_pulls = dict.fromkeys(PUSH_PULL_REASONS, 0)   # Syncs sent wanting a reply, by why
         self.sent = 0
         self.received = 0
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)   # reason -> n (every reason, so metrics show zeros)
@@ -88,10 +95,7 @@ class Gossip:
         self._protocol: Endpoint | None = None
         self._prober: Prober | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._join: asyncio.Task[None] | None = None
-        self._join_seeds: set[tuple[str, int]] = set()
-        self._answered: set[tuple[str, int]] = set()     # addresses a Sync reply came from
-        self._sync_reply = asyncio.Event()
+        self._joiner: Joiner | None = None
         self._leaving = False
         self._closed = False
 
@@ -123,20 +127,25 @@ class Gossip:
         try:
             self._sealer = Sealer(self.node_id, self._keyring, wall_clock=self._wall_clock)
             self.membership = Membership(self.node_id, host_port(self._host, self._address[1]), self._http_url, c,
-                                         clock=self._clock, rng=self._rng)
+                                         clock=self._clock, rng=self._rng, stats=self.stats)
         except BaseException:
             transport.close()
             raise
         self._prober = Prober(self.membership, self._send, self.stats, config=lambda: self._config,
                               leaving=lambda: self._leaving, clock=self._clock, rng=self._rng)
+        self._joiner = Joiner(self.membership, self._push_pull_to, own={self._address, (self._host, self._address[1])},
+                              family=transport.get_extra_info("socket").family, config=lambda: self._config,
+                              clock=self._clock, rng=self._rng)
         self._tasks = [
             loop.create_task(self._prober.loop(), name="gossip-probe"),
             loop.create_task(self._every(lambda: self._config.probe_interval_s / 2, self._tick), name="gossip-tick"),
             loop.create_task(self._every(lambda: self._config.gossip_interval_s, self._broadcast), name="gossip-bcast"),
-            loop.create_task(self._every(lambda: self._config.sync_interval_s, self._push_pull), name="gossip-sync"),
+            loop.create_task(self._every(lambda: self._config.sync_interval_s, self._joiner.push_pull),
+                             name="gossip-sync"),
             loop.create_task(self._every(lambda: self._config.load_interval_s, self._send_load), name="gossip-load"),
+            loop.create_task(self._joiner.reconnect_loop(), name="gossip-reconnect"),
         ]
-        self._start_join(c.seeds)
+        self._joiner.join(c.seeds)
         log.info("gossip_started", node=self.node_id, address=host_port(*self._address), seeds=list(c.seeds))
 
     def reconfigure(self, config: ClusterConfig) -> None:
@@ -146,7 +155,8 @@ class Gossip:
         if self._transport is None or self._closed:
             return
         self.membership.config = config
-        self._start_join([s for s in config.seeds if s not in old.seeds])
+        if self._joiner is not None:
+            self._joiner.join([s for s in config.seeds if s not in old.seeds])
 
     async def leave(self, timeout_s: float = 1.0) -> None:
         """Announce a graceful departure: the `left` claim to every live peer (a Leave datagram each) and
@@ -175,7 +185,9 @@ class Gossip:
         if self._closed:
             return
         self._closed = True
-        await cancel_all([*self._tasks, *([self._join] if self._join is not None else [])])
+        await cancel_all(self._tasks)
+        if self._joiner is not None:
+            await self._joiner.close()
         if self._prober is not None:
             await self._prober.close()
         if self._transport is not None and self._protocol is not None:
@@ -211,6 +223,11 @@ class Gossip:
         for i, run in enumerate(pack(members, lambda run: Sync(tuple(run), reply), self._fits)):
             self._send(Sync(tuple(run), reply and i == 0), to, receiver)        # one reply is enough
 
+    def _push_pull_to(self, to: tuple[str, int] | str, reason: str, receiver: str) -> None:
+        """A Sync wanting the receiver's table back, counted by `reason` (PUSH_PULL_REASONS)."""
+        self.stats.push_pulls[reason] += 1
+        self._send_sync(to, receiver, reply=True)
+
     # -- receiving ----------------------------------------------------------------------------
     def _receive(self, data: bytes, source: Any) -> None:
         self.stats.received += 1                    # every datagram; those dropped are also in `rejected`
@@ -229,6 +246,8 @@ class Gossip:
             for update in packet.updates:
                 self.membership.apply(update)
             self._handle(packet, (source[0], source[1]))
+            if self._joiner is not None:
+                self._joiner.arrivals(packet.sender)
         except Exception as e:
             log.debug("gossip_packet_failed", sender=packet.sender, body=type(packet.body).__name__, error=repr(e))
             self._reject("malformed")
@@ -254,9 +273,8 @@ class Gossip:
                 self.membership.apply(member)
             if body.reply:
                 self._send_sync(source, packet.sender, reply=False)
-            elif source in self._join_seeds:
-                self._answered.add(source)
-                self._sync_reply.set()
+            elif self._joiner is not None:
+                self._joiner.answered(source, packet.sender)
         elif isinstance(body, Load):
             if self._on_load is not None:
                 self._on_load(packet.sender, body)
@@ -276,6 +294,8 @@ class Gossip:
     def _tick(self) -> None:
         for node in self.membership.tick():
             log.info("gossip_member_dead", node=node)
+        if self._joiner is not None:
+            self._joiner.retry()
 
     def _broadcast(self) -> None:
         if not self.membership.pending():
@@ -286,12 +306,6 @@ class Gossip:
         for peer in self._rng.sample(peers, min(self._config.gossip_nodes, len(peers))):
             self._send(Broadcast(), peer.addr, peer.node)
 
-    def _push_pull(self) -> None:
-        peers = self.membership.live()
-        if peers:
-            peer = self._rng.choice(peers)
-            self._send_sync(peer.addr, peer.node, reply=True)
-
     def _send_load(self) -> None:
         if self._load_report is None or self._leaving or not (peers := self.membership.live()):
             return
@@ -299,33 +313,3 @@ class Gossip:
         for peer in peers:
             for body in bodies:
                 self._send(body, peer.addr, peer.node)
-
-    # -- joining ------------------------------------------------------------------------------
-    def _start_join(self, seeds: Sequence[str]) -> None:
-        own = {self._address, (self._host, self._address[1])}
-        new = {a for s in seeds if (a := parse_address(s)) is not None and a not in own}
-        if not new:
-            return
-        if self._join is not None and not self._join.done():
-            self._join.cancel()                    # unfinished: its seeds are joined with the new ones
-            new |= self._join_seeds
-        self._join_seeds = new
-        self._join = asyncio.get_running_loop().create_task(self._join_loop(new), name="gossip-join")
-
-    def _joined(self, seeds: set[tuple[str, int]]) -> bool:
-        return bool(self._answered & seeds) or any(address(m.addr) in seeds for m in self.membership.live())
-
-    async def _join_loop(self, seeds: set[tuple[str, int]]) -> None:
-        loop = asyncio.get_running_loop()
-        self._answered -= seeds
-        while not self._joined(seeds):
-            for seed in sorted(seeds):
-                self._send_sync(seed, "", reply=True)       # a seed's node id is not known yet
-            deadline = loop.time() + min(JOIN_RETRY_S, self._config.probe_interval_s)
-            while not self._joined(seeds) and (left := deadline - loop.time()) > 0:
-                self._sync_reply.clear()
-                try:
-                    await asyncio.wait_for(self._sync_reply.wait(), left)
-                except asyncio.TimeoutError:
-                    break
-        log.info("gossip_joined", node=self.node_id, seeds=[host_port(*s) for s in sorted(seeds)])

@@ -24,7 +24,16 @@ from collections.abc import Callable
 from inferd.cluster.messages import MemberUpdate, State
 from inferd.config import ClusterConfig
 
-REAP_AFTER_PROBES = 100     # probe intervals a dead or left member stays in the table (100 s at the default 1 s)
+REAP_AFTER_PROBES = 100     # probe intervals a left member stays in the table (100 s at the default 1 s)
+
+
+class MembershipStats:
+    """What the member table counts (inferd.cluster.gossip.GossipStats extends it; metrics read it)."""
+
+    def __init__(self) -> None:
+        self.suspicions = 0         # members this node came to hold suspect (its own probes or others' claims)
+        self.refutations = 0        # claims about this node (suspect, dead, stale) it refuted
+        self.deaths = 0             # suspicions that ran out here: members this node declared dead
 
 
 class Member:
@@ -51,9 +60,11 @@ class Membership:
     """The member table of node `node_id` (gossip address `addr`, API URL `http`). Loop thread only."""
 
     def __init__(self, node_id: str, addr: str, http: str, config: ClusterConfig, *,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 stats: MembershipStats | None = None) -> None:
         self.config = config
         self.on_change = None
+        self.stats = stats if stats is not None else MembershipStats()
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._self = Member(node_id, addr, http, State.ALIVE, 0, clock())
@@ -63,6 +74,7 @@ class Membership:
         self._queued = 0
         self._order: list[str] = []     # this round's probe order (node ids); self._next is the next to probe
         self._next = 0
+        self._arrivals: list[str] = []  # members new or back from dead/left since take_arrivals() last ran
 
     config: ClusterConfig           # settable: a reload swaps it (timeouts, multipliers)
     on_change: ChangeHook | None    # called after every accepted state change (metrics, forgetting load hints)
@@ -87,6 +99,19 @@ class Membership:
     def live(self) -> list[Member]:
         """Other members that are alive or suspect (those we still probe and send to)."""
         return [m for m in self.members() if m.state <= State.SUSPECT]
+
+    def dead(self) -> list[Member]:
+        """Other members held dead (not left): those partition healing push-pulls with now and then."""
+        return [m for m in self.members() if m.state == State.DEAD]
+
+    def take_arrivals(self) -> list[str]:
+        """Members that became known, or alive again after dead or left, since the last call (oldest first)."""
+        arrivals, self._arrivals = self._arrivals, []
+        return arrivals
+
+    def queue_depth(self) -> int:
+        """Claims waiting in the dissemination queue."""
+        return len(self._queue)
 
     def counts(self) -> dict[State, int]:
         """Members by state, this node included (as alive, or left once leaving)."""
@@ -156,13 +181,19 @@ class Membership:
         for node in expired:
             member = self._members[node]
             self._set(member, State.DEAD, member.incarnation, self.node_id)
-        # Forget members dead or gone for long (their claims have stopped circulating by then), so a
-        # table of nodes that restart under new ids (host:port with port 0) does not grow forever.
-        reap = REAP_AFTER_PROBES * self.config.probe_interval_s
-        for node in [m.node for m in self.members() if m.state >= State.DEAD and now - m.since > reap]:
+        self.stats.deaths += len(expired)
+        # Forget members gone for long, so a table of nodes that restart under new ids (host:port with
+        # port 0) does not grow forever: left ones once their claims have stopped circulating; dead ones
+        # only after reconnect_timeout_s, since until then a partition may still heal (gossip's reconnect).
+        for node in [m.node for m in self.members() if now - m.since > self._reap_after(m.state)]:
             del self._members[node]
             self._queue.pop(node, None)
         return expired
+
+    def _reap_after(self, state: State) -> float:
+        if state == State.LEFT:
+            return REAP_AFTER_PROBES * self.config.probe_interval_s
+        return self.config.reconnect_timeout_s if state == State.DEAD else math.inf
 
     def suspicion_timeout(self, confirmations: int) -> float:
         """Seconds from suspicion to dead with `confirmations` independent confirmations (memberlist's
@@ -214,6 +245,7 @@ class Membership:
             return False
         me.incarnation = max(me.incarnation, update.incarnation + 1)
         self._enqueue(me.update(me.node))
+        self.stats.refutations += 1
         return True
 
     def _alive(self, member: Member | None, update: MemberUpdate) -> bool:
@@ -221,6 +253,7 @@ class Membership:
             member = Member(update.node, update.addr, update.http, State.ALIVE, update.incarnation, self._clock())
             self._members[member.node] = member
             self._became_live(member.node)
+            self._arrivals.append(member.node)
             self._enqueue(member.update(update.by))
             if self.on_change is not None:
                 self.on_change(member, None)
@@ -229,6 +262,7 @@ class Membership:
             return False
         if member.state >= State.DEAD:
             self._became_live(member.node)
+            self._arrivals.append(member.node)
         member.addr, member.http = update.addr, update.http
         self._set(member, State.ALIVE, update.incarnation, update.by)
         return True
@@ -244,6 +278,8 @@ class Membership:
             self._enqueue(member.update(by))
             return True
         self._suspicions[member.node] = (self._clock(), {by})
+        if member.state != State.SUSPECT:
+            self.stats.suspicions += 1
         self._set(member, State.SUSPECT, incarnation, by)
         return True
 

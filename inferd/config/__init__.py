@@ -5,7 +5,7 @@ from inferd.config.adapters import served_adapters
 from inferd.config.aliases import ROUTE_NAME_RE, Arm, RoutingConfigError, Split, parse_target, split_from_config
 from inferd.config.cluster import RESTART_ONLY as CLUSTER_RESTART_ONLY
 from inferd.config.cache import CacheConfig
-from inferd.config.cluster import ClusterConfig, parse_address
+from inferd.config.cluster import ClusterConfig, parse_address, parse_seed
 from inferd.config.policies import InputRules, OutputRules, PolicyConfig
 from inferd.config.resilience import BreakerConfig, DegradeConfig
 from inferd.config.rollouts import PriceConfig, RolloutConfig, RolloutThresholds, price_for, rollout_errors
@@ -54,6 +54,6 @@ __all__ = [
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
     "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "DEFAULT_TENANT", "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
-    "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_target", "price_for", "rollout_errors",
+    "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_seed", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",
 ]

@@ -15,6 +15,7 @@ import msgspec
 from inferd.config.walk import ConfigTable
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\[\]-]{0,63}$")
+DNS_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 RESTART_ONLY = ("bind_host", "bind_port", "advertise_host", "node_id")
 
 
@@ -24,7 +25,9 @@ class ClusterConfig(ConfigTable):
     bind_port: int = 7946
     advertise_host: str | None = None      # the address peers reach this node at (default: bind_host)
     http_url: str | None = None            # where peers forward requests (default: this node's listener)
-    seeds: tuple[str, ...] = ()            # "host:port" of gossip sockets to join through
+    # "host:port" of gossip sockets to join through; host is an IP or a DNS name (resolved off the loop
+    # at join and at every re-join, so a name may follow the seeds as they move).
+    seeds: tuple[str, ...] = ()
     # The cluster's keys, one a line (64+ hex digits; or one raw key of 32+ bytes): the first encrypts
     # every datagram (AES-256-GCM) and signs forwarded requests' identity; every one is accepted. A
     # SIGHUP re-reads it; a key that left the file is still accepted for key_grace_s. Rotate in three
@@ -41,7 +44,12 @@ class ClusterConfig(ConfigTable):
     retransmit_mult: int = 4               # an update piggybacks on mult * ceil(log10(n + 1)) datagrams
     gossip_interval_s: float = 0.2         # pending updates also go to gossip_nodes random peers this often
     gossip_nodes: int = 3
-    sync_interval_s: float = 30.0          # full push-pull with one random peer (anti-entropy)
+    sync_interval_s: float = 30.0          # full push-pull with one random member, dead included (anti-entropy)
+    # Partition healing (as Serf does it): a dead member stays known for reconnect_timeout_s, and every
+    # reconnect_interval_s this node push-pulls with one random dead member and re-joins every seed
+    # that is not a live member, so two sides that each declared the other dead find each other again.
+    reconnect_interval_s: float = 10.0
+    reconnect_timeout_s: float = 86400.0
     # Load hints: each node sends its own to every peer this often; older than max age they are ignored.
     load_interval_s: float = 0.5
     load_max_age_s: float = 3.0
@@ -73,11 +81,13 @@ def cluster_errors(c: ClusterConfig, path: str = "cluster") -> list[str]:
     if c.http_url is not None and not c.http_url.startswith(("http://", "https://")):
         errors.append(f"{path}.http_url: expected an http:// or https:// URL, got {c.http_url!r}")
     for i, seed in enumerate(c.seeds):
-        if parse_address(seed) is None:
-            errors.append(f"{path}.seeds[{i}]: expected \"host:port\" with an IP address, got {seed!r}")
+        if parse_seed(seed) is None:
+            errors.append(f"{path}.seeds[{i}]: expected \"host:port\" with an IP address or a DNS name, "
+                          f"got {seed!r}")
     for key in ("key_grace_s", "timestamp_window_s", "probe_interval_s", "probe_timeout_s", "suspicion_mult",
                 "gossip_interval_s", "sync_interval_s", "load_interval_s", "load_max_age_s", "spill_wait_s",
-                "forward_timeout_s", "indirect_probes", "retransmit_mult", "gossip_nodes"):
+                "reconnect_interval_s", "reconnect_timeout_s", "forward_timeout_s", "indirect_probes",
+                "retransmit_mult", "gossip_nodes"):
         if not getattr(c, key) > 0:
             errors.append(f"{path}.{key}: must be > 0, got {getattr(c, key)}")
     if c.probe_timeout_s >= c.probe_interval_s:
@@ -98,8 +108,25 @@ def parse_address(text: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def parse_seed(text: str) -> tuple[str, int] | None:
+    """("10.0.0.2", 7946) or ("seeds.example.internal", 7946) from a seed "host:port" ("[::1]:7946" too):
+    the host an IP address or a DNS name (RFC 1123 labels; resolved later); None if malformed."""
+    if (parsed := parse_address(text)) is not None:
+        return parsed
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) <= 65535 or not _is_dns_name(host):
+        return None
+    return host, int(port)
+
+
 def resolve_cluster_paths(c: ClusterConfig, resolve: Callable[[str], str]) -> ClusterConfig:
     return msgspec.structs.replace(c, key_file=resolve(c.key_file) if c.key_file else "")
+
+
+def _is_dns_name(text: str) -> bool:
+    name = text.removesuffix(".")
+    return 0 < len(name) <= 253 and all(DNS_LABEL_RE.match(label) for label in name.split(".")) \
+        and not name.rsplit(".", 1)[-1].isdigit()        # "10.0.0" is a malformed IP, not a name
 
 
 def _is_ip(text: str) -> bool:

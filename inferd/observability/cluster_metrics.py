@@ -2,7 +2,7 @@
 
 Registered by inferd.observability.metrics.Metrics; `source()` returns the live Cluster or None (a
 single node: no series at all). Label values come from fixed sets: member states, rejection reasons,
-spillover outcomes.
+push-pull reasons, spillover outcomes.
 """
 from __future__ import annotations
 
@@ -51,6 +51,21 @@ class ClusterCollector:
         buckets.append(("+Inf", stats.probe_rtt_count))
         yield HistogramMetricFamily("inferd_cluster_probe_rtt_seconds", "Round trip of acked direct probes",
                                     buckets=buckets, sum_value=stats.probe_rtt_sum_s)
+        yield CounterMetricFamily("inferd_cluster_suspicions", "Members this node came to hold suspect (its own "
+                                  "failed probes or other members' claims)", value=stats.suspicions)
+        yield CounterMetricFamily("inferd_cluster_refutations", "Claims that this node was suspect or dead that it "
+                                  "refuted (raising its incarnation)", value=stats.refutations)
+        yield CounterMetricFamily("inferd_cluster_deaths", "Members this node declared dead (their suspicion timed "
+                                  "out here)", value=stats.deaths)
+        yield GaugeMetricFamily("inferd_cluster_broadcast_queue", "Membership claims waiting to be piggybacked",
+                                value=cluster.queue_depth())
+        push_pulls = CounterMetricFamily("inferd_cluster_push_pulls", "Full member-table exchanges this node "
+                                         "started, by reason (join: a seed; periodic: sync_interval_s; reconnect: "
+                                         "a dead member; new_member: one heard of from a third node)",
+                                         labels=("reason",))
+        for reason, n in stats.push_pulls.items():
+            push_pulls.add_metric((reason,), n)
+        yield push_pulls
         spills = CounterMetricFamily("inferd_cluster_spillovers", "Requests this node would have queued long or "
                                      "refused, by what happened: forwarded to a peer, forwarded to a peer that "
                                      "had loaded a model this node had not (forwarded_cold), a peer failed before "

@@ -63,11 +63,13 @@ def all_alive(nodes: list[Gossip]) -> bool:
 
 @pytest.fixture
 async def make_node():
-    """make_node(*seeds, key=KEY, **config overrides) -> a started Gossip node; all closed afterwards."""
+    """make_node(*seeds (nodes or "host:port"), key=KEY, **config overrides) -> a started Gossip node; all
+    closed afterwards."""
     made: list[Gossip] = []
 
-    async def make(*seeds: Gossip, key: bytes = KEY, load_report=None, on_load=None, **overrides) -> Gossip:
-        node = Gossip(config(seeds=tuple(seed_of(s) for s in seeds), **overrides), Keyring(key),
+    async def make(*seeds: Gossip | str, key: bytes = KEY, load_report=None, on_load=None, **overrides) -> Gossip:
+        addrs = tuple(s if isinstance(s, str) else seed_of(s) for s in seeds)       # a node, or "host:port"
+        node = Gossip(config(seeds=addrs, **overrides), Keyring(key),
                       http_url=f"http://127.0.0.1:{8000 + len(made)}", load_report=load_report, on_load=on_load,
                       rng=random.Random(len(made)))
         await node.start()

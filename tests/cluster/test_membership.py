@@ -304,16 +304,73 @@ def test_member_update_carries_its_claim() -> None:
     assert member.update("c") == MemberUpdate("b", "b:1", "http://b", State.SUSPECT, 2, "c")
 
 
-def test_a_member_dead_for_long_is_forgotten_and_may_join_again(make, clock: FakeClock) -> None:
-    from inferd.cluster.membership import REAP_AFTER_PROBES
-
-    m = make(peers=2)
+def test_a_member_dead_for_long_is_forgotten_after_the_reconnect_timeout_and_may_join_again(make, clock) -> None:
+    m = make(peers=2, reconnect_timeout_s=600.0)
     m.apply(claim("n1", State.DEAD))
-    clock.now += REAP_AFTER_PROBES * m.config.probe_interval_s - 0.01
+    clock.now += 600.0 - 0.01
     m.tick()
-    assert m.get("n1").state is State.DEAD
+    assert m.get("n1").state is State.DEAD and [d.node for d in m.dead()] == ["n1"]
     clock.now += 0.02
     m.tick()
     assert m.get("n1") is None and "n1" not in [u.node for u in m.pending()]
     assert m.get("n0").state is State.ALIVE
     assert m.apply(alive("n1", 0))                  # back under the same id: a new member
+
+
+def test_a_dead_member_outlives_the_left_reap_so_a_partition_can_still_heal(make, clock: FakeClock) -> None:
+    from inferd.cluster.membership import REAP_AFTER_PROBES
+
+    m = make(peers=2)
+    m.apply(claim("n0", State.DEAD))
+    m.apply(claim("n1", State.LEFT))
+    clock.now += REAP_AFTER_PROBES * m.config.probe_interval_s + 1
+    m.tick()
+    assert m.get("n1") is None                      # left: gone after the old reap
+    assert m.get("n0").state is State.DEAD and m.dead() == [m.get("n0")]    # dead: kept for reconnect_timeout_s
+
+
+def test_both_sides_of_a_healed_partition_take_each_others_refutation(clock: FakeClock) -> None:
+    """A holds B dead at incarnation i and B holds A dead: A's table reaches B (a push-pull), B refutes at
+    i + 1 and B's reply makes A take B alive; A refutes B's claim about it, and B takes that."""
+    config = ClusterConfig()
+    a = Membership("A", "10.0.0.1:1", "http://a", config, clock=clock)
+    b = Membership("B", "10.0.0.2:1", "http://b", config, clock=clock)
+    a.apply(b.snapshot()[0])
+    b.apply(a.snapshot()[0])
+    assert a.take_arrivals() == ["B"]
+    for viewer, other in ((a, b), (b, a)):
+        viewer.probe_failed(other.node_id)
+        clock.now += viewer.suspicion_timeout(0)
+        assert viewer.tick() == [other.node_id]
+    assert a.get("B").state is State.DEAD and b.get("A").state is State.DEAD
+    dead_at = a.get("B").incarnation
+    for update in a.snapshot():                     # A's push-pull to B
+        b.apply(update)
+    assert b.incarnation == dead_at + 1 and b.stats.refutations == 1
+    assert b.get("A").state is State.DEAD           # A's alive claim at the incarnation B holds it dead: not enough
+    for update in b.snapshot():                     # B's reply
+        a.apply(update)
+    assert a.get("B").state is State.ALIVE and a.get("B").incarnation == dead_at + 1
+    assert a.incarnation == 1 and a.stats.refutations == 1 and a.take_arrivals() == ["B"]
+    for update in a.pending():                      # A's refutation piggybacks on its next datagram to B
+        b.apply(update)
+    assert b.get("A").state is State.ALIVE and b.get("A").incarnation == 1
+    assert (a.stats.suspicions, a.stats.deaths, b.stats.suspicions, b.stats.deaths) == (1, 1, 1, 1)
+
+
+def test_arrivals_are_new_members_and_members_back_from_dead(make) -> None:
+    m = make()
+    m.apply(alive("n0"))
+    m.apply(alive("n1"))
+    assert m.take_arrivals() == ["n0", "n1"] and m.take_arrivals() == []
+    m.apply(alive("n0", 1))                         # alive again at a higher incarnation: not an arrival
+    m.apply(claim("n1", State.DEAD))
+    m.apply(alive("n1", 1))
+    assert m.take_arrivals() == ["n1"]
+
+
+def test_queue_depth_counts_waiting_claims(make) -> None:
+    m = make(peers=3)
+    assert m.queue_depth() == 3
+    m.sent(m.pending() * 100)
+    assert m.queue_depth() == 0

@@ -30,8 +30,7 @@ from inferd.api.auth import PRINCIPAL
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.errors import INVALID_REQUEST, ApiError
 from inferd.api.wire.responses import USAGE_COMMENT
-from inferd.cluster import FORWARDED_HEADER, TOKEN_TTL_S, Cluster, ForwardedIdentity, Rejected
-from inferd.cluster.membership import Member
+from inferd.cluster import FORWARDED_HEADER, TOKEN_TTL_S, Cluster, ForwardedIdentity, Member, Rejected
 from inferd.observability import TRACE_HEADERS
 from inferd.types import Usage
 
