@@ -1,0 +1,192 @@
+"""Spillover measured as a user sees it: streamed requests, time to the first content chunk (TTFT).
+
+Used by bench/cluster.py (`--only spillover`) and tests/daemon/test_cluster_spill.py. Three real
+daemons (bench/cluster_daemons.py: sim engines with H100 Llama 3 8B timing, 8 sequence slots each,
+[cluster] on loopback) with a TTFT SLO of TTFT_SLO_MS on the model; every request goes to node 0.
+
+- Capacity: node 0 alone (spillover off), closed loop, completions per second.
+- Open loop: Poisson arrivals at each multiple of that capacity (2x and 3.5x), streamed, each with a
+  deadline of `slo_s` (X-Request-Timeout), with spillover off and then on (a fresh cluster each way).
+- TTFT goodput: requests whose first content chunk reached the client within the TTFT SLO, per second
+  of arrivals. The ratio is on / off.
+- Refusals while a peer had room: node 0 refused (429/503, or a stream that ended in an error frame
+  before any content) while some peer, by this client's count, ran fewer streams than it has slots.
+  A stream runs on a node from its first content chunk to its end (X-Inferd-Node names the node).
+- The older figure, kept: requests answered whole (the stream's [DONE]) within `slo_s`, per second, at
+  2x, on / off ("spillover goodput ratio").
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+from cluster_daemons import start_cluster, stop_cluster, wait_converged  # noqa: E402 (bench/ is on sys.path)
+
+SLOTS = 8                        # each daemon's max_batch_size (cluster_daemons' default)
+TTFT_SLO_MS = 500
+SLO = f'[slos.first_token]\nmodel = "m"\nsli = "ttft"\nthreshold_ms = {TTFT_SLO_MS}\nobjective = 0.99\n'
+REQUEST = {"model": "m", "prompt": "Summarise the plot of a long novel in a few sentences.", "max_tokens": 128,
+           "temperature": 0, "ignore_eos": True}
+SPILLOVERS = re.compile(r'inferd_cluster_spillovers_total\{outcome="(\w+)"\} ([0-9.]+)')
+
+
+async def _closed_loop(http: aiohttp.ClientSession, url: str, clients: int, seconds: float) -> float:
+    """Completions per second with `clients` sending back to back for `seconds`."""
+    done = 0
+    end = time.monotonic() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while time.monotonic() < end:
+            async with http.post(url, json=REQUEST) as resp:
+                await resp.read()
+                done += resp.status == 200
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done / (time.monotonic() - t0)
+
+
+class _Running:
+    """Streams running per node, as this client counts them (first content chunk to end)."""
+
+    def __init__(self, peers: list[str]) -> None:
+        self.peers = peers
+        self.by_node: dict[str, int] = {}
+
+    def peer_room(self) -> int:
+        """Free slots on the peers together, by this count."""
+        return sum(max(0, SLOTS - self.by_node.get(p, 0)) for p in self.peers)
+
+
+async def _stream(http: aiohttp.ClientSession, url: str, headers: dict, running: _Running) -> dict:
+    """One streamed request: status, node, TTFT (None: no content), whole time, and how it ended."""
+    t0 = time.monotonic()
+    r = {"status": 0, "node": "?", "ttft": None, "took": None, "done": False, "error": False, "room": 0}
+    counted = None
+    try:
+        async with http.post(url, json={**REQUEST, "stream": True}, headers=headers) as resp:
+            r["status"], r["node"] = resp.status, resp.headers.get("X-Inferd-Node", "?")
+            if resp.status != 200:
+                r["room"] = running.peer_room()
+                await resp.read()
+                return r
+            async for line in resp.content:
+                if r["ttft"] is None and line.startswith(b"data: {"):
+                    event = orjson.loads(line[6:])
+                    if "error" in event:
+                        r["error"] = True
+                    elif any(c.get("text") for c in event.get("choices", ())):
+                        r["ttft"] = time.monotonic() - t0
+                        counted = r["node"]
+                        running.by_node[counted] = running.by_node.get(counted, 0) + 1
+                elif line.startswith(b"data: [DONE]"):
+                    r["done"] = True
+                elif line.startswith(b"data: {") and b'"error"' in line:
+                    r["error"] = True
+            if r["error"] and r["ttft"] is None:
+                r["room"] = running.peer_room()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        r["error"] = True
+    finally:
+        if counted is not None:
+            running.by_node[counted] -= 1
+        r["took"] = time.monotonic() - t0
+    return r
+
+
+async def _open_loop(http: aiohttp.ClientSession, url: str, node0: str, peers: list[str], rate: float,
+                     seconds: float, slo_s: float, seed: int) -> dict:
+    """Poisson arrivals of streamed requests at `rate`/s for `seconds`, each with a deadline of `slo_s`."""
+    rng = random.Random(seed)
+    running = _Running(peers)
+    headers = {"X-Request-Timeout": str(slo_s)}
+    tasks, t, start = [], 0.0, time.monotonic()
+    while t < seconds:
+        t += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, start + t - time.monotonic()))
+        tasks.append(asyncio.ensure_future(_stream(http, url, headers, running)))
+    results = await asyncio.wait_for(asyncio.gather(*tasks), slo_s + 30)
+    slo = TTFT_SLO_MS / 1000
+    refused = [r for r in results if r["node"] in (node0, "?")
+               and (r["status"] in (429, 503, 504) or (r["status"] == 200 and r["error"] and r["ttft"] is None))]
+    statuses: dict[str, int] = {}
+    for r in results:
+        key = str(r["status"]) + ("+error" if r["status"] == 200 and r["error"] else "")
+        statuses[key] = statuses.get(key, 0) + 1
+    by_node: dict[str, list[float]] = {}
+    for r in results:
+        if r["ttft"] is not None:
+            by_node.setdefault(r["node"], []).append(r["ttft"])
+    return {"sent": len(results), "offered_per_s": rate,
+            "ttft_goodput_per_s": sum(1 for r in results if r["ttft"] is not None and r["ttft"] <= slo) / seconds,
+            "goodput_per_s": sum(1 for r in results if r["done"] and r["took"] <= slo_s) / seconds,
+            "refused": len(refused), "refused_while_peer_had_room": sum(1 for r in refused if r["room"] > 0),
+            "statuses": statuses,
+            "ttft_p50_s_by_node": {("origin" if n == node0 else n): round(statistics.median(v), 3)
+                                   for n, v in by_node.items()},
+            "ttft_missed_by_node": {("origin" if n == node0 else n): sum(1 for x in v if x > slo)
+                                    for n, v in by_node.items()},
+            "served_by": {("origin" if n == node0 else n): len(v) for n, v in by_node.items()}}
+
+
+async def _spillovers(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return {outcome: int(float(n)) for outcome, n in SPILLOVERS.findall(text)}
+
+
+async def spillover_ttft(seconds: float = 30.0, capacity_seconds: float = 8.0, slo_s: float = 5.0,
+                         loads: tuple[float, ...] = (2.0, 3.5)) -> dict:
+    """Each load (a multiple of node 0's capacity) off, then on; see the module's docstring."""
+    out: dict = {"ttft_slo_ms": TTFT_SLO_MS, "slo_s": slo_s, "runs": {}}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120),
+                                     connector=aiohttp.TCPConnector(limit=0)) as http:
+        for spillover in (False, True):
+            with tempfile.TemporaryDirectory(prefix="inferd-spill-") as tmp:
+                nodes = start_cluster(Path(tmp), 3, spillover=spillover, spill_wait=1.0, auth=SLO)
+                try:
+                    urls = [f"http://127.0.0.1:{n[1]['port']}" for n in nodes]
+                    ids = [n[1]["node_id"] for n in nodes]
+                    await wait_converged(http, urls, {})
+                    url = urls[0] + "/v1/completions"
+                    if "capacity_per_s" not in out:
+                        out["capacity_per_s"] = await _closed_loop(http, url, 16, capacity_seconds)
+                    for i, load in enumerate(loads):
+                        run = await _open_loop(http, url, ids[0], ids[1:], load * out["capacity_per_s"], seconds,
+                                               slo_s, seed=7 + i)
+                        out["runs"].setdefault(f"{load:g}x", {})["on" if spillover else "off"] = run
+                    if spillover:
+                        out["spillovers"] = await _spillovers(http, urls[0])
+                finally:
+                    stop_cluster(nodes)
+    for run in out["runs"].values():
+        run["ratio"] = run["on"]["ttft_goodput_per_s"] / max(1e-9, run["off"]["ttft_goodput_per_s"])
+        run["completed_ratio"] = run["on"]["goodput_per_s"] / max(1e-9, run["off"]["goodput_per_s"])
+    return out
+
+
+def lines(out: dict) -> list[str]:
+    """bench/cluster.py's result lines."""
+    result = []
+    first = next(iter(out["runs"].values()))
+    cap = out["capacity_per_s"]
+    result.append(f"spillover goodput ratio: {first['completed_ratio']:.2f} (on {first['on']['goodput_per_s']:.2f}/s "
+                  f"vs off {first['off']['goodput_per_s']:.2f}/s; node 0 capacity {cap:.2f}/s, offered "
+                  f"{first['on']['offered_per_s']:.2f}/s, SLO {out['slo_s']:g} s)")
+    for name, run in out["runs"].items():
+        on, off = run["on"], run["off"]
+        result.append(f"spillover TTFT goodput ratio at {name}: {run['ratio']:.2f} (on "
+                      f"{on['ttft_goodput_per_s']:.2f}/s vs off {off['ttft_goodput_per_s']:.2f}/s within "
+                      f"{out['ttft_slo_ms']} ms; offered {on['offered_per_s']:.2f}/s)")
+    for name, run in out["runs"].items():
+        result.append(f"refusals while a peer had room at {name}: {run['on']['refused_while_peer_had_room']} "
+                      f"(origin refused {run['on']['refused']} in all)")
+    return result
