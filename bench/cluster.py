@@ -340,7 +340,8 @@ async def forged_replayed(args: argparse.Namespace, workdir: Path) -> list[str]:
 
 
 async def spillover(args: argparse.Namespace, workdir: Path) -> list[str]:
-    out = await cluster_spill.spillover_ttft(args.spill_seconds, args.capacity_seconds, args.slo)
+    loads = tuple(float(x) for x in args.spill_loads.split(","))
+    out = await cluster_spill.spillover_ttft(args.spill_seconds, args.capacity_seconds, args.slo, loads)
     detail("spillover", **out)
     return cluster_spill.lines(out)
 
@@ -393,6 +394,7 @@ def main() -> int:
     p.add_argument("--spill-seconds", type=float, default=30.0, help="spillover: open-loop arrivals, each way")
     p.add_argument("--capacity-seconds", type=float, default=8.0, help="spillover: node 0's capacity measurement")
     p.add_argument("--slo", type=float, default=5.0, help="spillover: a request counts within this many seconds")
+    p.add_argument("--spill-loads", default="2,3.5", help="spillover: offered loads, as multiples of node 0's capacity")
     p.add_argument("--tpm-seconds", type=float, default=65.0)
     p.add_argument("--tpm-warmup", type=float, default=35.0,
                    help="tpm: not measured (the buckets start full: a limit's worth of burst, drained at 2x the limit)")

@@ -44,12 +44,12 @@ class ClusterConfig(ConfigTable):
     load_interval_s: float = 0.5
     load_max_age_s: float = 3.0
     # Spillover: forward to a peer with room when the node would refuse the request, or its estimated
-    # local wait exceeds the request's TTFT budget: the tightest `ttft` SLO threshold on its model, else
-    # spill_wait_s (docs/cluster.md#spillover); one hop, only to a peer whose own wait is within it.
-    # 0.25 s: a wait a user notices, against a forward's few milliseconds on a LAN. The peer must answer
-    # with headers within forward_timeout_s.
+    # local wait exceeds half of the request's TTFT budget: the tightest `ttft` SLO threshold on its
+    # model, else spill_wait_s (docs/cluster.md#spillover); one hop, only to a peer whose own wait is
+    # within that. 0.5 s: an interactive first-token target, against a forward's few milliseconds on a
+    # LAN. The peer must answer with headers within forward_timeout_s.
     spillover: bool = True
-    spill_wait_s: float = 0.25
+    spill_wait_s: float = 0.5
     forward_timeout_s: float = 5.0
     # Tenant RPM/TPM limits are cluster-wide: each node takes a share in proportion to its recent demand.
     shared_quotas: bool = True

@@ -113,7 +113,7 @@ async def test_a_request_spills_once_its_local_wait_exceeds_its_ttft_slo_even_be
         await until(lambda: _free_slots(a, 0), "node 0's slot to be taken")
 
         async def rate_known() -> bool:
-            return queue.load().wait_s < 0.2        # a service rate is known: one request's worth
+            return queue.load().wait_s < 0.1        # a service rate is known: one request's worth (~0.04 s)
         await until(rate_known, "node 0 to know its service rate")
         queued = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=long_request(400)))
 

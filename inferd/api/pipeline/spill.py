@@ -43,6 +43,11 @@ VERSION_HEADER = "X-Inferd-Version"
 # so a refusal is rare; more than 3 would only add delay to the request's first token.
 MAX_PEERS_TRIED = 3
 PEER_WAIT_LIMIT = "spill_peer_wait_limit_s"       # ctx.extras: set by wants_spill for spill
+# The queue's wait is an estimate of the mean (completions come in bursts), and a TTFT SLO bounds nearly
+# every request: a request kept here until its estimate reached the whole budget missed it about as
+# often as not (bench: 22% of those served at home at 2x). So it spills past half of what is left, as
+# early refusal judges the deadline (early_refusal_fraction); a peer with a free slot starts it at once.
+BUDGET_FRACTION = 0.5
 _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Inferd-Model-Version",
                    "X-Inferd-Simulated", "Server-Timing")
 # The peer's own queue refused it (its quota is never charged), it no longer serves that version
@@ -103,9 +108,9 @@ def peer_wait_limit(ctx: RequestContext, cluster: Cluster) -> float | None:
 
     A request the local queue would refuse (at its node bounds, or its estimated wait past what early
     refusal allows before the deadline) goes to any peer that would not refuse it in turn. Else one
-    whose estimated local wait exceeds what is left of its TTFT budget goes to a peer that would start
-    it within that budget (at once, when the budget is spent already). The budget: the tightest `ttft`
-    SLO threshold judging the request ([slos.*]), else `spill_wait_s`."""
+    whose estimated local wait exceeds BUDGET_FRACTION of what is left of its TTFT budget goes to a
+    peer whose own wait is within that (at once, when the budget is spent already). The budget: the
+    tightest `ttft` SLO threshold judging the request ([slos.*]), else `spill_wait_s`."""
     tenancy = ctx.state.tenancy
     queue = tenancy.queue_for(ctx.model, ctx.engine)
     load = queue.load()
@@ -118,7 +123,7 @@ def peer_wait_limit(ctx: RequestContext, cluster: Cluster) -> float | None:
         return max(refusable_s, 0.0)
     route = ctx.route
     budget = ctx.state.slos.ttft_budget_s(route.alias or route.target.model, route.target.model, priority)
-    left = (budget if budget is not None else cluster.config.spill_wait_s) - (now - ctx.arrival)
+    left = ((budget if budget is not None else cluster.config.spill_wait_s) - (now - ctx.arrival)) * BUDGET_FRACTION
     if load.wait_s > left:
         return max(left, 0.0)
     return None
