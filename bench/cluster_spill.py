@@ -192,9 +192,10 @@ def lines(out: dict) -> list[str]:
     older = runs.pop(OLDER, None)
     cap = out["capacity_per_s"]
     if older is not None:
-        result.append(f"spillover goodput ratio: {older['completed_ratio']:.2f} (on {older['on']['goodput_per_s']:.2f}/s"
-                      f" vs off {older['off']['goodput_per_s']:.2f}/s; node 0 capacity {cap:.2f}/s, offered "
-                      f"{older['on']['offered_per_s']:.2f}/s, SLO {out['slo_s']:g} s)")
+        on, off = older["on"], older["off"]
+        result.append(f"spillover goodput ratio: {older['completed_ratio']:.2f} (on {on['goodput_per_s']:.2f}/s"
+                      f" vs off {off['goodput_per_s']:.2f}/s; node 0 capacity {cap:.2f}/s, offered "
+                      f"{on['offered_per_s']:.2f}/s, SLO {out['slo_s']:g} s)")
     for name, run in runs.items():
         on, off = run["on"], run["off"]
         result.append(f"spillover TTFT goodput ratio at {name}: {run['ratio']:.2f} (on "

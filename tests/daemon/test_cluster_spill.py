@@ -81,7 +81,8 @@ async def test_a_burst_larger_than_one_peers_free_slots_is_spread_over_the_peers
     async with spill_cluster(tmp_path, 3, slots=2, load_interval=2.0) as nodes, aiohttp.ClientSession() as http:
         (a, a_url), (b, _), (c, _) = nodes
         for peer in (b, c):
-            await until(lambda: _hint_of(a, peer, 2), "node 0 to hear each peer has two slots free", timeout_s=10)
+            await until(lambda peer=peer: _hint_of(a, peer, 2), "node 0 to hear each peer has two slots free",
+                        timeout_s=10)
         busy = [asyncio.ensure_future(http.post(a_url + "/v1/completions", json=long_request(1500)))
                 for _ in range(2)]
         await until(lambda: _free_slots(a, 0), "node 0's two slots to be taken")
