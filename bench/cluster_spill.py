@@ -122,10 +122,6 @@ async def _open_loop(http: aiohttp.ClientSession, url: str, node0: str, peers: l
     slo = TTFT_SLO_MS / 1000
     refused = [r for r in results if r["node"] in (node0, "?")
                and (r["status"] in (429, 503, 504) or (r["status"] == 200 and r["error"] and r["ttft"] is None))]
-    statuses: dict[str, int] = {}
-    for r in results:
-        key = str(r["status"]) + ("+error" if r["status"] == 200 and r["error"] else "")
-        statuses[key] = statuses.get(key, 0) + 1
     by_node: dict[str, list[float]] = {}
     for r in results:
         if r["ttft"] is not None:
@@ -135,12 +131,22 @@ async def _open_loop(http: aiohttp.ClientSession, url: str, node0: str, peers: l
             "ttft_good_fraction": good / max(1, len(results)),
             "goodput_per_s": sum(1 for r in results if r["done"] and r["took"] <= slo_s) / seconds,
             "refused": len(refused), "refused_while_peer_had_room": sum(1 for r in refused if r["room"] > 0),
-            "statuses": statuses,
+            "refused_while_peer_had_room_by_status": _by_status([r for r in refused if r["room"] > 0]),
+            "statuses": _by_status(results),
             "ttft_p50_s_by_node": {("origin" if n == node0 else n): round(statistics.median(v), 3)
                                    for n, v in by_node.items()},
             "ttft_missed_by_node": {("origin" if n == node0 else n): sum(1 for x in v if x > slo)
                                     for n, v in by_node.items()},
             "served_by": {("origin" if n == node0 else n): len(v) for n, v in by_node.items()}}
+
+
+def _by_status(results: list[dict]) -> dict[str, int]:
+    """How many ended each way: the HTTP status, "+error" for a stream that ended in an error frame."""
+    out: dict[str, int] = {}
+    for r in results:
+        key = str(r["status"]) + ("+error" if r["status"] == 200 and r["error"] else "")
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 async def _spillovers(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
