@@ -9,9 +9,10 @@ daemons (bench/cluster_daemons.py: sim engines with H100 Llama 3 8B timing, 8 se
   deadline of DEADLINE_S (X-Request-Timeout), with spillover off and then on (a fresh cluster each way).
 - TTFT goodput: requests whose first content chunk reached the client within the TTFT SLO, per second
   of arrivals. The ratio is on / off.
-- Refusals while a peer had room: node 0 refused (429/503, or a stream that ended in an error frame
-  before any content) while some peer, by this client's count, ran fewer streams than it has slots.
-  A stream runs on a node from its first content chunk to its end (X-Inferd-Node names the node).
+- Refusals while a peer had room: node 0 refused (429/503/504, or a stream that ended in an error
+  frame before any content) while the peers, by this client's count, had more free slots than there
+  were requests still on their way. A stream holds a slot of the node X-Inferd-Node names from its
+  response's headers (the node admitted it; a stream queued over 1 s gets them early) to its end.
 - The older figure, kept: at 2x with a deadline of `slo_s` (5 s), requests answered whole (the stream's
   [DONE]) within it, per second, on / off ("spillover goodput ratio").
 """
@@ -60,15 +61,18 @@ async def _closed_loop(http: aiohttp.ClientSession, url: str, clients: int, seco
 
 
 class _Running:
-    """Streams running per node, as this client counts them (first content chunk to end)."""
+    """Streams on each node as this client counts them: from the response's headers (the node has
+    admitted it) to its end; and the requests sent that have no answer yet (they may be on their way
+    to any node)."""
 
     def __init__(self, peers: list[str]) -> None:
         self.peers = peers
         self.by_node: dict[str, int] = {}
+        self.pending = 0
 
     def peer_room(self) -> int:
-        """Free slots on the peers together, by this count."""
-        return sum(max(0, SLOTS - self.by_node.get(p, 0)) for p in self.peers)
+        """Free slots on the peers together that no request still on its way could be taking."""
+        return sum(max(0, SLOTS - self.by_node.get(p, 0)) for p in self.peers) - self.pending
 
 
 async def _stream(http: aiohttp.ClientSession, url: str, headers: dict, running: _Running) -> dict:
@@ -76,13 +80,17 @@ async def _stream(http: aiohttp.ClientSession, url: str, headers: dict, running:
     t0 = time.monotonic()
     r = {"status": 0, "node": "?", "ttft": None, "took": None, "done": False, "error": False, "room": 0}
     counted = None
+    running.pending += 1
     try:
         async with http.post(url, json={**REQUEST, "stream": True}, headers=headers) as resp:
+            running.pending -= 1
             r["status"], r["node"] = resp.status, resp.headers.get("X-Inferd-Node", "?")
             if resp.status != 200:
                 r["room"] = running.peer_room()
                 await resp.read()
                 return r
+            counted = r["node"]
+            running.by_node[counted] = running.by_node.get(counted, 0) + 1
             async for line in resp.content:
                 if r["ttft"] is None and line.startswith(b"data: {"):
                     event = orjson.loads(line[6:])
@@ -90,8 +98,6 @@ async def _stream(http: aiohttp.ClientSession, url: str, headers: dict, running:
                         r["error"] = True
                     elif any(c.get("text") for c in event.get("choices", ())):
                         r["ttft"] = time.monotonic() - t0
-                        counted = r["node"]
-                        running.by_node[counted] = running.by_node.get(counted, 0) + 1
                 elif line.startswith(b"data: [DONE]"):
                     r["done"] = True
                 elif line.startswith(b"data: {") and b'"error"' in line:
@@ -99,6 +105,8 @@ async def _stream(http: aiohttp.ClientSession, url: str, headers: dict, running:
             if r["error"] and r["ttft"] is None:
                 r["room"] = running.peer_room()
     except (aiohttp.ClientError, asyncio.TimeoutError):
+        if r["status"] == 0:
+            running.pending -= 1
         r["error"] = True
     finally:
         if counted is not None:
