@@ -3,7 +3,7 @@
 A peer's hint says how many sequence slots it had free when it was measured, up to `load_interval_s`
 ago. Every request this node forwards there since takes one of them, but the hint cannot say so until
 the next one: without counting them, a burst goes whole to the peer that looked emptiest, which then
-refuses most of it while other peers idle. So each forward holds a reservation on (peer, model,
+queues or refuses what does not fit while other peers idle. So each forward holds a reservation on (peer, model,
 version) from before it is sent until it ends, and a hint is corrected by what its measurement could
 not have seen:
 - a forward still open that the peer had not taken in yet when the hint was measured takes a slot;
@@ -103,11 +103,19 @@ class Reservations:
         if not open_:
             del self._open[r.key]
         now = self.clock()
-        ended = self._ended.setdefault(r.key, deque(maxlen=MAX_PER_KEY))
         horizon = now - self._max_age_s()
-        while ended and ended[0][1] < horizon:      # ended before every fresh hint: they show it
-            ended.popleft()
+        if r.key not in self._ended:        # a key new here: sweep them all (a peer gone leaves its own)
+            for key in list(self._ended):
+                self._drop_before(key, horizon)
+        ended = self._ended.setdefault(r.key, deque(maxlen=MAX_PER_KEY))
         if r.visible_at < now:                      # else no hint showed it running
             ended.append((r.visible_at, now))
+        self._drop_before(r.key, horizon)
+
+    def _drop_before(self, key: Key, horizon: float) -> None:
+        """Forget what ended before `horizon`: every fresh hint was measured later, and shows it."""
+        ended = self._ended[key]
+        while ended and ended[0][1] < horizon:
+            ended.popleft()
         if not ended:
-            del self._ended[r.key]
+            del self._ended[key]

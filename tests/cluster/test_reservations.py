@@ -137,3 +137,20 @@ def test_reservation_state_is_bounded():
         reservations.refused(node, "m", "v1")
         clock.t += 2.0
     assert len(reservations._refused) == 2           # the first mark is older than every fresh hint
+
+
+def test_what_ended_is_forgotten_once_every_fresh_hint_is_newer_even_for_a_peer_gone_since():
+    clock = Clock()
+    reservations = Reservations(lambda: 3.0, clock)
+    for node in ("gone", "b"):
+        held = reservations.reserve(node, "m", "v1")
+        held.answered()
+        clock.t += 1.0
+        held.release()
+    assert set(k[0] for k in reservations._ended) == {"gone", "b"}
+    clock.t += 5.0
+    held = reservations.reserve("c", "m", "v1")
+    held.answered()
+    clock.t += 1.0
+    held.release()
+    assert set(k[0] for k in reservations._ended) == {"c"}
