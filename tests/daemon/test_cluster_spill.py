@@ -100,34 +100,58 @@ async def test_a_burst_larger_than_one_peers_free_slots_is_spread_over_the_peers
         assert a.state.cluster.reservations.in_flight() == 0        # every forward ended: none held
 
 
+@contextlib.asynccontextmanager
+async def one_running_one_queued(a, a_url: str, b, http: aiohttp.ClientSession):
+    """Once node 0 has heard node 1 has room: node 0's only slot runs a long request and its queue holds
+    another of about 1 s of work (entered while the wait was ~0.04 s, within any budget here)."""
+    queue = a.state.tenancy.queue_for("sim", a.state.engines["sim"])
+    await until(lambda: _hint_of(a, b, 1), "node 0 to hear node 1 has room")
+    running = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=long_request(1500)))
+    await until(lambda: _free_slots(a, 0), "node 0's slot to be taken")
+
+    async def rate_known() -> bool:
+        return queue.load().wait_s < 0.1        # a service rate is known: one request's worth (~0.04 s)
+    await until(rate_known, "node 0 to know its service rate")
+    queued = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=long_request(400)))
+
+    async def one_queued() -> bool:
+        return sum(queue.load().queued) == 1
+    await until(one_queued, "the second request to wait in node 0's queue")
+    try:
+        yield queue
+    finally:
+        running.cancel()
+        queued.cancel()
+
+
 async def test_a_request_spills_once_its_local_wait_exceeds_its_ttft_slo_even_below_spill_wait_s(tmp_path):
-    """spill_wait_s = 30 s, and a 300 ms TTFT SLO on the model. Node 0 (one slot) runs one request and
-    queues another (about 1 s of work): the next request's local wait (~1 s) is far below spill_wait_s
-    but past its TTFT budget, so it goes to the idle peer (before, it waited here)."""
+    """spill_wait_s = 30 s, and a 300 ms TTFT SLO on the model. The next request's local wait (~1 s) is
+    far below spill_wait_s but past its TTFT budget, so it goes to the idle peer (before, it waited here)."""
     slo = '[slos.fast_first_token]\nmodel = "sim"\nsli = "ttft"\nthreshold_ms = 300\nobjective = 0.99\n'
     async with spill_cluster(tmp_path, 2, slots=1, spill_wait=30.0, extra=slo) as nodes, \
             aiohttp.ClientSession() as http:
         (a, a_url), (b, _) = nodes
-        queue = a.state.tenancy.queue_for("sim", a.state.engines["sim"])
-        await until(lambda: _hint_of(a, b, 1), "node 0 to hear node 1 has room")
-        running = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=long_request(1500)))
-        await until(lambda: _free_slots(a, 0), "node 0's slot to be taken")
-
-        async def rate_known() -> bool:
-            return queue.load().wait_s < 0.1        # a service rate is known: one request's worth (~0.04 s)
-        await until(rate_known, "node 0 to know its service rate")
-        queued = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=long_request(400)))
-
-        async def one_queued() -> bool:
-            return sum(queue.load().queued) == 1
-        await until(one_queued, "the second request to wait in node 0's queue (its wait was within budget)")
-        assert queue.load().wait_s < 30.0
-        async with http.post(a_url + "/v1/completions", json=long_request(4)) as resp:
-            assert resp.status == 200
-            assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
+        async with one_running_one_queued(a, a_url, b, http) as queue:
+            assert 0.3 < queue.load().wait_s < 30.0
+            async with http.post(a_url + "/v1/completions", json=long_request(4)) as resp:
+                assert resp.status == 200
+                assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
         assert a.state.cluster.spillovers == {"forwarded": 1}
-        running.cancel()
-        queued.cancel()
+
+
+async def test_a_request_the_local_queue_would_refuse_for_its_deadline_goes_to_a_peer_with_room(tmp_path):
+    """No TTFT SLO, spill_wait_s = 30 s. A request with a 1 s deadline would be refused here at once
+    (early refusal: its ~1 s wait is past half the time left), so it goes to the idle peer instead
+    (before, node 0 refused it: it spilled only past spill_wait_s)."""
+    async with spill_cluster(tmp_path, 2, slots=1, spill_wait=30.0) as nodes, aiohttp.ClientSession() as http:
+        (a, a_url), (b, _) = nodes
+        async with one_running_one_queued(a, a_url, b, http) as queue:
+            assert 0.5 < queue.load().wait_s < 30.0
+            async with http.post(a_url + "/v1/completions", json=long_request(4),
+                                 headers={"X-Request-Timeout": "1"}) as resp:
+                assert resp.status == 200
+                assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
+        assert a.state.cluster.spillovers == {"forwarded": 1}
 
 
 @pytest.mark.bench
