@@ -55,7 +55,7 @@ class SloTracker:
     def ttft_budget_s(self, requested: str, model: str, priority: PriorityClass | None) -> float | None:
         """The tightest `ttft` threshold (seconds) of the SLOs that would judge a request that asked for
         `requested` (a served model or an alias), routed to `model`, in class `priority`; None: none does.
-        Spillover's budget (inferd.api.pipeline.spill): two dict lookups."""
+        Spillover's budget (inferd.api.pipeline.spill_decision): two dict lookups."""
         found = self._ttft.get(requested, ())
         if model != requested:
             found = [*found, *self._ttft.get(model, ())]
