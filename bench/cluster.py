@@ -21,9 +21,11 @@ when its stdin closes or after `--lifetime-s`; the driver kills every node it st
                 is the replay). Figure: the node's rejected
                 counters (their growth) over the bad datagrams sent; the valid originals must be answered.
 
-  spillover     Three real daemons (sim, H100 Llama 3 8B timing, 8 sequence slots each); every request goes to
-                node 0 at twice the capacity measured on node 0 alone. Figure: goodput (200s within the SLO,
-                per second) with spillover on / the same run with it off (bench/cluster_daemons.py).
+  spillover     Three real daemons (sim, H100 Llama 3 8B timing, 8 sequence slots each, a 500 ms TTFT SLO);
+                every request goes to node 0, streamed, at 2x and 3.5x the capacity measured on node 0 alone,
+                with a 1.5 s deadline. Figures, spillover on / the same run with it off: TTFT goodput (first
+                content chunk within the SLO, per second); with it on, node 0's refusals while a peer had a
+                free slot. And at 2x with a `--slo` deadline, whole answers within it (bench/cluster_spill.py).
   tpm           Three real daemons; one tenant with tokens_per_minute set sends round-robin over them at three
                 times its limit. Figure: admitted tokens per minute / the limit, after a warm-up.
   rotation      Three real daemons rotate their key (install, use, remove; one node --rotation-stagger ahead
@@ -55,10 +57,10 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
+import cluster_heal  # noqa: E402 (bench/ is this script's own directory)
 import cluster_keys  # noqa: E402
 import cluster_quota  # noqa: E402
-import cluster_heal  # noqa: E402
+import cluster_spill  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -353,11 +355,11 @@ async def forged_replayed(args: argparse.Namespace, workdir: Path) -> list[str]:
 
 
 async def spillover(args: argparse.Namespace, workdir: Path) -> list[str]:
-    out = await cluster_daemons.spillover_goodput(args.spill_seconds, args.capacity_seconds, args.slo)
+    loads = tuple(float(x) for x in args.spill_loads.split(","))
+    out = await cluster_spill.spillover_ttft(args.spill_seconds, args.capacity_seconds, args.slo, loads,
+                                             args.spill_deadline)
     detail("spillover", **out)
-    return [f"spillover goodput ratio: {out['ratio']:.2f} (on {out['on']['goodput_per_s']:.2f}/s vs off "
-            f"{out['off']['goodput_per_s']:.2f}/s; node 0 capacity {out['capacity_per_s']:.2f}/s, offered "
-            f"{out['offered_per_s']:.2f}/s, SLO {out['slo_s']:g} s)"]
+    return cluster_spill.lines(out)
 
 
 async def tpm(args: argparse.Namespace, workdir: Path) -> list[str]:
@@ -414,6 +416,8 @@ def main() -> int:
     p.add_argument("--spill-seconds", type=float, default=30.0, help="spillover: open-loop arrivals, each way")
     p.add_argument("--capacity-seconds", type=float, default=8.0, help="spillover: node 0's capacity measurement")
     p.add_argument("--slo", type=float, default=5.0, help="spillover: a request counts within this many seconds")
+    p.add_argument("--spill-loads", default="2,3.5", help="spillover: offered loads, as multiples of node 0's capacity")
+    p.add_argument("--spill-deadline", type=float, default=1.5, help="spillover: streamed requests' deadline (s)")
     p.add_argument("--tpm-seconds", type=float, default=65.0)
     p.add_argument("--tpm-warmup", type=float, default=35.0,
                    help="tpm: not measured (the buckets start full: a limit's worth of burst, drained at 2x the limit)")

@@ -34,9 +34,9 @@ def cpu_seconds(pid: int) -> float:
 def spawn(argv: list[str], workdir: Path, log_name: str, cpu: int | None = None) -> tuple[subprocess.Popen, dict]:
     """Start `python argv...` in `workdir` (stderr to workdir/log_name, pinned to `cpu` if given) and
     wait for the JSON line it prints once ready; a server that fails to start exits, closing stdout."""
-    log = (workdir / log_name).open("w")
-    proc = subprocess.Popen([sys.executable, *argv], cwd=workdir, stdout=subprocess.PIPE, stderr=log, text=True,
-                            preexec_fn=None if cpu is None else (lambda: pin(cpu)))
+    with (workdir / log_name).open("w") as log:         # the child writes to its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, *argv], cwd=workdir, stdout=subprocess.PIPE, stderr=log, text=True,
+                                preexec_fn=None if cpu is None else (lambda: pin(cpu)))
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout=30)

@@ -18,6 +18,7 @@ from inferd.cluster.identity import ForwardedIdentity, UsedTokens, check_body, s
 from inferd.cluster.loads import PeerLoads, local_report
 from inferd.cluster.membership import Member
 from inferd.cluster.messages import Load, State, TenantDemand, VersionLoad
+from inferd.cluster.reservations import Reservations
 from inferd.cluster.shares import QuotaShares
 from inferd.cluster.spends import PeerSpends
 from inferd.cluster.keyring import Keyring, load_keys
@@ -49,6 +50,8 @@ class Cluster:
         self.http: aiohttp.ClientSession | None = None      # spillover's connections to peers
         self._used = UsedTokens()
         self.spillovers: dict[str, int] = {}       # outcome -> n (inferd.api.pipeline.spill counts them)
+        # Peers' slots this node's forwards took since their last hints (inferd.api.pipeline.spill holds them).
+        self.reservations = Reservations(lambda: self.loads.max_age_s, clock)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,20 +142,28 @@ class Cluster:
         log.info("cluster_member", node=member.node, state=member.state.name.lower(),
                  previous=previous.name.lower() if previous is not None else None, incarnation=member.incarnation)
 
-    def peer_with_room(self, model: str, version: str | None,
-                       exclude: frozenset[str] = frozenset()) -> Member | None:
-        """The alive peer best placed to start a request for `model` at `version` now: its fresh hint says
-        the version is ready with a free sequence slot and a queue shorter than spill_wait_s (shortest
-        estimated wait first, then most free slots). `version` None: any version of `model` the peer has
-        loaded (a model cold on this node under its memory budget). None when no peer has room."""
+    def peer_with_room(self, model: str, version: str | None, exclude: frozenset[str] = frozenset(),
+                       within_s: float | None = None) -> Member | None:
+        """The alive peer best placed to start a request for `model` at `version` now: its fresh hint,
+        less the slots this node has taken there since (`reservations`), leaves a free sequence slot, and
+        its estimated wait is at most `within_s` (default spill_wait_s; shortest wait first, then most
+        free slots). `version` None: any version of `model` the peer has loaded (a model cold on this
+        node under its memory budget). None when no peer has room."""
+        limit = self.config.spill_wait_s if within_s is None else within_s
+        now = self._clock()
         best, best_key = None, None
         for m in self._alive():
             if m.node in exclude:
                 continue
-            for hint in self.loads.fresh_versions(m.node, model, version):
-                if not hint.ready or hint.free_slots <= 0 or hint.est_wait_s >= self.config.spill_wait_s:
+            for hint, age in self.loads.versions(m.node):
+                if hint.model != model or (version is not None and hint.version != version) \
+                        or age > self.loads.max_age_s or not hint.ready or hint.est_wait_s > limit:
                     continue
-                key = (hint.est_wait_s, -hint.free_slots)
+                held = self.reservations.held(m.node, model, hint.version, now - age)
+                free = hint.free_slots - held if held is not None else 0
+                if free <= 0:
+                    continue
+                key = (hint.est_wait_s, -free)
                 if best_key is None or key < best_key:
                     best, best_key = m, key
         return best

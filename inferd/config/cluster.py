@@ -53,10 +53,13 @@ class ClusterConfig(ConfigTable):
     # Load hints: each node sends its own to every peer this often; older than max age they are ignored.
     load_interval_s: float = 0.5
     load_max_age_s: float = 3.0
-    # Spillover: forward to a peer with room when the local wait would exceed spill_wait_s or the node
-    # refuses the request (503); one hop. The peer must answer with headers within forward_timeout_s.
+    # Spillover: forward to a peer with room when the node would refuse the request, or its estimated
+    # local wait exceeds half of the request's TTFT budget: the tightest `ttft` SLO threshold on its
+    # model, else spill_wait_s (docs/cluster.md#spillover); one hop, only to a peer whose own wait is
+    # within that. 0.5 s: an interactive first-token target, against a forward's few milliseconds on a
+    # LAN. The peer must answer with headers within forward_timeout_s.
     spillover: bool = True
-    spill_wait_s: float = 1.0
+    spill_wait_s: float = 0.5
     forward_timeout_s: float = 5.0
     # Tenant RPM/TPM limits are cluster-wide: each node takes a share in proportion to its recent demand.
     shared_quotas: bool = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from inferd.config import SloConfig
+from inferd.config import PriorityClass, SloConfig
 from inferd.observability import SloSnapshot
 from inferd.slo.burn import BurnCounter
 from inferd.slo.events import RequestOutcome, judge, matches
@@ -30,6 +30,7 @@ class SloTracker:
         self._clock = clock
         self._slos: dict[str, _Slo] = {}
         self._by_model: dict[str, list[_Slo]] = {}
+        self._ttft: dict[str, list[tuple[PriorityClass | None, float]]] = {}
         self.reconfigure(slos)
 
     def reconfigure(self, slos: Mapping[str, SloConfig]) -> None:
@@ -42,9 +43,24 @@ class SloTracker:
         for slo in kept.values():
             by_model.setdefault(slo.config.model, []).append(slo)
         self._by_model = by_model
+        ttft: dict[str, list[tuple[PriorityClass | None, float]]] = {}
+        for slo in kept.values():
+            if slo.config.sli == "ttft" and slo.config.threshold_ms is not None:
+                ttft.setdefault(slo.config.model, []).append((slo.config.priority, slo.config.threshold_ms / 1000.0))
+        self._ttft = ttft
 
     def __bool__(self) -> bool:
         return bool(self._slos)
+
+    def ttft_budget_s(self, requested: str, model: str, priority: PriorityClass | None) -> float | None:
+        """The tightest `ttft` threshold (seconds) of the SLOs that would judge a request that asked for
+        `requested` (a served model or an alias), routed to `model`, in class `priority`; None: none does.
+        Spillover's budget (inferd.api.pipeline.spill_decision): two dict lookups."""
+        found = self._ttft.get(requested, ())
+        if model != requested:
+            found = [*found, *self._ttft.get(model, ())]
+        budgets = [s for p, s in found if p is None or p is priority]
+        return min(budgets) if budgets else None
 
     def record(self, outcome: RequestOutcome) -> None:
         """A request ended: count it in every SLO it is an event of."""

@@ -49,3 +49,16 @@ def test_no_slos_is_false_and_records_nothing():
     assert not tracker
     tracker.record(done(500))
     assert tracker.snapshot() == []
+
+
+def test_a_requests_ttft_budget_is_the_tightest_ttft_threshold_on_its_model_alias_and_class():
+    tracker = SloTracker({"ttft": TTFT, "avail": AVAIL,
+                          "small_fast": SloConfig(model="small", sli="ttft", objective=0.9, threshold_ms=300),
+                          "small_vip": SloConfig(model="small", sli="ttft", objective=0.9, threshold_ms=50,
+                                                 priority=PriorityClass.INTERACTIVE)}, clock=Clock())
+    assert tracker.ttft_budget_s("chat", "small", PriorityClass.STANDARD) == 0.1       # the alias's, tighter
+    assert tracker.ttft_budget_s("small", "small", PriorityClass.STANDARD) == 0.3
+    assert tracker.ttft_budget_s("small", "small", PriorityClass.INTERACTIVE) == 0.05
+    assert tracker.ttft_budget_s("other", "other", PriorityClass.STANDARD) is None
+    tracker.reconfigure({"avail": AVAIL})
+    assert tracker.ttft_budget_s("chat", "small", PriorityClass.STANDARD) is None

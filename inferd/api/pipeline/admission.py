@@ -14,7 +14,8 @@ from inferd.api.pipeline.degrade import DEGRADED_HEADER
 from inferd.api.errors import ApiError, invalid, unavailable
 from inferd.api.pipeline.context import CHARGED, RUNNING, RequestContext
 from inferd.api.wire.responses import new_identity
-from inferd.api.pipeline.spill import NODE_HEADER, spill, wants_spill
+from inferd.api.pipeline.spill import NODE_HEADER, spill
+from inferd.api.pipeline.spill_decision import wants_spill
 from inferd.api.pipeline.versioned import make_room_for_live
 from inferd.api.streaming.waiting import QueuedStream
 from inferd.config import PriorityClass

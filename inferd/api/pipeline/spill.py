@@ -1,8 +1,10 @@
 """Spillover: a request this node would refuse or keep waiting goes to a peer with room (one hop).
 
 Decided after routing, tokenization and the tenant's limits, just before admission: when the local
-admission queue is full or its estimated wait exceeds `cluster.spill_wait_s`, and a live peer's fresh
-load hint says the same model version is ready with a free slot and a short queue
+admission queue would refuse the request, or its estimated wait exceeds half of what is left of the
+request's TTFT budget (the tightest `ttft` SLO threshold on its model, else `cluster.spill_wait_s`), and a live
+peer's fresh load hint, less the slots this node's forwards took there since it was measured, says the
+same model version is ready with a free slot and a wait within that budget
 (inferd.cluster.Cluster.peer_with_room), the tenant's quota is charged here (once: the peer does not
 charge it again) and the exact body is sent to that peer with the caller's identity signed by this
 node (X-Inferd-Forwarded; never the client's key) and the version routing chose (X-Inferd-Version).
@@ -28,6 +30,7 @@ from inferd.admission import Lease
 from inferd.api import appkeys as keys
 from inferd.api.auth import PRINCIPAL
 from inferd.api.pipeline.context import RequestContext
+from inferd.api.pipeline.spill_decision import PEER_WAIT_LIMIT
 from inferd.api.errors import INVALID_REQUEST, ApiError
 from inferd.api.wire.responses import USAGE_COMMENT
 from inferd.cluster import FORWARDED_HEADER, TOKEN_TTL_S, Cluster, ForwardedIdentity, Member, Rejected
@@ -36,17 +39,24 @@ from inferd.types import Usage
 
 NODE_HEADER = "X-Inferd-Node"
 VERSION_HEADER = "X-Inferd-Version"
-MAX_PEERS_TRIED = 2
+# Peers tried before the request runs here. Each one tried had room by its hint less our reservations,
+# so a refusal is rare; more than 3 would only add delay to the request's first token.
+MAX_PEERS_TRIED = 3
 _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Inferd-Model-Version",
                    "X-Inferd-Simulated", "Server-Timing")
 # The peer's own queue refused it (its quota is never charged), it no longer serves that version
 # (retired since its last load hint), or it does not hold our key yet (a rotation reaching it later:
 # its 401 is about our signature, never the client's key, which is not sent): try elsewhere.
 TRY_ELSEWHERE = {401, 404, 429, 503}
+NO_ROOM = {429, 503}
 
 
 class _PeerFailed(Exception):
-    """The peer gave no usable answer before its first byte."""
+    """The peer gave no usable answer before its first byte (`status`: the one it refused with)."""
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 def forwarded_identity(request: web.BaseRequest, cluster: Cluster | None) -> ForwardedIdentity:
@@ -71,57 +81,59 @@ def _bad_identity(message: str) -> ApiError:
     return ApiError(401, message, type=INVALID_REQUEST, code="invalid_forwarded_identity")
 
 
-def wants_spill(ctx: RequestContext) -> bool:
-    """Would this node refuse the request or keep it waiting past spill_wait_s (and may it go elsewhere)?"""
-    cluster = ctx.state.cluster
-    if cluster is None or not cluster.config.spillover or ctx.forwarded or ctx.route.lora is not None \
-            or not ctx.endpoint.spillable:     # e.g. the Responses API: it needs this node's store
-        return False
-    if "max_tokens=" in ctx.degraded:       # the peer would run the body as sent, without this node's cap
-        return False
-    load = ctx.state.tenancy.queue_for(ctx.model, ctx.engine).load()
-    return load.full or load.wait_s > cluster.config.spill_wait_s
-
-
 async def spill(ctx: RequestContext, lease: Lease, headers: dict[str, str]) -> web.StreamResponse | None:
     """Serve `ctx` on a peer with room; its response, or None when no peer took it (run it here). The
     lease (charged here) is released with the usage the peer reports."""
     out = Outgoing(ctx.request, ctx.tenant, ctx.request_id, ctx.deadline, ctx.model, ctx.engine.info.version,
-                   ctx.body)
+                   ctx.body, within_s=ctx.extras.get(PEER_WAIT_LIMIT))
     return await forward(out, ctx.state.cluster, lease, headers, "forwarded")
 
 
 class Outgoing:
     """What forwarding needs of a request: a routed one's RequestContext, or a cold model's
-    before it has one. `version` None: the peer routes it as its own."""
+    before it has one. `version` None: the peer routes it as its own. `within_s`: the longest estimated
+    wait a peer may have (None: spill_wait_s)."""
 
-    __slots__ = ("request", "tenant", "request_id", "deadline", "model", "version", "body")
+    __slots__ = ("request", "tenant", "request_id", "deadline", "model", "version", "body", "within_s")
 
     def __init__(self, request: web.Request, tenant: str, request_id: str, deadline: float, model: str,
-                 version: str | None, body: bytes) -> None:
+                 version: str | None, body: bytes, within_s: float | None = None) -> None:
         self.request, self.tenant, self.request_id, self.deadline = request, tenant, request_id, deadline
-        self.model, self.version, self.body = model, version, body
+        self.model, self.version, self.body, self.within_s = model, version, body, within_s
 
 
 async def forward(out: Outgoing, cluster: Cluster, lease: Lease, headers: dict[str, str],
                   outcome: str) -> web.StreamResponse | None:
     """Send `out` to the best peer with room for its model (and version), trying another if one fails
-    before answering; the peer's response, counted as `outcome`, or None when none took it."""
+    before answering; the peer's response, counted as `outcome`, or None when none took it. Each try
+    holds a reservation on the peer's slot until the request ends there (or the peer refused it), so
+    the forwards that follow count it before the peer's next hint does."""
     tried: set[str] = set()
     while len(tried) < MAX_PEERS_TRIED:
-        peer = cluster.peer_with_room(out.model, out.version, frozenset(tried))
+        peer = cluster.peer_with_room(out.model, out.version, frozenset(tried), within_s=out.within_s)
         if peer is None:
             break
         tried.add(peer.node)
+        held = cluster.reservations.reserve(peer.node, out.model, out.version)
         try:
             upstream = await _send(out, cluster, peer)
         except _PeerFailed as exc:
+            held.release()
+            if exc.status in NO_ROOM:       # its hint was out of date: no room there until a newer one
+                cluster.reservations.refused(peer.node, out.model, out.version)
             _count(cluster, "peer_failed")
             out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
             continue
+        except BaseException:
+            held.release()
+            raise
+        held.answered()
         _count(cluster, outcome)
         out.request[keys.LOG_FIELDS]["served_by"] = peer.node
-        return await _relay(out, upstream, peer.node, lease, headers)
+        try:
+            return await _relay(out, upstream, peer.node, lease, headers)
+        finally:
+            held.release()
     _count(cluster, "no_peer" if not tried else "ran_locally")
     return None
 
@@ -155,7 +167,7 @@ async def _send(out: Outgoing, cluster: Cluster, peer: Member) -> aiohttp.Client
         raise _PeerFailed(type(exc).__name__) from None
     if upstream.status in TRY_ELSEWHERE:
         upstream.release()
-        raise _PeerFailed(f"answered {upstream.status}")
+        raise _PeerFailed(f"answered {upstream.status}", upstream.status)
     return upstream
 
 
