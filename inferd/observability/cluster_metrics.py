@@ -35,8 +35,9 @@ class ClusterCollector:
         yield CounterMetricFamily("inferd_cluster_packets_received", "Gossip datagrams received (those dropped "
                                   "are also counted in inferd_cluster_packets_rejected_total)", value=stats.received)
         rejected = CounterMetricFamily("inferd_cluster_packets_rejected", "Gossip datagrams dropped, by reason "
-                                       "(forged or altered: bad_mac; replayed: replay; outside the timestamp "
-                                       "window: stale)", labels=("reason",))
+                                       "(forged, altered, under an unknown key or for another node: bad_mac; "
+                                       "naming no receiver but not a join: unaddressed; replayed: replay; "
+                                       "outside the timestamp window: stale)", labels=("reason",))
         for reason, n in stats.rejected.items():        # every reason inferd.cluster.wire has, from zero
             rejected.add_metric((reason,), n)
         yield rejected
