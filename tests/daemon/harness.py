@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -101,3 +101,26 @@ async def stream(http: aiohttp.ClientSession, url: str, model: str, max_tokens: 
             for choice in chunk.get("choices", ()):
                 finish = choice.get("finish_reason") or finish
         return resp.status, finish, chunks, served
+
+
+@contextlib.asynccontextmanager
+async def cluster_daemons(tmp_path: Path, n: int, node_config: Callable[[int, str], str], *, key: str,
+                          slots: int = 1) -> AsyncIterator[list[tuple[Daemon, str]]]:
+    """n in-process daemons, each in tmp_path/node<i> with its own cluster.key (`key`) and a sim model of
+    `slots` sequence slots; `node_config(i, seeds)` is node i's [cluster] table and any other config
+    (seeds: the first node's gossip address, "" for the first itself). Yields [(daemon, base_url)]."""
+    nodes: list[tuple[Daemon, str]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        seeds = ""
+        for i in range(n):
+            d = tmp_path / f"node{i}"
+            d.mkdir()
+            (d / "cluster.key").write_text(key)
+            path = write_config(d / "inferd.toml", {"sim": sim_model(time_scale=1.0, max_batch_size=slots)},
+                                node_config(i, seeds))
+            daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
+            nodes.append((daemon, url))
+            if i == 0:
+                host, port = daemon.state.cluster.gossip.address
+                seeds = f'"{host}:{port}"'
+        yield nodes

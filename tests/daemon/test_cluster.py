@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from inferd.cluster.identity import ForwardedIdentity, sign_identity
 from inferd.cluster.wire import Keyring
 from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, until, write_config
+from tests.daemon.harness import cluster_daemons, running_daemon, sim_model, until, write_config
 
 KEY = "ab" * 32
 CLUSTER = """
@@ -42,20 +42,8 @@ async def cluster_of(tmp_path: Path, n: int, *, extra: dict[int, str] | None = N
     """n daemons; the first is every other's seed; `extra[i]`: more [cluster] lines for node i.
     Yields [(daemon, base_url)]."""
     (tmp_path / "cluster.key").write_text(KEY)
-    nodes = []
-    async with contextlib.AsyncExitStack() as stack:
-        seeds = ""
-        for i in range(n):
-            d = tmp_path / f"node{i}"
-            d.mkdir()
-            (d / "cluster.key").write_text(KEY)
-            path = write_config(d / "inferd.toml", {"sim": sim_model(time_scale=1.0, max_batch_size=1)},
-                                CLUSTER.format(seeds=seeds) + (extra or {}).get(i, ""))
-            daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
-            nodes.append((daemon, url))
-            if i == 0:
-                host, port = daemon.state.cluster.gossip.address
-                seeds = f'"{host}:{port}"'
+    async with cluster_daemons(tmp_path, n, lambda i, seeds: CLUSTER.format(seeds=seeds) + (extra or {}).get(i, ""),
+                               key=KEY) as nodes:
         yield nodes
 
 

@@ -20,8 +20,7 @@ from inferd.cluster.identity import verify_token
 from inferd.cluster.keyring import Keyring, fingerprint
 from inferd.cluster.messages import Load, MemberUpdate, State
 from inferd.cluster.wire import Opener
-from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, until, write_config
+from tests.daemon.harness import cluster_daemons, until
 from tests.daemon.test_cluster import LONG, SHORT, _busy, _has_room
 
 OLD = "ab" * 32
@@ -45,20 +44,8 @@ spill_wait_s = 0.01
 async def keyed_cluster(tmp_path: Path, n: int, *, grace_s: float = 60.0):
     """n daemons, the first every other's seed, each reading its own node<i>/cluster.key (OLD at start).
     Yields [(daemon, base_url)] once every node sees every other alive."""
-    nodes = []
-    async with contextlib.AsyncExitStack() as stack:
-        seeds = ""
-        for i in range(n):
-            d = tmp_path / f"node{i}"
-            d.mkdir()
-            (d / "cluster.key").write_text(OLD + "\n")
-            path = write_config(d / "inferd.toml", {"sim": sim_model(time_scale=1.0, max_batch_size=1)},
-                                CLUSTER.format(seeds=seeds, grace=grace_s))
-            daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
-            nodes.append((daemon, url))
-            if i == 0:
-                host, port = daemon.state.cluster.gossip.address
-                seeds = f'"{host}:{port}"'
+    async with cluster_daemons(tmp_path, n, lambda i, seeds: CLUSTER.format(seeds=seeds, grace=grace_s),
+                               key=OLD + "\n") as nodes:
         daemons = [d for d, _ in nodes]
         await until(lambda: _all_alive(daemons), f"all {n} nodes to see each other alive")
         yield nodes

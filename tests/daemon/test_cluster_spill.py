@@ -14,8 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, until, write_config
+from tests.daemon.harness import cluster_daemons, until
 
 KEY = "cd" * 32
 CLUSTER = """
@@ -41,21 +40,11 @@ async def spill_cluster(tmp_path: Path, n: int, *, slots: int, load_interval: fl
                         spill_wait: float = 0.01, extra: str = ""):
     """n in-process daemons of `slots` sequence slots each; the first is every other's seed; `extra`:
     more config for node 0 (e.g. [slos.*]). Yields [(daemon, base_url)]."""
-    nodes = []
-    async with contextlib.AsyncExitStack() as stack:
-        seeds = ""
-        for i in range(n):
-            d = tmp_path / f"node{i}"
-            d.mkdir()
-            (d / "cluster.key").write_text(KEY)
-            text = CLUSTER.format(seeds=seeds, load_interval=load_interval, spill_wait=spill_wait)
-            path = write_config(d / "inferd.toml", {"sim": sim_model(time_scale=1.0, max_batch_size=slots)},
-                                text + (extra if i == 0 else ""))
-            daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
-            nodes.append((daemon, url))
-            if i == 0:
-                host, port = daemon.state.cluster.gossip.address
-                seeds = f'"{host}:{port}"'
+    def node_config(i: int, seeds: str) -> str:
+        text = CLUSTER.format(seeds=seeds, load_interval=load_interval, spill_wait=spill_wait)
+        return text + (extra if i == 0 else "")
+
+    async with cluster_daemons(tmp_path, n, node_config, key=KEY, slots=slots) as nodes:
         yield nodes
 
 
