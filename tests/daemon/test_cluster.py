@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 from openai import AsyncOpenAI
 
@@ -195,6 +196,30 @@ async def test_a_peer_that_cannot_be_reached_before_its_first_byte_leaves_the_re
         async with await started as resp:
             assert resp.status == 200 and resp.headers["X-Inferd-Node"] == a.state.cluster.node_id
         assert a.state.cluster.spillovers == {"peer_failed": 1, "ran_locally": 1}
+
+
+async def test_a_peer_that_did_not_answer_is_not_tried_again_before_its_next_hint(tmp_path):
+    """Node 1's hint says it has room but its API does not answer: after one failed try, the next request
+    does not wait on it again until a hint measured after the failure (node 1 now reports every 5 s)."""
+    unreachable = 'http_url = "http://127.0.0.1:9"\n'        # discard port: nothing listens
+    async with busy_first_node(tmp_path, extra={1: unreachable}) as (a, a_url, b, http, busy):
+        for node, changes in ((a, {"load_max_age_s": 30.0}), (b, {"load_interval_s": 5.0, "load_max_age_s": 30.0})):
+            config = msgspec.structs.replace(node.state.cluster.config, **changes)
+            node.state.cluster.reconfigure(config, await node.state.cluster.read_key(config))
+
+        async def reports_slowly() -> bool:     # node 1's last 0.05 s report is behind it: the next in 5 s
+            age = a.state.cluster.loads.report_age(b.state.cluster.node_id)
+            return age is not None and age > 0.3
+        await until(reports_slowly, "node 1 to report every 5 s")
+        first = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=SHORT))
+        await until(lambda: _spilled(a, "ran_locally"), "node 0 to give up on node 1")
+        second = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=SHORT))
+        await until(lambda: _spilled(a, "no_peer"), "node 0 to find no peer for the second request")
+        busy.cancel()
+        for started in (first, second):
+            async with await started as resp:
+                assert resp.status == 200
+        assert a.state.cluster.spillovers["peer_failed"] == 1
 
 
 async def _spilled(a, outcome: str) -> bool:

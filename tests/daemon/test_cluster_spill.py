@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -141,6 +142,28 @@ async def test_a_request_the_local_queue_would_refuse_for_its_deadline_goes_to_a
                 assert resp.status == 200
                 assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
         assert a.state.cluster.spillovers == {"forwarded": 1}
+
+
+async def test_an_idle_node_keeps_a_request_whose_ttft_budget_was_spent_before_admission(tmp_path):
+    """A 50 ms TTFT SLO, and a body that takes 0.3 s to upload: the budget is spent before admission, but
+    node 0's queue is idle, so the request starts here at once (before, a spent budget sent it to the
+    peer: a hop and a second tokenization for nothing)."""
+    slo = '[slos.fast]\nmodel = "sim"\nsli = "ttft"\nthreshold_ms = 50\nobjective = 0.99\n'
+    body = json.dumps(long_request(4)).encode()
+
+    async def slow_upload():
+        yield body[:10]
+        await asyncio.sleep(0.3)
+        yield body[10:]
+
+    async with spill_cluster(tmp_path, 2, slots=1, extra=slo) as nodes, aiohttp.ClientSession() as http:
+        (a, a_url), (b, _) = nodes
+        await until(lambda: _hint_of(a, b, 1), "node 0 to hear node 1 has room")
+        async with http.post(a_url + "/v1/completions", data=slow_upload(),
+                             headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Inferd-Node"] == a.state.cluster.node_id
+        assert a.state.cluster.spillovers == {}
 
 
 @pytest.mark.bench

@@ -49,6 +49,7 @@ _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Infe
 # its 401 is about our signature, never the client's key, which is not sent): try elsewhere.
 TRY_ELSEWHERE = {401, 404, 429, 503}
 NO_ROOM = {429, 503}
+NO_ANSWER = 0                   # _PeerFailed.status of a peer that did not answer (no connection, timeout)
 
 
 class _PeerFailed(Exception):
@@ -119,7 +120,9 @@ async def forward(out: Outgoing, cluster: Cluster, lease: Lease, headers: dict[s
             upstream = await _send(out, cluster, peer)
         except _PeerFailed as exc:
             held.release()
-            if exc.status in NO_ROOM:       # its hint was out of date: no room there until a newer one
+            # Its hint was out of date, or it hangs: no room there until a newer hint (else the next
+            # spill picks the same peer and waits forward_timeout_s again).
+            if exc.status in NO_ROOM or exc.status == NO_ANSWER:
                 cluster.reservations.refused(peer.node, out.model, out.version)
             _count(cluster, "peer_failed")
             out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"
@@ -164,7 +167,7 @@ async def _send(out: Outgoing, cluster: Cluster, peer: Member) -> aiohttp.Client
             cluster.http.post(peer.http.rstrip("/") + request.path, data=out.body, headers=headers, timeout=timeout),
             min(remaining, cluster.config.forward_timeout_s))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise _PeerFailed(type(exc).__name__) from None
+        raise _PeerFailed(type(exc).__name__, NO_ANSWER) from None
     if upstream.status in TRY_ELSEWHERE:
         upstream.release()
         raise _PeerFailed(f"answered {upstream.status}", upstream.status)
