@@ -98,7 +98,7 @@ class Joiner:
             return
         self._join_seeds = list(seeds)
         self._answered.clear()
-        self._join = asyncio.get_running_loop().create_task(self._join_loop(seeds), name="gossip-join")
+        self._join = asyncio.get_running_loop().create_task(self._guarded_join(seeds), name="gossip-join")
 
     def joining(self) -> bool:
         return self._join is not None and not self._join.done()
@@ -113,6 +113,14 @@ class Joiner:
     def _live_addresses(self) -> set[Addr]:
         return {a for m in self._membership.live() if (a := address(m.addr)) is not None}
 
+    async def _guarded_join(self, seeds: list[str]) -> None:
+        try:
+            await self._join_loop(seeds)
+        except asyncio.CancelledError:
+            raise
+        except Exception:           # never silently: the reconnect loop re-joins the seeds later
+            log.exception("gossip_join_failed", seeds=list(seeds))
+
     async def _join_loop(self, seeds: list[str]) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + JOIN_PATIENCE_S
@@ -125,6 +133,9 @@ class Joiner:
             for target in sorted(unanswered):
                 self._send_sync(target, "join", "")
             deadline = min(give_up, loop.time() + min(JOIN_RETRY_S, self._config().probe_interval_s))
+            if not unanswered:          # only names that did not resolve: ask the resolver again after a pause
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                continue
             while unanswered - self._answered - self._live_addresses() and (left := deadline - loop.time()) > 0:
                 self._reply.clear()
                 try:

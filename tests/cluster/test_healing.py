@@ -179,3 +179,26 @@ def test_the_periodic_push_pull_may_pick_a_dead_member_but_never_a_left_one():
     membership.apply(member("dead-one", 7002, State.DEAD))
     joiner.push_pull()
     assert sent.sent == [("127.0.0.1:7002", "periodic", "dead-one")]
+
+
+async def test_a_seed_name_that_does_not_resolve_is_asked_again_only_after_a_pause(monkeypatch):
+    """Only an unresolvable name left to join: the join waits its retry interval before asking the
+    resolver again (before, it asked again at once, thousands of times a second, for JOIN_PATIENCE_S)."""
+    import inferd.cluster.joining as joining
+
+    loop = asyncio.get_running_loop()
+    asked: list[float] = []
+
+    async def unresolvable(seeds, family):
+        asked.append(loop.time())
+        return set(), len(seeds)
+
+    monkeypatch.setattr(joining, "resolve_seeds", unresolvable)
+    membership, joiner, sent = joiner_of(loop.time, probe_interval_s=0.1, probe_timeout_s=0.05)
+    joiner.join(["no-such-seed.invalid:7946"])
+    try:
+        await until(lambda: len(asked) >= 3, "three resolutions")
+    finally:
+        await joiner.close()
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert min(gaps) >= 0.09 and sent.sent == []
