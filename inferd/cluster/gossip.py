@@ -272,7 +272,7 @@ class Gossip:
             for member in body.members:
                 self.membership.apply(member)
             if body.reply:
-                self._send_sync(source, packet.sender, reply=False)
+                self._send_sync(_reply_address(packet.sender, body, source), packet.sender, reply=False)
             elif self._joiner is not None:
                 self._joiner.answered(source, packet.sender)
         elif isinstance(body, Load):
@@ -313,3 +313,12 @@ class Gossip:
         for peer in peers:
             for body in bodies:
                 self._send(body, peer.addr, peer.node)
+
+
+def _reply_address(sender: str, sync: Sync, source: tuple[str, int]) -> str | tuple[str, int]:
+    """Where a push-pull's answer goes: the address the sender claims for itself in it (a snapshot starts
+    with the sender's own claim), not the datagram's source, which anyone can forge. A join to a seed
+    names no receiver, so any node opens a captured copy: answered at its source, a copy replayed to
+    every node with a victim's address would send the victim every node's table."""
+    own = sync.members[0] if sync.members else None
+    return own.addr if own is not None and own.node == sender else source

@@ -255,3 +255,22 @@ async def test_start_on_a_taken_port_raises_and_close_is_idempotent(make_node):
     await twin.close()
     await node.close()
     await node.close()
+
+
+async def test_a_push_pull_is_answered_at_the_senders_own_address_not_the_datagrams_source(make_node, raw_socket):
+    """A join to a seed names no receiver, so a captured copy opens at any node. Replayed from another
+    (forged) source, the answer still goes to the address the sender claims for itself in it, never to
+    the source (before: every node a copy reached sent its table to whatever source it bore)."""
+    node = await make_node()
+    victim, victim_inbox = raw_socket
+    loop = asyncio.get_running_loop()
+    joiner_sock, joiner_inbox = await loop.create_datagram_endpoint(Inbox, local_addr=("127.0.0.1", 0))
+    try:
+        host, port = joiner_sock.get_extra_info("sockname")[:2]
+        claim = MemberUpdate("joiner", f"{host}:{port}", "http://joiner", State.ALIVE, 0, "joiner")
+        join, _ = Sealer("joiner", Keyring(KEY)).seal(Sync((claim,), True), (), "")
+        victim.sendto(join, node.address)                  # the copy, sent from the victim's address
+        await until(lambda: joiner_inbox.datagrams, "the answer at the joiner's own address")
+        assert victim_inbox.datagrams == []
+    finally:
+        joiner_sock.close()
