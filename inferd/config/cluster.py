@@ -16,6 +16,7 @@ from inferd.config.walk import ConfigTable
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\[\]-]{0,63}$")
 DNS_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+DEAD_CLAIMS_PROBES = 100     # probe intervals a member's claims may still circulate (membership's reap of left ones)
 RESTART_ONLY = ("bind_host", "bind_port", "advertise_host", "node_id")
 
 
@@ -99,6 +100,12 @@ def cluster_errors(c: ClusterConfig, path: str = "cluster") -> list[str]:
         errors.append(f"{path}.suspicion_max_mult: must be >= 1, got {c.suspicion_max_mult}")
     if not c.load_max_age_s > c.load_interval_s:
         errors.append(f"{path}.load_max_age_s: must be longer than load_interval_s ({c.load_interval_s})")
+    # Forgotten sooner, a dead member would come back from old alive claims still circulating (they
+    # piggyback for up to 100 probe intervals), and a partition longer than that would not heal.
+    least = max(c.reconnect_interval_s, DEAD_CLAIMS_PROBES * c.probe_interval_s)
+    if c.reconnect_timeout_s > 0 and c.reconnect_timeout_s < least:
+        errors.append(f"{path}.reconnect_timeout_s: must be at least {least:g} (reconnect_interval_s and "
+                      f"{DEAD_CLAIMS_PROBES} probe intervals), got {c.reconnect_timeout_s:g}")
     return errors
 
 

@@ -202,3 +202,11 @@ async def test_a_seed_name_that_does_not_resolve_is_asked_again_only_after_a_pau
         await joiner.close()
     gaps = [b - a for a, b in zip(asked, asked[1:])]
     assert min(gaps) >= 0.09 and sent.sent == []
+
+
+def test_a_reconnect_timeout_shorter_than_claims_circulate_or_than_the_reconnect_interval_is_refused():
+    assert cluster_errors(ClusterConfig(key_file="k", probe_interval_s=1.0, reconnect_timeout_s=60.0)) == [
+        "cluster.reconnect_timeout_s: must be at least 100 (reconnect_interval_s and 100 probe intervals), got 60"]
+    assert cluster_errors(ClusterConfig(key_file="k", reconnect_interval_s=300.0, reconnect_timeout_s=200.0)) == [
+        "cluster.reconnect_timeout_s: must be at least 300 (reconnect_interval_s and 100 probe intervals), got 200"]
+    assert cluster_errors(ClusterConfig(key_file="k", reconnect_timeout_s=100.0)) == []
