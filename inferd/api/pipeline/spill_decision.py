@@ -60,10 +60,8 @@ def peer_wait_limit(ctx: RequestContext, cluster: Cluster) -> float | None:
     budget = ctx.state.slos.ttft_budget_s(route.alias or route.target.model, route.target.model, priority)
     budget_s = budget if budget is not None else cluster.config.spill_wait_s
     left = (budget_s - (now - ctx.arrival)) * BUDGET_FRACTION
-    # An idle node starts it at once: a budget spent before admission (a slow upload, a long prompt) is
-    # no reason to add a hop and a second tokenization. Asked of the queue and engine directly, not
-    # read off the wait estimate being 0.
-    idle = not any(load.queued) and ctx.engine.capacity().free_slots > 0
-    if not idle and load.wait_s > left:
+    # A wait of 0 is the queue's word that it starts now (QueueLoad.wait_s): a budget spent before
+    # admission (a slow upload, a long prompt) is no reason to add a hop and a second tokenization.
+    if load.wait_s > 0 and load.wait_s > left:
         return max(left, 0.0)
     return None
