@@ -1,6 +1,6 @@
 """The reference engine's LoRA face (engine.adapters.AdapterHost) and its step-thread glue for adapter loads.
 
-A mixin of ReferenceEngine, kept apart so the engine module stays about batching. It owns
+A mixin of StepEngine, kept apart so the engine module stays about batching. It owns
 `_adapters` (the AdapterRegistry: configured, loaded, pinned; thread-safe) and `_waits` (AdapterWaits:
 sequences waiting for a load; step thread only), and uses the engine's `_cond`, `_commands`,
 `_thread`, `_scheduler` and `_end`.
@@ -22,7 +22,7 @@ from inferd.engine.sequence import Sequence
 from inferd.observability import get_logger
 from inferd.types import FinishReason, GenerationRequest
 
-log = get_logger("inferd.engine.reference.engine")   # one logger for the engine's lines
+log = get_logger("inferd.engine.step_engine")   # one logger for the engine's lines
 
 
 def give_weights(seq: Sequence, weights: LoraWeights | None) -> None:

@@ -1,4 +1,4 @@
-"""How the reference engine's step thread admits a submitted sequence (a mixin of ReferenceEngine).
+"""How the reference engine's step thread admits a submitted sequence (a mixin of StepEngine).
 
 Everything one request alone needs is set up here (its output state, its rng, its grammar's matcher); a
 failure ends that request only. A grammar missing from Grammars' cache (evicted while the request waited in
@@ -20,7 +20,7 @@ from inferd.engine.validation import failure_message
 from inferd.observability import get_logger, request_context
 from inferd.types import FinishReason
 
-log = get_logger("inferd.engine.reference.engine")
+log = get_logger("inferd.engine.step_engine")
 
 
 class Admission:

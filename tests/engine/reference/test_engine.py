@@ -14,7 +14,7 @@ from inferd.engine.validation import failure_message
 from inferd.types import FinishReason, GenerationRequest, SamplingParams
 from tests.engine.backends import json_log, started_engines
 
-ENGINE_LOGGER = "inferd.engine.reference.engine"
+ENGINE_LOGGER = "inferd.engine.step_engine"
 
 TEXTS = [
     "the quick brown fox",

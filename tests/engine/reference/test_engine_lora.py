@@ -136,7 +136,7 @@ async def test_an_adapter_that_fails_to_load_fails_its_requests_only(make_engine
     (broken / "adapter_config.json").write_text('{"r": "four"}')
     engine = await make_engine(lora_adapters={**tiny_adapters, "broken": broken})
 
-    with json_log("inferd.engine.reference.engine") as lines:
+    with json_log("inferd.engine.step_engine") as lines:
         bad = await engine.submit(req(engine, "bad", TEXTS[0], "broken")).collect()
         good = await engine.submit(req(engine, "good", TEXTS[0], "all")).collect()
 

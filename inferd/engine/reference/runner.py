@@ -1,0 +1,55 @@
+"""The reference engine's runner: the NumPy decoder, its paged KV cache and the NumPy sampler."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferd.engine.reference.model import ForwardBatch, LlamaModel
+from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
+from inferd.engine.runner import StepResult, prompt_logit_rows
+from inferd.engine.scheduler import SchedulerOutput
+from inferd.types import TokenLogprob
+
+
+class ReferenceRunner:
+    """A ModelRunner (inferd.engine.runner) in float32 NumPy on the CPU."""
+
+    def __init__(self, model: LlamaModel, num_kv_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.config = model.config
+        self.kv = model.new_kv_cache(num_kv_blocks, block_size)
+        self._sampler = Sampler()
+
+    @classmethod
+    def load(cls, artifact_dir: Path, num_kv_blocks: int, block_size: int) -> "ReferenceRunner":
+        return cls(LlamaModel.from_pretrained(artifact_dir), num_kv_blocks, block_size)
+
+    def memory_bytes(self) -> int:
+        return self.model.weight_bytes() + sum(a.nbytes for a in (*self.kv.k, *self.kv.v))
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        for src, dst in out.block_copies:       # forked sequences' partial blocks, before they are read
+            self.kv.copy_block(src, dst)
+        batch = ForwardBatch(token_ids=out.token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
+                             query_lens=out.num_new_tokens, context_lens=out.context_lens,
+                             block_tables=out.block_tables, loras=[seq.lora for seq in out.seqs])
+        every = prompt_logit_rows(out)
+        prompt_logits = []
+        if every:
+            logits, full = self.model.forward_every(batch, self.kv, every)
+            prompt_logits = [(out.seqs[i], out.seqs[i].num_computed_tokens, chunk) for i, chunk in zip(every, full)]
+        else:
+            logits = self.model.forward(batch, self.kv)
+        rows = out.sample_rows
+        if len(rows) != len(out.seqs):
+            logits = logits[rows]
+        picked = [out.seqs[r] for r in rows]
+        logits = grammar_masked(logits, picked)
+        tokens = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked], picked)
+        logprobs: list[TokenLogprob | None] = [None] * len(picked)
+        wanted = [j for j, s in enumerate(picked) if s.sampling.logprobs is not None]
+        if wanted:      # only the rows that asked pay for log_softmax (a grammar's mask included, as vLLM)
+            found = token_logprobs(logits[wanted], [tokens[j] for j in wanted],
+                                   [picked[j].sampling.logprobs for j in wanted])
+            for j, lp in zip(wanted, found):
+                logprobs[j] = lp
+        return StepResult(tokens, logprobs, prompt_logits)
