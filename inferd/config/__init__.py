@@ -20,6 +20,7 @@ from inferd.config.root import (
     ServerConfig,
     SimConfig,
     TrtllmConfig,
+    TorchConfig,
     artifact_name,
     check_config_main,
     load_config,
@@ -53,7 +54,7 @@ __all__ = [
     "KEYS_FILE", "ModelConfig", "OutputRules", "PolicyConfig", "PriceConfig", "PriorityClass", "ROUTE_NAME_RE", "RolloutConfig", "RolloutThresholds",
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
     "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
-    "DEFAULT_TENANT", "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "artifact_name", "check_auth_binding", "check_config_main",
+    "DEFAULT_TENANT", "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "TorchConfig", "artifact_name", "check_auth_binding", "check_config_main",
     "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_seed", "parse_target", "price_for", "rollout_errors",
     "split_from_config", "with_overrides",
 ]

@@ -42,6 +42,9 @@ def embedding_errors(path: str, backend: str, task: Task | None, batching: Batch
     if task == "embed" and backend == "trtllm":
         errors.append(f"{path}.task: backend 'trtllm' serves generation only (TensorRT-LLM's LLM API has no "
                       f"pooled-embedding output); serve embedding models with backend 'reference' or 'sim'")
+    if task == "embed" and backend == "torch":
+        errors.append(f"{path}.task: backend 'torch' serves generation only; serve embedding models with "
+                      f"backend 'reference' or 'sim'")
     if task == "embed" and lora_adapters:
         errors.append(f"{path}.lora_adapters: LoRA adapters are for generation models, not task = 'embed'")
     if batching is None:

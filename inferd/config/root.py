@@ -34,12 +34,13 @@ from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.slos import SloConfig
 from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
+from inferd.config.torch_engine import TorchConfig, torch_errors
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
 from inferd.config.tracing import TracingConfig, tracing_errors
 from inferd.config.trust import trust_list_errors
 from inferd.config.walk import ConfigTable, check_table, type_name, well_formed
 
-Backend = Literal["reference", "sim", "trtllm"]
+Backend = Literal["reference", "torch", "sim", "trtllm"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["auto", "text", "json"]
 SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
@@ -123,7 +124,7 @@ class ModelConfig(ConfigTable):
     versions: tuple[str, ...] = ()         # further versions kept loaded and warm (docs/models.md)
     max_batch_size: int = 32
     max_num_tokens: int = 512
-    num_kv_blocks: int | None = None       # reference: default 2048; sim: derived from the profile
+    num_kv_blocks: int | None = None       # reference, torch on cpu: default 2048; torch on cuda: from free memory; sim: the profile
     # reference: the longest sequence (prompt + output) served, below the model's own context (vLLM's
     # --max-model-len); None: the model's max_position_embeddings (and never past the KV pool)
     max_model_len: int | None = None
@@ -135,6 +136,7 @@ class ModelConfig(ConfigTable):
     trusted_keys: tuple[str, ...] = ()     # when set, replaces server.trusted_keys for this model
     sim: SimConfig | None = None
     trtllm: TrtllmConfig | None = None
+    torch: TorchConfig | None = None       # backend = "torch": device, dtype, memory (inferd.config.torch_engine)
     breaker: BreakerConfig | None = None   # stop routing to a failing version for a while
     keep_warm_s: float = 0.0               # a version the config drops stays loaded, unrouted, this long
     hardware: str | None = None            # the `hardware` label of its autoscaling series (e.g. "h100-sxm");
@@ -291,6 +293,7 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.sim: a [sim] section needs backend = \"sim\" (backend is {m.backend!r})")
     if m.trtllm is not None and m.backend != "trtllm":
         errors.append(f"{p}.trtllm: a [trtllm] section needs backend = \"trtllm\" (backend is {m.backend!r})")
+    errors.extend(torch_errors(p, m.backend, m.torch))
     if m.sim is not None:
         if not m.sim.time_scale >= 0:   # 0: no simulated step time (front-end benchmarks); rejects NaN
             errors.append(f"{p}.sim.time_scale: must be >= 0, got {m.sim.time_scale}")

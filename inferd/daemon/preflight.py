@@ -129,7 +129,7 @@ def _adapter_errors(model: str, config: ModelConfig, base: Path | None, trusted:
                 from inferd.engine.trtllm import check_trtllm_adapter
 
                 check_trtllm_adapter(adapter, source)
-            elif config.backend == "reference" and base is not None:
+            elif config.backend in ("reference", "torch") and base is not None:   # torch takes the same adapters
                 from inferd.engine.reference import check_adapter    # numpy and the model: only when asked
 
                 check_adapter(adapter, source, base)

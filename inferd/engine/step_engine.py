@@ -106,6 +106,13 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         """EngineInfo.hardware: what the runner computes on."""
         raise NotImplementedError
 
+    def _context_limit(self, config, num_kv_blocks: int | None) -> int:
+        """The longest sequence served: the model's context, max_model_len when set, and the KV pool (a
+        sequence can never outgrow the whole pool: advertised, or the API would default max_tokens to a
+        context this engine then refuses)."""
+        limit = min(config.max_position_embeddings, self._max_model_len or config.max_position_embeddings)
+        return limit if num_kv_blocks is None else min(limit, num_kv_blocks * self._block_size)
+
     def _load(self) -> None:
         manifest = verify_artifact(self.artifact_dir) if self._verify else read_manifest(self.artifact_dir)
         self._runner = self._make_runner()
@@ -114,10 +121,7 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         config = self._runner.config
         self.grammars = Grammars.for_hf(self.tokenizer, config.vocab_size)   # lazy: xgrammar loads on first use
         self._adapters.bind(config)
-        # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
-        # default max_tokens to a context this engine then refuses.
-        max_model_len = min(config.max_position_embeddings, self._num_kv_blocks * self._block_size,
-                            self._max_model_len or config.max_position_embeddings)
+        max_model_len = self._context_limit(config, self._num_kv_blocks)
         self.info = EngineInfo(
             backend=self.backend, model_name=manifest.name, version=manifest.version,
             max_model_len=max_model_len, block_size=self._block_size,

@@ -113,28 +113,46 @@ def _is_embedding_artifact(name: str, model: ModelConfig, artifact_dir: Path) ->
     return embeds
 
 
+def _step_engine_options(name: str, model: ModelConfig, server: ServerConfig) -> dict:
+    """What the reference and torch engines (both StepEngines) take from a model's table alike."""
+    return dict(block_size=model.block_size, max_batch_size=model.max_batch_size,
+                max_num_tokens=model.max_num_tokens, verify=model.verify, max_model_len=model.max_model_len,
+                lora_adapters=dict(model.lora_adapters), max_loaded_adapters=model.max_loaded_adapters,
+                adapter_idle_unload_s=model.adapter_idle_unload_s,
+                adapter_trusted_keys=adapter_trusted_keys(name, model, server) if model.lora_adapters else {})
+
+
+def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
+    from inferd.config import TorchConfig
+
+    artifact_dir = _artifact_dir(name, model, server)
+    if _is_embedding_artifact(name, model, artifact_dir):
+        raise EngineConfigError(name, f"artifact {artifact_dir.parent.name!r} is an embedding model; backend "
+                                      f"'torch' serves generation only (use backend 'reference')")
+    try:
+        from inferd.engine.torch.engine import TorchEngine
+    except ImportError as exc:       # torch is the `gpu` extra (or `parity` on a CPU machine)
+        raise EngineConfigError(name, f"backend 'torch' is not available here: {exc}") from None
+    t = model.torch or TorchConfig()
+    default_blocks = DEFAULT_REFERENCE_KV_BLOCKS if t.device == "cpu" else None   # CUDA: from free memory
+    return TorchEngine(artifact_dir, num_kv_blocks=model.num_kv_blocks or default_blocks, device=t.device,
+                       dtype=t.dtype, gpu_memory_utilization=t.gpu_memory_utilization, cuda_graphs=t.cuda_graphs,
+                       cuda_graph_max_batch_size=t.cuda_graph_max_batch_size, load_format=t.load_format,
+                       seed=t.seed, **_step_engine_options(name, model, server))
+
+
 def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
     """Construct (not start) the engine for one [models.<name>] table."""
     if model.backend == "reference":
         artifact_dir = _artifact_dir(name, model, server)  # first: a missing artifact is the likelier error
         if _is_embedding_artifact(name, model, artifact_dir):
             return _reference_embedding_engine(name, model, artifact_dir)
-        trusted = adapter_trusted_keys(name, model, server) if model.lora_adapters else {}
         from inferd.engine.reference import ReferenceEngine
 
-        return ReferenceEngine(
-            artifact_dir,
-            num_kv_blocks=model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS,
-            block_size=model.block_size,
-            max_batch_size=model.max_batch_size,
-            max_num_tokens=model.max_num_tokens,
-            verify=model.verify,
-            max_model_len=model.max_model_len,
-            lora_adapters=dict(model.lora_adapters),
-            max_loaded_adapters=model.max_loaded_adapters,
-            adapter_idle_unload_s=model.adapter_idle_unload_s,
-            adapter_trusted_keys=trusted,
-        )
+        return ReferenceEngine(artifact_dir, num_kv_blocks=model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS,
+                               **_step_engine_options(name, model, server))
+    if model.backend == "torch":
+        return _torch_engine(name, model, server)
     if model.backend == "sim":
         from inferd.config import SimConfig
         from inferd.engine.sim import SimEngine

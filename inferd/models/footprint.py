@@ -5,6 +5,9 @@ Estimated from what is on disk and in the config, without loading anything:
 - sim: the profile's weights (per GPU) + its runtime reserve + the KV pool the config gives it;
 - reference: the parameters its config.json implies, as the float32 arrays the engine holds, + the KV
   pool (float32 K and V for every layer, `num_kv_blocks` x `block_size` slots);
+- torch: the same parameters at its dtype's width, + its KV pool at that width when its size is known
+  (`num_kv_blocks`, or the CPU's default); on CUDA the pool is sized from free memory at load, which no
+  estimate can know: set `memory_bytes` (or `num_kv_blocks`) for a torch model on CUDA under a budget;
 - trtllm: the engine files' size (the weights). Its KV pool is a fraction of whatever GPU memory is
   free, which no estimate made before loading can know: set `memory_bytes` for a trtllm model under
   a budget.
@@ -36,6 +39,8 @@ def estimate_bytes(name: str, model: ModelConfig, server: ServerConfig, artifact
         raise FootprintError(f"models.{name}: no artifact to estimate its memory from; set memory_bytes")
     if model.backend == "reference":
         return _reference_bytes(model, artifact)
+    if model.backend == "torch":
+        return _torch_bytes(name, model, artifact)
     return sum(f.stat().st_size for f in artifact.rglob("*") if f.is_file())
 
 
@@ -50,6 +55,27 @@ def _sim_bytes(model: ModelConfig) -> int:
 
 
 def _reference_bytes(model: ModelConfig, artifact: Path) -> int:
+    params, kv_per_block = _shape_counts(model, artifact)
+    return FLOAT32 * (params + kv_per_block * (model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS))
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _torch_bytes(name: str, model: ModelConfig, artifact: Path) -> int:
+    from inferd.config import TorchConfig
+
+    t = model.torch or TorchConfig()
+    blocks = model.num_kv_blocks or (DEFAULT_REFERENCE_KV_BLOCKS if t.device == "cpu" else None)
+    if blocks is None:
+        raise FootprintError(f"models.{name}: a torch model on {t.device} sizes its KV pool from free GPU memory "
+                             f"at load; set memory_bytes (or num_kv_blocks) to put it under a memory budget")
+    params, kv_per_block = _shape_counts(model, artifact)
+    return _DTYPE_BYTES[t.dtype] * (params + kv_per_block * blocks)
+
+
+def _shape_counts(model: ModelConfig, artifact: Path) -> tuple[int, int]:
+    """The parameters config.json implies, and the K/V entries of one KV block (every layer)."""
     try:
         c = json.loads((artifact / "config.json").read_text())
         hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
@@ -62,9 +88,7 @@ def _reference_bytes(model: ModelConfig, artifact: Path) -> int:
     per_layer = attention + 3 * hidden * inter + 2 * hidden
     embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
     params = layers * per_layer + embeddings + hidden
-    blocks = model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS
-    kv = 2 * layers * blocks * model.block_size * kv_heads * head_dim
-    return FLOAT32 * (params + kv)
+    return params, 2 * layers * model.block_size * kv_heads * head_dim
 
 
 def measured_bytes(engine: object) -> int | None:
