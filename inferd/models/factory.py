@@ -136,7 +136,9 @@ def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine
     t = model.torch or TorchConfig()
     default_blocks = DEFAULT_REFERENCE_KV_BLOCKS if t.device == "cpu" else None   # CUDA: from free memory
     return TorchEngine(artifact_dir, num_kv_blocks=model.num_kv_blocks or default_blocks, device=t.device,
-                       dtype=t.dtype, gpu_memory_utilization=t.gpu_memory_utilization, cuda_graphs=t.cuda_graphs,
+                       dtype=t.dtype, gpu_memory_utilization=t.gpu_memory_utilization,
+                       # on the CPU the fixed-size decode buffers only cost padding: eager steps there
+                       cuda_graphs=t.cuda_graphs and t.device != "cpu",
                        cuda_graph_max_batch_size=t.cuda_graph_max_batch_size, load_format=t.load_format,
                        seed=t.seed, **_step_engine_options(name, model, server))
 

@@ -87,7 +87,7 @@ def test_wrong_type_inside_a_map_names_the_entry():
 
 def test_bad_enum_value_lists_the_choices():
     errs = errors_of({"models": {"small": {"backend": "gpu"}}})
-    assert errs == ["models.small.backend: expected one of 'reference', 'sim', 'trtllm', got 'gpu'"]
+    assert errs == ["models.small.backend: expected one of 'reference', 'torch', 'sim', 'trtllm', got 'gpu'"]
 
 
 def test_every_error_is_reported_not_just_the_first():

@@ -123,3 +123,34 @@ def test_a_sim_embedding_model_is_a_unary_engine_with_the_configured_policy():
                                             "batching": {"policy": "window", "window_ms": 7}})
     assert build_engine(name, model, server).policy.window_s == pytest.approx(0.007)
     assert isinstance(build_engine(name, model, server).policy, FixedWindow)
+
+
+def test_torch_backend_gets_its_section_and_what_every_step_engine_takes(tmp_path):
+    from inferd.engine.torch.engine import TorchEngine
+
+    build_synthetic("tiny", tmp_path, progress=lambda message: None)
+    name, model, server = model_and_server({
+        "backend": "torch", "artifact": "tiny", "max_batch_size": 8, "num_kv_blocks": 64, "block_size": 32,
+        "lora_adapters": {"a": str(tmp_path / "a")},
+        "torch": {"device": "cpu", "dtype": "float32", "load_format": "dummy", "seed": 7}}, tmp_path)
+    engine = build_engine(name, model, server)
+    assert isinstance(engine, TorchEngine)
+    assert (engine._device, engine._dtype, engine._load_format, engine._seed) == ("cpu", "float32", "dummy", 7)
+    assert (engine._num_kv_blocks, engine._block_size, engine._max_batch_size) == (64, 32, 8)
+    assert not engine._graphs                 # CUDA graphs are for CUDA: the CPU runs its steps eagerly
+    assert [a.name for a in engine.adapters()] == ["a"]
+
+
+def test_torch_pool_defaults_to_2048_blocks_on_the_cpu_and_to_free_memory_on_cuda(tmp_path):
+    build_synthetic("tiny", tmp_path, progress=lambda message: None)
+    on_cpu = build_engine(*model_and_server({"backend": "torch", "artifact": "tiny", "torch": {"device": "cpu"}},
+                                            tmp_path))
+    on_cuda = build_engine(*model_and_server({"backend": "torch", "artifact": "tiny"}, tmp_path))
+    assert (on_cpu._num_kv_blocks, on_cuda._num_kv_blocks) == (2048, None)
+    assert on_cuda._graphs and on_cuda._utilization == 0.9
+
+
+def test_a_torch_embedding_artifact_is_refused_naming_the_backend(tmp_path):
+    build_synthetic("tiny-embed", tmp_path, progress=lambda message: None)
+    with pytest.raises(EngineConfigError, match="backend 'torch' serves generation only"):
+        build_engine(*model_and_server({"backend": "torch", "artifact": "tiny-embed"}, tmp_path))
