@@ -72,6 +72,16 @@ def reference(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
                                    max_batch_size=4, max_num_tokens=64))
 
 
+def torch_cpu(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
+    # The torch engine on the CPU path, float32. cuda_graphs on: decode steps go through the same
+    # fixed-size ladder buffers a GPU replays as CUDA graphs (run eagerly here), so that path is covered too.
+    pytest.importorskip("torch")
+    from inferd.engine.torch.engine import TorchEngine
+
+    return running(TorchEngine(request.getfixturevalue("tiny_artifact"), num_kv_blocks=48, block_size=16,
+                               max_batch_size=4, max_num_tokens=64, device="cpu", dtype="float32", cuda_graphs=True))
+
+
 def trtllm(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
     # TensorRT-LLM cannot be installed here: run TrtllmEngine on its test double (on sys.path only here)
     from tests.trtllm_double.harness import trtllm_on_double
@@ -82,6 +92,7 @@ def trtllm(request: pytest.FixtureRequest) -> AsyncContextManager[Engine]:
 BACKENDS: dict[str, BackendFactory] = {
     "reference": reference,
     "sim": sim,
+    "torch": torch_cpu,
     "trtllm": trtllm,
 }
 
