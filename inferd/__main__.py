@@ -31,6 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "<this>` (default: $INFERD_API_KEY, else no auth)")
     serve.add_argument("--max-model-len", type=int, default=None, help="with --model: the longest prompt + "
                                                                        "output (default: the model's context)")
+    # The GPU engine (backend "torch", docs/gpu.md) and vLLM's names for its settings
+    serve.add_argument("--backend", choices=["reference", "torch"], default=None,
+                       help="with --model: the engine (default: reference, NumPy on the CPU; torch: PyTorch)")
+    serve.add_argument("--device", default=None, help="with --backend torch: cuda, cuda:N or cpu (default: cuda)")
+    serve.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default=None,
+                       help="with --backend torch: weights and KV pool (default/auto: bfloat16)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="with --backend torch: the GPU memory share it may hold, KV pool included (default 0.9)")
+    serve.add_argument("--enforce-eager", action="store_true", default=None,
+                       help="with --backend torch: no CUDA graphs")
+    serve.add_argument("--load-format", choices=["auto", "dummy"], default=None,
+                       help="with --backend torch: dummy = random weights (benchmarks)")
 
     from inferd.artifacts import add_pull_parser     # argparse only: huggingface_hub loads on a pull
     add_pull_parser(sub)
@@ -110,12 +122,17 @@ def _signing_dir(args) -> str:
     return str(default_state_dir() / "signing")
 
 
+# `serve` flags that only `--model` takes (a config file sets these keys itself)
+MODEL_FLAGS = ("served_model_name", "api_key", "max_model_len", "backend", "device", "dtype",
+               "gpu_memory_utilization", "enforce_eager", "load_format")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        if args.model is None and (args.served_model_name or args.api_key or args.max_model_len) is not None:
-            print("inferd serve: --served-model-name, --api-key and --max-model-len go with --model (with --config, "
-                  "set them in the file)", file=sys.stderr)
+        if args.model is None and any(getattr(args, flag) is not None for flag in MODEL_FLAGS):
+            print(f"inferd serve: --{', --'.join(f.replace('_', '-') for f in MODEL_FLAGS)} go with --model "
+                  "(with --config, set them in the file)", file=sys.stderr)
             return 2
         if args.model is not None and args.config is not None:
             print("inferd serve: give --model or --config, not both", file=sys.stderr)

@@ -3,7 +3,8 @@
 X is a Hugging Face checkpoint directory (packed into an artifact first), an artifact directory
 (engines/<name> or engines/<name>/<version>), the name of an artifact already in the state
 directory's engines (what `inferd pull` wrote), or a hub id (pulled, then packed). The flags vLLM
-has keep its names: --host, --port, --api-key, --max-model-len, --served-model-name.
+has keep its names: --host, --port, --api-key, --max-model-len, --served-model-name, and for the torch
+engine (--backend torch) --device, --dtype, --gpu-memory-utilization, --enforce-eager, --load-format.
 
 The Config is built as a TOML file would be (a dict through inferd.config.parse_config), so every
 default and check of the file applies, and bad flags are reported as bad keys are. Runtime state
@@ -33,6 +34,7 @@ def model_config(args: argparse.Namespace) -> Config:
     if name is not None and not ROUTE_NAME_RE.match(name):      # before a pull that may take minutes
         raise ConfigError([f"--served-model-name {name!r}: must match {ROUTE_NAME_RE.pattern} (it is used in URLs "
                            "and metric labels)"], "command line")
+    engine = _engine_table(args)                        # before a pull too
     try:
         engines_root, artifact, version = resolve_model(args.model, state / "engines")
         _check_max_model_len(engines_root / artifact, version, args.max_model_len)
@@ -40,10 +42,11 @@ def model_config(args: argparse.Namespace) -> Config:
         raise ConfigError([f"--model {args.model}: {exc}"], "command line") from None
     served = args.served_model_name or artifact
     # A chat without max_tokens gets SERVE_DEFAULT_MAX_TOKENS, not the rest of the context (minutes on a CPU)
-    model: dict[str, Any] = {"backend": "reference", "artifact": artifact, "version": version,
+    model: dict[str, Any] = {"artifact": artifact, "version": version,
                              "default_max_tokens": SERVE_DEFAULT_MAX_TOKENS}
     if args.max_model_len is not None:
         model["max_model_len"] = args.max_model_len
+    model.update(engine)
     raw: dict[str, Any] = {
         "server": {"host": args.host or "127.0.0.1", "port": 8000 if args.port is None else args.port,
                    "state_dir": str(state), "engines_root": str(engines_root)},
@@ -58,6 +61,28 @@ def model_config(args: argparse.Namespace) -> Config:
     log.info("serve_model", model=args.model, served_as=served, artifact=str(engines_root / artifact),
              version=version, state_dir=str(state))
     return config
+
+
+# --flag -> [models.X.torch] key, as vLLM names them
+TORCH_FLAGS = {"device": "device", "dtype": "dtype", "gpu_memory_utilization": "gpu_memory_utilization",
+               "load_format": "load_format"}
+
+
+def _engine_table(args: argparse.Namespace) -> dict[str, Any]:
+    """The model table's backend (and [torch] table) from --backend and the torch engine's flags, checked
+    as the file's keys are."""
+    torch_flags = {key: getattr(args, flag) for flag, key in TORCH_FLAGS.items() if getattr(args, flag, None) is not None}
+    if getattr(args, "enforce_eager", None):
+        torch_flags["cuda_graphs"] = False
+    if torch_flags.get("dtype") == "auto":      # vLLM's auto: the checkpoint's; ours serves bf16 on a GPU
+        del torch_flags["dtype"]
+    backend = getattr(args, "backend", None) or "reference"
+    if torch_flags and backend != "torch":
+        flags = ", ".join("--" + f.replace("_", "-") for f in (*TORCH_FLAGS, "enforce_eager")
+                          if getattr(args, f, None) is not None)
+        raise ConfigError([f"{flags}: only with --backend torch (the reference engine runs float32 on the CPU)"],
+                          "command line")
+    return {"backend": backend, "torch": torch_flags} if backend == "torch" else {"backend": backend}
 
 
 def resolve_model(model: str, engines_root: Path) -> tuple[Path, str, str]:

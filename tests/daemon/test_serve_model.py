@@ -93,6 +93,9 @@ def test_a_hub_id_is_pulled_and_served_by_the_repo_name(checkpoint, state, monke
     (["--max-model-len", "100000"], "--max-model-len 100000: this model's context is 1..256 tokens"),
     (["--served-model-name", "org/smol"], "--served-model-name 'org/smol': must match"),
     (["--host", "0.0.0.0"], "server.host"),
+    (["--dtype", "float16"], "--dtype: only with --backend torch"),
+    (["--backend", "torch", "--device", "gpu0"], "models.SmolLM2-tiny.torch.device: expected"),
+    (["--backend", "torch", "--gpu-memory-utilization", "1.5"], "models.SmolLM2-tiny.torch.gpu_memory_utilization"),
 ])
 def test_bad_flags_are_a_config_error_naming_them(checkpoint, state, monkeypatch, argv, says):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")       # nothing listens: no hub reachable
@@ -103,7 +106,21 @@ def test_bad_flags_are_a_config_error_naming_them(checkpoint, state, monkeypatch
     assert caught.value.source == "command line" and says in "\n".join(caught.value.errors)
 
 
-@pytest.mark.parametrize("argv", [["--api-key", "k"], ["--max-model-len", "64"], ["--model", "x", "--config", "c.toml"]])
+def test_the_torch_engine_takes_vllms_flags(checkpoint, state):
+    config = model_config(serve_args("--model", str(checkpoint), "--backend", "torch", "--device", "cpu", "--dtype",
+                                     "float32", "--gpu-memory-utilization", "0.5", "--enforce-eager",
+                                     "--load-format", "dummy"))
+    model = config.models["SmolLM2-tiny"]
+    t = model.torch
+    assert model.backend == "torch"
+    assert (t.device, t.dtype, t.gpu_memory_utilization, t.cuda_graphs, t.load_format) == (
+        "cpu", "float32", 0.5, False, "dummy")
+    auto = model_config(serve_args("--model", str(checkpoint), "--backend", "torch", "--dtype", "auto"))
+    assert auto.models["SmolLM2-tiny"].torch.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("argv", [["--api-key", "k"], ["--max-model-len", "64"], ["--model", "x", "--config", "c.toml"],
+                                  ["--backend", "torch"], ["--enforce-eager"]])
 def test_vllm_flags_without_model_or_with_config_exit_2(argv, capsys):
     assert main(["serve", *argv]) == 2
     assert "--model" in capsys.readouterr().err
@@ -142,6 +159,38 @@ async def test_serve_model_runs_a_checkpoint_with_no_config_file_for_the_openai_
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_the_torch_engine_serves_a_checkpoint_on_the_cpu_for_the_openai_sdk(checkpoint, tmp_path):
+    pytest.importorskip("torch")
+    proc = await _serve(tmp_path / "state", "--model", str(checkpoint), "--port", "0", "--backend", "torch",
+                        "--device", "cpu", "--dtype", "float32", "--max-model-len", "128")
+    seen: list[dict] = []
+    try:
+        port = (await asyncio.wait_for(read_event(proc, "listening", seen), 120))["port"]
+        await asyncio.wait_for(read_event(proc, "ready", seen), 120)
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
+            stream = await client.chat.completions.create(
+                model="SmolLM2-tiny", messages=[{"role": "user", "content": "The capital of France is"}],
+                max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
+            chunks = [chunk async for chunk in stream]
+            assert chunks[-1].usage.completion_tokens >= 1
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+        metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        assert 'backend="torch"' in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
 
 
 async def test_serve_model_of_an_unknown_hub_id_exits_1_naming_it_without_a_traceback(tmp_path):
