@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from inferd.engine.torch.sampling_plan import SamplingPlan, plan
+from inferd.engine.torch.sampling_plan import SamplingPlan, TokenHistory, plan
 from inferd.engine.torch.upload import HostUpload
 from inferd.types import TokenLogprob
 
@@ -42,6 +42,7 @@ class TorchSampler:
         self.device = torch.device(device)
         self.vocab_size = vocab_size
         self._upload = HostUpload(self.device)
+        self._history = TokenHistory()
         self._shifts = torch.arange(8, dtype=torch.uint8, device=self.device)
 
     def sample(self, logits: torch.Tensor, seqs: Sequence) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -51,7 +52,7 @@ class TorchSampler:
         self._check(logits, len(seqs))
         if not seqs:
             return [], []
-        steps = plan(seqs, self.vocab_size, TOPK_LIMIT)
+        steps = plan(seqs, self.vocab_size, TOPK_LIMIT, self._history)
         dev = self._upload.send(steps.arrays) if steps.arrays else {}
         x = logits.to(torch.float32, copy=steps.modifies_logits).contiguous()
         if steps.grammar:
@@ -60,7 +61,7 @@ class TorchSampler:
         if steps.logprob_rows:     # raw: of the masked logits, before the bias and penalties change them
             lp = torch.log_softmax(_take(x, dev.get("logprob_rows")), dim=1)
         if steps.adjusts:
-            _adjust(x.view(-1), dev)
+            _adjust(x.view(-1), dev, steps)
         tokens = x.argmax(dim=1) if steps.greedy else None
         if steps.random:
             drawn = _draw(x, dev, steps)
@@ -90,19 +91,42 @@ class TorchSampler:
             x.index_fill_(0, dead, 0.0)
 
 
-def _adjust(flat: torch.Tensor, dev: dict[str, torch.Tensor]) -> None:
+def _adjust(flat: torch.Tensor, dev: dict[str, torch.Tensor], steps: SamplingPlan) -> None:
     """logit_bias, then the repetition penalty, then frequency and presence, on the flat logits in place. Sums
     in float64 as the reference's numpy does (a float32 logit plus a float64 bias, rounded once)."""
     at = dev.get("bias_at")
     if at is not None:
         flat[at] = (flat[at].double() + dev["bias"]).float()
-    at = dev.get("repeat_at")
-    if at is not None:
-        values, penalty = flat[at], dev["repeat"]
+    if not (steps.repeats or steps.counts):
+        return
+    lens = dev["pen_lens"]
+    owner = torch.repeat_interleave(torch.arange(lens.shape[0], device=flat.device), lens,
+                                    output_size=steps.penalty_tokens)      # each token's row; sized, so no sync
+    at = dev["pen_rows"][owner] * steps.vocab + dev["pen_tokens"].to(torch.int64)
+    if steps.repeats:
+        # a token seen twice is written twice with the same value, computed from the logit before either write
+        values, penalty = flat[at], dev["pen_repeat"][owner]
         flat[at] = torch.where(values > 0, values / penalty, values * penalty)
-    at = dev.get("count_at")
-    if at is not None:
-        flat[at] = (flat[at].double() - dev["count"]).float()
+    if steps.counts:
+        position = (torch.arange(steps.penalty_tokens, device=flat.device) - (lens.cumsum(0) - lens)[owner]
+                    + dev["pen_first"][owner])
+        output = position >= dev["pen_prompt"][owner]
+        _subtract_counts(flat, at, output, dev["pen_freq"][owner], dev["pen_presence"][owner])
+
+
+def _subtract_counts(flat: torch.Tensor, at: torch.Tensor, output: torch.Tensor, frequency: torch.Tensor,
+                     presence: torch.Tensor) -> None:
+    """At each flat index, frequency x its occurrences in the output + presence once if it occurs there at all.
+    Sorted by index (output occurrences first), so each index's run sums into one slot without a sync."""
+    keys, order = torch.sort(at * 2 + (~output).to(torch.int64))
+    at, output = keys // 2, output[order]
+    first = torch.ones_like(output)
+    first[1:] = at[1:] != at[:-1]
+    slot = first.cumsum(0) - 1
+    zero = torch.zeros((), dtype=torch.float64, device=flat.device)
+    amount = torch.where(output, frequency[order], zero) + torch.where(first & output, presence[order], zero)
+    total = torch.zeros(at.shape[0], dtype=torch.float64, device=flat.device).index_add_(0, slot, amount)
+    flat[at] = (flat[at].double() - total[slot]).float()
 
 
 def _draw(x: torch.Tensor, dev: dict[str, torch.Tensor], steps: SamplingPlan) -> torch.Tensor:
@@ -179,11 +203,10 @@ def _top_by_value(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     """Each row's k largest values and their ids, largest first, ties by lowest id, as the reference orders
     them: one top-k over int64 keys (the float's order-preserving bits above the inverted id), so equal
     values cannot come back in whatever order the selection met them."""
-    bits = (values + 0.0).view(torch.int32)          # + 0.0: -0.0 becomes 0.0, equal as floats are
-    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    bits = (values + 0.0).view(torch.int32)          # a copy; + 0.0: -0.0 becomes 0.0, equal as floats are
+    bits ^= (bits >> 31) & 0x7FFFFFFF                # a negative float's magnitude bits count down
     last = values.shape[1] - 1
-    ids = torch.arange(values.shape[1], device=values.device)
-    keys = ordered * (1 << 32) + (last - ids)
+    keys = bits.to(torch.int64).mul_(1 << 32).add_(last - torch.arange(values.shape[1], device=values.device))
     ids = last - (keys.topk(k, dim=1).values & _LOW_32)
     return values.gather(1, ids), ids
 

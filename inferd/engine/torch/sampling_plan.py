@@ -37,6 +37,9 @@ class SamplingPlan:
     min_p: bool = False
     grammar: bool = False
     adjusts: bool = False            # some row has a logit_bias or a penalty
+    repeats: bool = False            # some row has a repetition penalty
+    counts: bool = False             # some row has a frequency or presence penalty and output to count
+    penalty_tokens: int = 0          # tokens uploaded for the penalties
     logprob_rows: list[int] = field(default_factory=list)
     logprob_ks: list[int] = field(default_factory=list)
 
@@ -45,9 +48,10 @@ class SamplingPlan:
         return self.grammar or self.adjusts
 
 
-def plan(seqs: Sequence, vocab: int, topk_limit: int) -> SamplingPlan:
+def plan(seqs: Sequence, vocab: int, topk_limit: int, history: TokenHistory) -> SamplingPlan:
     """The plan of one step over `seqs` (one per logits row). Sets `grammar.failed` on dead-end rows.
-    `topk_limit`: the largest top-k drawn through a top-k selection rather than a full sort."""
+    `topk_limit`: the largest top-k drawn through a top-k selection rather than a full sort; `history`: the
+    sampler's token arrays, for the penalties."""
     out = SamplingPlan(rows=len(seqs), vocab=vocab)
     params = [seq.sampling for seq in seqs]
     random_rows = [r for r, p in enumerate(params) if not p.greedy]
@@ -58,7 +62,8 @@ def plan(seqs: Sequence, vocab: int, topk_limit: int) -> SamplingPlan:
     adjusted = [r for r, p in enumerate(params) if p.adjusts_logits]
     if adjusted:
         out.adjusts = True
-        _adjustments(out, seqs, adjusted)
+        _adjustments(out, seqs, adjusted, history)
+    history.step_done()
     out.logprob_rows = [r for r, p in enumerate(params) if p.logprobs is not None]
     out.logprob_ks = [params[r].logprobs for r in out.logprob_rows]
     if 0 < len(out.logprob_rows) < out.rows:
@@ -138,30 +143,70 @@ def _bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.nd
     return np.array([t for t, _ in bias], dtype=np.int64), np.array([b for _, b in bias], dtype=np.float64)
 
 
-def _adjustments(out: SamplingPlan, seqs: Sequence, rows: list[int]) -> None:
-    """Flat indices (row * vocab + token) and values of the bias and the penalties of `rows`: each row pays for
-    the tokens it has seen, not for the vocabulary."""
+class TokenHistory:
+    """Each sampled sequence's token ids as an int32 array, carried from step to step and extended by what the
+    sequence appended since: reading a long context from its Python list at every step would cost the host
+    more than the device spends sampling. Holds only the sequences of the latest step."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[object, np.ndarray, int]] = {}     # id(seq) -> (seq, buffer, tokens in it)
+        self._next: dict[int, tuple[object, np.ndarray, int]] = {}
+
+    def tokens(self, seq, vocab: int) -> np.ndarray:
+        """`seq.token_ids` as an int32 array (valid until the step after next); ids must lie in [0, vocab)."""
+        ids, n = seq.token_ids, len(seq.token_ids)
+        entry = self._held.get(id(seq)) or self._next.get(id(seq))
+        if entry is None or entry[0] is not seq or entry[2] > n:     # a strong reference: an id is never reused
+            buffer, have = np.empty(max(2 * n, 64), dtype=np.int32), 0
+        else:
+            _, buffer, have = entry
+            if n > buffer.shape[0]:
+                grown = np.empty(2 * n, dtype=np.int32)
+                grown[:have] = buffer[:have]
+                buffer = grown
+        if n > have:
+            buffer[have:n] = _in_vocab(np.asarray(ids[have:n], dtype=np.int64), vocab)
+        self._next[id(seq)] = (seq, buffer, n)
+        return buffer[:n]
+
+    def step_done(self) -> None:
+        """Forget the sequences the step just planned did not sample."""
+        self._held, self._next = self._next, {}
+
+
+def _adjustments(out: SamplingPlan, seqs: Sequence, rows: list[int], history: TokenHistory) -> None:
+    """The bias of `rows` as flat indices (row * vocab + token) and values; for the penalties, each penalised
+    row's tokens (all of them for the repetition penalty, its output for frequency and presence alone), which
+    the device turns into flat indices and counts: a row pays for the tokens it has seen, not the vocabulary."""
     vocab = out.vocab
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in
-                                          ("bias_at", "bias", "repeat_at", "repeat", "count_at", "count")}
+    bias_at, bias, pen_rows, chunks, firsts = [], [], [], [], []
     for r in rows:
         p, seq = seqs[r].sampling, seqs[r]
         if p.logit_bias:
             ids, values = _bias_arrays(p.logit_bias)
-            parts["bias_at"].append(r * vocab + _in_vocab(ids, vocab))
-            parts["bias"].append(values)
-        if p.repetition_penalty != 1.0:
-            seen = np.unique(np.asarray(seq.token_ids, dtype=np.int64))
-            parts["repeat_at"].append(r * vocab + _in_vocab(seen, vocab))
-            parts["repeat"].append(np.full(seen.shape[0], p.repetition_penalty, dtype=np.float32))
-        if (p.frequency_penalty or p.presence_penalty) and len(seq.token_ids) > seq.num_prompt_tokens:
-            ids, counts = np.unique(np.asarray(seq.token_ids[seq.num_prompt_tokens:], dtype=np.int64),
-                                    return_counts=True)
-            parts["count_at"].append(r * vocab + _in_vocab(ids, vocab))
-            parts["count"].append(p.frequency_penalty * counts + p.presence_penalty)
-    for name, chunks in parts.items():
-        if chunks:
-            out.arrays[name] = np.concatenate(chunks)
+            bias_at.append(r * vocab + _in_vocab(ids, vocab))
+            bias.append(values)
+        counting = bool(p.frequency_penalty or p.presence_penalty) and len(seq.token_ids) > seq.num_prompt_tokens
+        if p.repetition_penalty != 1.0 or counting:
+            first = 0 if p.repetition_penalty != 1.0 else seq.num_prompt_tokens
+            out.repeats = out.repeats or p.repetition_penalty != 1.0
+            out.counts = out.counts or counting
+            pen_rows.append(r)
+            chunks.append(history.tokens(seq, vocab)[first:])
+            firsts.append(first)
+    if bias_at:
+        out.arrays["bias_at"], out.arrays["bias"] = np.concatenate(bias_at), np.concatenate(bias)
+    if pen_rows:
+        penalised = [seqs[r] for r in pen_rows]
+        out.penalty_tokens = sum(chunk.shape[0] for chunk in chunks)
+        out.arrays.update(
+            pen_rows=np.asarray(pen_rows, dtype=np.int64), pen_tokens=np.concatenate(chunks),
+            pen_lens=np.array([chunk.shape[0] for chunk in chunks], dtype=np.int64),
+            pen_first=np.asarray(firsts, dtype=np.int64),
+            pen_prompt=np.array([seq.num_prompt_tokens for seq in penalised], dtype=np.int64),
+            pen_repeat=np.array([seq.sampling.repetition_penalty for seq in penalised], dtype=np.float32),
+            pen_freq=np.array([seq.sampling.frequency_penalty for seq in penalised], dtype=np.float64),
+            pen_presence=np.array([seq.sampling.presence_penalty for seq in penalised], dtype=np.float64))
 
 
 def _in_vocab(ids: np.ndarray, vocab: int) -> np.ndarray:

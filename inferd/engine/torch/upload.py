@@ -49,7 +49,8 @@ class HostUpload:
         packed = torch.empty(total, dtype=torch.uint8, device=self.device)
         packed.copy_(staging[:total], non_blocking=self._cuda)
         if self._cuda:
-            self._copied = torch.cuda.Event()
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
             self._copied.record()
         return {name: packed[offset:offset + array.nbytes].view(_DTYPES[array.dtype]).view(array.shape)
                 for name, array, offset in layout}

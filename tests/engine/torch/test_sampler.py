@@ -297,3 +297,40 @@ def test_bad_inputs_are_clear_errors(case):
         seqs[0].token_ids.append(VOCAB)
     with pytest.raises(ValueError):
         sampler.sample(logits, seqs)
+
+
+def test_bias_and_penalties_give_the_references_logits_exactly_as_contexts_grow():
+    from inferd.engine.reference.sampler import adjust_logits
+    from inferd.engine.torch.sampling_plan import TokenHistory, plan
+    from inferd.engine.torch.upload import HostUpload
+
+    params = [SamplingParams(temperature=1.0, repetition_penalty=1.7), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, frequency_penalty=0.9, presence_penalty=-0.6),
+              SamplingParams(temperature=1.0, logit_bias=((0, -3.3), (319, 7.1)), repetition_penalty=0.8,
+                             frequency_penalty=-1.1, presence_penalty=1.9),
+              SamplingParams(temperature=1.0, frequency_penalty=0.5)]
+    seqs = make_seqs(params)
+    seqs[4].token_ids = seqs[4].token_ids[:seqs[4].num_prompt_tokens]        # no output yet: nothing to count
+    history, upload = TokenHistory(), HostUpload(CPU)
+    for step in range(4):
+        logits = random_logits(len(params), seed=step)
+        steps = plan(seqs, VOCAB, torch_sampler.TOPK_LIMIT, history)
+        flat = torch.from_numpy(logits.copy()).view(-1)
+        torch_sampler._adjust(flat, upload.send(steps.arrays), steps)
+        assert np.array_equal(flat.view(len(params), VOCAB).numpy(), adjust_logits(logits, params, seqs))
+        for seq in seqs:
+            seq.token_ids += [step, 3 * step + 1, 300]                         # the history extends, not rebuilds
+
+
+def test_each_random_row_draws_exactly_one_uniform_and_greedy_rows_none():
+    params = [SamplingParams(temperature=1.0, top_p=0.5), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, min_p=0.2, top_k=3)]
+    seqs = make_seqs(params)
+    seqs[1].rng = make_rng(7)                       # a greedy row's generator is never touched
+    sampler = TorchSampler(CPU, VOCAB)
+    for _ in range(3):
+        sampler.sample(torch.from_numpy(random_logits(3)), seqs)
+    twins = [make_rng(0), make_rng(7), make_rng(2)]
+    for rng in (twins[0], twins[2]):
+        rng.random(3)
+    assert [s.rng.random() for s in seqs] == [t.random() for t in twins]
