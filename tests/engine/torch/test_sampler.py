@@ -7,11 +7,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from inferd.engine.reference.sampler import Sampler, grammar_masked, make_rng, token_logprobs  # noqa: E402
-from inferd.engine.sequence import Sequence  # noqa: E402
-from inferd.engine.torch import sampler as torch_sampler  # noqa: E402
-from inferd.engine.torch.sampler import TorchSampler  # noqa: E402
-from inferd.types import SamplingParams  # noqa: E402
+from inferd.engine.reference.sampler import (
+    Sampler,
+    grammar_masked,
+    make_rng,
+    token_logprobs,
+)
+from inferd.engine.sequence import Sequence
+from inferd.engine.torch import sampler as torch_sampler
+from inferd.engine.torch.sampler import TorchSampler
+from inferd.types import SamplingParams
 
 VOCAB = 320
 CPU = torch.device("cpu")
@@ -102,18 +107,18 @@ def test_greedy_rows_take_the_argmax_of_the_biased_and_penalised_logits():
 
 
 FILTERS = {
-    "temperature": dict(temperature=0.8),
-    "min_p": dict(temperature=1.0, min_p=0.05),
-    "top_k": dict(temperature=1.2, top_k=7),
-    "top_k_over_vocab": dict(temperature=1.0, top_k=VOCAB + 5),
-    "top_p": dict(temperature=1.0, top_p=0.7),
-    "top_k_top_p": dict(temperature=0.9, top_k=20, top_p=0.8),
-    "min_p_top_k_top_p": dict(temperature=1.0, min_p=0.02, top_k=30, top_p=0.9),
-    "logit_bias": dict(temperature=1.0, logit_bias=((3, 4.0), (9, -100.0), (11, 2.5))),
-    "repetition": dict(temperature=1.0, repetition_penalty=1.5),
-    "frequency_presence": dict(temperature=1.0, frequency_penalty=0.7, presence_penalty=0.4),
-    "everything": dict(temperature=0.7, min_p=0.01, top_k=40, top_p=0.95, repetition_penalty=1.2,
-                       frequency_penalty=0.3, presence_penalty=0.2, logit_bias=((1, 1.0),)),
+    "temperature": {"temperature": 0.8},
+    "min_p": {"temperature": 1.0, "min_p": 0.05},
+    "top_k": {"temperature": 1.2, "top_k": 7},
+    "top_k_over_vocab": {"temperature": 1.0, "top_k": VOCAB + 5},
+    "top_p": {"temperature": 1.0, "top_p": 0.7},
+    "top_k_top_p": {"temperature": 0.9, "top_k": 20, "top_p": 0.8},
+    "min_p_top_k_top_p": {"temperature": 1.0, "min_p": 0.02, "top_k": 30, "top_p": 0.9},
+    "logit_bias": {"temperature": 1.0, "logit_bias": ((3, 4.0), (9, -100.0), (11, 2.5))},
+    "repetition": {"temperature": 1.0, "repetition_penalty": 1.5},
+    "frequency_presence": {"temperature": 1.0, "frequency_penalty": 0.7, "presence_penalty": 0.4},
+    "everything": {"temperature": 0.7, "min_p": 0.01, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.2,
+                       "frequency_penalty": 0.3, "presence_penalty": 0.2, "logit_bias": ((1, 1.0),)},
 }
 
 
@@ -170,7 +175,7 @@ def test_grammar_rows_sample_only_allowed_tokens_and_a_dead_end_fails_its_gramma
     params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
               SamplingParams(temperature=1.0)]
     grammars = [short, wide, np.zeros(VOCAB, dtype=bool), None]
-    results, ref_seqs, seqs = both(params, steps=6, seed=9, grammars=grammars)
+    results, _, seqs = both(params, steps=6, seed=9, grammars=grammars)
     for (expected, _), (tokens, _) in results:
         assert tokens == expected
         assert tokens[0] in {3, 17, 250} and tokens[1] == 8
@@ -238,12 +243,17 @@ def test_one_transfer_to_the_host_and_one_upload_per_call(monkeypatch):
         finally:
             inside[0] = False
 
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
-        def guard(self, *args, _real=getattr(torch.Tensor, name), _name=name, **kwargs):
+    def guarded(name: str):
+        real = getattr(torch.Tensor, name)
+
+        def guard(self, *args, **kwargs):
             if not inside[0]:
-                stray.append(_name)
-            return _real(self, *args, **kwargs)
-        monkeypatch.setattr(torch.Tensor, name, guard)
+                stray.append(name)
+            return real(self, *args, **kwargs)
+        return guard
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, guarded(name))
     monkeypatch.setattr(torch_sampler, "_to_host", to_host)
     monkeypatch.setattr(torch_sampler.HostUpload, "send", send)
     allowed = np.zeros(VOCAB, dtype=bool)

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from inferd.engine.torch.upload import HostUpload  # noqa: E402
+from inferd.engine.torch.upload import HostUpload
 
 
 def test_arrays_of_every_dtype_arrive_with_their_shapes_and_values():
