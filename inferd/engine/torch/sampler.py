@@ -40,6 +40,8 @@ class TorchSampler:
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:     # logits say cuda:N, never bare cuda
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.vocab_size = vocab_size
         self._upload = HostUpload(self.device)
         self._history = TokenHistory()
