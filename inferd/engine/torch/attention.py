@@ -68,7 +68,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         result = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None, :, :n], v[None, :, :n],
                                                 is_causal=True, enable_gqa=True)      # [1, heads, n, D]
         return result[0].transpose(0, 1)
-    grouped = q.reshape(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
-    mask = causal_mask[None].expand(group, -1, -1).reshape(group * n, -1)             # rows as in `grouped`
-    result = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)            # [kv, G * n, D]
+    grouped = q.reshape(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, kv_heads, group * n, head_dim)
+    mask = causal_mask[None].expand(group, -1, -1).reshape(1, 1, group * n, -1)       # rows as in `grouped`
+    # 4-D with a boolean mask: CUDA's memory-efficient kernel takes it (3-D inputs fall back to the math path)
+    result = F.scaled_dot_product_attention(grouped, k[None], v[None], attn_mask=mask)   # [1, kv, G * n, D]
     return result.reshape(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim)

@@ -35,11 +35,11 @@ class KVPool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
-        self.device = torch.device(device)
         self.scratch_slot = num_blocks * block_size
         # [K/V, layer, block, offset, kv head, dim]: block `num_blocks` is the scratch block
         self._storage = torch.zeros((2, num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim),
-                                    dtype=dtype, device=self.device)
+                                    dtype=dtype, device=device)
+        self.device = self._storage.device         # with its index: "cuda" becomes "cuda:0"
         self.k = list(self._storage[0].unbind(0))
         self.v = list(self._storage[1].unbind(0))
 

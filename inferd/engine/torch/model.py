@@ -46,8 +46,7 @@ class _Layer:
     attn_norm: torch.Tensor
     wqkv: torch.Tensor                 # [(heads + 2 kv_heads) * head_dim, hidden]: q, k, v stacked
     bqkv: torch.Tensor | None
-    q_norm: torch.Tensor | None        # [head_dim] (Qwen3)
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None       # [heads + kv_heads, head_dim]: q_norm's weight per q head, k_norm's per k head
     wo: torch.Tensor                   # [hidden, heads * head_dim]
     bo: torch.Tensor | None
     mlp_norm: torch.Tensor
@@ -101,6 +100,8 @@ def resolve(device: torch.device | str, dtype: torch.dtype | str) -> tuple[torch
                               f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
     if device.type not in ("cuda", "cpu"):
         raise TorchModelError(f"device must be 'cuda' or 'cpu', got {str(device)!r}")
+    if device.type == "cuda" and device.index is None:       # "cuda" and "cuda:0" must compare equal later
+        device = torch.device("cuda", torch.cuda.current_device())
     return device, dtype
 
 
@@ -123,8 +124,7 @@ class TorchLlama:
                 attn_norm=weights.get(p + "input_layernorm.weight", (hidden,)),
                 wqkv=weights.fused([n + ".weight" for n in attn], [(s, hidden) for s in qkv_sizes]),
                 bqkv=weights.fused([n + ".bias" for n in attn], [(s,) for s in qkv_sizes]) if c.qkv_bias else None,
-                q_norm=weights.get(p + "self_attn.q_norm.weight", (hd,)) if c.qk_norm else None,
-                k_norm=weights.get(p + "self_attn.k_norm.weight", (hd,)) if c.qk_norm else None,
+                qk_norm=self._head_norms(weights, p) if c.qk_norm else None,
                 wo=weights.get(p + "self_attn.o_proj.weight", (hidden, heads * hd)),
                 bo=weights.get(p + "self_attn.o_proj.bias", (hidden,)) if c.o_bias else None,
                 mlp_norm=weights.get(p + "post_attention_layernorm.weight", (hidden,)),
@@ -136,6 +136,11 @@ class TorchLlama:
         self._scale = hd ** -0.5
         # the paged decode attention (Triton on CUDA, SDPA on the CPU); tests may put another in its place
         self.decode_attention: DecodeAttention = decode_attention_for(device)
+
+    def _head_norms(self, weights, prefix: str) -> torch.Tensor:
+        c = self.config
+        q, k = (weights.get(prefix + f"self_attn.{n}_norm.weight", (c.head_dim,)) for n in "qk")
+        return torch.cat((q.expand(c.num_attention_heads, -1), k.expand(c.num_key_value_heads, -1)))
 
     @classmethod
     def from_pretrained(cls, path: Path | str, *, device: torch.device | str,
@@ -252,12 +257,12 @@ class TorchLlama:
             qkv = F.linear(h, layer.wqkv, layer.bqkv)
             for adapter, at in lora:
                 adapter.add(index, "qkv", h, qkv, at)
-            q, k, v = qkv.split([heads * hd, kv * hd, kv * hd], dim=-1)
-            q, k, v = q.view(rows, heads, hd), k.view(rows, kv, hd), v.view(rows, kv, hd)
-            if layer.q_norm is not None:
-                q = F.rms_norm(q, (hd,), layer.q_norm, eps)
-                k = F.rms_norm(k, (hd,), layer.k_norm, eps)
-            attn = attend(index, _rotate(q, cos, sin), _rotate(k, cos, sin), v).reshape(rows, heads * hd)
+            qk = qkv[:, :(heads + kv) * hd].view(rows, heads + kv, hd)      # q and k rotated together
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk, (hd,), None, eps) * layer.qk_norm       # as LlamaRMSNorm: round, then weight
+            qk = _rotate(qk, cos, sin)
+            v = qkv[:, (heads + kv) * hd:].view(rows, kv, hd)
+            attn = attend(index, qk[:, :heads], qk[:, heads:], v).reshape(rows, heads * hd)
             out = F.linear(attn, layer.wo, layer.bo)
             for adapter, at in lora:
                 adapter.add(index, "o", attn, out, at)
