@@ -1,0 +1,93 @@
+"""The paged decode kernel against plain torch, run under Triton's CPU interpreter in a subprocess
+(triton_interpret_cases.py: TRITON_INTERPRET must be set before triton is imported), plus its argument
+checks and split choice in this process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from inferd.engine.torch.triton_attention import decode_splits, paged_decode_attention  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def interpreted_errors() -> dict[str, float]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "tests.engine.torch.triton_interpret_cases"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"interpreter run failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", [
+    "float32_gqa4_block16_splits1", "float32_gqa4_block16_splits3", "float32_gqa4_block16_splitsauto",
+    "float16_gqa4_block16_splits1", "float16_gqa4_block16_splits3",
+    "bfloat16_gqa4_block32_splits1", "bfloat16_gqa4_block32_splits2",
+    "float32_mha_block32_splits1", "float32_mha_block32_splits2",
+    "float16_mha_block16_dim24_splits1", "float16_mha_block16_dim24_splits4",
+])
+def test_kernel_matches_softmax_over_gathered_blocks(interpreted_errors, case):
+    # ragged lengths 1, a block boundary, several tiles, a zero-length padding row; NaN past each context
+    assert interpreted_errors[case] <= TOLERANCE[case.split("_")[0]]
+
+
+def test_rows_of_only_padding_are_zeros_after_the_split_merge(interpreted_errors):
+    assert interpreted_errors["all_padding_splits2"] == 0.0
+
+
+def test_out_argument_is_written_in_place(interpreted_errors):
+    assert interpreted_errors["out_param"] <= TOLERANCE["float16"]
+
+
+def test_the_interpreter_run_took_the_split_path_for_a_small_batch(interpreted_errors):
+    assert interpreted_errors["auto_splits_small_batch"] > 1
+
+
+def test_a_large_batch_is_not_split_and_a_small_one_is_split_up_to_its_tiles():
+    cpu = torch.device("cpu")
+    assert decode_splits(256, 8, 64, 16, cpu) == 1
+    assert decode_splits(1, 1, 64, 16, cpu) == 16      # bounded by the split cap
+    assert decode_splits(1, 1, 4, 16, cpu) == 1        # 64 tokens: one tile, nothing to split
+
+
+def _inputs(dtype=torch.float16, heads=4, kv_heads=2):
+    q = torch.zeros(2, heads, 16, dtype=dtype)
+    cache = torch.zeros(3, 16, kv_heads, 16, dtype=dtype)
+    return q, cache, cache.clone(), torch.zeros(2, 2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+
+
+def test_mismatched_dtypes_are_rejected():
+    q, k, v, tables, lens = _inputs()
+    with pytest.raises(TypeError):
+        paged_decode_attention(q.float(), k, v, tables, lens)
+    with pytest.raises(TypeError):
+        paged_decode_attention(q, k, v, tables.long(), lens)
+
+
+def test_heads_that_do_not_divide_into_kv_heads_are_rejected():
+    q, k, v, tables, lens = _inputs(heads=3)
+    with pytest.raises(ValueError):
+        paged_decode_attention(q, k, v, tables, lens)
+
+
+def test_a_block_table_for_another_batch_is_rejected():
+    q, k, v, tables, lens = _inputs()
+    with pytest.raises(ValueError):
+        paged_decode_attention(q, k, v, tables[:1], lens)
+
+
+def test_an_out_of_the_wrong_shape_is_rejected():
+    q, k, v, tables, lens = _inputs()
+    with pytest.raises(ValueError):
+        paged_decode_attention(q, k, v, tables, lens, out=torch.empty(1, 4, 16, dtype=q.dtype))
