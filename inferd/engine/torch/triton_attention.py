@@ -133,7 +133,7 @@ def _merge_splits_kernel(
              mask=dims < HEAD_DIM)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 8     # the interpreter: a small count so small batches still take the split path

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from inferd.engine.torch.graphs import DecodeGraphs, batch_ladder  # noqa: E402
-from inferd.engine.torch.inputs import DecodeInputs  # noqa: E402
+from inferd.engine.torch.graphs import DecodeGraphs, batch_ladder
+from inferd.engine.torch.inputs import DecodeInputs
 
 VOCAB = 8
 SCRATCH = 1000

@@ -13,9 +13,9 @@ import sys
 if os.environ.get("TRITON_INTERPRET") != "1":
     sys.exit("set TRITON_INTERPRET=1 before running this script")
 
-import torch  # noqa: E402
+import torch
 
-from inferd.engine.torch.triton_attention import decode_splits, paged_decode_attention  # noqa: E402
+from inferd.engine.torch.triton_attention import decode_splits, paged_decode_attention
 
 
 def reference(q, k_cache, v_cache, block_tables, context_lens):
@@ -65,18 +65,18 @@ def max_error(case, num_splits=None):
     return float((got.double() - reference(*case)).abs().max())
 
 
+def shape(dtype, heads, kv_heads, dim, block_size, lens):
+    return {"dtype": dtype, "heads": heads, "kv_heads": kv_heads, "dim": dim, "block_size": block_size,
+            "lens": lens}
+
+
 CASES = {
-    # name: (case kwargs, split counts to run)
-    "float32_gqa4_block16": (dict(dtype=torch.float32, heads=8, kv_heads=2, dim=32, block_size=16,
-                                  lens=[1, 16, 0, 70, 64, 33]), (1, 3, None)),
-    "float16_gqa4_block16": (dict(dtype=torch.float16, heads=8, kv_heads=2, dim=32, block_size=16,
-                                  lens=[1, 16, 0, 70, 64, 33]), (1, 3)),
-    "bfloat16_gqa4_block32": (dict(dtype=torch.bfloat16, heads=8, kv_heads=2, dim=32, block_size=32,
-                                   lens=[32, 1, 0, 97]), (1, 2)),
-    "float32_mha_block32": (dict(dtype=torch.float32, heads=2, kv_heads=2, dim=16, block_size=32,
-                                 lens=[0, 32, 65, 5]), (1, 2)),
-    "float16_mha_block16_dim24": (dict(dtype=torch.float16, heads=2, kv_heads=2, dim=24, block_size=16,
-                                       lens=[17, 0, 48]), (1, 4)),
+    # name: (case shape, split counts to run; None: the shape-derived count)
+    "float32_gqa4_block16": (shape(torch.float32, 8, 2, 32, 16, [1, 16, 0, 70, 64, 33]), (1, 3, None)),
+    "float16_gqa4_block16": (shape(torch.float16, 8, 2, 32, 16, [1, 16, 0, 70, 64, 33]), (1, 3)),
+    "bfloat16_gqa4_block32": (shape(torch.bfloat16, 8, 2, 32, 32, [32, 1, 0, 97]), (1, 2)),
+    "float32_mha_block32": (shape(torch.float32, 2, 2, 16, 32, [0, 32, 65, 5]), (1, 2)),
+    "float16_mha_block16_dim24": (shape(torch.float16, 2, 2, 24, 16, [17, 0, 48]), (1, 4)),
 }
 
 
