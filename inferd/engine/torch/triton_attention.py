@@ -30,6 +30,11 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Triton's CPU interpreter computes a bfloat16 tl.dot wrongly (numpy has no bfloat16), so under it the
 # kernel upcasts bfloat16 tiles to float32 before the dot; on a GPU the dot runs on bf16 tensor cores.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Fused multiply-add as Triton has always defaulted to; said explicitly because Triton 3.9 warns when the
+# default is left implicit (its default changes in 3.10), and a warning is an error under the test suite.
+# Two pipeline stages: the next tile's K/V pages stream into shared memory (cp.async) during this tile's math.
+_PARTIAL_LAUNCH = {"num_warps": 4, "num_stages": 2, "enable_fp_fusion": True}
+_MERGE_LAUNCH = {"num_warps": 4, "enable_fp_fusion": True}
 
 
 @triton.jit
@@ -143,11 +148,13 @@ def _sm_count(device: torch.device) -> int:
 def decode_splits(batch: int, num_kv_heads: int, max_blocks_per_seq: int, block_size: int,
                   device: torch.device) -> int:
     """How many ranges each sequence's context is split into: enough programs for two waves over the SMs,
-    no more splits than tiles a full-length row has. Shapes only, so it is fixed for a captured batch size."""
+    no more splits than tiles a full-length row has, a power of two (each count is a separate compile of
+    both kernels). Shapes only, so it is fixed for a captured batch size."""
     programs = batch * num_kv_heads
     wanted = triton.cdiv(2 * _sm_count(device), programs)
     tiles = triton.cdiv(max_blocks_per_seq * block_size, _BLOCK_N)
-    return max(1, min(wanted, tiles, _MAX_SPLITS))
+    splits = max(1, min(wanted, tiles, _MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)
 
 
 def _check(q, k_cache, v_cache, block_tables, context_lens, out) -> None:
@@ -191,8 +198,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if batch == 0:
         return out
     splits = num_splits or decode_splits(batch, kv_heads, block_tables.shape[1], block_size, q.device)
-    group = heads // kv_heads
-    block_d = triton.next_power_of_2(head_dim)
     if splits > 1:
         part_out = torch.empty((batch, heads, splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
@@ -203,15 +208,29 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1), heads * splits, splits, 1,
-        GROUP=group, HEAD_ROWS=max(_MIN_HEAD_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_SIZE=block_size, BLOCK_N=_BLOCK_N, NUM_SPLITS=splits,
-        DOT_FP32=_INTERPRETED and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2,
+        **_partial_constants(heads, kv_heads, head_dim, block_size, splits, q.dtype), **_PARTIAL_LAUNCH,
     )
     if splits > 1:
         _merge_splits_kernel[(batch, heads)](
             part_out, part_lse, out, heads * splits, splits, 1, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-            num_warps=4,
+            **_merge_constants(head_dim, splits), **_MERGE_LAUNCH,
         )
     return out
+
+
+def _partial_constants(heads: int, kv_heads: int, head_dim: int, block_size: int, splits: int,
+                       dtype: torch.dtype) -> dict:
+    group = heads // kv_heads
+    return {"GROUP": group, "HEAD_ROWS": max(_MIN_HEAD_ROWS, triton.next_power_of_2(group)),
+            "HEAD_DIM": head_dim, "BLOCK_D": _block_d(head_dim), "BLOCK_SIZE": block_size, "BLOCK_N": _BLOCK_N,
+            "NUM_SPLITS": splits, "DOT_FP32": _INTERPRETED and dtype == torch.bfloat16,
+            "IEEE": dtype == torch.float32}
+
+
+def _merge_constants(head_dim: int, splits: int) -> dict:
+    return {"HEAD_DIM": head_dim, "BLOCK_D": _block_d(head_dim), "NUM_SPLITS": splits,
+            "BLOCK_S": triton.next_power_of_2(splits)}
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))   # tl.dot needs K >= 16

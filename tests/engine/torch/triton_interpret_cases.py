@@ -77,6 +77,7 @@ CASES = {
     "bfloat16_gqa4_block32": (shape(torch.bfloat16, 8, 2, 32, 32, [32, 1, 0, 97]), (1, 2)),
     "float32_mha_block32": (shape(torch.float32, 2, 2, 16, 32, [0, 32, 65, 5]), (1, 2)),
     "float16_mha_block16_dim24": (shape(torch.float16, 2, 2, 24, 16, [17, 0, 48]), (1, 4)),
+    "float32_gqa2_block16_dim8": (shape(torch.float32, 4, 2, 8, 16, [3, 40]), (1, 2)),
 }
 
 
