@@ -121,7 +121,7 @@ class DecodeGraphs:
         for name in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens"):
             getattr(self._static, name)[:size].copy_(getattr(host, name)[:size], non_blocking=self._cuda)
         if self._copied is not None:
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
 
     def _fill_on_device(self, rows, size, token_ids, positions, slot_mapping, block_tables, context_lens):
         static = self._static

@@ -2,6 +2,8 @@
 forward that records what it was given (no capture happens off CUDA, the buffers are the same)."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,56 @@ def test_the_ladder_is_dense_for_small_batches_and_ends_at_the_maximum():
     assert batch_ladder(512)[-2:] == [480, 512]
     with pytest.raises(ValueError):
         batch_ladder(0)
+
+
+class FakeCuda:
+    """Stands in for torch.cuda's graph API so the capture path's order of events is checked on the CPU."""
+
+    def __init__(self):
+        self.log: list = []
+        fake = self
+
+        class Graph:
+            def replay(self):
+                fake.log.append(("replay", self.size))
+                self.output.copy_(self.forward(self.inputs))
+
+        class Stream:
+            def wait_stream(self, other):
+                fake.log.append("wait")
+
+        class Event:
+            def record(self, stream=None):
+                fake.log.append("record")
+
+            def synchronize(self):
+                fake.log.append("sync")
+
+        @contextlib.contextmanager
+        def graph(cuda_graph, pool=None):
+            fake.log.append(("capture", pool))
+            yield
+
+        self.Graph, self.Event = Graph, Event
+        self.patches = {"graph_pool_handle": lambda: "pool", "current_stream": lambda device=None: Stream(),
+                        "Stream": lambda device=None: Stream(), "stream": lambda s: contextlib.nullcontext(),
+                        "CUDAGraph": Graph, "graph": graph, "synchronize": lambda device=None: None}
+
+
+def test_capture_on_cuda_warms_up_then_captures_largest_first_into_one_pool(monkeypatch, forward):
+    cuda = FakeCuda()
+    graphs = DecodeGraphs(forward, batch_sizes=[1, 2, 4], max_blocks_per_seq=MAX_BLOCKS, vocab_size=VOCAB,
+                          scratch_slot=SCRATCH, device=torch.device("cpu"))
+    graphs._cuda, graphs._copied = True, cuda.Event()   # the CPU buffers stand in for device ones
+    for name, value in cuda.patches.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    graphs.capture()
+    assert [len(call.token_ids) for call in forward.calls] == [4, 4, 4, 2, 2, 2, 1, 1, 1]   # 2 warm-ups + capture
+    assert [entry for entry in cuda.log if entry != "wait"] == [("capture", "pool")] * 3
+    for size, graph in graphs._graphs.items():
+        graph.size, graph.forward, graph.inputs, graph.output = size, forward, graphs._views[size], graphs._outputs[size]
+    cuda.log.clear()
+    logits = graphs.run(*batch(3))
+    assert cuda.log == ["sync", "record", ("replay", 4)]   # host mirror free, copies queued, size-4 graph replayed
+    assert logits[:, 0].tolist() == batch(3)[0]
+    assert_padding(forward.calls[-1], live=3)
