@@ -23,7 +23,6 @@ from inferd.engine.sequence import Sequence
 from inferd.engine.torch.graphs import DecodeGraphs, batch_ladder
 from inferd.engine.torch.inputs import StepInputs
 from inferd.engine.torch.kv_pool import KVPool, blocks_for_budget
-from inferd.engine.torch.lora import torch_lora
 from inferd.engine.torch.model import TorchLlama
 from inferd.engine.torch.sampler import TorchSampler
 
@@ -134,7 +133,7 @@ class TorchRunner:
         prompt_logits: list[tuple[Sequence, int, np.ndarray]] = []
         logits = None if every else self._replay_decode(out)
         if logits is None:
-            loras = [torch_lora(seq.lora, self.device, self.model.dtype) for seq in out.seqs]
+            loras = [self.model.lora(seq.lora) for seq in out.seqs]
             step = StepInputs.build(out, self.device, loras)
             if every:
                 logits, full = self.model.forward_every(step, pool, every)
@@ -145,7 +144,7 @@ class TorchRunner:
                 logits = self.model.forward(step, pool)
         rows = out.sample_rows
         if len(rows) != len(out.seqs):
-            logits = logits[torch.as_tensor(rows, device=logits.device)]
+            logits = logits[torch.as_tensor(rows, dtype=torch.long, device=logits.device)]
         picked = [out.seqs[r] for r in rows]
         tokens, logprobs = self.sampler.sample(logits, picked)
         return StepResult(tokens, logprobs, prompt_logits)
