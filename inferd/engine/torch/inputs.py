@@ -67,7 +67,7 @@ class StepInputs:
         return len(self.query_lens)
 
     @classmethod
-    def build(cls, out, device: torch.device | str, loras=None) -> "StepInputs":
+    def build(cls, out, device: torch.device | str, loras=None) -> StepInputs:
         """From a SchedulerOutput (its num_new_tokens, token_ids, positions, slot_mapping, context_lens,
         block_tables); `loras[i]`: sequence i's TorchLora or None. One host->device copy of the packed
         integers (from pinned memory, non-blocking, on CUDA)."""
@@ -99,7 +99,7 @@ class StepInputs:
             decode_block_tables=views[5].view(len(decode), width).to(torch.int32) if decode else None,
             decode_context_lens=views[6].to(torch.int32) if decode else None,
             prefill=spans, loras=lora_groups(loras or [], q_lens, device),
-            max_token_id=int(np.max(out.token_ids)), max_block_id=max((max(t, default=0) for t in tables)),
+            max_token_id=int(np.max(out.token_ids)), max_block_id=max(max(t, default=0) for t in tables),
             max_slot=int(np.max(out.slot_mapping)))
 
 

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from inferd.engine.reference.config import LlamaConfig
-from inferd.engine.reference.lora import LoraWeights, lora_groups as reference_lora_groups
+from inferd.engine.reference.lora import LoraWeights
+from inferd.engine.reference.lora import lora_groups as reference_lora_groups
 
-_cache: "weakref.WeakKeyDictionary[LoraWeights, dict[tuple[torch.device, torch.dtype], TorchLora]]" = \
+_cache: weakref.WeakKeyDictionary[LoraWeights, dict[tuple[torch.device, torch.dtype], TorchLora]] = \
     weakref.WeakKeyDictionary()
 
 

@@ -144,7 +144,7 @@ class TorchLlama:
 
     @classmethod
     def from_pretrained(cls, path: Path | str, *, device: torch.device | str,
-                        dtype: torch.dtype | str) -> "TorchLlama":
+                        dtype: torch.dtype | str) -> TorchLlama:
         """An HF-layout directory (config.json + *.safetensors, sharded or not, f32/f16/bf16), as the reference loads."""
         device, dtype = resolve(device, dtype)
         path = Path(path)
@@ -153,7 +153,7 @@ class TorchLlama:
 
     @classmethod
     def dummy(cls, config: LlamaConfig, *, device: torch.device | str, dtype: torch.dtype | str,
-              seed: int = 0) -> "TorchLlama":
+              seed: int = 0) -> TorchLlama:
         """Random weights made on the device (vLLM's load_format "dummy"): a model of any shape, for benchmarks."""
         device, dtype = resolve(device, dtype)
         return cls(config, _RandomWeights(device, dtype, seed), device, dtype)

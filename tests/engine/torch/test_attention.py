@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-import torch
+import pytest
+
+torch = pytest.importorskip("torch")
 
 from inferd.engine.torch.attention import decode_attention_for, prefill_attention, sdpa_paged_decode
 

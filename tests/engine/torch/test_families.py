@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine.torch.steps import Chunk, step_inputs
 from tests.hf_checkpoints import FAMILIES, save_checkpoint, torch, transformers
+
+from tests.engine.torch.steps import Chunk, step_inputs
 
 from inferd.engine.torch.model import TorchLlama
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine.torch.steps import Chunk, scheduler_output
 from tests.hf_checkpoints import save_checkpoint, torch
+
+from tests.engine.torch.steps import Chunk, scheduler_output
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.scheduler import Scheduler

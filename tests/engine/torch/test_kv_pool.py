@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 from inferd.engine.torch.kv_pool import KVPool, KVPoolError, blocks_for_budget
 
@@ -61,7 +62,8 @@ def test_blocks_for_budget_leaves_room_for_the_scratch_block():
 
 @pytest.mark.parametrize("field, value", [("num_blocks", 0), ("block_size", -1), ("head_dim", 2.5)])
 def test_a_shape_that_is_not_a_positive_integer_is_refused_by_name(field, value):
-    shape = dict(num_layers=LAYERS, num_blocks=BLOCKS, block_size=BLOCK, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM)
+    shape = {"num_layers": LAYERS, "num_blocks": BLOCKS, "block_size": BLOCK, "num_kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM}
     with pytest.raises(KVPoolError, match=field):
         KVPool(**{**shape, field: value}, dtype=torch.float32, device="cpu")
     with pytest.raises(KVPoolError, match="dtype"):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 from tests.engine.torch.steps import Chunk, scheduler_output, step_inputs
 
@@ -60,7 +61,6 @@ def test_a_step_mixing_two_adapters_and_none_gives_each_row_the_reference_deltas
 
 
 def test_decode_rows_with_an_adapter_get_its_deltas(models, adapters):
-    reference, model = models
     chunks = [Chunk(p, t, start=len(p) - 1) for p, t in zip(PROMPTS, TABLES)]
     got, expected = both(models, chunks, [adapters["qvd"], adapters["qvd"], None, adapters["all"]])
     np.testing.assert_allclose(got, expected, atol=1e-4 * np.abs(expected).max())

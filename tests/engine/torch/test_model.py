@@ -2,12 +2,15 @@
 seam, random dummy weights, and the checks on devices, dtypes and inputs."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import pytest
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.engine.torch.steps import Chunk, scheduler_output, step_inputs
 from tests.hf_checkpoints import save_checkpoint, torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
+from tests.engine.torch.steps import Chunk, scheduler_output, step_inputs
 
 from inferd.engine.reference.config import LlamaConfig
 from inferd.engine.torch.attention import sdpa_paged_decode
@@ -76,7 +79,7 @@ def test_decode_forward_on_padded_rows_equals_forward_for_the_live_rows_and_writ
 class _HostReads(TorchDispatchMode):
     """Records the ops that read a tensor's value back to the host or size an output by its values."""
 
-    SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2",
+    SYNCING: ClassVar[set[str]] = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2",
                "item", "repeat_interleave"}
 
     def __init__(self) -> None:
