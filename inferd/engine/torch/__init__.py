@@ -1,1 +1,1 @@
-"""The PyTorch engine: the shared scheduler and sampling rules, the decoder's forward pass and paged KV pool in torch (CUDA or CPU)."""
+"""The PyTorch engine: shared scheduling and sampling rules; forward pass, paged KV pool and sampling in torch."""
