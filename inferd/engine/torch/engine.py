@@ -88,12 +88,12 @@ class TorchEngine(StepEngine):
         runner = TorchRunner(model)
         try:
             longest = self._context_limit(model.config, None)
+            graph_max = min(self._graph_max or DEFAULT_GRAPH_MAX_BATCH, self._max_batch_size) if self._graphs else 0
             self._num_kv_blocks = runner.allocate(
                 self._num_kv_blocks, self._block_size, gpu_memory_utilization=self._utilization,
                 max_num_tokens=self._max_num_tokens, max_batch_size=self._max_batch_size,
-                min_blocks=-(-longest // self._block_size))
-            if self._graphs:
-                graph_max = min(self._graph_max or DEFAULT_GRAPH_MAX_BATCH, self._max_batch_size)
+                min_blocks=-(-longest // self._block_size), graph_max_batch=graph_max)
+            if graph_max:
                 runner.capture(graph_max, self._context_limit(model.config, self._num_kv_blocks), self._block_size)
         except BaseException:
             runner.release()
