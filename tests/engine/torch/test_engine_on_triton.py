@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from inferd.engine.reference.engine import ReferenceEngine  # noqa: E402
-from inferd.types import GenerationRequest, SamplingParams  # noqa: E402
+from tests.engine.torch.triton_engine_run import SHAPE, greedy_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 TEXTS = ["the quick brown fox", "we said", "there was a time when all of them were at home and they could not"]
@@ -23,14 +23,10 @@ MAX_TOKENS = 12
 
 
 async def reference_outputs(artifact: Path, prompts: list[list[int]]) -> list[list[int]]:
-    engine = ReferenceEngine(artifact, num_kv_blocks=64, block_size=16, max_batch_size=4, max_num_tokens=32)
+    engine = ReferenceEngine(artifact, **SHAPE)
     await engine.start()
     try:
-        streams = [engine.submit(GenerationRequest(
-            request_id=f"r{i}", prompt_token_ids=tuple(ids), tenant=f"r{i}",
-            sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
-            for i, ids in enumerate(prompts)]
-        return [list((await s.collect()).token_ids) for s in streams]
+        return await greedy_outputs(engine, prompts, MAX_TOKENS)
     finally:
         await engine.close()
 

@@ -8,22 +8,31 @@ import json
 import sys
 from pathlib import Path
 
-from inferd.engine.torch.engine import TorchEngine
-from inferd.engine.torch.triton_attention import paged_decode_attention
+from inferd.engine.base import Engine
 from inferd.types import GenerationRequest, SamplingParams
+
+# the engines compared: the same pool and batch shape
+SHAPE = dict(num_kv_blocks=64, block_size=16, max_batch_size=4, max_num_tokens=32)
+
+
+async def greedy_outputs(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy continuation, all submitted at once (batched), on a started engine."""
+    streams = [engine.submit(GenerationRequest(
+        request_id=f"g{i}", prompt_token_ids=tuple(ids), tenant=f"g{i}",
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
+        for i, ids in enumerate(prompts)]
+    return [list((await s.collect()).token_ids) for s in streams]
 
 
 async def main(artifact: Path, dtype: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    engine = TorchEngine(artifact, num_kv_blocks=64, block_size=16, max_batch_size=4, max_num_tokens=32,
-                         device="cpu", dtype=dtype, cuda_graphs=True)
+    from inferd.engine.torch.engine import TorchEngine
+    from inferd.engine.torch.triton_attention import paged_decode_attention    # under TRITON_INTERPRET=1
+
+    engine = TorchEngine(artifact, device="cpu", dtype=dtype, cuda_graphs=True, **SHAPE)
     await engine.start()
     try:
         engine._runner.model.decode_attention = paged_decode_attention
-        streams = [engine.submit(GenerationRequest(
-            request_id=f"t{i}", prompt_token_ids=tuple(ids), tenant=f"t{i}",
-            sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
-            for i, ids in enumerate(prompts)]
-        return [list((await s.collect()).token_ids) for s in streams]
+        return await greedy_outputs(engine, prompts, max_tokens)
     finally:
         await engine.close()
 
