@@ -43,6 +43,11 @@ class ModelRunner(Protocol):
         """Bytes held: the weights and the KV storage."""
         ...
 
+    def fatal(self, exc: Exception) -> bool:
+        """Whether a step's exception leaves the runner unusable (a device fault): the engine then stops
+        and fails everything, instead of failing that step's requests and carrying on."""
+        ...
+
 
 def prompt_logit_rows(out: SchedulerOutput) -> list[int]:
     """Batch rows whose sequences want prompt log-probabilities and are still in their prompt: only they

@@ -106,6 +106,12 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         """EngineInfo.hardware: what the runner computes on."""
         raise NotImplementedError
 
+    @property
+    def model(self):
+        """The runner's model (None before start or once a backend released it at close)."""
+        runner = getattr(self, "_runner", None)
+        return getattr(runner, "model", None)
+
     def _context_limit(self, config, num_kv_blocks: int | None) -> int:
         """The longest sequence served: the model's context, max_model_len when set, and the KV pool (a
         sequence can never outgrow the whole pool: advertised, or the API would default max_tokens to a
@@ -116,7 +122,6 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
     def _load(self) -> None:
         manifest = verify_artifact(self.artifact_dir) if self._verify else read_manifest(self.artifact_dir)
         self._runner = self._make_runner()
-        self.model = getattr(self._runner, "model", None)
         self.tokenizer = HFTokenizer.from_dir(self.artifact_dir)
         config = self._runner.config
         self.grammars = Grammars.for_hf(self.tokenizer, config.vocab_size)   # lazy: xgrammar loads on first use

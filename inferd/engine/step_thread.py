@@ -155,7 +155,9 @@ class StepThread:
                 if logprob is not None:
                     seq.engine_state.pending_logprob = logprob
             sampled = result.tokens
-        except Exception:
+        except Exception as exc:
+            if self._runner.fatal(exc):
+                raise       # the thread ends: every request fails and the engine turns unhealthy
             log.exception("engine_step_failed", request_ids=[seq.request_id for seq in out.seqs])
             for seq in out.seqs:
                 self._end(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))

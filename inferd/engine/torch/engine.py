@@ -8,6 +8,8 @@ steps on the step thread: the event loop never waits on the device.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 from inferd.engine.base import EngineError
 from inferd.engine.reference.config import LlamaConfig
 from inferd.engine.step_engine import StepEngine
+from inferd.engine.torch.memory import device_lock
 from inferd.engine.torch.model import TorchLlama
 from inferd.engine.torch.runner import TorchRunner
 
@@ -86,15 +89,17 @@ class TorchEngine(StepEngine):
         else:
             model = TorchLlama.from_pretrained(self.artifact_dir, device=device, dtype=dtype)
         runner = TorchRunner(model)
+        lock = device_lock(device) if device.type == "cuda" else contextlib.nullcontext()
         try:
-            longest = self._context_limit(model.config, None)
-            graph_max = min(self._graph_max or DEFAULT_GRAPH_MAX_BATCH, self._max_batch_size) if self._graphs else 0
-            self._num_kv_blocks = runner.allocate(
-                self._num_kv_blocks, self._block_size, gpu_memory_utilization=self._utilization,
-                max_num_tokens=self._max_num_tokens, max_batch_size=self._max_batch_size,
-                min_blocks=-(-longest // self._block_size), graph_max_batch=graph_max)
-            if graph_max:
-                runner.capture(graph_max, self._context_limit(model.config, self._num_kv_blocks), self._block_size)
+            with lock:       # one load at a time per GPU: its profile reads device-wide counters
+                graph_max = min(self._graph_max or DEFAULT_GRAPH_MAX_BATCH, self._max_batch_size) if self._graphs else 0
+                self._num_kv_blocks = runner.allocate(
+                    self._num_kv_blocks, self._block_size, gpu_memory_utilization=self._utilization,
+                    max_num_tokens=self._max_num_tokens, max_batch_size=self._max_batch_size,
+                    max_model_len=self._context_limit(model.config, None), graph_max_batch=graph_max)
+                runner.compile_kernels()
+                if graph_max:
+                    runner.capture(graph_max, self._context_limit(model.config, self._num_kv_blocks), self._block_size)
         except BaseException:
             runner.release()
             raise
@@ -116,5 +121,5 @@ class TorchEngine(StepEngine):
     async def close(self) -> None:
         await super().close()
         runner = getattr(self, "_runner", None)
-        if runner is not None:
-            runner.release()
+        if runner is not None:      # emptying the allocator's cache waits for the device: off the loop
+            await asyncio.to_thread(runner.release)

@@ -5,8 +5,8 @@ so each ladder size is captured once and a step replays the graph of the smalles
 (as vLLM and nano-vllm's `ModelRunner.capture_cudagraph` do). All graphs read one set of static
 `DecodeInputs` buffers sized for the largest batch; a step writes its live rows there and pads the rest as
 rows that attend to nothing and write their K/V to the pool's scratch slot. Graphs are captured largest
-first into one shared memory pool, so the smaller graphs reuse the largest one's scratch memory; each size
-keeps its own output tensor (its logits live in the pool and stay valid until that size replays again).
+first into one shared memory pool, so the smaller graphs reuse the largest one's scratch memory; each graph
+copies its logits into the first rows of one output buffer, valid until the next replay.
 
 On the CPU nothing is captured: `run` calls the forward eagerly on the same padded buffers, so the padding
 and copying are exercised on every machine.
@@ -58,7 +58,9 @@ class DecodeGraphs:
                                      pinned=self._cuda)
         self._views = {size: _rows(self._static, size) for size in self.batch_sizes}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        # One logits buffer every size writes its rows of (inside its graph): a buffer per size would hold
+        # sum(ladder) x vocab floats (2.6 GB at a 512 ladder and Llama 3's vocabulary) out of the KV pool.
+        self._output: torch.Tensor | None = None
         self._copied = torch.cuda.Event() if self._cuda else None
 
     def fits(self, num_seqs: int, max_blocks: int) -> bool:
@@ -71,6 +73,7 @@ class DecodeGraphs:
             return
         pool = torch.cuda.graph_pool_handle()
         current = torch.cuda.current_stream(self.device)
+        self._output = torch.empty((self.batch_sizes[-1], self.vocab_size), dtype=torch.float32, device=self.device)
         for size in reversed(self.batch_sizes):
             inputs = self._views[size]
             # Warm-up on a side stream, as torch.cuda.graph's documentation requires before a capture.
@@ -81,10 +84,10 @@ class DecodeGraphs:
                     self._checked(self._forward(inputs), size)
             current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                output = self._forward(inputs)
+            # thread_local: another engine's thread allocating meanwhile (a reload) does not void the capture
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                self._output[:size].copy_(self._checked(self._forward(inputs), size))
             self._graphs[size] = graph
-            self._outputs[size] = self._checked(output, size)
         torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
@@ -107,7 +110,7 @@ class DecodeGraphs:
         if size not in self._graphs:
             raise RuntimeError("DecodeGraphs.run on CUDA needs capture() first")
         self._graphs[size].replay()
-        return self._outputs[size][:rows]
+        return self._output[:rows]
 
     def _fill_from_host(self, rows, size, token_ids, positions, slot_mapping, block_tables, context_lens):
         if self._copied is not None:

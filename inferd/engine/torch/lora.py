@@ -20,6 +20,7 @@ import torch
 from inferd.engine.reference.config import LlamaConfig
 from inferd.engine.reference.lora import LoraWeights
 from inferd.engine.reference.lora import lora_groups as reference_lora_groups
+from inferd.engine.torch.upload import to_device
 
 _cache: weakref.WeakKeyDictionary[LoraWeights, dict[tuple[torch.device, torch.dtype], TorchLora]] = \
     weakref.WeakKeyDictionary()
@@ -80,5 +81,5 @@ def lora_groups(adapters: Sequence[TorchLora | None], query_lens: Sequence[int],
                 device: torch.device) -> list[tuple[TorchLora, slice | torch.Tensor]]:
     """Each distinct adapter of a step with the packed rows of its sequences: the reference's grouping (it
     keys adapters by identity only), with scattered rows as an int64 index tensor on `device`."""
-    return [(adapter, rows if isinstance(rows, slice) else torch.from_numpy(rows).to(device))
+    return [(adapter, rows if isinstance(rows, slice) else to_device(rows, torch.device(device)))
             for adapter, rows in reference_lora_groups(adapters, query_lens)]

@@ -5,14 +5,12 @@ One step: forked blocks copied, then either a decode-only step replayed from the
 batches past the ladder), then sampling on the device with one host transfer (TorchSampler). Nothing here
 waits on the device except that transfer, and it runs on the engine's step thread, never the event loop.
 
-KV pool size on CUDA (`allocate` without a block count), as vLLM's gpu_memory_utilization: a profiling
-forward of a whole `max_num_tokens` prefill measures the activations' peak; the pool gets
-`utilization x total - (what the device already holds) - that peak - the sampler's scratch - the decode
-graphs' logits`.
+KV pool size on CUDA without a block count: inferd.engine.torch.memory.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import numpy as np
 import torch
@@ -22,17 +20,15 @@ from inferd.engine.runner import StepResult, prompt_logit_rows
 from inferd.engine.scheduler import SchedulerOutput
 from inferd.engine.sequence import Sequence
 from inferd.engine.torch.graphs import DecodeGraphs, batch_ladder
-from inferd.engine.torch.inputs import StepInputs
-from inferd.engine.torch.kv_pool import KVPool, blocks_for_budget
+from inferd.engine.torch.inputs import StepInputs, StepInputsError
+from inferd.engine.torch.kv_pool import KVPool
+from inferd.engine.torch.memory import kv_blocks_from_memory
 from inferd.engine.torch.model import TorchLlama
 from inferd.engine.torch.sampler import TorchSampler
-
-_MiB = 1 << 20
-# Sampling at full batch holds a few [rows, vocab] float32 copies (the logits, sorted values, their cumsum)
-_SAMPLER_COPIES = 6
-
+from inferd.engine.torch.upload import to_device
 
 _NO_CONTEXT = contextlib.nullcontext()
+_ACCELERATOR_ERRORS = tuple(e for e in (getattr(torch, "AcceleratorError", None),) if e is not None)
 
 
 class KVPoolTooSmall(RuntimeError):
@@ -52,55 +48,35 @@ class TorchRunner:
 
     # -- set-up (loader thread) ------------------------------------------------------------
     def allocate(self, num_blocks: int | None, block_size: int, *, gpu_memory_utilization: float,
-                 max_num_tokens: int, max_batch_size: int, min_blocks: int, graph_max_batch: int = 0) -> int:
-        """Make the KV pool: `num_blocks` of them, or (None, CUDA only) as many as the memory left allows
-        once the decode graphs up to `graph_max_batch` rows (0: none) have their logits. Returns the count made."""
+                 max_num_tokens: int, max_batch_size: int, max_model_len: int, graph_max_batch: int = 0) -> int:
+        """Make the KV pool: `num_blocks` of them, or (None, CUDA only, under memory.device_lock) what this
+        engine's share of the GPU leaves (inferd.engine.torch.memory). Returns the count made."""
         if num_blocks is None:
-            graph_rows = sum(batch_ladder(graph_max_batch)) if graph_max_batch else 0
-            num_blocks = self._blocks_from_memory(block_size, gpu_memory_utilization, max_num_tokens,
-                                                  max_batch_size, graph_rows)
-            if num_blocks < min_blocks:
+            if self.device.type != "cuda":
+                raise ValueError("the KV pool is sized from GPU memory on CUDA only; give num_kv_blocks on the CPU")
+            num_blocks = kv_blocks_from_memory(
+                self.model, block_size=block_size, utilization=gpu_memory_utilization, max_num_tokens=max_num_tokens,
+                max_batch_size=max_batch_size, max_model_len=max_model_len, graph_max_batch=graph_max_batch)
+            needed = -(-max_model_len // block_size)
+            if num_blocks < needed:
                 raise KVPoolTooSmall(
-                    f"gpu_memory_utilization {gpu_memory_utilization} leaves room for {num_blocks} KV blocks of "
-                    f"{block_size} tokens, fewer than one {min_blocks * block_size}-token sequence needs; raise it, "
-                    f"lower max_model_len or use a smaller dtype")
+                    f"gpu_memory_utilization {gpu_memory_utilization} leaves room for {max(num_blocks, 0)} KV blocks "
+                    f"of {block_size} tokens, fewer than one {max_model_len}-token sequence needs ({needed}); "
+                    f"raise it, lower max_model_len, or free the GPU of other work")
         self.pool = self.model.new_kv_pool(num_blocks, block_size)
         return num_blocks
 
-    def _blocks_from_memory(self, block_size: int, utilization: float, max_num_tokens: int,
-                            max_batch_size: int, graph_rows: int) -> int:
+    def compile_kernels(self) -> None:
+        """CUDA: the decode kernel's variants compiled at load, not in a step (inferd.engine.torch.triton_attention)."""
         if self.device.type != "cuda":
-            raise ValueError("the KV pool is sized from free memory on CUDA only; give num_kv_blocks on the CPU")
-        c = self.config
-        per_block = KVPool.bytes_per_block(c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim,
-                                           self.model.dtype)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        self._profile_forward(max_num_tokens, block_size)
-        torch.cuda.synchronize(self.device)
-        activations = torch.cuda.max_memory_allocated(self.device) - before
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        sampler = _SAMPLER_COPIES * max_batch_size * c.vocab_size * 4
-        # each captured size keeps its own float32 [size, vocab] logits in the graphs' pool; the pool's
-        # activations are a decode batch's, below the profiled prefill's (kept free by `activations`)
-        graph_logits = graph_rows * c.vocab_size * 4
-        budget = int(total * utilization) - (total - free) - activations - sampler - graph_logits
-        return blocks_for_budget(budget, per_block)
+            return
+        from inferd.engine.torch.triton_attention import paged_decode_attention, precompile
 
-    def _profile_forward(self, num_tokens: int, block_size: int) -> None:
-        """One prefill of `num_tokens` tokens through a scratch pool: the largest step the scheduler makes."""
-        blocks = -(-num_tokens // block_size)
-        scratch = self.model.new_kv_pool(blocks, block_size)
-        ids = np.arange(num_tokens, dtype=np.int64) % self.config.vocab_size
-        out = SchedulerOutput(seqs=[Sequence("__profile__", ids.tolist())], num_new_tokens=[num_tokens],
-                              token_ids=ids, positions=np.arange(num_tokens, dtype=np.int64),
-                              slot_mapping=np.arange(num_tokens, dtype=np.int64), context_lens=[num_tokens],
-                              block_tables=[list(range(blocks))], sample_rows=[0])
-        with torch.no_grad():
-            self.model.forward(StepInputs.build(out, self.device, [None]), scratch)
-        del scratch
+        if self.model.decode_attention is paged_decode_attention:
+            c = self.config
+            q = torch.zeros((1, c.num_attention_heads, c.head_dim), dtype=self.model.dtype, device=self.device)
+            with torch.no_grad():
+                precompile(q, self.pool.k[0], self.pool.v[0])
 
     def capture(self, max_batch_size: int, max_model_len: int, block_size: int) -> None:
         """Decode graphs for the batch ladder up to `max_batch_size` (captured on CUDA; static buffers on CPU)."""
@@ -118,7 +94,15 @@ class TorchRunner:
         self.graphs = self.pool = None
         self.model = None
         if self.device.type == "cuda":
+            gc.collect()            # tensors held only by reference cycles (a closed engine's) go first
             torch.cuda.empty_cache()
+
+    def fatal(self, exc: Exception) -> bool:
+        """A CUDA fault (a device-side assert, an illegal address) poisons the context for good; running out
+        of memory does not."""
+        if isinstance(exc, torch.OutOfMemoryError):
+            return False
+        return isinstance(exc, _ACCELERATOR_ERRORS) or (isinstance(exc, RuntimeError) and "CUDA error" in str(exc))
 
     def memory_bytes(self) -> int:
         if self.model is None:
@@ -150,10 +134,21 @@ class TorchRunner:
                 logits = self.model.forward(step, pool)
         rows = out.sample_rows
         if len(rows) != len(out.seqs):
-            logits = logits[torch.as_tensor(rows, dtype=torch.long, device=logits.device)]
+            logits = logits.index_select(0, to_device(np.asarray(rows, dtype=np.int64), logits.device))
         picked = [out.seqs[r] for r in rows]
         tokens, logprobs = self.sampler.sample(logits, picked)
         return StepResult(tokens, logprobs, prompt_logits)
+
+    def _check_decode(self, out: SchedulerOutput) -> None:
+        """What the eager path's StepInputs checks, for the graphs: on CUDA an id out of range would be a
+        device-side assert, fatal to every engine in the process."""
+        pool = self.pool
+        blocks = max(max(t, default=0) for t in out.block_tables)
+        if (int(out.token_ids.max()) >= self.config.vocab_size or int(out.token_ids.min()) < 0
+                or int(out.slot_mapping.max()) >= pool.scratch_slot or int(out.slot_mapping.min()) < 0
+                or blocks >= pool.num_blocks):
+            raise StepInputsError(f"a decode step's token, slot or block id is out of range "
+                                  f"(vocab {self.config.vocab_size}, {pool.num_blocks} blocks)")
 
     def _replay_decode(self, out: SchedulerOutput) -> torch.Tensor | None:
         """The logits of a decode-only step from the graphs, or None when it is not one they can run."""
@@ -163,6 +158,7 @@ class TorchRunner:
         width = max(len(t) for t in out.block_tables)
         if not graphs.fits(len(out.seqs), width):
             return None
+        self._check_decode(out)
         tables = np.zeros((len(out.seqs), width), dtype=np.int32)
         for i, table in enumerate(out.block_tables):
             tables[i, :len(table)] = table

@@ -37,7 +37,9 @@ _PARTIAL_LAUNCH = {"num_warps": 4, "num_stages": 2, "enable_fp_fusion": True}
 _MERGE_LAUNCH = {"num_warps": 4, "enable_fp_fusion": True}
 
 
-@triton.jit
+# The block table's width varies step to step on the eager path: specialising on its value (== 1, % 16)
+# would compile new variants in the middle of serving.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _split_partial_kernel(
     Q, K, V, BlockTables, ContextLens, Out, PartOut, PartLse,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -216,6 +218,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             **_merge_constants(head_dim, splits), **_MERGE_LAUNCH,
         )
     return out
+
+
+def precompile(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Compile every split count's variants now (at load) for q's head shape and dtype and this cache's
+    layout, so no step pays a compile (seconds) later: a one-row call per split count, over nothing."""
+    table = torch.zeros((1, 1), dtype=torch.int32, device=q.device)
+    empty = torch.zeros(1, dtype=torch.int32, device=q.device)
+    splits = 1
+    while splits <= _MAX_SPLITS:
+        paged_decode_attention(q[:1], k_cache, v_cache, table, empty, num_splits=splits)
+        splits *= 2
 
 
 def _partial_constants(heads: int, kv_heads: int, head_dim: int, block_size: int, splits: int,

@@ -62,3 +62,13 @@ class HostUpload:
             size = max(nbytes, 2 * self._staging.numel(), 4096)
             self._staging = torch.empty(size, dtype=torch.uint8, pin_memory=self._cuda)
         return self._staging
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """One small host array on `device` without a stream sync: from pinned memory (the caching host
+    allocator keeps it until the copy is done), asynchronous on CUDA. A pageable copy would wait for
+    every kernel queued before it."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

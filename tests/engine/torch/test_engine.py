@@ -90,7 +90,7 @@ async def test_memory_is_the_weights_and_the_pool_and_close_gives_it_back(make_e
     per_block = pool.bytes_per_block(c.num_hidden_layers, 4, c.num_key_value_heads, c.head_dim, torch.float32)
     assert pool.nbytes == (32 + 1) * per_block       # and the scratch block padded graph rows write to
     await engine.close()
-    assert engine.memory_bytes() == 0
+    assert engine.memory_bytes() == 0 and engine.model is None     # nothing left holding the weights
 
 
 async def test_the_info_names_the_backend_and_the_hardware(make_engine):
@@ -131,3 +131,42 @@ async def test_steps_run_off_the_event_loop(make_engine):
     engine._runner.execute = lambda out: seen.append(asyncio._get_running_loop()) or execute(out)
     await engine.submit(req(engine, "t", TEXTS[2], 3)).collect()
     assert seen and all(loop is None for loop in seen) and loop_thread is not None
+
+
+async def test_a_device_fault_stops_the_engine_but_running_out_of_memory_fails_only_the_step(make_engine):
+    engine = await make_engine()
+    execute = engine._runner.execute
+    engine._runner.execute = lambda out: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory"))
+    failed = await engine.submit(req(engine, "oom", TEXTS[0], 3)).collect()
+    assert failed.finish_reason.value == "error" and engine.healthy
+    engine._runner.execute = execute
+    assert len((await engine.submit(req(engine, "ok", TEXTS[0], 3)).collect()).token_ids) == 3
+    engine._runner.execute = lambda out: (_ for _ in ()).throw(RuntimeError("CUDA error: device-side assert"))
+    fault = await engine.submit(req(engine, "fault", TEXTS[0], 3)).collect()
+    assert fault.finish_reason.value == "error"
+    await asyncio.wait_for(_until(lambda: not engine.healthy), 10)
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+def test_a_decode_step_with_an_id_out_of_range_never_reaches_the_graphs(tiny_artifact):
+    import numpy as np
+
+    from inferd.engine.scheduler import SchedulerOutput
+    from inferd.engine.sequence import Sequence
+    from inferd.engine.torch.inputs import StepInputsError
+    from inferd.engine.torch.model import TorchLlama
+    from inferd.engine.torch.runner import TorchRunner
+
+    runner = TorchRunner(TorchLlama.from_pretrained(tiny_artifact, device="cpu", dtype="float32"))
+    runner.allocate(8, 4, gpu_memory_utilization=0.9, max_num_tokens=16, max_batch_size=2, max_model_len=32)
+    runner.capture(2, 32, 4)
+    for slot, block in ((32, 0), (3, 8)):     # the scratch slot; a block past the pool
+        out = SchedulerOutput(seqs=[Sequence("s", [1, 2, 3, 4])], num_new_tokens=[1],
+                              token_ids=np.array([4]), positions=np.array([3]), slot_mapping=np.array([slot]),
+                              context_lens=[4], block_tables=[[block]], sample_rows=[0])
+        with pytest.raises(StepInputsError, match="out of range"):
+            runner.execute(out)

@@ -161,7 +161,7 @@ class FakeCuda:
         class Graph:
             def replay(self):
                 fake.log.append(("replay", self.size))
-                self.output.copy_(self.forward(self.inputs))
+                self.output[:self.size].copy_(self.forward(self.inputs))
 
         class Stream:
             def wait_stream(self, other):
@@ -175,8 +175,8 @@ class FakeCuda:
                 fake.log.append("sync")
 
         @contextlib.contextmanager
-        def graph(cuda_graph, pool=None):
-            fake.log.append(("capture", pool))
+        def graph(cuda_graph, pool=None, capture_error_mode="global"):
+            fake.log.append(("capture", pool, capture_error_mode))
             yield
 
         self.Graph, self.Event = Graph, Event
@@ -194,9 +194,9 @@ def test_capture_on_cuda_warms_up_then_captures_largest_first_into_one_pool(monk
         monkeypatch.setattr(torch.cuda, name, value)
     graphs.capture()
     assert [len(call.token_ids) for call in forward.calls] == [4, 4, 4, 2, 2, 2, 1, 1, 1]   # 2 warm-ups + capture
-    assert [entry for entry in cuda.log if entry != "wait"] == [("capture", "pool")] * 3
+    assert [entry for entry in cuda.log if entry != "wait"] == [("capture", "pool", "thread_local")] * 3
     for size, graph in graphs._graphs.items():
-        graph.size, graph.forward, graph.inputs, graph.output = size, forward, graphs._views[size], graphs._outputs[size]
+        graph.size, graph.forward, graph.inputs, graph.output = size, forward, graphs._views[size], graphs._output
     cuda.log.clear()
     logits = graphs.run(*batch(3))
     assert cuda.log == ["sync", "record", ("replay", 4)]   # host mirror free, copies queued, size-4 graph replayed

@@ -26,12 +26,18 @@ async def greedy_outputs(engine: Engine, prompts: list[list[int]], max_tokens: i
 
 async def main(artifact: Path, dtype: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     from inferd.engine.torch.engine import TorchEngine
-    from inferd.engine.torch.triton_attention import paged_decode_attention    # under TRITON_INTERPRET=1
+    import torch
+
+    from inferd.engine.torch.triton_attention import paged_decode_attention, precompile   # TRITON_INTERPRET=1
 
     engine = TorchEngine(artifact, device="cpu", dtype=dtype, cuda_graphs=True, **SHAPE)
     await engine.start()
     try:
-        engine._runner.model.decode_attention = paged_decode_attention
+        runner = engine._runner
+        runner.model.decode_attention = paged_decode_attention
+        c = runner.config          # what a CUDA load runs before its first step
+        precompile(torch.zeros((1, c.num_attention_heads, c.head_dim), dtype=runner.model.dtype),
+                   runner.pool.k[0], runner.pool.v[0])
         return await greedy_outputs(engine, prompts, max_tokens)
     finally:
         await engine.close()
