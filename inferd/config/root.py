@@ -124,7 +124,8 @@ class ModelConfig(ConfigTable):
     versions: tuple[str, ...] = ()         # further versions kept loaded and warm (docs/models.md)
     max_batch_size: int = 32
     max_num_tokens: int = 512
-    num_kv_blocks: int | None = None       # reference, torch on cpu: default 2048; torch on cuda: from free memory; sim: the profile
+    # reference and torch on cpu: default 2048; torch on cuda: its share of the GPU; sim: the profile's
+    num_kv_blocks: int | None = None
     # reference: the longest sequence (prompt + output) served, below the model's own context (vLLM's
     # --max-model-len); None: the model's max_position_embeddings (and never past the KV pool)
     max_model_len: int | None = None

@@ -71,7 +71,8 @@ TORCH_FLAGS = {"device": "device", "dtype": "dtype", "gpu_memory_utilization": "
 def _engine_table(args: argparse.Namespace) -> dict[str, Any]:
     """The model table's backend (and [torch] table) from --backend and the torch engine's flags, checked
     as the file's keys are."""
-    torch_flags = {key: getattr(args, flag) for flag, key in TORCH_FLAGS.items() if getattr(args, flag, None) is not None}
+    torch_flags = {key: getattr(args, flag) for flag, key in TORCH_FLAGS.items()
+                   if getattr(args, flag, None) is not None}
     if getattr(args, "enforce_eager", None):
         torch_flags["cuda_graphs"] = False
     if torch_flags.get("dtype") == "auto":      # vLLM's auto: the checkpoint's; ours serves bf16 on a GPU

@@ -54,7 +54,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
                  max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None,
                  adapter_trusted_keys: Mapping[str, str] | None = None, max_model_len: int | None = None) -> None:
-        for name, value in (("num_kv_blocks", 1 if num_kv_blocks is None else num_kv_blocks), ("block_size", block_size),
+        for name, value in (("num_kv_blocks", 1 if num_kv_blocks is None else num_kv_blocks),   # None: sized at load
+                            ("block_size", block_size),
                             ("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -94,7 +95,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
             return
         self._loop = asyncio.get_running_loop()
         await run_load(self._load)       # low priority: versions already serving come first
-        self._thread = threading.Thread(target=self._run, name=f"inferd-{self.backend}-{self.info.model_name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"inferd-{self.backend}-{self.info.model_name}",
+                                        daemon=True)
         self._thread.start()
 
     def _make_runner(self) -> ModelRunner:

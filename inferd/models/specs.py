@@ -34,7 +34,9 @@ def version_specs(cfg: Config) -> list[VersionSpec]:
 
 def uses_artifact(model: ModelConfig) -> bool:
     """The model's engine loads an artifact from engines_root (a trtllm engine_dir is its own)."""
-    return model.backend in ("reference", "torch") or (model.backend == "trtllm" and not (model.trtllm and model.trtllm.engine_dir))
+    if model.backend == "trtllm":
+        return not (model.trtllm and model.trtllm.engine_dir)
+    return model.backend in ("reference", "torch")
 
 
 def routes_from_config(cfg: Config, defaults: Mapping[str, str]) -> dict[str, Split]:

@@ -145,7 +145,8 @@ class TorchLlama:
     @classmethod
     def from_pretrained(cls, path: Path | str, *, device: torch.device | str,
                         dtype: torch.dtype | str) -> TorchLlama:
-        """An HF-layout directory (config.json + *.safetensors, sharded or not, f32/f16/bf16), as the reference loads."""
+        """An HF-layout directory (config.json + *.safetensors, sharded or not, f32/f16/bf16), as the reference
+        loads."""
         device, dtype = resolve(device, dtype)
         path = Path(path)
         config = LlamaConfig.from_json(path / "config.json")
