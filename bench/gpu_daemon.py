@@ -56,6 +56,8 @@ gpu_memory_utilization = {utilization}
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
 _USED = re.compile(r'^inferd_kv_cache_blocks\{[^}]*state="used"[^}]*\} ([0-9.e+]+)$', re.M)
 _STEPS = re.compile(r'^inferd_engine_steps_total\{[^}]*\} ([0-9.e+]+)$', re.M)
+_STEP_SUM = re.compile(r'^inferd_engine_step_seconds_sum\{[^}]*\} ([0-9.e+]+)$', re.M)
+_STEP_COUNT = re.compile(r'^inferd_engine_step_seconds_count\{[^}]*\} ([0-9.e+]+)$', re.M)
 _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
 
@@ -137,9 +139,11 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
 
 
 async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_s: float = 30.0) -> dict:
-    """Drop one stream mid-generation; how long and how many engine steps until its KV blocks are free."""
+    """Drop one stream mid-generation; how long and how many engine steps until its KV blocks are free, and
+    the mean step time while it ran alone (the unit the goal is in)."""
     loop = asyncio.get_running_loop()
-    baseline = _value(_USED, await asyncio.to_thread(scrape, port))
+    text = await asyncio.to_thread(scrape, port)
+    baseline, step_sum, step_count = _value(_USED, text), _value(_STEP_SUM, text), _value(_STEP_COUNT, text)
     arrivals: list[tuple[float, int]] = []
     _, proto = await loop.create_connection(lambda: _Stream(arrivals), "127.0.0.1", port)
     proto.start(_request(port, ids, max_tokens))
@@ -150,6 +154,7 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
         await asyncio.sleep(0.005)
     text = await asyncio.to_thread(scrape, port)
     held, steps_before = _value(_USED, text) - baseline, _value(_STEPS, text)
+    step_s = (_value(_STEP_SUM, text) - step_sum) / max(1.0, _value(_STEP_COUNT, text) - step_count)
     dropped = time.monotonic()
     proto.transport.abort()                               # the client goes away (RST, as a killed client)
     while True:
@@ -160,7 +165,8 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
             raise TimeoutError(f"KV blocks of a dropped stream still held after {deadline_s:.0f} s")
     freed_ms = (time.monotonic() - dropped) * 1000
     steps_after = _value(_STEPS, text) - steps_before
-    return {"blocks_held": int(held), "freed_ms": round(freed_ms, 2), "steps_after_disconnect": int(steps_after)}
+    return {"blocks_held": int(held), "freed_ms": round(freed_ms, 2), "steps_after_disconnect": int(steps_after),
+            "step_ms": round(step_s * 1000, 3)}
 
 
 async def daemon_phase(args, shape: Shape, work: Path) -> dict:
