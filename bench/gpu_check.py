@@ -35,10 +35,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PHASES = ("parity", "throughput", "daemon", "node")
 TIMEOUTS = {"parity": 70, "throughput": 170, "daemon": 120, "node": 90}
-CPU_DEFAULTS = dict(shape="small", batches="1,4,8", prompt_len=64, output_len=32, streams=8, requests=16,
-                    dtype="float32", node_seconds=4.0, node_warmup=3.0, parity_tokens=12, bandwidth_mib=256)
-CUDA_DEFAULTS = dict(shape="8b", batches="1,32,128,256", prompt_len=512, output_len=256, streams=256, requests=512,
-                     dtype="bfloat16", node_seconds=10.0, node_warmup=8.0, parity_tokens=24, bandwidth_mib=2048)
+CPU_DEFAULTS = {"shape": "small", "batches": "1,4,8", "prompt_len": 64, "output_len": 32, "streams": 8, "requests": 16,
+                "dtype": "float32", "node_seconds": 4.0, "node_warmup": 3.0, "parity_tokens": 12, "bandwidth_mib": 256}
+CUDA_DEFAULTS = {"shape": "8b", "batches": "1,32,128,256", "prompt_len": 512, "output_len": 256, "streams": 256,
+                 "requests": 512, "dtype": "bfloat16", "node_seconds": 10.0, "node_warmup": 8.0, "parity_tokens": 24,
+                 "bandwidth_mib": 2048}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,7 +109,6 @@ def run_phase(args: argparse.Namespace) -> dict:
         return asyncio.run(throughput(args, shape_of(args), args.work))
     if args.phase == "daemon":
         import uvloop
-
         from gpu_daemon import daemon_phase
 
         return uvloop.run(daemon_phase(args, shape_of(args), args.work))
@@ -121,7 +121,7 @@ def run_node(args: argparse.Namespace) -> dict:
            args.device, "--dtype", args.dtype, "--shape", args.shape, "--seed", str(args.seed + 7),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     cmd += [f"--{k}={v}" for k, v in (("hidden", args.hidden), ("layers", args.layers)) if v]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"node.py exited {out.returncode}: {out.stderr.strip()[-1500:]}")
     report = json.loads(out.stderr.strip().splitlines()[-1])

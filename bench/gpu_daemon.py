@@ -12,6 +12,7 @@ disconnect frees: one stream is dropped mid-generation and /metrics is polled un
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import sys
 import time
@@ -53,11 +54,11 @@ load_format = "dummy"
 gpu_memory_utilization = {utilization}
 {graphs}
 """
-_DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
-_USED = re.compile(r'^inferd_kv_cache_blocks\{[^}]*state="used"[^}]*\} ([0-9.e+]+)$', re.M)
-_STEPS = re.compile(r'^inferd_engine_steps_total\{[^}]*\} ([0-9.e+]+)$', re.M)
-_STEP_SUM = re.compile(r'^inferd_engine_step_seconds_sum\{[^}]*\} ([0-9.e+]+)$', re.M)
-_STEP_COUNT = re.compile(r'^inferd_engine_step_seconds_count\{[^}]*\} ([0-9.e+]+)$', re.M)
+_DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
+_USED = re.compile(r'^inferd_kv_cache_blocks\{[^}]*state="used"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
+_STEPS = re.compile(r'^inferd_engine_steps_total\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
+_STEP_SUM = re.compile(r'^inferd_engine_step_seconds_sum\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
+_STEP_COUNT = re.compile(r'^inferd_engine_step_seconds_count\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
 
@@ -131,7 +132,7 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
     tokens = sum(k for arrivals in per_request for _, k in arrivals)
     itl: list[float] = []
     for arrivals in per_request:
-        for (a, _), (b, k) in zip(arrivals, arrivals[1:]):
+        for (a, _), (b, k) in itertools.pairwise(arrivals):
             itl.extend([(b - a) * 1000 / k] * k)
     itl.sort()
     return {"tokens": tokens, "tokens_per_s": round(tokens / (ended - started), 1),

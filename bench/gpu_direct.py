@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import statistics
 import time
@@ -37,7 +38,7 @@ class Tally:
         return self.tokens / max(1e-9, self.ended - self.started)
 
     def itl_ms(self) -> list[float]:
-        gaps = [(b - a) * 1000 for times in self.arrivals for a, b in zip(times, times[1:])]
+        gaps = [(b - a) * 1000 for times in self.arrivals for a, b in itertools.pairwise(times)]
         return sorted(gaps)
 
     def decode_steps(self) -> list[float]:
@@ -166,7 +167,8 @@ async def throughput(args, shape: Shape, work: Path) -> dict:
                                    args.output_len, streams, "streams")
         itl = tally.itl_ms()
         result["streams"] = {"streams": streams, "requests": args.requests, "tokens": tally.tokens,
-                             "tokens_per_s": round(tally.tokens_per_s(), 1), "itl_p50_ms": round(percentile(itl, 0.5), 3),
+                             "tokens_per_s": round(tally.tokens_per_s(), 1),
+                             "itl_p50_ms": round(percentile(itl, 0.5), 3),
                              "itl_p99_ms": round(percentile(itl, 0.99), 3)}
         return result
     finally:

@@ -14,7 +14,6 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-
 from gpu_models import Shape, parity_checkpoint
 
 PROMPT_LENS = (7, 33, 64, 100)
@@ -57,7 +56,8 @@ def hf_greedy(model, ids: list[int], steps: int, device) -> list[int]:
     return tokens[0, len(ids):].tolist()
 
 
-async def engine_greedy(artifact: Path, prompts: list[list[int]], steps: int, device: str, dtype: str) -> list[list[int]]:
+async def engine_greedy(artifact: Path, prompts: list[list[int]], steps: int, device: str,
+                        dtype: str) -> list[list[int]]:
     from inferd.engine.torch.engine import TorchEngine
     from inferd.types import GenerationRequest, SamplingParams
 

@@ -28,8 +28,9 @@ def _gpu_name() -> str:
     """From nvidia-smi: asking torch would open a CUDA context in this process, held through every phase."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "(nvidia-smi: none)"
+                             check=False, capture_output=True, text=True, timeout=20)
+        lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+        return lines[0] if lines else "(nvidia-smi: no GPU listed)"
     except (OSError, subprocess.TimeoutExpired):
         return "(no nvidia-smi)"
 
@@ -45,18 +46,18 @@ def _goal(met: bool) -> str:
 def parity_lines(r: dict) -> list[str]:
     return [f"parity: {'ok' if r['ok'] else 'FAILED'} ({r['shape']})",
             f"parity logits float32 rel err: {r['logits_rel_err_float32']:.2e} (bound 1e-03)",
-            f"parity logits bfloat16 rel err: {r['logits_rel_err_bfloat16']:.2e} (bound {r['bf16_bound']:.1e}; "
-            f"transformers' own bf16 {r['hf_bf16_rel_err']:.2e})",
-            f"parity greedy float32: {'equal' if r['greedy_float32_equal'] else 'DIFFERENT'} "
-            f"({r['greedy_float32_agreement']:.0%} of tokens agree)",
+            (f"parity logits bfloat16 rel err: {r['logits_rel_err_bfloat16']:.2e} (bound {r['bf16_bound']:.1e}; "
+            f"transformers' own bf16 {r['hf_bf16_rel_err']:.2e})"),
+            (f"parity greedy float32: {'equal' if r['greedy_float32_equal'] else 'DIFFERENT'} "
+            f"({r['greedy_float32_agreement']:.0%} of tokens agree)"),
             f"parity greedy bfloat16 agreement: {r['greedy_bfloat16_agreement']:.0%} (reported, not checked)"]
 
 
 def throughput_lines(args, r: dict) -> list[str]:
     memory = "HBM, device-to-device copy" if args.device.startswith("cuda") else "host memcpy"
     lines = [f"bandwidth: {r['bandwidth_gb_s']:,.1f} GB/s ({memory}, bytes read + written)",
-             f"engine load: {r['load_s']} s ({_bytes(r['weight_bytes'])} weights, {r['kv_blocks']} KV blocks, "
-             f"{r['hardware']})"]
+             (f"engine load: {r['load_s']} s ({_bytes(r['weight_bytes'])} weights, {r['kv_blocks']} KV blocks, "
+             f"{r['hardware']})")]
     for b in r["batches"]:
         goal = ""
         if b["batch"] == 1 and args.device.startswith("cuda") and args.shape == "8b":

@@ -187,7 +187,8 @@ def run_client(args: argparse.Namespace) -> None:
 
 # -- orchestration ---------------------------------------------------------------------------------
 _SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_seconds_count|'
-                     r'inferd_engine_generated_tokens_total)\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$', re.M)
+                     r'inferd_engine_generated_tokens_total)\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$',
+                     re.M)
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
 
 

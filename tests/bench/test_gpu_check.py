@@ -46,7 +46,7 @@ def test_the_8b_shape_reads_llama_3_8b_weights_per_step_and_its_tokenizer_has_ev
 def test_every_phase_runs_on_the_cpu_path_and_the_summary_names_each_figure():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--device", "cpu", "--node-seconds", "2",
-                          "--node-warmup", "2"], capture_output=True, text=True, timeout=400, env=env)
+                          "--node-warmup", "2"], check=False, capture_output=True, text=True, timeout=400, env=env)
     lines = out.stdout.splitlines()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert lines[0].startswith("gpu_check: CPU path (no CUDA device")
