@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PHASES = ("parity", "throughput", "daemon", "node")
-TIMEOUTS = {"parity": 70, "throughput": 170, "daemon": 120, "node": 90}
+TIMEOUTS = {"parity": 70, "throughput": 160, "daemon": 110, "node": 110}
 CPU_DEFAULTS = {"shape": "small", "batches": "1,4,8", "prompt_len": 64, "output_len": 32, "streams": 8, "requests": 16,
                 "dtype": "float32", "node_seconds": 4.0, "node_warmup": 3.0, "parity_tokens": 12, "bandwidth_mib": 256}
 CUDA_DEFAULTS = {"shape": "8b", "batches": "1,32,128,256", "prompt_len": 512, "output_len": 256, "streams": 256,
@@ -61,6 +62,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, help="requests of the streams workload (direct and daemon)")
     p.add_argument("--max-num-tokens", type=int, default=8192, help="tokens per engine step (chunked prefill)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (every engine of every phase)")
+    p.add_argument("--logs", type=Path, help="copy each phase's log, the daemon's and all results (one JSON) here")
     p.add_argument("--parity-tokens", type=int)
     p.add_argument("--bandwidth-mib", type=int, help="size of the buffer the bandwidth copy moves")
     p.add_argument("--node-seconds", type=float)
@@ -121,6 +124,7 @@ def run_node(args: argparse.Namespace) -> dict:
            args.device, "--dtype", args.dtype, "--shape", args.shape, "--seed", str(args.seed + 7),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     cmd += [f"--{k}={v}" for k, v in (("hidden", args.hidden), ("layers", args.layers)) if v]
+    cmd += ["--enforce-eager"] if args.enforce_eager else []
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"node.py exited {out.returncode}: {out.stderr.strip()[-1500:]}")
@@ -153,6 +157,14 @@ def spawn_phase(args: argparse.Namespace, phase: str, argv: list[str], timeout: 
     if code != 0 or not result_file.is_file():
         return None, f"exited {code}: {_tail(log)}"
     return json.loads(result_file.read_text()), ""
+
+
+def keep_logs(args: argparse.Namespace, results: dict, errors: dict) -> None:
+    """The phases' logs, the daemon's, and one JSON of every result, flat in --logs (a few files)."""
+    args.logs.mkdir(parents=True, exist_ok=True)
+    for log in args.work.glob("*.log"):
+        shutil.copyfile(log, args.logs / f"gpu_check-{log.name}")
+    (args.logs / "gpu_check-results.json").write_text(json.dumps({"results": results, "errors": errors}, indent=1))
 
 
 def _tail(log: Path) -> str:
@@ -189,13 +201,18 @@ def main(argv: list[str] | None = None) -> int:
             if left < 5:
                 errors[phase] = "skipped: the run's deadline (--deadline-s) was reached"
                 continue
+            began = time.monotonic()
             result, error = spawn_phase(args, phase, forwarded, min(timeouts[phase], left))
+            print(f"-- {phase}: {'ok' if result is not None else 'failed'} in {time.monotonic() - began:.0f} s",
+                  file=sys.stderr, flush=True)
             if result is None:
                 errors[phase] = error
             else:
                 results[phase] = result
                 if phase == "parity" and not result.get("ok"):
                     errors[phase] = "parity outside its tolerance (numbers above)"
+        if args.logs:
+            keep_logs(args, results, errors)
     lines = summary(args, results, errors, time.monotonic() - started)
     print("\n".join(lines), flush=True)
     return 1 if errors else 0

@@ -65,7 +65,8 @@ _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 def config_text(args, engines: Path, max_batch: int, max_model_len: int) -> str:
     cuda = args.device.startswith("cuda")
     blocks = "" if cuda else f"num_kv_blocks = {max_batch * -(-max_model_len // 16) + 64}\n"
-    graphs = f"cuda_graph_max_batch_size = {max_batch}" if cuda else ""
+    graphs = "cuda_graphs = false" if args.enforce_eager else (
+        f"cuda_graph_max_batch_size = {max_batch}" if cuda else "")
     return CONFIG.format(engines=engines, connections=args.streams + 16, max_batch=max_batch,
                          artifact=args.artifact_name, max_num_tokens=args.max_num_tokens,
                          max_model_len=max_model_len, blocks=blocks, device=args.device, dtype=args.dtype,
@@ -147,7 +148,8 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
     baseline, step_sum, step_count = _value(_USED, text), _value(_STEP_SUM, text), _value(_STEP_COUNT, text)
     arrivals: list[tuple[float, int]] = []
     _, proto = await loop.create_connection(lambda: _Stream(arrivals), "127.0.0.1", port)
-    proto.start(_request(port, ids, max_tokens))
+    done = proto.start(_request(port, ids, max_tokens))
+    done.add_done_callback(lambda f: f.exception())     # the drop below ends it with ConnectionError
     limit = time.monotonic() + deadline_s
     while sum(k for _, k in arrivals) < 8:
         if time.monotonic() > limit:
@@ -178,7 +180,7 @@ async def daemon_phase(args, shape: Shape, work: Path) -> dict:
     config.write_text(config_text(args, work / "engines", max_batch, max_model_len))
     loaded = time.monotonic()
     proc, started = await asyncio.to_thread(spawn, [str(Path(__file__).parent / "gpu_check.py"), "--role", "daemon",
-                                                    "--config", str(config)], work, "daemon.log")
+                                                    "--config", str(config)], work, "inferd-serve.log")
     port = started["port"]
     try:
         load_s = time.monotonic() - loaded
@@ -194,7 +196,7 @@ async def daemon_phase(args, shape: Shape, work: Path) -> dict:
         result["disconnect"] = await disconnect_check(port, victim, max_model_len - args.prompt_len - 1)
         return result
     except BaseException:
-        print(f"daemon log tail: {(work / 'daemon.log').read_text()[-2000:]}", file=sys.stderr)
+        print(f"inferd serve log tail: {(work / 'inferd-serve.log').read_text()[-2000:]}", file=sys.stderr)
         raise
     finally:
         await asyncio.to_thread(stop, proc)

@@ -56,12 +56,12 @@ def hf_greedy(model, ids: list[int], steps: int, device) -> list[int]:
     return tokens[0, len(ids):].tolist()
 
 
-async def engine_greedy(artifact: Path, prompts: list[list[int]], steps: int, device: str,
-                        dtype: str) -> list[list[int]]:
+async def engine_greedy(artifact: Path, prompts: list[list[int]], steps: int, device: str, dtype: str,
+                        graphs: bool) -> list[list[int]]:
     from inferd.engine.torch.engine import TorchEngine
     from inferd.types import GenerationRequest, SamplingParams
 
-    engine = TorchEngine(artifact, num_kv_blocks=256, device=device, dtype=dtype, cuda_graphs=device != "cpu",
+    engine = TorchEngine(artifact, num_kv_blocks=256, device=device, dtype=dtype, cuda_graphs=graphs,
                          max_batch_size=8, max_num_tokens=512, max_model_len=1024)
     await engine.start()
     try:
@@ -114,8 +114,9 @@ async def parity(args, shape: Shape, work: Path) -> dict:
                             for p, r in zip(prompts, ref))
     want16 = [hf_greedy(hf16, p, args.parity_tokens, device) for p in prompts]
     del hf16, hf32, hf
-    got32 = await engine_greedy(artifact, prompts, args.parity_tokens, args.device, "float32")
-    got16 = await engine_greedy(artifact, prompts, args.parity_tokens, args.device, "bfloat16")
+    graphs = args.device != "cpu" and not args.enforce_eager
+    got32 = await engine_greedy(artifact, prompts, args.parity_tokens, args.device, "float32", graphs)
+    got16 = await engine_greedy(artifact, prompts, args.parity_tokens, args.device, "bfloat16", graphs)
     bf16_bound = max(2 * hf_bf16_error, BF16_FLOOR)
     result.update({"logits_rel_err_float32": errors["float32"], "logits_rel_err_bfloat16": errors["bfloat16"],
                    "hf_bf16_rel_err": hf_bf16_error, "bf16_bound": bf16_bound,

@@ -93,6 +93,7 @@ device = "{device}"
 dtype = "{dtype}"
 load_format = "dummy"
 gpu_memory_utilization = {utilization}
+cuda_graphs = {graphs}
 """
 WORDS = [f"w{i}" for i in range(2000)]
 
@@ -335,7 +336,7 @@ def torch_models(args: argparse.Namespace, work: Path) -> str:
     blocks = "" if args.device.startswith("cuda") else f"num_kv_blocks = {args.streams * max_model_len // 16 + 64}"
     return TORCH_MODEL.format(
         i=0, artifact=name, streams=args.streams, max_model_len=max_model_len, blocks=blocks, device=args.device,
-        dtype=args.dtype, utilization=args.gpu_memory_utilization)
+        dtype=args.dtype, utilization=args.gpu_memory_utilization, graphs=str(not args.enforce_eager).lower())
 
 
 def parse() -> argparse.Namespace:
@@ -357,6 +358,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, help="torch: override the shape's hidden size")
     p.add_argument("--layers", type=int, help="torch: override the shape's layer count")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="torch on CUDA")
+    p.add_argument("--enforce-eager", action="store_true", help="torch: no CUDA graphs")
     return p.parse_args()
 
 
