@@ -141,22 +141,38 @@ def phase_main(args: argparse.Namespace) -> int:
 
 # -- the run ------------------------------------------------------------------------------------------
 def spawn_phase(args: argparse.Namespace, phase: str, argv: list[str], timeout: float) -> tuple[dict | None, str]:
-    """(the phase's result, None) or (None, its error line)."""
+    """(the phase's result, None) or (None, its error line). The phase runs in a process group of its own
+    (not a session: whoever ends this run's session ends it too), so a timeout kills its daemon with it."""
     log = args.work / f"{phase}.log"
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, __file__, "--role", "phase", "--phase", phase,
                                  "--work", str(args.work), *argv], stdout=err, stderr=subprocess.STDOUT,
-                                start_new_session=True)        # its own group: a timeout kills the daemon too
+                                preexec_fn=os.setpgrp)      # noqa: PLW1509 (no threads here yet)
+        previous = signal.signal(signal.SIGTERM, lambda *_: _kill_group(proc, exit_code=143))
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill_group(proc)
             return None, f"timed out after {timeout:.0f} s; last output: {_tail(log)}"
+        except KeyboardInterrupt:
+            _kill_group(proc, exit_code=130)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     result_file = args.work / f"{phase}.json"
     if code != 0 or not result_file.is_file():
         return None, f"exited {code}: {_tail(log)}"
     return json.loads(result_file.read_text()), ""
+
+
+def _kill_group(proc: subprocess.Popen, exit_code: int | None = None) -> None:
+    """SIGKILL the phase's whole group (its daemon too); then exit with `exit_code` if one is given."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    if exit_code is not None:
+        sys.exit(exit_code)
 
 
 def keep_logs(args: argparse.Namespace, results: dict, errors: dict) -> None:

@@ -56,7 +56,7 @@ gpu_memory_utilization = {utilization}
 """
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _USED = re.compile(r'^inferd_kv_cache_blocks\{[^}]*state="used"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
-_STEPS = re.compile(r'^inferd_engine_steps_total\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
+_GENERATED = re.compile(r'^inferd_engine_generated_tokens_total\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _STEP_SUM = re.compile(r'^inferd_engine_step_seconds_sum\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _STEP_COUNT = re.compile(r'^inferd_engine_step_seconds_count\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
@@ -141,24 +141,27 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
 
 
 async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_s: float = 30.0) -> dict:
-    """Drop one stream mid-generation; how long and how many engine steps until its KV blocks are free, and
-    the mean step time while it ran alone (the unit the goal is in)."""
+    """Drop one stream (alone on the engine) mid-generation. Until /metrics shows its KV blocks free: how
+    long, and how many tokens the engine generated past the last one the client had received when it went
+    (inferd_engine_generated_tokens_total; one token per step of a lone stream, the one in flight included).
+    Also the mean step time while it ran, the unit of the goal."""
     loop = asyncio.get_running_loop()
     text = await asyncio.to_thread(scrape, port)
-    baseline, step_sum, step_count = _value(_USED, text), _value(_STEP_SUM, text), _value(_STEP_COUNT, text)
+    baseline, generated = _value(_USED, text), _value(_GENERATED, text)
+    step_sum, step_count = _value(_STEP_SUM, text), _value(_STEP_COUNT, text)
     arrivals: list[tuple[float, int]] = []
     _, proto = await loop.create_connection(lambda: _Stream(arrivals), "127.0.0.1", port)
     done = proto.start(_request(port, ids, max_tokens))
     done.add_done_callback(lambda f: f.exception())     # the drop below ends it with ConnectionError
     limit = time.monotonic() + deadline_s
-    while sum(k for _, k in arrivals) < 8:
+    while proto.tokens < 8:
         if time.monotonic() > limit:
             raise TimeoutError("the disconnect check's stream produced no tokens")
         await asyncio.sleep(0.005)
     text = await asyncio.to_thread(scrape, port)
-    held, steps_before = _value(_USED, text) - baseline, _value(_STEPS, text)
+    held = _value(_USED, text) - baseline
     step_s = (_value(_STEP_SUM, text) - step_sum) / max(1.0, _value(_STEP_COUNT, text) - step_count)
-    dropped = time.monotonic()
+    received, dropped = proto.tokens, time.monotonic()
     proto.transport.abort()                               # the client goes away (RST, as a killed client)
     while True:
         text = await asyncio.to_thread(scrape, port)
@@ -167,8 +170,8 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
         if time.monotonic() > limit:
             raise TimeoutError(f"KV blocks of a dropped stream still held after {deadline_s:.0f} s")
     freed_ms = (time.monotonic() - dropped) * 1000
-    steps_after = _value(_STEPS, text) - steps_before
-    return {"blocks_held": int(held), "freed_ms": round(freed_ms, 2), "steps_after_disconnect": int(steps_after),
+    past = _value(_GENERATED, text) - generated - received
+    return {"blocks_held": int(held), "freed_ms": round(freed_ms, 2), "tokens_after_disconnect": int(past),
             "step_ms": round(step_s * 1000, 3)}
 
 
