@@ -177,7 +177,7 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
 
 async def daemon_phase(args, shape: Shape, work: Path) -> dict:
     dummy_artifact(work / "engines", args.artifact_name, shape)
-    max_batch = max(*args.batches, args.streams)
+    max_batch = max([*args.batches, args.streams])
     max_model_len = args.prompt_len + args.output_len + 16
     config = work / "daemon.toml"
     config.write_text(config_text(args, work / "engines", max_batch, max_model_len))

@@ -140,8 +140,8 @@ def batch_result(shape: Shape, dtype: str, batch: int, args, tally: Tally, bandw
     context = args.prompt_len + args.output_len / 2              # the mean context over the decode window
     read = shape.decode_weight_bytes(size, batch) + batch * context * shape.kv_bytes_per_token(size)
     roofline_s = read / bandwidth
-    return {"batch": batch, "tokens_per_s": round(tally.tokens_per_s(), 1), "seconds": round(tally.ended
-                                                                                            - tally.started, 2),
+    seconds = tally.ended - tally.started
+    return {"batch": batch, "tokens_per_s": round(tally.tokens_per_s(), 1), "seconds": round(seconds, 2),
             "decode_step_ms": round(step_s * 1000, 3), "decode_steps": len(steps),
             "decode_tokens_per_s": round(batch / step_s, 1), "roofline_step_ms": round(roofline_s * 1000, 3),
             "roofline_share": round(roofline_s / step_s, 3), "bytes_per_step": int(read)}
@@ -153,7 +153,7 @@ async def throughput(args, shape: Shape, work: Path) -> dict:
     artifact = dummy_artifact(work / "engines", args.artifact_name, shape)
     batches = args.batches
     streams = args.streams
-    max_batch = max(*batches, streams)
+    max_batch = max([*batches, streams])
     loaded = time.monotonic()
     engine = make_engine(args, artifact, max_batch, args.prompt_len + args.output_len + 16)
     await engine.start()
