@@ -31,18 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "<this>` (default: $INFERD_API_KEY, else no auth)")
     serve.add_argument("--max-model-len", type=int, default=None, help="with --model: the longest prompt + "
                                                                        "output (default: the model's context)")
-    # The GPU engine (backend "torch", docs/gpu.md) and vLLM's names for its settings
-    serve.add_argument("--backend", choices=["reference", "torch"], default=None,
-                       help="with --model: the engine (default: reference, NumPy on the CPU; torch: PyTorch)")
-    serve.add_argument("--device", default=None, help="with --backend torch: cuda, cuda:N or cpu (default: cuda)")
-    serve.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default=None,
-                       help="with --backend torch: weights and KV pool (default/auto: bfloat16)")
-    serve.add_argument("--gpu-memory-utilization", type=float, default=None,
-                       help="with --backend torch: the GPU memory share it may hold, KV pool included (default 0.9)")
-    serve.add_argument("--enforce-eager", action="store_true", default=None,
-                       help="with --backend torch: no CUDA graphs")
-    serve.add_argument("--load-format", choices=["auto", "dummy"], default=None,
-                       help="with --backend torch: dummy = random weights (benchmarks)")
+    _add_engine_flags(serve)
 
     from inferd.artifacts import add_pull_parser     # argparse only: huggingface_hub loads on a pull
     add_pull_parser(sub)
@@ -120,6 +109,21 @@ def _signing_dir(args) -> str:
     if Path(args.config).is_file():
         return str(Path(load_config(args.config).server.state_dir) / "signing")
     return str(default_state_dir() / "signing")
+
+
+def _add_engine_flags(serve: argparse.ArgumentParser) -> None:
+    """`serve --model`'s engine flags: the GPU engine (backend "torch", docs/gpu.md), in vLLM's names."""
+    serve.add_argument("--backend", choices=["reference", "torch"], default=None,
+                       help="with --model: the engine (default: reference, NumPy on the CPU; torch: PyTorch)")
+    serve.add_argument("--device", default=None, help="with --backend torch: cuda, cuda:N or cpu (default: cuda)")
+    serve.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default=None,
+                       help="with --backend torch: weights and KV pool (default/auto: bfloat16)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="with --backend torch: the GPU memory share it may hold, KV pool included (default 0.9)")
+    serve.add_argument("--enforce-eager", action="store_true", default=None,
+                       help="with --backend torch: no CUDA graphs")
+    serve.add_argument("--load-format", choices=["auto", "dummy"], default=None,
+                       help="with --backend torch: dummy = random weights (benchmarks)")
 
 
 # `serve` flags that only `--model` takes (a config file sets these keys itself)

@@ -9,9 +9,6 @@ from inferd.config.walk import ConfigTable
 TorchDtype = Literal["bfloat16", "float16", "float32"]
 LoadFormat = Literal["auto", "dummy"]
 DEVICE_RE = re.compile(r"^(cpu|cuda(:\d{1,2})?)$")
-# vLLM's largest captured decode batch by default (its max_cudagraph_capture_size): a graph per ladder
-# size up to here; bigger decode batches run eagerly.
-MAX_GRAPH_BATCH = 512
 
 
 class TorchConfig(ConfigTable):
@@ -22,7 +19,8 @@ class TorchConfig(ConfigTable):
     # step. models.X.num_kv_blocks, when set, sizes the pool instead.
     gpu_memory_utilization: float = 0.9
     cuda_graphs: bool = True                  # decode steps replay CUDA graphs captured at start
-    cuda_graph_max_batch_size: int | None = None   # the largest batch captured; default min(max_batch_size, 512)
+    cuda_graph_max_batch_size: int | None = None   # the largest batch captured (at most max_batch_size); default
+    #                                                 min(max_batch_size, 512), vLLM's largest capture size
     # "auto": the artifact's safetensors; "dummy": random weights made on the device from its config.json
     # (vLLM's load_format "dummy": for benchmarks and capacity checks; the output is noise)
     load_format: LoadFormat = "auto"
@@ -42,6 +40,6 @@ def torch_errors(path: str, backend: str, table: TorchConfig | None) -> list[str
     if not 0 < table.gpu_memory_utilization <= 1:
         errors.append(f"{p}.gpu_memory_utilization: must be in (0, 1], got {table.gpu_memory_utilization}")
     size = table.cuda_graph_max_batch_size
-    if size is not None and not 1 <= size <= MAX_GRAPH_BATCH:
-        errors.append(f"{p}.cuda_graph_max_batch_size: must be in [1, {MAX_GRAPH_BATCH}], got {size}")
+    if size is not None and size < 1:
+        errors.append(f"{p}.cuda_graph_max_batch_size: must be >= 1, got {size}")
     return errors

@@ -130,7 +130,7 @@ def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine
         raise EngineConfigError(name, f"artifact {artifact_dir.parent.name!r} is an embedding model; backend "
                                       f"'torch' serves generation only (use backend 'reference')")
     try:
-        from inferd.engine.torch.engine import TorchEngine
+        from inferd.engine.torch import TorchEngine
     except ImportError as exc:       # torch is the `gpu` extra (or `parity` on a CPU machine)
         raise EngineConfigError(name, f"backend 'torch' is not available here: {exc}") from None
     t = model.torch or TorchConfig()

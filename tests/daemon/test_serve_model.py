@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
 import sys
+import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
@@ -133,13 +136,26 @@ async def _serve(state: Path, *argv: str) -> asyncio.subprocess.Process:
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
 
 
-async def test_serve_model_runs_a_checkpoint_with_no_config_file_for_the_openai_sdk(checkpoint, tmp_path):
-    proc = await _serve(tmp_path / "state", "--model", str(checkpoint), "--port", "0", "--served-model-name",
-                        "smol", "--api-key", "sk-test", "--max-model-len", "64")
+@contextlib.asynccontextmanager
+async def _serving(state: Path, *argv: str) -> AsyncIterator[int]:
+    """`inferd serve *argv` until ready: its port; a clean SIGTERM exit is checked when the block ends."""
+    proc = await _serve(state, *argv)
     seen: list[dict] = []
     try:
         port = (await asyncio.wait_for(read_event(proc, "listening", seen), 120))["port"]
         await asyncio.wait_for(read_event(proc, "ready", seen), 120)
+        yield port
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_serve_model_runs_a_checkpoint_with_no_config_file_for_the_openai_sdk(checkpoint, tmp_path):
+    async with _serving(tmp_path / "state", "--model", str(checkpoint), "--port", "0", "--served-model-name",
+                        "smol", "--api-key", "sk-test", "--max-model-len", "64") as port:
         base = f"http://127.0.0.1:{port}/v1"
         async with openai.AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
             [model] = (await client.models.list()).data
@@ -153,22 +169,12 @@ async def test_serve_model_runs_a_checkpoint_with_no_config_file_for_the_openai_
         async with openai.AsyncOpenAI(base_url=base, api_key="wrong", max_retries=0) as client:
             with pytest.raises(openai.AuthenticationError):
                 await client.models.list()
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 60) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 async def test_the_torch_engine_serves_a_checkpoint_on_the_cpu_for_the_openai_sdk(checkpoint, tmp_path):
     pytest.importorskip("torch")
-    proc = await _serve(tmp_path / "state", "--model", str(checkpoint), "--port", "0", "--backend", "torch",
-                        "--device", "cpu", "--dtype", "float32", "--max-model-len", "128")
-    seen: list[dict] = []
-    try:
-        port = (await asyncio.wait_for(read_event(proc, "listening", seen), 120))["port"]
-        await asyncio.wait_for(read_event(proc, "ready", seen), 120)
+    async with _serving(tmp_path / "state", "--model", str(checkpoint), "--port", "0", "--backend", "torch",
+                        "--device", "cpu", "--dtype", "float32", "--max-model-len", "128") as port:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
             stream = await client.chat.completions.create(
                 model="SmolLM2-tiny", messages=[{"role": "user", "content": "The capital of France is"}],
@@ -178,17 +184,9 @@ async def test_the_torch_engine_serves_a_checkpoint_on_the_cpu_for_the_openai_sd
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
         metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
         assert 'backend="torch"' in metrics
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 60) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def _get(url: str) -> str:
-    import urllib.request
-
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode()
 

@@ -13,15 +13,23 @@ from pathlib import Path
 
 import torch
 
-from inferd.config.torch_engine import DEVICE_RE, MAX_GRAPH_BATCH
 from inferd.engine.base import EngineError
 from inferd.engine.reference.config import LlamaConfig
 from inferd.engine.step_engine import StepEngine
 from inferd.engine.torch.model import TorchLlama
 from inferd.engine.torch.runner import TorchRunner
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 LOAD_FORMATS = ("auto", "dummy")
+# vLLM's largest captured decode batch by default (its max_cudagraph_capture_size); bigger ones run eagerly
+DEFAULT_GRAPH_MAX_BATCH = 512
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _is_device_name(name: str) -> bool:
+    try:
+        return torch.device(name).type in ("cpu", "cuda") and name.split(":")[0] in ("cpu", "cuda")
+    except (RuntimeError, TypeError):
+        return False
 
 
 class TorchDeviceError(EngineError):
@@ -42,7 +50,7 @@ class TorchEngine(StepEngine):
                  dtype: str = "bfloat16", gpu_memory_utilization: float = 0.9, cuda_graphs: bool = True,
                  cuda_graph_max_batch_size: int | None = None, load_format: str = "auto", seed: int = 0,
                  **options) -> None:
-        if not DEVICE_RE.match(device):
+        if not _is_device_name(device):
             raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -53,8 +61,8 @@ class TorchEngine(StepEngine):
         if num_kv_blocks is None and device == "cpu":
             raise ValueError("num_kv_blocks is required on the CPU (only a GPU's free memory sizes the pool)")
         graph_max = cuda_graph_max_batch_size
-        if graph_max is not None and not 1 <= graph_max <= MAX_GRAPH_BATCH:
-            raise ValueError(f"cuda_graph_max_batch_size must be in [1, {MAX_GRAPH_BATCH}], got {graph_max}")
+        if graph_max is not None and graph_max < 1:
+            raise ValueError(f"cuda_graph_max_batch_size must be >= 1, got {graph_max}")
         super().__init__(artifact_dir, num_kv_blocks=num_kv_blocks, **options)
         self._device, self._dtype = device, dtype
         self._utilization = gpu_memory_utilization
@@ -80,12 +88,12 @@ class TorchEngine(StepEngine):
         runner = TorchRunner(model)
         try:
             longest = self._context_limit(model.config, None)
+            graph_max = min(self._graph_max or DEFAULT_GRAPH_MAX_BATCH, self._max_batch_size) if self._graphs else 0
             self._num_kv_blocks = runner.allocate(
                 self._num_kv_blocks, self._block_size, gpu_memory_utilization=self._utilization,
                 max_num_tokens=self._max_num_tokens, max_batch_size=self._max_batch_size,
-                min_blocks=-(-longest // self._block_size))
-            if self._graphs:
-                graph_max = min(self._graph_max or MAX_GRAPH_BATCH, self._max_batch_size)
+                min_blocks=-(-longest // self._block_size), graph_max_batch=graph_max)
+            if graph_max:
                 runner.capture(graph_max, self._context_limit(model.config, self._num_kv_blocks), self._block_size)
         except BaseException:
             runner.release()

@@ -7,7 +7,8 @@ waits on the device except that transfer, and it runs on the engine's step threa
 
 KV pool size on CUDA (`allocate` without a block count), as vLLM's gpu_memory_utilization: a profiling
 forward of a whole `max_num_tokens` prefill measures the activations' peak; the pool gets
-`utilization x total - (what the device already holds) - that peak - the sampler's scratch`.
+`utilization x total - (what the device already holds) - that peak - the sampler's scratch - the decode
+graphs' logits`.
 """
 from __future__ import annotations
 
@@ -51,11 +52,13 @@ class TorchRunner:
 
     # -- set-up (loader thread) ------------------------------------------------------------
     def allocate(self, num_blocks: int | None, block_size: int, *, gpu_memory_utilization: float,
-                 max_num_tokens: int, max_batch_size: int, min_blocks: int) -> int:
-        """Make the KV pool: `num_blocks` of them, or (None, CUDA only) as many as the memory left allows.
-        Returns the count made."""
+                 max_num_tokens: int, max_batch_size: int, min_blocks: int, graph_max_batch: int = 0) -> int:
+        """Make the KV pool: `num_blocks` of them, or (None, CUDA only) as many as the memory left allows
+        once the decode graphs up to `graph_max_batch` rows (0: none) have their logits. Returns the count made."""
         if num_blocks is None:
-            num_blocks = self._blocks_from_memory(block_size, gpu_memory_utilization, max_num_tokens, max_batch_size)
+            graph_rows = sum(batch_ladder(graph_max_batch)) if graph_max_batch else 0
+            num_blocks = self._blocks_from_memory(block_size, gpu_memory_utilization, max_num_tokens,
+                                                  max_batch_size, graph_rows)
             if num_blocks < min_blocks:
                 raise KVPoolTooSmall(
                     f"gpu_memory_utilization {gpu_memory_utilization} leaves room for {num_blocks} KV blocks of "
@@ -65,7 +68,7 @@ class TorchRunner:
         return num_blocks
 
     def _blocks_from_memory(self, block_size: int, utilization: float, max_num_tokens: int,
-                            max_batch_size: int) -> int:
+                            max_batch_size: int, graph_rows: int) -> int:
         if self.device.type != "cuda":
             raise ValueError("the KV pool is sized from free memory on CUDA only; give num_kv_blocks on the CPU")
         c = self.config
@@ -80,7 +83,10 @@ class TorchRunner:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         sampler = _SAMPLER_COPIES * max_batch_size * c.vocab_size * 4
-        budget = int(total * utilization) - (total - free) - activations - sampler
+        # each captured size keeps its own float32 [size, vocab] logits in the graphs' pool; the pool's
+        # activations are a decode batch's, below the profiled prefill's (kept free by `activations`)
+        graph_logits = graph_rows * c.vocab_size * 4
+        budget = int(total * utilization) - (total - free) - activations - sampler - graph_logits
         return blocks_for_budget(budget, per_block)
 
     def _profile_forward(self, num_tokens: int, block_size: int) -> None:
