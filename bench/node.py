@@ -2,6 +2,13 @@
 front end costs them.
 
     .venv/bin/python bench/node.py [--engines 8] [--streams 256] [--seconds 10] [--warmup 5]
+    .venv/bin/python bench/node.py --backend torch [--device cuda] [--shape 8b] [--streams 256]
+
+`--backend torch` runs one torch engine (backend = "torch", random weights of --shape's Llama 3 shape,
+`load_format = "dummy"`) in place of the sims: real step times on the GPU (or the CPU, at --shape small),
+the same load and figures; the step seconds are then the engine's own wall time, so the first figure reads
+delivered/engine tokens/s. The daemon may then use every CPU but the client's (a GPU engine's step thread
+and the CUDA driver's threads run beside the event loop).
 
 1. One daemon (a subprocess pinned to CPU 0, as `inferd serve` runs it) with --engines models sim0.. each a
    `llama3-8b-h100` sim engine at time_scale 1 (steps take what the profile's roofline says an H100
@@ -73,6 +80,21 @@ max_concurrent_requests = {total}
 [admission]
 max_engine_waiting = {streams}
 """
+TORCH_MODEL = """
+[models.torch{i}]
+backend = "torch"
+artifact = "{artifact}"
+max_batch_size = {streams}
+max_num_tokens = 8192
+max_model_len = {max_model_len}
+{blocks}
+[models.torch{i}.torch]
+device = "{device}"
+dtype = "{dtype}"
+load_format = "dummy"
+gpu_memory_utilization = {utilization}
+cuda_graphs = {graphs}
+"""
 WORDS = [f"w{i}" for i in range(2000)]
 
 
@@ -134,7 +156,7 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
         try:
             while time.monotonic() < window[1]:
                 try:
-                    await proto.start(_request(args.port, f"sim{engine}", rng))
+                    await proto.start(_request(args.port, f"{args.backend}{engine}", rng))
                 except ConnectionError:
                     totals["errors"] += 1
                     return
@@ -166,7 +188,8 @@ def run_client(args: argparse.Namespace) -> None:
 
 # -- orchestration ---------------------------------------------------------------------------------
 _SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_seconds_count|'
-                     r'inferd_engine_generated_tokens_total)\{[^}]*model="(sim\d+)"[^}]*\} ([0-9.e+]+)$', re.M)
+                     r'inferd_engine_generated_tokens_total)\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$',
+                     re.M)
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
 
 
@@ -217,16 +240,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="inferd-node-") as tmp:
         work = Path(tmp)
         config = work / "inferd.toml"
-        config.write_text(CONFIG.format(connections=total + 64, total=total, streams=args.streams)
-                          + "".join(MODEL.format(i=i, streams=args.streams, blocks=blocks)
-                                    for i in range(args.engines)))
+        models = ("".join(MODEL.format(i=i, streams=args.streams, blocks=blocks) for i in range(args.engines))
+                  if args.backend == "sim" else torch_models(args, work))
+        server = CONFIG.format(connections=total + 64, total=total, streams=args.streams)
+        if args.backend == "torch":
+            server = server.replace("[server]\n", f'[server]\nengines_root = "{work / "engines"}"\n', 1)
+        config.write_text(server + models)
         load_before = os.getloadavg()
-        proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], work, "daemon.log", SERVER_CPU)
+        server_cpu = SERVER_CPU if args.backend == "sim" else None
+        proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], work, "daemon.log", server_cpu)
+        if server_cpu is None and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > CLIENT_CPU + 1:
+            os.sched_setaffinity(proc.pid, set(range(os.cpu_count())) - {CLIENT_CPU})
         port = started["port"]
         try:
             cmd = [sys.executable, __file__, "--role", "client", "--port", str(port), "--engines", str(args.engines),
                    "--streams", str(args.streams), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-                   "--seed", str(args.seed), "--out", str(work)]
+                   "--seed", str(args.seed), "--out", str(work), "--backend", args.backend]
             client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(CLIENT_CPU))
             time.sleep(args.warmup)
             (m0, d0), cpu0, t0 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
@@ -247,7 +276,7 @@ def main() -> int:
                                  d["inferd_engine_generated_tokens_total"])
             if sim_s > 0 and steps > 0:
                 simulated += window * gen / sim_s
-                step_s[int(model[3:])] = sim_s / steps
+                step_s[int(re.sub(r"\D", "", model))] = sim_s / steps
         gaps = array("d")
         gaps.frombytes((work / "gaps.bin").read_bytes())
         ks = array("I")
@@ -272,20 +301,42 @@ def main() -> int:
               "server_cpu_ms_per_1k_tokens": (cpu1 - cpu0) * 1000 / max(1.0, delivered * window) * 1000,
               "loadavg_before": load_before, "loadavg_after": load_after}
     print(json.dumps(report), file=sys.stderr)
-    print(f"node: {args.engines} sim engines (llama3-8b-h100, real time) x {args.streams} streams, "
-          f"{window:.1f} s window")
-    print(f"delivered/simulated tokens/s: {report['ratio']:.3f} ({delivered:,.0f} / "
+    if args.backend == "sim":
+        print(f"node: {args.engines} sim engines (llama3-8b-h100, real time) x {args.streams} streams, "
+              f"{window:.1f} s window")
+    else:
+        print(f"node: {args.engines} torch engine ({args.shape} shape, {args.dtype}, {args.device}, dummy weights) x "
+              f"{args.streams} streams, {window:.1f} s window")
+    label = "delivered/simulated" if args.backend == "sim" else "delivered/engine"
+    print(f"{label} tokens/s: {report['ratio']:.3f} ({delivered:,.0f} / "
           f"{report['simulated_tokens_per_s']:,.0f}); {report['tokens_per_arrival']:.2f} tokens per arrival")
     a = report["added_itl_ms"]
     c = report["client_itl_ms"]
     print(f"added ITL p99: {a['p99']:.2f} ms (p50 {a['p50']:.2f}, p90 {a['p90']:.2f}: token pushed -> frame written, "
-          f"inferd_stream_write_delay_seconds); client ITL p50 {c['p50']:.1f} p99 {c['p99']:.1f} ms, mean simulated "
+          f"inferd_stream_write_delay_seconds); client ITL p50 {c['p50']:.1f} p99 {c['p99']:.1f} ms, mean "
+          f"{'simulated ' if args.backend == 'sim' else 'engine '}"
           f"step {sum(step_s.values()) / max(1, len(step_s)) * 1000:.2f} ms")
     print(f"server CPU per 1k tokens: {report['server_cpu_ms_per_1k_tokens']:.2f} ms (server CPU "
           f"{report['server_cpu_util']:.0%}, client CPU {result['client_cpu_util']:.0%}, errors {result['errors']})")
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
         *load_before, *load_after))
     return 0
+
+
+def torch_models(args: argparse.Namespace, work: Path) -> str:
+    """The [models.torch0] table over a dummy-weight artifact of --shape, built into work/engines."""
+    from gpu_models import dummy_artifact, shape_from
+
+    if args.engines != 1:
+        raise SystemExit("--backend torch runs one engine (one GPU): --engines 1")
+    shape = shape_from(args.shape, args.hidden, args.layers)
+    name = f"dummy-{args.shape}"
+    dummy_artifact(work / "engines", name, shape)
+    max_model_len = min(shape.max_position, 4096)
+    blocks = "" if args.device.startswith("cuda") else f"num_kv_blocks = {args.streams * max_model_len // 16 + 64}"
+    return TORCH_MODEL.format(
+        i=0, artifact=name, streams=args.streams, max_model_len=max_model_len, blocks=blocks, device=args.device,
+        dtype=args.dtype, utilization=args.gpu_memory_utilization, graphs=str(not args.enforce_eager).lower())
 
 
 def parse() -> argparse.Namespace:
@@ -299,6 +350,15 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window")
     p.add_argument("--warmup", type=float, default=8.0, help="before the window: the first prefills settle")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--backend", choices=["sim", "torch"], default="sim",
+                   help="sim: --engines simulated engines; torch: one torch engine (dummy weights)")
+    p.add_argument("--device", default="cuda", help="torch: cuda / cuda:N / cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="torch")
+    p.add_argument("--shape", default="8b", choices=["8b", "small"], help="torch: Llama 3 8B's shape, or a small one")
+    p.add_argument("--hidden", type=int, help="torch: override the shape's hidden size")
+    p.add_argument("--layers", type=int, help="torch: override the shape's layer count")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="torch on CUDA")
+    p.add_argument("--enforce-eager", action="store_true", help="torch: no CUDA graphs")
     return p.parse_args()
 
 
