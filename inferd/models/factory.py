@@ -131,7 +131,7 @@ def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine
                                       f"'torch' serves generation only (use backend 'reference')")
     try:
         from inferd.engine.torch import TorchEngine
-    except ImportError as exc:       # torch is the `gpu` extra (or `parity` on a CPU machine)
+    except ImportError as exc:       # torch: the `torch` extra (`parity` brings it too)
         raise EngineConfigError(name, f"backend 'torch' is not available here: {exc}") from None
     t = model.torch or TorchConfig()
     default_blocks = DEFAULT_REFERENCE_KV_BLOCKS if t.device == "cpu" else None   # CUDA: from free memory
