@@ -56,6 +56,11 @@ class DecodeGraphs:
         # Host rows are assembled in a (pinned, on CUDA) mirror and sent in one copy per field.
         self._host = _padding_inputs(largest, max_blocks_per_seq, scratch_slot, torch.device("cpu"),
                                      pinned=self._cuda)
+        # Block tables travel as the step's [rows, width] only, packed: a full [size, max_blocks] table is
+        # megabytes at long contexts (8192 columns at 128K tokens) to clear and copy every step.
+        self._host_tables = torch.zeros(largest * max_blocks_per_seq, dtype=torch.int32, pin_memory=self._cuda)
+        self._device_tables = torch.zeros(largest * max_blocks_per_seq, dtype=torch.int32, device=self.device)
+        self._table_columns = 0      # the widest table written since the static one was all zeros
         self._views = {size: _rows(self._static, size) for size in self.batch_sizes}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # One logits buffer every size writes its rows of (inside its graph): a buffer per size would hold
@@ -120,9 +125,14 @@ class DecodeGraphs:
         _write_column(host.positions, rows, size, positions, 0)
         _write_column(host.slot_mapping, rows, size, slot_mapping, self.scratch_slot)
         _write_column(host.context_lens, rows, size, context_lens, 0)
-        _write_tables(host.block_tables.numpy(), rows, size, block_tables)
-        for name in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens"):
+        for name in ("token_ids", "positions", "slot_mapping", "context_lens"):
             getattr(self._static, name)[:size].copy_(getattr(host, name)[:size], non_blocking=self._cuda)
+        width = _table_width(block_tables)
+        packed = self._host_tables[:rows * width]
+        _write_tables(packed.numpy().reshape(rows, width), rows, rows, block_tables)
+        staged = self._device_tables[:rows * width]
+        staged.copy_(packed, non_blocking=self._cuda)
+        self._place_tables(rows, size, width, staged.view(rows, width))
         if self._copied is not None:
             self._copied.record(torch.cuda.current_stream(self.device))
 
@@ -133,10 +143,17 @@ class DecodeGraphs:
                                     (static.context_lens, context_lens, 0)):
             target[:rows].copy_(source)
             target[rows:size].fill_(pad)
-        width = block_tables.shape[1]
-        static.block_tables[:rows, :width].copy_(block_tables)
-        static.block_tables[:rows, width:].zero_()
-        static.block_tables[rows:size].zero_()
+        self._place_tables(rows, size, block_tables.shape[1], block_tables)
+
+    def _place_tables(self, rows: int, size: int, width: int, tables: torch.Tensor) -> None:
+        """Live rows' tables into the static one, everything else of the first `size` rows zero (no stale
+        blocks from an earlier batch), clearing only columns some step has written."""
+        static = self._static.block_tables
+        static[:rows, :width].copy_(tables)
+        dirty = max(self._table_columns, width)
+        static[:rows, width:dirty].zero_()
+        static[rows:size, :dirty].zero_()
+        self._table_columns = dirty
 
     def _checked(self, logits: torch.Tensor, size: int) -> torch.Tensor:
         if tuple(logits.shape) != (size, self.vocab_size) or logits.dtype != torch.float32:
@@ -176,7 +193,7 @@ def _write_column(host: torch.Tensor, rows: int, size: int, values, pad: int) ->
 
 
 def _write_tables(host: np.ndarray, rows: int, size: int, block_tables) -> None:
-    """Each live row's blocks then zeros; padding rows all zeros (no stale blocks from an earlier batch)."""
+    """Each live row's blocks then zeros; rows up to `size` past the live ones all zeros."""
     host[:size] = 0
     if isinstance(block_tables, torch.Tensor):
         block_tables = block_tables.numpy()
