@@ -31,7 +31,14 @@ It prints:
   microseconds later. What the front costs the engines themselves (steps run late on a busy loop) shows
   in the first figure instead. The client's own ITL (each arrival's gap over its tokens) is printed
   beside it, with the engines' mean simulated step.
-- `server CPU per 1k tokens`, the server's and client's CPU use, and the load average before and after.
+- `server CPU per 1k tokens`: every server process's CPU together (the daemon and all under it), the
+  server's and client's CPU use, and the load average before and after.
+- `<role> process CPU per 1k tokens`, per process role (bench/process_cpu.py: the daemon itself is
+  `engine`; processes under it name their role in their title), from /proc/<pid>/stat at both ends of
+  the window over the tokens the clients received; a role with several processes gives the mean per
+  process and their count. Then `projected node throughput`: the cores each role needs for a node's
+  225,000 tokens/s, and the tokens/s one core of the engine process carries. CPU time per process
+  shows on any machine what a bigger one will do with more cores.
 A client process near 100% CPU means the load generator, not the daemon, set the pace: the figure is
 then a floor. Loopback only; the window and every phase are bounded.
 """
@@ -51,8 +58,9 @@ import urllib.request
 from array import array
 from pathlib import Path
 
-from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 from frontend import SseClient, http_post  # noqa: E402
+from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 MODEL = """
@@ -258,9 +266,9 @@ def main() -> int:
                    "--seed", str(args.seed), "--out", str(work), "--backend", args.backend]
             client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(CLIENT_CPU))
             time.sleep(args.warmup)
-            (m0, d0), cpu0, t0 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
+            (m0, d0), tree0, t0 = scrape(port), sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
-            (m1, d1), cpu1, t1 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
+            (m1, d1), tree1, t1 = scrape(port), sample_tree(proc.pid), time.monotonic()
             out, _ = client.communicate(timeout=args.seconds + args.warmup + 120)
             if client.returncode != 0:
                 raise RuntimeError("load generator failed")
@@ -290,6 +298,9 @@ def main() -> int:
     delay = {b: d1.get(b, 0.0) - d0.get(b, 0.0) for b in d1}
     delivered = result["client_tokens_per_s"]
     tokens_in_window = sum(ks)
+    per_role = window_cpu(tree0, tree1)
+    server_cpu = sum(sum(seconds) for seconds in per_role.values())
+    roles = per_1k_tokens(per_role, delivered * window)
     report = {**result, "window_s": window, "delivered_tokens_per_s": delivered,
               "simulated_tokens_per_s": simulated / window, "ratio": delivered / (simulated / window),
               "tokens_per_arrival": tokens_in_window / max(1, len(gaps)),
@@ -297,8 +308,9 @@ def main() -> int:
               "added_itl_ms": {q: histogram_quantile(v, delay) * 1000 for q, v in
                                (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
               "client_itl_ms": {"p50": percentile(itl, 0.50), "p99": percentile(itl, 0.99)},
-              "server_cpu_util": (cpu1 - cpu0) / window,
-              "server_cpu_ms_per_1k_tokens": (cpu1 - cpu0) * 1000 / max(1.0, delivered * window) * 1000,
+              "server_cpu_util": server_cpu / window,
+              "server_cpu_ms_per_1k_tokens": server_cpu * 1000 / max(1.0, delivered * window) * 1000,
+              "roles": roles, "projection": projection(roles),
               "loadavg_before": load_before, "loadavg_after": load_after}
     print(json.dumps(report), file=sys.stderr)
     if args.backend == "sim":
@@ -318,6 +330,7 @@ def main() -> int:
           f"step {sum(step_s.values()) / max(1, len(step_s)) * 1000:.2f} ms")
     print(f"server CPU per 1k tokens: {report['server_cpu_ms_per_1k_tokens']:.2f} ms (server CPU "
           f"{report['server_cpu_util']:.0%}, client CPU {result['client_cpu_util']:.0%}, errors {result['errors']})")
+    print("\n".join(role_lines(roles, report["projection"])))
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
         *load_before, *load_after))
     return 0
