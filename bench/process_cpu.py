@@ -8,8 +8,8 @@ Each process's role is read from what it says about itself, first match wins:
 - a process title set with setproctitle (`/proc/<pid>/cmdline` without NULs): `inferd: <role> ...` or
   `inferd-<role> ...`;
 - a thread name set with prctl(PR_SET_NAME) (`/proc/<pid>/comm`): `inferd-<role>`;
-- under the root only, `--role <role>` in its argv (the root's own `--role` is the bench's name for how it
-  started it, not a role in the server);
+- for a process below the root, `--role <role>` in its argv (the root's own `--role` is the bench's name for
+  how it started it, not a role in the server);
 - otherwise the root is `engine` (the daemon that owns the engines) and any other process `child`. Should a
   descendant call itself `engine`, the root that does not name itself is `main`.
 """
