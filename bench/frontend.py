@@ -21,6 +21,10 @@ It prints JSON results and a summary: daemon tokens/s and frames/s, bare frames/
 server's and the client's CPU use during each load phase (a client near 100% means it, not the
 server, set the pace), the load average, and TTFT p50/p99 for both (the difference is the time the
 daemon adds before the first token: engine time at time_scale 0 is a step of Python).
+The server's CPU is its process's and every process's under it (bench/process_cpu.py), read over the
+client's measuring window. `daemon/bare CPU per frame` and `daemon/bare CPU per token` divide the
+daemon's CPU per frame (per token) by the bare handler's in the same run: ratios a slow machine or a
+busy day leaves about where they are, where a rate or a time per frame does not.
 """
 from __future__ import annotations
 
@@ -35,7 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from process_cpu import tree_cpu_seconds  # noqa: E402
+from sse_load import run_client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU, CLIENT_CPU = 0, 1
@@ -108,134 +114,6 @@ def run_bare(max_tokens_cap: int) -> None:
     uvloop.run(main())
 
 
-# -- the load generator ----------------------------------------------------------------------------
-# A raw asyncio protocol rather than an HTTP client library: the client gets one core, and a
-# library's per-chunk parsing would make it, not the server, the bottleneck. It speaks just enough
-# HTTP/1.1 (keep-alive, chunked responses) and counts SSE frame terminators as bytes arrive.
-class SseClient(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future | None = None
-        self.frames = 0
-        self.first_frame: float | None = None
-        self.tail = b""
-        self.window = (0.0, 0.0)
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def start(self, request: bytes) -> asyncio.Future:
-        self.done = asyncio.get_running_loop().create_future()
-        self.frames = 0
-        self.first_frame = None
-        self.tail = b""
-        self.transport.write(request)
-        return self.done
-
-    def data_received(self, data: bytes) -> None:
-        joined = self.tail[-1:] + data        # a frame terminator split across reads counts once
-        n = joined.count(b"\n\n")
-        if n:
-            now = time.monotonic()
-            if self.first_frame is None and b"data: {" in data:
-                self.first_frame = now
-            if self.window[0] <= now < self.window[1]:
-                self.frames += n
-        self._received(data)
-
-    def _received(self, data: bytes) -> None:
-        """Keep the tail; the response is complete at the chunked body's terminator."""
-        self.tail = (self.tail + data)[-600:]
-        if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    def connection_lost(self, exc) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(ConnectionError("server closed the connection"))
-
-
-def http_post(port: int, body: dict) -> bytes:
-    payload = json.dumps(body).encode()
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
-
-
-def _completion_tokens(tail: bytes) -> int | None:
-    i = tail.rfind(b'"completion_tokens":')
-    if i < 0:
-        return None
-    j = k = i + len(b'"completion_tokens":')
-    while tail[k:k + 1].isdigit():
-        k += 1
-    return int(tail[j:k])
-
-
-async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seconds: float) -> dict:
-    loop = asyncio.get_running_loop()
-    request = http_post(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": max_tokens,
-                              "stream": True, "stream_options": {"include_usage": True}})
-    t_start = time.monotonic()
-    w0, w1 = t_start + warmup, t_start + warmup + seconds
-    totals = {"frames": 0, "tokens": 0.0, "errors": 0, "requests": 0}
-
-    async def worker() -> None:
-        _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
-        proto.window = (w0, w1)
-        try:
-            while time.monotonic() < w1:
-                t0 = time.monotonic()
-                await proto.start(request)
-                t1 = time.monotonic()
-                totals["frames"] += proto.frames
-                totals["requests"] += 1
-                count = _completion_tokens(proto.tail)
-                if count is None:
-                    totals["errors"] += 1
-                    continue
-                # tokens are spread evenly over the request's lifetime; count the window's share
-                overlap = max(0.0, min(t1, w1) - max(t0, w0))
-                totals["tokens"] += count * overlap / max(t1 - t0, 1e-9)
-        finally:
-            proto.transport.close()
-
-    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
-    await asyncio.sleep(w1 - time.monotonic())
-    for w in workers:          # stop at the window's end; requests still running are cut off
-        w.cancel()
-    results = await asyncio.gather(*workers, return_exceptions=True)
-    totals["errors"] += sum(1 for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError))
-    return {"frames_per_s": totals["frames"] / seconds, "tokens_per_s": totals["tokens"] / seconds,
-            "requests": totals["requests"], "errors": totals["errors"]}
-
-
-async def ttft(port: int, seconds: float) -> dict:
-    loop = asyncio.get_running_loop()
-    request = http_post(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": 8, "stream": True})
-    _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
-    samples = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and len(samples) < 5000:
-        t0 = time.monotonic()
-        await proto.start(request)
-        samples.append(proto.first_frame - t0)
-    proto.transport.close()
-    samples.sort()
-    return {"n": len(samples), "p50_ms": samples[len(samples) // 2] * 1000,
-            "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1000}
-
-
-def run_client(args: argparse.Namespace) -> None:
-    import uvloop
-
-    cpu0, t0 = time.process_time(), time.monotonic()
-    if args.phase == "load":
-        result = uvloop.run(load(args.port, args.concurrency, args.max_tokens, args.warmup, args.seconds))
-    else:
-        result = uvloop.run(ttft(args.port, args.seconds))
-    result["client_cpu_util"] = (time.process_time() - cpu0) / (time.monotonic() - t0)
-    print(json.dumps(result), flush=True)
-
-
 # -- orchestration ---------------------------------------------------------------------------------
 def client(port: int, phase: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--role", "client", "--phase", phase, "--port", str(port),
@@ -248,14 +126,38 @@ def client(port: int, phase: str, args: argparse.Namespace) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_ttft: bool) -> dict:
-    cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-    result = client(port, "load", args)
-    cpu = cpu_seconds(proc.pid) - cpu0
-    result["server_cpu_util"] = cpu / (time.monotonic() - t0)
-    # CPU per frame over the whole phase (warm-up included on both sides of the ratio)
-    result["server_cpu_us_per_frame"] = cpu / max(1.0, result["frames_per_s"] * (args.seconds + args.warmup)) * 1e6
+def load_phase(proc: subprocess.Popen, port: int, args: argparse.Namespace) -> dict:
+    """The load client's results, with the server's CPU (its process and every one under it) over the
+    client's measuring window: read --warmup seconds after the client says it started, and --seconds later."""
+    cmd = [sys.executable, __file__, "--role", "client", "--phase", "load", "--port", str(port),
+           "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
+           "--warmup", str(args.warmup), "--seconds", str(args.seconds)]
+    client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: pin(CLIENT_CPU))
+    try:
+        started = client.stdout.readline()
+        if started:
+            time.sleep(args.warmup)
+            cpu0, t0 = tree_cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(args.seconds)
+            cpu, window = tree_cpu_seconds(proc.pid) - cpu0, time.monotonic() - t0
+        out, err = client.communicate(timeout=args.seconds + args.warmup + 60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    if client.returncode != 0 or not started:
+        raise RuntimeError(f"client failed: {err[-2000:] if started else 'no start line'}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["server_cpu_util"] = cpu / window
+    result["server_cpu_us_per_frame"] = cpu / max(1.0, result["frames_per_s"] * window) * 1e6
     result["tokens_per_frame"] = result["tokens_per_s"] / max(1.0, result["frames_per_s"])
+    result["server_cpu_us_per_token"] = result["server_cpu_us_per_frame"] / max(1e-9, result["tokens_per_frame"])
+    return result
+
+
+def measure(proc: subprocess.Popen, port: int, args: argparse.Namespace, with_ttft: bool) -> dict:
+    result = load_phase(proc, port, args)
     if with_ttft:
         result["ttft"] = client(port, "ttft", args)
     return result
@@ -345,10 +247,18 @@ def main() -> int:
     results["frames_ratio"] = d["frames_per_s"] / b["frames_per_s"] if b["frames_per_s"] else 0.0
     results["ttft_added_p50_ms"] = d["ttft"]["p50_ms"] - b["ttft"]["p50_ms"]
     results["ttft_added_p99_ms"] = d["ttft"]["p99_ms"] - b["ttft"]["p99_ms"]
+    # CPU cost against the bare handler's, both read over their own window of this run: a slow day slows both
+    results["cpu_per_frame_ratio"] = d["server_cpu_us_per_frame"] / max(1e-9, b["server_cpu_us_per_frame"])
+    results["cpu_per_token_ratio"] = d["server_cpu_us_per_token"] / max(1e-9, b["server_cpu_us_per_token"])
     print(json.dumps(results, indent=2))
     for name, r in (("daemon", d), ("bare  ", b)):
         print(_summary(name, r))
     print(f"ratio:  daemon frames/s = {results['frames_ratio']:.0%} of the bare frames/s (same run, same load)")
+    print(f"daemon/bare CPU per frame: {results['cpu_per_frame_ratio']:.2f}x ({d['server_cpu_us_per_frame']:.1f} us "
+          f"against {b['server_cpu_us_per_frame']:.1f} us, same run)")
+    print(f"daemon/bare CPU per token: {results['cpu_per_token_ratio']:.2f}x ({d['server_cpu_us_per_token']:.1f} us "
+          f"at {d['tokens_per_frame']:.2f} tokens/frame against {b['server_cpu_us_per_token']:.1f} us at "
+          f"{b['tokens_per_frame']:.2f})")
     print(f"TTFT at 1 concurrent request: daemon p50 {d['ttft']['p50_ms']:.2f} ms p99 {d['ttft']['p99_ms']:.2f} ms; "
           f"bare p50 {b['ttft']['p50_ms']:.2f} ms p99 {b['ttft']['p99_ms']:.2f} ms; "
           f"added p50 {results['ttft_added_p50_ms']:.2f} ms p99 {results['ttft_added_p99_ms']:.2f} ms")

@@ -19,11 +19,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from daemon_metrics import histogram_quantile
 from daemon_process import spawn, stop
-from frontend import SseClient, http_post
 from gpu_direct import percentile, prompts
 from gpu_models import Shape, dummy_artifact
-from node import histogram_quantile
+from sse_load import SseClient, http_post
 
 MODEL = "bench"
 CONFIG = """

@@ -31,7 +31,14 @@ It prints:
   microseconds later. What the front costs the engines themselves (steps run late on a busy loop) shows
   in the first figure instead. The client's own ITL (each arrival's gap over its tokens) is printed
   beside it, with the engines' mean simulated step.
-- `server CPU per 1k tokens`, the server's and client's CPU use, and the load average before and after.
+- `server CPU per 1k tokens`: every server process's CPU together (the daemon and all under it), the
+  server's and client's CPU use, and the load average before and after.
+- `<role> process CPU per 1k tokens`, per process role (bench/process_cpu.py: the daemon itself is
+  `engine`; processes under it name their role in their title), from /proc/<pid>/stat at both ends of
+  the window over the tokens the clients received; a role with several processes gives the mean per
+  process and their count. Then `projected node throughput`: the cores each role needs for a node's
+  225,000 tokens/s, and the tokens/s one core of the engine process carries. CPU time per process
+  shows on any machine what a bigger one will do with more cores.
 A client process near 100% CPU means the load generator, not the daemon, set the pace: the figure is
 then a floor. Loopback only; the window and every phase are bounded.
 """
@@ -47,12 +54,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from array import array
 from pathlib import Path
 
-from daemon_process import cpu_seconds, pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
-from frontend import SseClient, http_post  # noqa: E402
+from daemon_metrics import histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402
+from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
+from sse_load import SseClient, http_post  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 MODEL = """
@@ -100,7 +108,7 @@ WORDS = [f"w{i}" for i in range(2000)]
 
 # -- the load generator ----------------------------------------------------------------------------
 class _Stream(SseClient):
-    """bench/frontend.py's client connection, noting each arrival's gap and the tokens it brought (from the
+    """bench/sse_load.py's client connection, noting each arrival's gap and the tokens it brought (from the
     running usage), inside the measuring window."""
 
     _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
@@ -177,6 +185,14 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
             "errors": totals["errors"], "arrivals": len(gaps)}
 
 
+def read_arrivals(out: Path) -> tuple[array, array]:
+    """The load generator's log of the window's arrivals: each one's gap since the last, and its tokens."""
+    gaps, ks = array("d"), array("I")
+    gaps.frombytes((out / "gaps.bin").read_bytes())
+    ks.frombytes((out / "ks.bin").read_bytes())
+    return gaps, ks
+
+
 def run_client(args: argparse.Namespace) -> None:
     import uvloop
 
@@ -187,46 +203,6 @@ def run_client(args: argparse.Namespace) -> None:
 
 
 # -- orchestration ---------------------------------------------------------------------------------
-_SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_seconds_count|'
-                     r'inferd_engine_generated_tokens_total)\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$',
-                     re.M)
-_DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
-
-
-def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:
-    """Per engine: its step seconds (sum, count) and generated tokens; and the write-delay histogram's
-    cumulative buckets summed over every engine."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    engines: dict[str, dict[str, float]] = {}
-    for name, model, value in _SAMPLE.findall(text):
-        engines.setdefault(model, {})[name] = float(value)
-    delay: dict[float, float] = {}
-    for le, value in _DELAY.findall(text):
-        bound = float("inf") if le == "+Inf" else float(le)
-        delay[bound] = delay.get(bound, 0.0) + float(value)
-    return engines, delay
-
-
-def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
-    """Prometheus' histogram_quantile: linear within the bucket holding the q-th observation."""
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]] if bounds else 0.0
-    if total <= 0:
-        return float("nan")
-    rank, lower, below = q * total, 0.0, 0.0
-    for bound in bounds:
-        if buckets[bound] >= rank:
-            if bound == float("inf"):
-                return lower
-            return lower + (bound - lower) * (rank - below) / max(buckets[bound] - below, 1e-12)
-        lower, below = bound, buckets[bound]
-    return lower
-
-
-def percentile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
-
-
 def main() -> int:
     args = parse()
     if args.role == "daemon":
@@ -258,9 +234,9 @@ def main() -> int:
                    "--seed", str(args.seed), "--out", str(work), "--backend", args.backend]
             client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(CLIENT_CPU))
             time.sleep(args.warmup)
-            (m0, d0), cpu0, t0 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
+            (m0, d0), tree0, t0 = scrape(port), sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
-            (m1, d1), cpu1, t1 = scrape(port), cpu_seconds(proc.pid), time.monotonic()
+            (m1, d1), tree1, t1 = scrape(port), sample_tree(proc.pid), time.monotonic()
             out, _ = client.communicate(timeout=args.seconds + args.warmup + 120)
             if client.returncode != 0:
                 raise RuntimeError("load generator failed")
@@ -277,12 +253,7 @@ def main() -> int:
             if sim_s > 0 and steps > 0:
                 simulated += window * gen / sim_s
                 step_s[int(re.sub(r"\D", "", model))] = sim_s / steps
-        gaps = array("d")
-        gaps.frombytes((work / "gaps.bin").read_bytes())
-        ks = array("I")
-        ks.frombytes((work / "ks.bin").read_bytes())
-        engines = array("B")
-        engines.frombytes((work / "engines.bin").read_bytes())
+        gaps, ks = read_arrivals(work)
     itl: list[float] = []                                   # the client's ITL: each arrival's gap over its tokens
     for gap, k in zip(gaps, ks):
         itl.extend([gap / k * 1000] * min(k, 64))
@@ -290,6 +261,9 @@ def main() -> int:
     delay = {b: d1.get(b, 0.0) - d0.get(b, 0.0) for b in d1}
     delivered = result["client_tokens_per_s"]
     tokens_in_window = sum(ks)
+    per_role = window_cpu(tree0, tree1)
+    server_cpu = sum(sum(seconds) for seconds in per_role.values())
+    roles = per_1k_tokens(per_role, delivered * window)
     report = {**result, "window_s": window, "delivered_tokens_per_s": delivered,
               "simulated_tokens_per_s": simulated / window, "ratio": delivered / (simulated / window),
               "tokens_per_arrival": tokens_in_window / max(1, len(gaps)),
@@ -297,18 +271,25 @@ def main() -> int:
               "added_itl_ms": {q: histogram_quantile(v, delay) * 1000 for q, v in
                                (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
               "client_itl_ms": {"p50": percentile(itl, 0.50), "p99": percentile(itl, 0.99)},
-              "server_cpu_util": (cpu1 - cpu0) / window,
-              "server_cpu_ms_per_1k_tokens": (cpu1 - cpu0) * 1000 / max(1.0, delivered * window) * 1000,
+              "server_cpu_util": server_cpu / window,
+              "server_cpu_ms_per_1k_tokens": server_cpu * 1000 / max(1.0, delivered * window) * 1000,
+              "roles": roles, "projection": projection(roles),
               "loadavg_before": load_before, "loadavg_after": load_after}
     print(json.dumps(report), file=sys.stderr)
+    print_summary(args, report, step_s)
+    return 0
+
+
+def print_summary(args: argparse.Namespace, report: dict, step_s: dict[int, float]) -> None:
+    """The summary lines (stdout) of one run's report; tests/bench/test_node.py and docs/performance.md read them."""
     if args.backend == "sim":
         print(f"node: {args.engines} sim engines (llama3-8b-h100, real time) x {args.streams} streams, "
-              f"{window:.1f} s window")
+              f"{report['window_s']:.1f} s window")
     else:
         print(f"node: {args.engines} torch engine ({args.shape} shape, {args.dtype}, {args.device}, dummy weights) x "
-              f"{args.streams} streams, {window:.1f} s window")
+              f"{args.streams} streams, {report['window_s']:.1f} s window")
     label = "delivered/simulated" if args.backend == "sim" else "delivered/engine"
-    print(f"{label} tokens/s: {report['ratio']:.3f} ({delivered:,.0f} / "
+    print(f"{label} tokens/s: {report['ratio']:.3f} ({report['delivered_tokens_per_s']:,.0f} / "
           f"{report['simulated_tokens_per_s']:,.0f}); {report['tokens_per_arrival']:.2f} tokens per arrival")
     a = report["added_itl_ms"]
     c = report["client_itl_ms"]
@@ -317,10 +298,10 @@ def main() -> int:
           f"{'simulated ' if args.backend == 'sim' else 'engine '}"
           f"step {sum(step_s.values()) / max(1, len(step_s)) * 1000:.2f} ms")
     print(f"server CPU per 1k tokens: {report['server_cpu_ms_per_1k_tokens']:.2f} ms (server CPU "
-          f"{report['server_cpu_util']:.0%}, client CPU {result['client_cpu_util']:.0%}, errors {result['errors']})")
+          f"{report['server_cpu_util']:.0%}, client CPU {report['client_cpu_util']:.0%}, errors {report['errors']})")
+    print("\n".join(role_lines(report["roles"], report["projection"])))
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
-        *load_before, *load_after))
-    return 0
+        *report["loadavg_before"], *report["loadavg_after"]))
 
 
 def torch_models(args: argparse.Namespace, work: Path) -> str:

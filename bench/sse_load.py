@@ -1,0 +1,138 @@
+"""The front-end benches' load generator: a raw SSE client connection, and the load and TTFT phases that
+bench/frontend.py runs in a process of their own (pinned to the client's CPU).
+
+A raw asyncio protocol rather than an HTTP client library: the client gets one core, and a
+library's per-chunk parsing would make it, not the server, the bottleneck. It speaks just enough
+HTTP/1.1 (keep-alive, chunked responses) and counts SSE frame terminators as bytes arrive.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+
+class SseClient(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future | None = None
+        self.frames = 0
+        self.first_frame: float | None = None
+        self.tail = b""
+        self.window = (0.0, 0.0)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def start(self, request: bytes) -> asyncio.Future:
+        self.done = asyncio.get_running_loop().create_future()
+        self.frames = 0
+        self.first_frame = None
+        self.tail = b""
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        joined = self.tail[-1:] + data        # a frame terminator split across reads counts once
+        n = joined.count(b"\n\n")
+        if n:
+            now = time.monotonic()
+            if self.first_frame is None and b"data: {" in data:
+                self.first_frame = now
+            if self.window[0] <= now < self.window[1]:
+                self.frames += n
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """Keep the tail; the response is complete at the chunked body's terminator."""
+        self.tail = (self.tail + data)[-600:]
+        if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("server closed the connection"))
+
+
+def http_post(port: int, body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+
+def _completion_tokens(tail: bytes) -> int | None:
+    i = tail.rfind(b'"completion_tokens":')
+    if i < 0:
+        return None
+    j = k = i + len(b'"completion_tokens":')
+    while tail[k:k + 1].isdigit():
+        k += 1
+    return int(tail[j:k])
+
+
+async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    request = http_post(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": max_tokens,
+                              "stream": True, "stream_options": {"include_usage": True}})
+    t_start = time.monotonic()
+    w0, w1 = t_start + warmup, t_start + warmup + seconds
+    totals = {"frames": 0, "tokens": 0.0, "errors": 0, "requests": 0}
+
+    async def worker() -> None:
+        _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
+        proto.window = (w0, w1)
+        try:
+            while time.monotonic() < w1:
+                t0 = time.monotonic()
+                await proto.start(request)
+                t1 = time.monotonic()
+                totals["frames"] += proto.frames
+                totals["requests"] += 1
+                count = _completion_tokens(proto.tail)
+                if count is None:
+                    totals["errors"] += 1
+                    continue
+                # tokens are spread evenly over the request's lifetime; count the window's share
+                overlap = max(0.0, min(t1, w1) - max(t0, w0))
+                totals["tokens"] += count * overlap / max(t1 - t0, 1e-9)
+        finally:
+            proto.transport.close()
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    await asyncio.sleep(w1 - time.monotonic())
+    for w in workers:          # stop at the window's end; requests still running are cut off
+        w.cancel()
+    results = await asyncio.gather(*workers, return_exceptions=True)
+    totals["errors"] += sum(1 for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError))
+    return {"frames_per_s": totals["frames"] / seconds, "tokens_per_s": totals["tokens"] / seconds,
+            "requests": totals["requests"], "errors": totals["errors"]}
+
+
+async def ttft(port: int, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    request = http_post(port, {"model": "sim", "prompt": "benchmark prompt", "max_tokens": 8, "stream": True})
+    _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(samples) < 5000:
+        t0 = time.monotonic()
+        await proto.start(request)
+        samples.append(proto.first_frame - t0)
+    proto.transport.close()
+    samples.sort()
+    return {"n": len(samples), "p50_ms": samples[len(samples) // 2] * 1000,
+            "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1000}
+
+
+def run_client(args: argparse.Namespace) -> None:
+    import uvloop
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    print(json.dumps({"started": t0}), flush=True)      # the window opens --warmup seconds from here
+    if args.phase == "load":
+        result = uvloop.run(load(args.port, args.concurrency, args.max_tokens, args.warmup, args.seconds))
+    else:
+        result = uvloop.run(ttft(args.port, args.seconds))
+    result["client_cpu_util"] = (time.process_time() - cpu0) / (time.monotonic() - t0)
+    print(json.dumps(result), flush=True)
