@@ -23,7 +23,7 @@ from daemon_metrics import histogram_quantile
 from daemon_process import spawn, stop
 from gpu_direct import percentile, prompts
 from gpu_models import Shape, dummy_artifact
-from sse_load import SseClient, http_post
+from sse_load import SseClient, http_post, reuse
 
 MODEL = "bench"
 CONFIG = """
@@ -122,6 +122,7 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
         try:
             while queue:
                 _, ids = queue.pop()
+                proto = await reuse(proto, lambda: _Stream([]), port)
                 proto.arrivals = []
                 per_request.append(proto.arrivals)
                 await proto.start(_request(port, ids, output_len))

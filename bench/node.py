@@ -60,7 +60,7 @@ from pathlib import Path
 from daemon_metrics import histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
 from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402
 from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
-from sse_load import SseClient, http_post  # noqa: E402
+from sse_load import SseClient, http_post, reuse  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 MODEL = """
@@ -160,10 +160,14 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
     async def worker(i: int) -> None:
         rng = random.Random(args.seed * 100_003 + i)
         engine = i % args.engines
-        _, proto = await loop.create_connection(lambda: _Stream(log, counted, engine, window), "127.0.0.1", args.port)
+        def connection() -> _Stream:
+            return _Stream(log, counted, engine, window)
+
+        _, proto = await loop.create_connection(connection, "127.0.0.1", args.port)
         try:
             while time.monotonic() < window[1]:
                 try:
+                    proto = await reuse(proto, connection, args.port)
                     await proto.start(_request(args.port, f"{args.backend}{engine}", rng))
                 except ConnectionError:
                     totals["errors"] += 1

@@ -3,7 +3,9 @@ bench/frontend.py runs in a process of their own (pinned to the client's CPU).
 
 A raw asyncio protocol rather than an HTTP client library: the client gets one core, and a
 library's per-chunk parsing would make it, not the server, the bottleneck. It speaks just enough
-HTTP/1.1 (keep-alive, chunked responses) and counts SSE frame terminators as bytes arrive.
+HTTP/1.1 (keep-alive, chunked responses) and counts SSE frame terminators as bytes arrive. A response that
+says `Connection: close` (a server that ends the connection with the stream) is followed by a new
+connection for the next request (`reuse`), as an HTTP client library would open one.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ class SseClient(asyncio.Protocol):
         self.first_frame: float | None = None
         self.tail = b""
         self.window = (0.0, 0.0)
+        self.closes = False          # the last response said Connection: close
+        self._head = b""             # the response's header bytes until their end is seen (None after)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -30,6 +34,7 @@ class SseClient(asyncio.Protocol):
         self.frames = 0
         self.first_frame = None
         self.tail = b""
+        self.closes, self._head = False, b""
         self.transport.write(request)
         return self.done
 
@@ -46,6 +51,12 @@ class SseClient(asyncio.Protocol):
 
     def _received(self, data: bytes) -> None:
         """Keep the tail; the response is complete at the chunked body's terminator."""
+        if self._head is not None:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end >= 0:
+                self.closes = b"\r\nconnection: close\r\n" in self._head[:end + 2].lower()
+                self._head = None
         self.tail = (self.tail + data)[-600:]
         if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
             self.done.set_result(None)
@@ -53,6 +64,17 @@ class SseClient(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if self.done is not None and not self.done.done():
             self.done.set_exception(ConnectionError("server closed the connection"))
+
+
+async def reuse(proto: SseClient, factory, port: int) -> SseClient:
+    """`proto` for the next request, or a new connection (made by `factory`, with proto's window) when the
+    last response closed this one."""
+    if not proto.closes and not proto.transport.is_closing():
+        return proto
+    proto.transport.close()
+    _, fresh = await asyncio.get_running_loop().create_connection(factory, "127.0.0.1", port)
+    fresh.window = proto.window
+    return fresh
 
 
 def http_post(port: int, body: dict) -> bytes:
@@ -84,6 +106,7 @@ async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seco
         proto.window = (w0, w1)
         try:
             while time.monotonic() < w1:
+                proto = await reuse(proto, SseClient, port)
                 t0 = time.monotonic()
                 await proto.start(request)
                 t1 = time.monotonic()
@@ -116,6 +139,7 @@ async def ttft(port: int, seconds: float) -> dict:
     samples = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and len(samples) < 5000:
+        proto = await reuse(proto, SseClient, port)
         t0 = time.monotonic()
         await proto.start(request)
         samples.append(proto.first_frame - t0)

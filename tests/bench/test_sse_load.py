@@ -1,0 +1,72 @@
+"""bench/sse_load.py's client: it counts a response's frames, and opens a new connection for the next request
+when a response says `Connection: close` (a server that ends each stream's connection), reusing it otherwise."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "sse_load.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("sse_load_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+async def serve(closes: bool):
+    connections: set[tuple] = set()      # client addresses: one per connection
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        connections.add(request.transport.get_extra_info("peername"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if closes:
+            response.force_close()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for text in ("a", "b"):
+            await response.write(f'data: {{"text": "{text}"}}\n\n'.encode())
+        await response.write(b'data: {"usage": {"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1], connections
+
+
+async def requests_over(closes: bool) -> tuple[list[int], int]:
+    sse = load_bench()
+    runner, port, connections = await serve(closes)
+    try:
+        _, proto = await asyncio.get_running_loop().create_connection(sse.SseClient, "127.0.0.1", port)
+        proto.window = (0.0, float("inf"))
+        frames = []
+        for _ in range(3):
+            proto = await sse.reuse(proto, sse.SseClient, port)
+            await asyncio.wait_for(proto.start(sse.http_post(port, {"stream": True})), 10)
+            frames.append(proto.frames)
+        proto.transport.close()
+        return frames, len(connections)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_keep_alive_server_serves_every_request_on_one_connection():
+    frames, connections = await requests_over(closes=False)
+    assert frames == [4, 4, 4] and connections == 1
+
+
+async def test_a_response_that_closes_its_connection_is_followed_by_a_new_one():
+    frames, connections = await requests_over(closes=True)
+    assert frames == [4, 4, 4] and connections == 3
