@@ -3,13 +3,14 @@ shape and the summary names each figure; and the Llama-3-8B shape it measures ag
 Shape and bookkeeping only: no figure is bounded here (they belong to the GPU run, docs/gpu.md)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.scripts import load_script
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5")
@@ -19,11 +20,7 @@ BENCH = ROOT / "bench"
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def test_the_8b_shape_reads_llama_3_8b_weights_per_step_and_its_tokenizer_has_every_id(tmp_path):

@@ -5,13 +5,14 @@ bookkeeping only: whether hysteresis meets the issue's goals is the full run's f
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.scripts import load_script
 
 # A benchmark: run by `pytest -m bench` (.ci/run does, after the default run), never the default run.
 pytestmark = pytest.mark.bench
@@ -22,11 +23,7 @@ ARGS = ["--duration-s", "120", "--rate", "1", "--drift-period-s", "30", "--seed"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("lifecycle_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module         # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("lifecycle")
 
 
 def test_a_short_run_accounts_for_every_request_under_both_policies(bench):

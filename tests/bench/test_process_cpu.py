@@ -2,7 +2,6 @@
 CPU is split per role over a window, and the projection is the arithmetic docs/performance.md describes."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import select
 import subprocess
@@ -11,17 +10,13 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "process_cpu.py"
+from tests.bench.scripts import load_script
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux /proc")
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("process_cpu_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("process_cpu")
 
 
 # Each child says it is ready once it has named itself, then waits for its stdin to close.

@@ -3,21 +3,14 @@ when a response says `Connection: close` (a server that ends each stream's conne
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 
 from aiohttp import web
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "sse_load.py"
+from tests.bench.scripts import load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("sse_load_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sse_load")
 
 
 async def serve(closes: bool):

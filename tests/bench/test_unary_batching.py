@@ -4,13 +4,14 @@ bookkeeping only, never a goodput bound: the figures belong to the full run on a
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.scripts import load_script
 
 # A benchmark: run by `pytest -m bench` (.ci/run does, after the default run), never the default run.
 pytestmark = pytest.mark.bench
@@ -20,11 +21,7 @@ ARGS = ["--duration-s", "0.3", "--loads", "2,0.5", "--max-batch-size", "8", "--s
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("unary_batching_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module         # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("unary_batching")
 
 
 def test_a_tiny_run_accounts_for_every_request_and_renders_the_table_and_verdict():
