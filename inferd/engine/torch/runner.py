@@ -159,8 +159,5 @@ class TorchRunner:
         if not graphs.fits(len(out.seqs), width):
             return None
         self._check_decode(out)
-        tables = np.zeros((len(out.seqs), width), dtype=np.int32)
-        for i, table in enumerate(out.block_tables):
-            tables[i, :len(table)] = table
-        return graphs.run(out.token_ids, out.positions, out.slot_mapping, tables,
-                          np.asarray(out.context_lens, dtype=np.int32))
+        # the graphs pack the ragged tables into their own pinned buffer: no padded copy here first
+        return graphs.run(out.token_ids, out.positions, out.slot_mapping, out.block_tables, out.context_lens)
