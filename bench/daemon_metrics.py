@@ -11,18 +11,27 @@ _SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_secon
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
 
 
-def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:
-    """Per engine: its step seconds (sum, count) and generated tokens; and the write-delay histogram's
-    cumulative buckets summed over every engine."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    engines: dict[str, dict[str, float]] = {}
-    for name, model, value in _SAMPLE.findall(text):
-        engines.setdefault(model, {})[name] = float(value)
+def metrics_text(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def delay_buckets(text: str) -> dict[float, float]:
+    """The write-delay histogram's cumulative buckets, summed over every engine."""
     delay: dict[float, float] = {}
     for le, value in _DELAY.findall(text):
         bound = float("inf") if le == "+Inf" else float(le)
         delay[bound] = delay.get(bound, 0.0) + float(value)
-    return engines, delay
+    return delay
+
+
+def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:
+    """Per engine: its step seconds (sum, count) and generated tokens; and the write-delay histogram's
+    cumulative buckets summed over every engine."""
+    text = metrics_text(port)
+    engines: dict[str, dict[str, float]] = {}
+    for name, model, value in _SAMPLE.findall(text):
+        engines.setdefault(model, {})[name] = float(value)
+    return engines, delay_buckets(text)
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float:

@@ -16,12 +16,11 @@ import itertools
 import re
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from daemon_metrics import histogram_quantile
+from daemon_metrics import delay_buckets, histogram_quantile, metrics_text, percentile
 from daemon_process import spawn, stop
-from gpu_direct import percentile, prompts
+from gpu_direct import prompts
 from gpu_models import Shape, dummy_artifact
 from sse_load import SseClient, http_post, reuse
 
@@ -54,7 +53,6 @@ load_format = "dummy"
 gpu_memory_utilization = {utilization}
 {graphs}
 """
-_DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _USED = re.compile(r'^inferd_kv_cache_blocks\{[^}]*state="used"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _GENERATED = re.compile(r'^inferd_engine_generated_tokens_total\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 _STEP_SUM = re.compile(r'^inferd_engine_step_seconds_sum\{[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
@@ -73,16 +71,8 @@ def config_text(args, engines: Path, max_batch: int, max_model_len: int) -> str:
                          utilization=args.gpu_memory_utilization, graphs=graphs)
 
 
-def scrape(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-
-
 def _value(pattern: re.Pattern, text: str) -> float:
     return sum(float(v) for v in pattern.findall(text))
-
-
-def _delay_buckets(text: str) -> dict[float, float]:
-    return {float("inf") if le == "+Inf" else float(le): float(v) for le, v in _DELAY.findall(text)}
 
 
 class _Stream(SseClient):
@@ -147,7 +137,7 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
     (inferd_engine_generated_tokens_total; one token per step of a lone stream, the one in flight included).
     Also the mean step time while it ran, the unit of the goal."""
     loop = asyncio.get_running_loop()
-    text = await asyncio.to_thread(scrape, port)
+    text = await asyncio.to_thread(metrics_text, port)
     baseline, generated = _value(_USED, text), _value(_GENERATED, text)
     step_sum, step_count = _value(_STEP_SUM, text), _value(_STEP_COUNT, text)
     arrivals: list[tuple[float, int]] = []
@@ -159,13 +149,13 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
         if time.monotonic() > limit:
             raise TimeoutError("the disconnect check's stream produced no tokens")
         await asyncio.sleep(0.005)
-    text = await asyncio.to_thread(scrape, port)
+    text = await asyncio.to_thread(metrics_text, port)
     held = _value(_USED, text) - baseline
     step_s = (_value(_STEP_SUM, text) - step_sum) / max(1.0, _value(_STEP_COUNT, text) - step_count)
     received, dropped = proto.tokens, time.monotonic()
     proto.transport.abort()                               # the client goes away (RST, as a killed client)
     while True:
-        text = await asyncio.to_thread(scrape, port)
+        text = await asyncio.to_thread(metrics_text, port)
         if _value(_USED, text) <= baseline:
             break
         if time.monotonic() > limit:
@@ -188,10 +178,10 @@ async def daemon_phase(args, shape: Shape, work: Path) -> dict:
     port = started["port"]
     try:
         load_s = time.monotonic() - loaded
-        before = _delay_buckets(await asyncio.to_thread(scrape, port))
+        before = delay_buckets(await asyncio.to_thread(metrics_text, port))
         ids = prompts(args.requests, args.prompt_len, shape.vocab, args.seed)
         result = await streams_workload(port, ids, args.output_len, args.streams)
-        after = _delay_buckets(await asyncio.to_thread(scrape, port))
+        after = delay_buckets(await asyncio.to_thread(metrics_text, port))
         delay = {b: after[b] - before.get(b, 0.0) for b in after}
         result.update({"load_s": round(load_s, 1), "streams": args.streams, "requests": args.requests,
                        "added_itl_p50_ms": round(histogram_quantile(0.5, delay) * 1000, 3),

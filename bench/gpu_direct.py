@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from daemon_metrics import percentile
 from gpu_models import Shape, dummy_artifact
 
 
@@ -47,10 +48,6 @@ class Tally:
         last = min(times[-1] for times in self.arrivals if times)
         inside = [wall for end, wall in self.steps if first < end <= last]
         return inside or [wall for _, wall in self.steps]
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))] if sorted_values else float("nan")
 
 
 def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
