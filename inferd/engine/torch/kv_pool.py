@@ -47,8 +47,7 @@ class KVPool:
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
         """K and V of one block in every layer."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
     @property
     def nbytes(self) -> int:

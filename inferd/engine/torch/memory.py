@@ -47,7 +47,7 @@ def kv_blocks_from_memory(model: TorchLlama, *, block_size: int, utilization: fl
     per_block = KVPool.bytes_per_block(c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim,
                                        model.dtype)
     activations = profile_activations(model, max_num_tokens, block_size)
-    width = torch.empty(0, dtype=model.dtype).element_size()
+    width = model.dtype.itemsize
     group = c.num_attention_heads // c.num_key_value_heads
     # a chunk after a cached prefix: K and V of the whole context gathered, a bool mask and SDPA's additive one
     cached_prefix = (2 * max_model_len * c.num_key_value_heads * c.head_dim * width
