@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from inferd.cluster.joining import Joiner
@@ -143,7 +143,8 @@ class Gossip:
             loop.create_task(self._every(lambda: self._config.sync_interval_s, self._joiner.push_pull),
                              name="gossip-sync"),
             loop.create_task(self._every(lambda: self._config.load_interval_s, self._send_load), name="gossip-load"),
-            loop.create_task(self._joiner.reconnect_loop(), name="gossip-reconnect"),
+            loop.create_task(self._every(lambda: self._config.reconnect_interval_s, self._joiner.reconnect),
+                             name="gossip-reconnect"),
         ]
         self._joiner.join(c.seeds)
         log.info("gossip_started", node=self.node_id, address=host_port(*self._address), seeds=list(c.seeds))
@@ -283,11 +284,13 @@ class Gossip:
         # Broadcast: nothing but its updates, applied above
 
     # -- the periodic work --------------------------------------------------------------------
-    async def _every(self, period: Callable[[], float], action: Callable[[], None]) -> None:
+    async def _every(self, period: Callable[[], float], action: Callable[[], Awaitable[None] | None]) -> None:
         while True:
             await asyncio.sleep(period())
             try:
-                action()
+                done = action()
+                if done is not None:        # an async action (reconnect) is awaited before the next period
+                    await done
             except Exception:
                 log.exception("gossip_loop_failed", action=action.__name__)
 

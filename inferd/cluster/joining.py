@@ -50,13 +50,13 @@ async def resolve_seeds(seeds: Sequence[str], family: int) -> tuple[set[Addr], i
 
 
 async def _resolve(seed: str, family: int) -> list[Addr]:
+    if (ip := address(seed)) is not None:                  # an IP address: nothing to resolve
+        return [ip]
     parsed = parse_seed(seed)
     if parsed is None:
         log.warning("gossip_seed_malformed", seed=seed)
         return []
     host, port = parsed
-    if address(host_port(host, port)) is not None:        # an IP address: nothing to resolve
-        return [(host, port)]
     try:
         infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
             host, port, family=family, type=socket.SOCK_DGRAM), RESOLVE_TIMEOUT_S)
@@ -116,8 +116,6 @@ class Joiner:
     async def _guarded_join(self, seeds: list[str]) -> None:
         try:
             await self._join_loop(seeds)
-        except asyncio.CancelledError:
-            raise
         except Exception:           # never silently: the reconnect loop re-joins the seeds later
             log.exception("gossip_join_failed", seeds=list(seeds))
 
@@ -186,18 +184,9 @@ class Joiner:
                 self._awaiting[node] = (now + self._config().probe_interval_s, tries + 1)
                 self._send_sync(member.addr, "new_member", node)
 
-    async def reconnect_loop(self) -> None:
-        """Every reconnect_interval_s: push-pull with one random dead member; re-join absent seeds."""
-        while True:
-            await asyncio.sleep(self._config().reconnect_interval_s)
-            try:
-                await self.reconnect()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("gossip_reconnect_failed")
-
     async def reconnect(self) -> None:
+        """Push-pull with one random dead member; re-join the seeds that are not live members (the gossip
+        runs it every reconnect_interval_s)."""
         dead = self._membership.dead()
         if dead:
             member = self._rng.choice(dead)

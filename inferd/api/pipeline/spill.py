@@ -48,8 +48,9 @@ _PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Accel-Buffering", "X-Infe
 # (retired since its last load hint), or it does not hold our key yet (a rotation reaching it later:
 # its 401 is about our signature, never the client's key, which is not sent): try elsewhere.
 TRY_ELSEWHERE = {401, 404, 429, 503}
-NO_ROOM = {429, 503}
 NO_ANSWER = 0                   # _PeerFailed.status of a peer that did not answer (no connection, timeout)
+# No room there until its next hint: its queue refused, or it hangs (else the next spill waits on it again)
+NO_ROOM = {429, 503, NO_ANSWER}
 
 
 class _PeerFailed(Exception):
@@ -122,7 +123,7 @@ async def forward(out: Outgoing, cluster: Cluster, lease: Lease, headers: dict[s
             held.release()
             # Its hint was out of date, or it hangs: no room there until a newer hint (else the next
             # spill picks the same peer and waits forward_timeout_s again).
-            if exc.status in NO_ROOM or exc.status == NO_ANSWER:
+            if exc.status in NO_ROOM:
                 cluster.reservations.refused(peer.node, out.model, out.version)
             _count(cluster, "peer_failed")
             out.request[keys.LOG_FIELDS]["spill_failed"] = f"{peer.node}: {exc}"

@@ -59,9 +59,8 @@ def peer_wait_limit(ctx: RequestContext, cluster: Cluster) -> float | None:
     route = ctx.route
     budget = ctx.state.slos.ttft_budget_s(route.alias or route.target.model, route.target.model, priority)
     budget_s = budget if budget is not None else cluster.config.spill_wait_s
-    left = (budget_s - (now - ctx.arrival)) * BUDGET_FRACTION
-    # A wait of 0 is the queue's word that it starts now (QueueLoad.wait_s): a budget spent before
-    # admission (a slow upload, a long prompt) is no reason to add a hop and a second tokenization.
-    if load.wait_s > 0 and load.wait_s > left:
-        return max(left, 0.0)
-    return None
+    # Clamped at 0, so a wait of 0 (the queue's word that it starts now, QueueLoad.wait_s) never spills: a
+    # budget spent before admission (a slow upload, a long prompt) is no reason to add a hop and a second
+    # tokenization.
+    left = max((budget_s - (now - ctx.arrival)) * BUDGET_FRACTION, 0.0)
+    return left if load.wait_s > left else None
