@@ -51,7 +51,7 @@ def make_rng(seed: int | None) -> np.random.Generator:
 
 
 @functools.lru_cache(maxsize=1024)
-def _bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+def bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.ndarray]:
     """A request's logit_bias as index and value arrays: built once, not at every step."""
     return np.array([t for t, _ in bias], dtype=np.int64), np.array([b for _, b in bias], dtype=np.float64)
 
@@ -73,7 +73,7 @@ def adjust_row(row: np.ndarray, p: SamplingParams, context: Context) -> None:
     tokens a row has seen costs its context's length instead of the vocabulary's.
     """
     if p.logit_bias:
-        ids, values = _bias_arrays(p.logit_bias)
+        ids, values = bias_arrays(p.logit_bias)
         row[ids] += values
     if p.repetition_penalty != 1.0:
         seen = np.unique(np.asarray(context.token_ids, dtype=np.int64))

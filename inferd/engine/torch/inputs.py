@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from inferd.engine.torch.upload import to_device
+
 
 @dataclass
 class DecodeInputs:
@@ -76,7 +78,7 @@ class StepInputs:
         device = torch.device(device)
         q_lens = [int(n) for n in out.num_new_tokens]
         c_lens = [int(n) for n in out.context_lens]
-        tables = [list(t) for t in out.block_tables]
+        tables = out.block_tables
         _check_step(out, q_lens, c_lens, tables, loras)
         ends = np.cumsum(q_lens)
         decode = [i for i, n in enumerate(q_lens) if n == 1]
@@ -125,9 +127,5 @@ def _check_step(out, q_lens: list[int], c_lens: list[int], tables: list[list[int
 def _to_device(parts: list, device: torch.device) -> list[torch.Tensor]:
     """The int64 arrays `parts`, packed into one host buffer and copied to `device` at once; views of it."""
     sizes = [len(p) for p in parts]
-    packed = torch.from_numpy(np.concatenate([np.asarray(p, dtype=np.int64).ravel() for p in parts]))
-    if device.type == "cuda":
-        packed = packed.pin_memory().to(device, non_blocking=True)
-    elif device != packed.device:
-        packed = packed.to(device)
+    packed = to_device(np.concatenate([np.asarray(p, dtype=np.int64).ravel() for p in parts]), device)
     return list(packed.split(sizes))

@@ -13,12 +13,12 @@ min_p kept, which only the device knows: such a row ("maybe sorted") is drawn bo
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from inferd.engine.reference.sampler import bias_arrays
 from inferd.types import SamplingParams
 
 
@@ -137,12 +137,6 @@ def _grammar(out: SamplingPlan, seqs: Sequence) -> None:
     out.grammar = bool(masked or dead)
 
 
-@functools.lru_cache(maxsize=1024)
-def _bias_arrays(bias: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.ndarray]:
-    """A request's logit_bias as index and value arrays: built once, not at every step."""
-    return np.array([t for t, _ in bias], dtype=np.int64), np.array([b for _, b in bias], dtype=np.float64)
-
-
 class TokenHistory:
     """Each sampled sequence's token ids as an int32 array, carried from step to step and extended by what the
     sequence appended since: reading a long context from its Python list at every step would cost the host
@@ -183,7 +177,7 @@ def _adjustments(out: SamplingPlan, seqs: Sequence, rows: list[int], history: To
     for r in rows:
         p, seq = seqs[r].sampling, seqs[r]
         if p.logit_bias:
-            ids, values = _bias_arrays(p.logit_bias)
+            ids, values = bias_arrays(p.logit_bias)
             bias_at.append(r * vocab + _in_vocab(ids, vocab))
             bias.append(values)
         counting = bool(p.frequency_penalty or p.presence_penalty) and len(seq.token_ids) > seq.num_prompt_tokens
