@@ -61,6 +61,7 @@ import cluster_heal  # noqa: E402 (bench/ is this script's own directory)
 import cluster_keys  # noqa: E402
 import cluster_quota  # noqa: E402
 import cluster_spill  # noqa: E402
+from cluster_daemons import detail  # noqa: E402
 from daemon_process import run_daemon  # noqa: E402
 
 from inferd.cluster.gossip import Gossip  # noqa: E402
@@ -235,10 +236,6 @@ class Cluster:
 
 def all_see_all(nodes: list[Node]) -> bool:
     return all(node.counts.get("alive") == len(nodes) for node in nodes)
-
-
-def detail(name: str, **fields: object) -> None:
-    print(json.dumps({"measurement": name, **fields}), file=sys.stderr, flush=True)
 
 
 # -- measurements ----------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ them with a bounded load from its own process, stops them and returns its figure
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -88,3 +90,8 @@ async def wait_converged(http: aiohttp.ClientSession, urls: list[str], headers: 
             return
         await asyncio.sleep(0.1)
     raise RuntimeError("the cluster did not converge")
+
+
+def detail(name: str, **fields: object) -> None:
+    """One measurement's details, a JSON line on stderr (the summary lines go to stdout)."""
+    print(json.dumps({"measurement": name, **fields}), file=sys.stderr, flush=True)

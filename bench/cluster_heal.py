@@ -36,16 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cluster_daemons
+from cluster_daemons import detail
 
 from inferd.config import ClusterConfig
 
 OLD_REAP_PROBES = 100          # the old code forgot dead members after this many probe intervals
 PROBE_INTERVAL_S = 0.2         # bench/cluster_daemons.py's [cluster] probe_interval_s
 HEAL_TIMEOUT_S = 60.0
-
-
-def detail(name: str, **fields: object) -> None:
-    print(json.dumps({"measurement": name, **fields}), file=sys.stderr, flush=True)
 
 
 # -- the network namespace ---------------------------------------------------------------------------

@@ -19,12 +19,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
 import cluster_daemons  # noqa: E402 (bench/ is this script's own directory)
+from cluster_daemons import detail  # noqa: E402
 from daemon_process import spawn
 
 STEPS = ("install", "use", "remove")
@@ -53,10 +53,6 @@ def _start(workdir: Path, n: int, old: str) -> list[tuple[subprocess.Popen, dict
         cluster_daemons.stop_cluster(nodes)
         raise
     return nodes
-
-
-def detail(name: str, **fields: object) -> None:
-    print(json.dumps({"measurement": name, **fields}), file=sys.stderr, flush=True)
 
 
 def _log_sizes(workdir: Path, n: int) -> list[int]:

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-from cluster_daemons import start_cluster, stop_cluster, wait_converged  # noqa: E402 (bench/ is on sys.path)
+from cluster_daemons import detail, start_cluster, stop_cluster, wait_converged  # noqa: E402 (bench/ is on sys.path)
 from daemon_process import create_key  # noqa: E402
 
 PROMPT = "count"
@@ -51,7 +49,7 @@ async def quota(args: argparse.Namespace, workdir: Path) -> list[str]:
         out = await cluster_quota_ratio(nodes=args.quota_nodes, rate_per_node=args.quota_rate,
                                         max_tokens=args.quota_max_tokens, seconds=args.quota_seconds,
                                         warmup=args.quota_warmup, shared=shared)
-        _detail("quota", out)
+        detail("quota", **out)
         label = f"cluster TPM ratio at {args.quota_rate:g} req/s per node, N={args.quota_nodes}"
         if not shared:
             label += " without shared quotas (baseline)"
@@ -59,10 +57,6 @@ async def quota(args: argparse.Namespace, workdir: Path) -> list[str]:
                      f"{out['limit_tpm']}, offered {out['offered_tpm']}, {PROMPT_TOKENS + args.quota_max_tokens}"
                      f"-token requests round-robin)")
     return lines
-
-
-def _detail(name: str, out: dict) -> None:
-    print(json.dumps({"measurement": name, **out}), file=sys.stderr, flush=True)
 
 
 async def cluster_quota_ratio(*, nodes: int, rate_per_node: float, max_tokens: int, seconds: float, warmup: float,
