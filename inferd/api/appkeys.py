@@ -4,11 +4,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from inferd.api.streaming.sse import Inflight
+from inferd.api.streaming.writers import WriterPool
 from inferd.api.state import ServerState
 from inferd.observability import RequestTrace
 
 STATE: web.AppKey[ServerState] = web.AppKey("inferd_state", ServerState)
 INFLIGHT: web.AppKey[Inflight] = web.AppKey("inferd_inflight", Inflight)
+# The SSE writer processes, with [server] front_processes > 0 (inferd.api.streaming.writers).
+WRITERS: web.AppKey[WriterPool] = web.AppKey("inferd_writers", WriterPool)
 
 # Per-request values set by the front middleware.
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("inferd_request_id", str)

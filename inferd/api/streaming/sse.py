@@ -230,6 +230,9 @@ class Sender:
         with contextlib.suppress(ConnectionError):
             self.send(self._encoder.error(err, None))
 
+    def release(self) -> None:
+        """The stream is over (whatever its end): nothing to do when frames went straight to the transport."""
+
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -350,6 +353,7 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
         stream.listen(None)
         if sender is not None:
             sender.done = True
+            sender.release()
     return resp
 
 

@@ -162,6 +162,18 @@ class ChunkEncoder:
         return ChunkEncoder(self._ident, self._include_usage, index=index, running=self.running,
                             usage_comment=self._usage_comment, hold_done=self.hold_done, timeline=self.timeline)
 
+    @property
+    def ident(self) -> Identity:
+        return self._ident
+
+    @property
+    def include_usage(self) -> bool:
+        return self._include_usage
+
+    def mark_started(self) -> None:
+        """Content chunks were encoded elsewhere (an SSE writer process): the next chunk is not the first."""
+        self._next_prefix = self._prefix
+
     def content(self, text: str) -> bytes:
         prefix = self._next_prefix
         self._next_prefix = self._prefix

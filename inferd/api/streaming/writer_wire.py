@@ -1,0 +1,38 @@
+"""The messages between the main process and its SSE writer processes (inferd.api.streaming.writers).
+
+One SOCK_SEQPACKET socket pair per writer: message boundaries are kept, and a client socket handed
+over with SCM_RIGHTS rides on the message that opens its stream, so it can never arrive out of order
+with that stream's frames. Each message is one orjson array, its first element the kind:
+
+main -> writer
+  OPEN   [OPEN, sid, chunked, kind, id, created, model, fingerprint, include_usage]  + the client's fd
+  STEP   [STEP, [[sid, text, tokens], ...]]   every stream's new text since the last step, one message
+  RAW    [RAW, sid, frame]                    frames the main process encoded (the final ones, pings, [DONE])
+  CLOSE  [CLOSE, sid]                         write what is left, end the chunked body, close the connection
+  ABORT  [ABORT, sid]                         close the connection now, nothing more written
+
+writer -> main
+  GONE     [GONE, sid]       the client left (a failed send, or its end of the connection closed)
+  BLOCKED  [BLOCKED, sid]    the client is not keeping up: send no more text until DRAINED
+  DRAINED  [DRAINED, sid]
+"""
+from __future__ import annotations
+
+import orjson
+
+OPEN, STEP, RAW, CLOSE, ABORT = "o", "s", "r", "c", "a"
+GONE, BLOCKED, DRAINED = "g", "b", "d"
+
+# The largest message either side reads; a STEP past it is split by the sender (inferd.api.streaming.writers).
+MAX_MESSAGE = 1 << 20
+SPLIT_AT = MAX_MESSAGE // 2
+# The socket pair's send buffers (the kernel caps them at net.core.wmem_max).
+SOCKET_BUFFER = 4 << 20
+
+
+def encode(message: list) -> bytes:
+    return orjson.dumps(message)
+
+
+def decode(data: bytes) -> list:
+    return orjson.loads(data)

@@ -1,0 +1,275 @@
+"""SSE writer processes, the main process's side: hand a stream's client socket over, then its text.
+
+With `[server] front_processes = N` (N > 0) the app starts N writer processes
+(inferd.api.streaming.writer_proc). A plain-TCP chat or text completion stream whose headers this process
+writes is handed to one of them once the headers are out: its socket goes over with SCM_RIGHTS and this
+process keeps everything else (the engine's RequestStream, admission, quotas, the ledger, the watchdog).
+Once per loop turn (an engine step's outputs arrive in one) every writer gets one STEP message with each
+of its streams' new text; the stream's final frames, pings and `[DONE]` (after the ledger row) are encoded
+here and sent as RAW. Writers report clients that left (GONE: the stream ends as a disconnect does in
+process, and its engine request is aborted) and clients behind (BLOCKED/DRAINED: their text merges in the
+RequestStream meanwhile). The connection is closed after the stream (the response says `Connection:
+close`); TLS streams, and those whose headers went out while waiting for admission, stay in process.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+
+import inferd
+from inferd.api.streaming import writer_wire as wire
+from inferd.api.streaming.sse import Sender, Tracked, final_frames
+from inferd.api.wire.responses import ChunkEncoder
+from inferd.observability import RequestObservation, get_logger
+
+log = get_logger("inferd.api.streaming.writers")
+_monotonic = time.monotonic
+# Messages queued for a writer whose socket is full; past it the writer is treated as dead.
+MAX_QUEUED = 4096
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the directory this process's `inferd` came from first on the path."""
+    root = str(Path(inferd.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+class WriterDown(ConnectionError):
+    """A writer process is gone, or so far behind that its queue is full: its streams end as disconnects."""
+
+
+class WriterLink:
+    """One writer process: its socket, the STEP being gathered this turn, and what waits to be sent."""
+
+    def __init__(self, pool: WriterPool, sock: socket.socket, process: asyncio.subprocess.Process) -> None:
+        self.pool = pool
+        self.sock = sock
+        self.process = process
+        self.senders: dict[int, HandoffSender] = {}
+        self.step: list[list] = []
+        self.step_bytes = 0
+        self.queued: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        self.down = False
+
+    def send(self, message: list, fds: list[int] | None = None) -> None:
+        if self.step:
+            self._flush_step()
+        self._send(wire.encode(message), fds or [])
+
+    def add_text(self, sid: int, text: str, tokens: int) -> None:
+        if not self.step:
+            self.pool.schedule(self)
+        self.step.append([sid, text, tokens])
+        self.step_bytes += len(text) + 24
+        if self.step_bytes > wire.SPLIT_AT:
+            self._flush_step()
+
+    def _flush_step(self) -> None:
+        step, self.step, self.step_bytes = self.step, [], 0
+        if step:
+            self._send(wire.encode([wire.STEP, step]), [])
+
+    def _send(self, data: bytes, fds: list[int]) -> None:
+        if self.down:
+            raise WriterDown("the writer process is gone")
+        if not self.queued:
+            try:
+                socket.send_fds(self.sock, [data], fds) if fds else self.sock.send(data)
+                return
+            except BlockingIOError:
+                asyncio.get_running_loop().add_writer(self.sock.fileno(), self._drain)
+            except OSError as exc:
+                self._lost()
+                raise WriterDown("the writer process is gone") from exc
+        if len(self.queued) >= MAX_QUEUED:
+            self._lost()
+            raise WriterDown("the writer process is not keeping up")
+        self.queued.append((data, fds))
+
+    def _drain(self) -> None:
+        while self.queued:
+            data, fds = self.queued[0]
+            try:
+                socket.send_fds(self.sock, [data], fds) if fds else self.sock.send(data)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._lost()
+                return
+            self.queued.popleft()
+        asyncio.get_running_loop().remove_writer(self.sock.fileno())
+
+    def read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(wire.MAX_MESSAGE)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            kind, sid = wire.decode(data)
+            sender = self.senders.get(sid)
+            if sender is not None:
+                sender.on_report(kind)
+
+    def _lost(self) -> None:
+        if self.down:
+            return
+        self.down = True
+        log.error("writer_process_lost", pid=self.process.pid)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.sock.fileno())
+        loop.remove_writer(self.sock.fileno())
+        self.queued.clear()
+        for sender in list(self.senders.values()):
+            sender.on_report(wire.GONE)
+
+
+class WriterPool:
+    """The app's writer processes; streams are spread over them in turn."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.links: list[WriterLink] = []
+        self._next = itertools.cycle(range(max(count, 1)))
+        self._sids = itertools.count(1)
+        self._due: list[WriterLink] = []
+        self.handed = 0                 # streams handed over so far
+
+    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        for _ in range(self.count):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            for s in (ours, theirs):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, wire.SOCKET_BUFFER)
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inferd.api.streaming.writer_proc", str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),), env=_child_env())
+            theirs.close()
+            ours.setblocking(False)
+            link = WriterLink(self, ours, process)
+            loop.add_reader(ours.fileno(), link.read)
+            self.links.append(link)
+        try:
+            yield
+        finally:
+            for link in self.links:
+                loop.remove_reader(link.sock.fileno())
+                link.sock.close()           # the writer sees end-of-file and exits
+            for link in self.links:
+                with contextlib.suppress(ProcessLookupError):
+                    await link.process.wait()
+
+    def pick(self) -> WriterLink | None:
+        for _ in range(len(self.links)):
+            link = self.links[next(self._next) % len(self.links)]
+            if not link.down:
+                return link
+        return None
+
+    def new_sid(self) -> int:
+        return next(self._sids)
+
+    def schedule(self, link: WriterLink) -> None:
+        if not self._due:
+            asyncio.get_running_loop().call_soon(self._send_steps)
+        self._due.append(link)
+
+    def _send_steps(self) -> None:
+        due, self._due = self._due, []
+        for link in due:
+            with contextlib.suppress(WriterDown):       # its streams were told (GONE)
+                link._flush_step()
+
+
+class HandoffSender(Sender):
+    """A stream whose frames a writer process writes: its text goes out in the writer's STEP, the
+    rest (final frames, pings, `[DONE]`) as RAW; this process's own copy of the socket is not written to."""
+
+    __slots__ = ("link", "sid", "started", "paused")
+
+    def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
+                 obs: RequestObservation, *, pool: WriterPool) -> None:
+        super().__init__(entry, writer, encoder, include_usage, obs)
+        link = pool.pick()
+        sock = self._transport.get_extra_info("socket")
+        if link is None or sock is None:
+            raise WriterDown("no writer process to hand the stream to")
+        self.link = link
+        self.sid = pool.new_sid()
+        self.started = False
+        self.paused = False
+        self._transport.pause_reading()        # the writer notices the client leaving
+        ident = encoder.ident
+        link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
+                   ident.fingerprint, encoder.include_usage], [sock.fileno()])
+        link.senders[self.sid] = self
+        pool.handed += 1
+
+    def _write(self, frame: bytes) -> None:
+        if self.entry.client_gone:
+            raise ConnectionResetError("the client closed the connection")
+        self.link.send([wire.RAW, self.sid, frame.decode()])
+
+    def writable(self) -> bool:
+        return not (self.done or self.paused)
+
+    def flush(self) -> None:
+        if not self.writable():
+            return
+        delta = self.stream.take()
+        if delta is None:
+            return
+        tokens = len(delta.token_ids)
+        self.accepted.took(tokens)
+        if delta.finish_reason is None:
+            if delta.text:
+                self.started = True
+                self.entry.last_write = now = _monotonic()
+                self.link.add_text(self.sid, delta.text, tokens)
+                self._on_tokens(tokens, now, self.pushed_at)
+            return
+        if self.started:
+            self._encoder.mark_started()
+        entry = self.entry
+        entry.closing = True
+        entry.final = delta
+        self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
+        self._on_tokens(tokens)
+        self.end()
+
+    def on_report(self, kind: str) -> None:
+        if kind == wire.GONE:
+            if not self.entry.closing:
+                self.stream.cancel()            # free its engine request now, as the watchdog would
+            self.end(client_gone=True)
+        elif kind == wire.BLOCKED:
+            self.paused = True
+        elif kind == wire.DRAINED:
+            self.paused = False
+            self.flush()
+
+    def release(self) -> None:
+        link = self.link
+        link.senders.pop(self.sid, None)
+        with contextlib.suppress(WriterDown):
+            link.send([wire.CLOSE if not self.entry.client_gone else wire.ABORT, self.sid])
+        # This process's copy of the socket: closed without a byte (the writer's copy keeps the
+        # connection open), so the response's end aiohttp would write fails as a disconnect.
+        self._transport.abort()

@@ -1,0 +1,52 @@
+"""SSE writer processes ([server] front_processes): a stream handed to a writer process after its headers."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from inferd.config.root import load_config
+from tests.daemon.harness import running_daemon, sim_model, write_config
+
+openai = pytest.importorskip("openai")
+
+
+def writers_config(tmp_path, time_scale: float = 0.0):
+    path = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=time_scale)})
+    path.write_text(path.read_text().replace("[server]\n", "[server]\nfront_processes = 1\n", 1))
+    return load_config(path)
+
+
+async def usage_rows(url: str) -> list[dict]:
+    async with aiohttp.ClientSession() as http, \
+            http.get(url + "/admin/usage", params={"rows": "true", "format": "jsonl"}) as resp:
+        return [json.loads(line) for line in (await resp.text()).splitlines()]
+
+
+async def test_a_chat_stream_is_written_by_a_writer_process_in_order_with_usage_and_done_after_its_row(tmp_path):
+    cfg = writers_config(tmp_path)
+    async with running_daemon(cfg) as (daemon, _, url):
+        writers = daemon_writers(daemon)
+        assert len(writers.links) == 1
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            messages = [{"role": "user", "content": "hi"}]
+            whole = await sdk.chat.completions.create(model="sim", messages=messages, max_tokens=40, temperature=0)
+            stream = await sdk.chat.completions.create(model="sim", messages=messages, max_tokens=40, temperature=0,
+                                                       stream=True, stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+            # [DONE] came: the ledger has the row already, not eventually
+            rows = await usage_rows(url)
+        assert writers.handed == 1
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        assert len(rows) == 2 and {r["status"] for r in rows} == {200}
+
+
+def daemon_writers(daemon):
+    from inferd.api import appkeys as keys
+    return daemon._ctx.runner.app[keys.WRITERS]
