@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, write_config
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
 
 openai = pytest.importorskip("openai")
 
@@ -50,3 +50,22 @@ async def test_a_chat_stream_is_written_by_a_writer_process_in_order_with_usage_
 def daemon_writers(daemon):
     from inferd.api import appkeys as keys
     return daemon._ctx.runner.app[keys.WRITERS]
+
+
+async def test_a_client_that_leaves_a_handed_over_stream_has_its_engine_request_aborted(tmp_path):
+    cfg = writers_config(tmp_path, time_scale=1.0)
+    async with running_daemon(cfg) as (daemon, _, url):
+        body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json=body) as resp:
+                assert resp.headers["Connection"] == "close"
+                first = await resp.content.readuntil(b"\n\n")
+                assert first.startswith(b"data: ") and b'"role":"assistant"' in first
+                resp.connection.transport.abort()       # the client leaves mid-stream
+        assert daemon_writers(daemon).handed == 1
+
+        async def recorded() -> bool:
+            return bool(await usage_rows(url))
+        await until(recorded, "the left stream's ledger row")
+        [row] = await usage_rows(url)
+        assert row["status"] == 499 and row["completion_tokens"] < 1000
