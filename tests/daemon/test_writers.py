@@ -69,3 +69,15 @@ async def test_a_client_that_leaves_a_handed_over_stream_has_its_engine_request_
         await until(recorded, "the left stream's ledger row")
         [row] = await usage_rows(url)
         assert row["status"] == 499 and row["completion_tokens"] < 1000
+
+
+async def test_continuous_usage_counts_every_token_of_a_handed_over_stream(tmp_path):
+    async with running_daemon(writers_config(tmp_path)) as (daemon, _, url), \
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+        stream = await sdk.completions.create(model="sim", prompt="hello", max_tokens=30, stream=True,
+                                              stream_options={"include_usage": True, "continuous_usage_stats": True})
+        chunks = [c async for c in stream]
+        assert daemon_writers(daemon).handed == 1
+    counts = [c.usage.completion_tokens for c in chunks if c.usage is not None]
+    assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
+    assert chunks[-1].usage.completion_tokens == 30

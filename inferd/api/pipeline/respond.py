@@ -164,11 +164,11 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
 
 def _handoff(ctx: RequestContext, stream, encoder):
     """The sender that hands this stream to a writer process, when there are writers and it qualifies: a
-    plain ChunkEncoder's frames (no tools, logprobs, continuous usage or other wire format), headers not yet
+    plain ChunkEncoder's frames (no tools, logprobs or other wire format), headers not yet
     sent (not queued in admission), not TLS. Its response closes the connection after the stream."""
     pool = ctx.request.app.get(keys.WRITERS)
     transport = ctx.request.transport
-    if (pool is None or type(encoder) is not ChunkEncoder or encoder.running is not None
+    if (pool is None or type(encoder) is not ChunkEncoder
             or (ctx.queued is not None and ctx.queued.prepared is not None)
             or transport is None or transport.get_extra_info("sslcontext") is not None):
         return None

@@ -18,7 +18,7 @@ import socket
 import sys
 
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.wire.responses import ChunkEncoder, Identity
+from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
 
 # What one stream may hold encoded and unsent before its client counts as gone (every byte past the
 # first BLOCKED was sent before the main process heard of it: about one step's text).
@@ -28,7 +28,7 @@ MAX_UNSENT = 8 << 20
 class ClientStream:
     """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
 
-    __slots__ = ("sid", "sock", "fd", "chunked", "encoder", "unsent", "text", "closing", "blocked", "gone")
+    __slots__ = ("sid", "sock", "fd", "chunked", "encoder", "unsent", "text", "tokens", "closing", "blocked", "gone")
 
     def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
         self.sid = sid
@@ -38,6 +38,7 @@ class ClientStream:
         self.encoder = encoder
         self.unsent = bytearray()       # encoded, not yet taken by the socket
         self.text: list[str] = []       # text not yet encoded (merges while unsent is non-empty)
+        self.tokens = 0                 # the tokens that text carries
         self.closing = False
         self.blocked = False
         self.gone = False
@@ -47,14 +48,19 @@ class ClientStream:
             self.unsent += b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
 
     def settle(self) -> None:
-        if self.text:
-            self.frame(self.encoder.content("".join(self.text)))
-            self.text.clear()
+        """Encode the pending text as one frame (with the usage so far, for continuous usage stats)."""
+        text, tokens, encoder = "".join(self.text), self.tokens, self.encoder
+        self.text.clear()
+        self.tokens = 0
+        if text:
+            self.frame(encoder.content(text) if encoder.running is None else encoder.content_with_usage(text, tokens))
+        elif tokens and encoder.running is not None:
+            encoder.running.count(tokens)
 
     def pump(self) -> bool:
         """Write what the socket takes; True when everything (text included) is out."""
         while True:
-            if not self.unsent:
+            if not self.unsent and (self.text or self.tokens):
                 self.settle()
             if not self.unsent:
                 return True
@@ -98,10 +104,11 @@ class Writer:
     def _handle(self, msg: list, fds: list[int]) -> None:
         kind = msg[0]
         if kind == wire.STEP:
-            for sid, text, _tokens in msg[1]:
+            for sid, text, tokens in msg[1]:
                 stream = self.streams.get(sid)
                 if stream is not None:
                     stream.text.append(text)
+                    stream.tokens += tokens
                     self._pump(stream)
         elif kind == wire.OPEN:
             self._open(msg, fds[0])
@@ -122,10 +129,11 @@ class Writer:
                 self._drop(stream)
 
     def _open(self, msg: list, fd: int) -> None:
-        _, sid, chunked, kind, ident, created, model, fingerprint, include_usage = msg
+        _, sid, chunked, kind, ident, created, model, fingerprint, include_usage, prompt_tokens = msg
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
-        encoder = ChunkEncoder(Identity(kind, ident, created, model, fingerprint), include_usage)
+        running = RunningUsage(prompt_tokens) if prompt_tokens is not None else None
+        encoder = ChunkEncoder(Identity(kind, ident, created, model, fingerprint), include_usage, running=running)
         stream = self.streams[sid] = ClientStream(sid, sock, chunked, encoder)
         self.loop.add_reader(fd, self._client_readable, stream)
 

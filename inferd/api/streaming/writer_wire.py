@@ -5,7 +5,8 @@ over with SCM_RIGHTS rides on the message that opens its stream, so it can never
 with that stream's frames. Each message is one orjson array, its first element the kind:
 
 main -> writer
-  OPEN   [OPEN, sid, chunked, kind, id, created, model, fingerprint, include_usage]  + the client's fd
+  OPEN   [OPEN, sid, chunked, kind, id, created, model, fingerprint, include_usage,
+          prompt_tokens]    + the client's fd; prompt_tokens null but for continuous usage stats
   STEP   [STEP, [[sid, text, tokens], ...]]   every stream's new text since the last step, one message
   RAW    [RAW, sid, frame]                    frames the main process encoded (the final ones, pings, [DONE])
   CLOSE  [CLOSE, sid]                         write what is left, end the chunked body, close the connection

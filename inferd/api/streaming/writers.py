@@ -218,7 +218,8 @@ class HandoffSender(Sender):
         self._transport.pause_reading()        # the writer notices the client leaving
         ident = encoder.ident
         link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
-                   ident.fingerprint, encoder.include_usage], [sock.fileno()])
+                   ident.fingerprint, encoder.include_usage,
+                   encoder.running.prompt_tokens if encoder.running is not None else None], [sock.fileno()])
         link.senders[self.sid] = self
         pool.handed += 1
 
@@ -238,12 +239,17 @@ class HandoffSender(Sender):
             return
         tokens = len(delta.token_ids)
         self.accepted.took(tokens)
+        running = self._encoder.running
         if delta.finish_reason is None:
+            if running is not None:
+                running.count(tokens)           # this process's copy, for the final chunk's usage
             if delta.text:
                 self.started = True
                 self.entry.last_write = now = _monotonic()
                 self.link.add_text(self.sid, delta.text, tokens)
                 self._on_tokens(tokens, now, self.pushed_at)
+            elif running is not None:
+                self.link.add_text(self.sid, "", tokens)
             return
         if self.started:
             self._encoder.mark_started()
