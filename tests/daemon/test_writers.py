@@ -8,7 +8,8 @@ import aiohttp
 import pytest
 
 from inferd.config.root import load_config
-from tests.daemon.harness import running_daemon, sim_model, until, write_config
+from tests.daemon.harness import running, running_daemon, sim_model, until, write_config
+from tests.daemon.test_tls import ca, sdk, server_cert, tls_config  # noqa: F401 (fixtures)
 
 openai = pytest.importorskip("openai")
 
@@ -81,3 +82,13 @@ async def test_continuous_usage_counts_every_token_of_a_handed_over_stream(tmp_p
     counts = [c.usage.completion_tokens for c in chunks if c.usage is not None]
     assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
     assert chunks[-1].usage.completion_tokens == 30
+
+
+async def test_a_tls_stream_stays_in_process_with_writers_configured(tmp_path, ca, server_cert):  # noqa: F811
+    path = tls_config(tmp_path)
+    path.write_text(path.read_text().replace("[server]\n", "[server]\nfront_processes = 1\n", 1))
+    async with running(path) as (daemon, _), sdk(daemon, ca.client_context()) as client:
+        stream = await client.completions.create(model="m", prompt="hello", max_tokens=8, stream=True)
+        chunks = [c async for c in stream]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert daemon_writers(daemon).handed == 0          # an SSL socket cannot be handed over
