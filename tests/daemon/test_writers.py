@@ -92,3 +92,14 @@ async def test_a_tls_stream_stays_in_process_with_writers_configured(tmp_path, c
         chunks = [c async for c in stream]
         assert chunks[-1].choices[0].finish_reason == "length"
         assert daemon_writers(daemon).handed == 0          # an SSL socket cannot be handed over
+
+
+async def test_a_drain_lets_a_handed_over_stream_finish(tmp_path):
+    async with running_daemon(writers_config(tmp_path, time_scale=1.0), drain=True) as (daemon, task, url):
+        body = {"model": "sim", "prompt": "hello", "max_tokens": 60, "stream": True}
+        async with aiohttp.ClientSession() as http, http.post(url + "/v1/completions", json=body) as resp:
+            await resp.content.readuntil(b"\n\n")
+            daemon.request_stop()                   # drains: the stream in flight runs to its end
+            rest = await resp.content.read()
+        assert rest.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in rest
+        assert daemon_writers(daemon).handed == 1
