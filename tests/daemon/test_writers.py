@@ -1,7 +1,6 @@
 """SSE writer processes ([server] front_processes): a stream handed to a writer process after its headers."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -57,12 +56,11 @@ async def test_a_client_that_leaves_a_handed_over_stream_has_its_engine_request_
     cfg = writers_config(tmp_path, time_scale=1.0)
     async with running_daemon(cfg) as (daemon, _, url):
         body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
-        async with aiohttp.ClientSession() as http:
-            async with http.post(url + "/v1/chat/completions", json=body) as resp:
-                assert resp.headers["Connection"] == "close"
-                first = await resp.content.readuntil(b"\n\n")
-                assert first.startswith(b"data: ") and b'"role":"assistant"' in first
-                resp.connection.transport.abort()       # the client leaves mid-stream
+        async with aiohttp.ClientSession() as http, http.post(url + "/v1/chat/completions", json=body) as resp:
+            assert resp.headers["Connection"] == "close"
+            first = await resp.content.readuntil(b"\n\n")
+            assert first.startswith(b"data: ") and b'"role":"assistant"' in first
+            resp.connection.transport.abort()           # the client leaves mid-stream
         assert daemon_writers(daemon).handed == 1
 
         async def recorded() -> bool:
@@ -95,7 +93,7 @@ async def test_a_tls_stream_stays_in_process_with_writers_configured(tmp_path, c
 
 
 async def test_a_drain_lets_a_handed_over_stream_finish(tmp_path):
-    async with running_daemon(writers_config(tmp_path, time_scale=1.0), drain=True) as (daemon, task, url):
+    async with running_daemon(writers_config(tmp_path, time_scale=1.0), drain=True) as (daemon, _, url):
         body = {"model": "sim", "prompt": "hello", "max_tokens": 60, "stream": True}
         async with aiohttp.ClientSession() as http, http.post(url + "/v1/completions", json=body) as resp:
             await resp.content.readuntil(b"\n\n")

@@ -28,7 +28,7 @@ MAX_UNSENT = 8 << 20
 class ClientStream:
     """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
 
-    __slots__ = ("sid", "sock", "fd", "chunked", "encoder", "unsent", "text", "tokens", "closing", "blocked", "gone")
+    __slots__ = ("blocked", "chunked", "closing", "encoder", "fd", "gone", "sid", "sock", "text", "tokens", "unsent")
 
     def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
         self.sid = sid

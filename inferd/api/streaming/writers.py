@@ -21,8 +21,8 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -202,7 +202,7 @@ class HandoffSender(Sender):
     """A stream whose frames a writer process writes: its text goes out in the writer's STEP, the
     rest (final frames, pings, `[DONE]`) as RAW; this process's own copy of the socket is not written to."""
 
-    __slots__ = ("link", "sid", "started", "paused")
+    __slots__ = ("link", "paused", "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
