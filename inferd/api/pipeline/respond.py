@@ -6,7 +6,6 @@ request's end records (ledger row, metrics, rollouts, cache, transcript, trace, 
 """
 from __future__ import annotations
 
-import functools
 
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from inferd.api.wire.logprobs import LogprobChunkEncoder, LogprobFormat, Logprob
 from inferd.api.wire.tool_calls import ToolCallParser, parser_for
 from inferd.api.wire.tool_stream import ToolChunkEncoder, finish_with_calls, tool_message
 from inferd.api.streaming.sse import Sender, stream_response
-from inferd.api.streaming.writers import HandoffSender
+from inferd.api.pipeline.handoff import handoff_sender
 from inferd.api.pipeline.transcripts import retention_s
 from inferd.api.pipeline.versioned import mirror_to_shadow
 from inferd.cache import RecordingStream
@@ -142,7 +141,7 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
             raise
 
     capture = ctx.request.get(idempotency.CAPTURE)
-    sender_class = ChoicesSender if isinstance(stream, Choices) else (not capture and _handoff(ctx, stream, encoder)) or Sender
+    sender_class = ChoicesSender if isinstance(stream, Choices) else (not capture and handoff_sender(ctx, encoder)) or Sender
     resp = await stream_response(ctx.request, stream, entry, encoder, ctx.headers, p.include_usage, ctx.obs,
                                  ctx.request.app[keys.INFLIGHT], sender_class,
                                  prepared=ctx.queued.prepared if ctx.queued is not None else None,
@@ -160,20 +159,6 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         ctx.status = 500                # a bug ended the stream with an internal_error frame
     await record_usage_once(ctx, ctx.last, ctx.status)
     return resp
-
-
-def _handoff(ctx: RequestContext, stream, encoder):
-    """The sender that hands this stream to a writer process, when there are writers and it qualifies: a
-    plain ChunkEncoder's frames (no tools, logprobs or other wire format), headers not yet
-    sent (not queued in admission), not TLS. Its response closes the connection after the stream."""
-    pool = ctx.request.app.get(keys.WRITERS)
-    transport = ctx.request.transport
-    if (pool is None or type(encoder) is not ChunkEncoder
-            or (ctx.queued is not None and ctx.queued.prepared is not None)
-            or transport is None or transport.get_extra_info("sslcontext") is not None):
-        return None
-    ctx.headers["Connection"] = "close"
-    return functools.partial(HandoffSender, pool=pool)
 
 
 async def _delivered_or_cut(ctx: RequestContext, entry) -> None:
