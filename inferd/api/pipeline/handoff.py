@@ -19,10 +19,10 @@ from inferd.api.wire.responses import ChunkEncoder
 def writer_pool(ctx: RequestContext) -> WriterPool | None:
     """The writer processes this request's stream could go to: None without any, or over TLS."""
     pool = ctx.request.app.get(keys.WRITERS)
-    transport = ctx.request.transport
-    if pool is None or transport is None or transport.get_extra_info("sslcontext") is not None:
+    if pool is None:
         return None
-    return pool
+    transport = ctx.request.transport
+    return None if transport is None or transport.get_extra_info("sslcontext") is not None else pool
 
 
 def may_hand_over(ctx: RequestContext) -> None:
