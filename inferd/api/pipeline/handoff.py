@@ -32,11 +32,11 @@ def may_hand_over(ctx: RequestContext) -> None:
 
 
 def handoff_sender(ctx: RequestContext, encoder) -> functools.partial[HandoffSender] | None:
-    """The sender that hands this stream to a writer process, or None: no writers, TLS, an encoder the
+    """The sender that hands this stream to a writer process, or None: no writers (or none alive), TLS, an encoder the
     writers do not have (tools, logprobs, another wire format), or headers that went out without
     `Connection: close` (sent while its model loaded)."""
     pool = writer_pool(ctx)
-    if pool is None or type(encoder) is not ChunkEncoder:
+    if pool is None or type(encoder) is not ChunkEncoder or not pool.available:    # none left: written here
         return None
     sent = ctx.queued is not None and ctx.queued.prepared is not None
     if sent and ctx.headers.get("Connection") != "close":

@@ -24,9 +24,12 @@ import orjson
 OPEN, STEP, RAW, CLOSE, ABORT = "o", "s", "r", "c", "a"
 GONE, BLOCKED, DRAINED = "g", "b", "d"
 
-# The largest message either side reads; a STEP past it is split by the sender (inferd.api.streaming.writers).
+# The largest message either side reads. A STEP is sent once past SPLIT_AT, and text longer than
+# TEXT_PIECE goes as several entries (inferd.api.streaming.writers): a SOCK_SEQPACKET message must fit
+# the send buffer whole, which the kernel caps at net.core.wmem_max (about 208 KiB by default).
 MAX_MESSAGE = 1 << 20
-SPLIT_AT = MAX_MESSAGE // 2
+SPLIT_AT = 64 << 10
+TEXT_PIECE = 16 << 10
 # The socket pair's send buffers (the kernel caps them at net.core.wmem_max).
 SOCKET_BUFFER = 4 << 20
 

@@ -72,8 +72,14 @@ class WriterLink:
     def add_text(self, sid: int, text: str, tokens: int) -> None:
         if not self.step:
             self.pool.schedule(self)
+        while len(text) > wire.TEXT_PIECE:      # a long merged delta: pieces, its tokens on the last
+            self._add(sid, text[:wire.TEXT_PIECE], 0)
+            text = text[wire.TEXT_PIECE:]
+        self._add(sid, text, tokens)
+
+    def _add(self, sid: int, text: str, tokens: int) -> None:
         self.step.append([sid, text, tokens])
-        self.step_bytes += len(text) + 24
+        self.step_bytes += 4 * len(text) + 24      # JSON of the worst case (escapes)
         if self.step_bytes > wire.SPLIT_AT:
             self._flush_step()
 
@@ -175,6 +181,10 @@ class WriterPool:
             for link in self.links:
                 with contextlib.suppress(ProcessLookupError):
                     await link.process.wait()
+
+    @property
+    def available(self) -> bool:
+        return any(not link.down for link in self.links)
 
     def pick(self) -> WriterLink | None:
         for _ in range(len(self.links)):
