@@ -223,6 +223,7 @@ def main() -> int:
         models = ("".join(MODEL.format(i=i, streams=args.streams, blocks=blocks) for i in range(args.engines))
                   if args.backend == "sim" else torch_models(args, work))
         server = CONFIG.format(connections=total + 64, total=total, streams=args.streams)
+        server = server.replace("[server]\n", f"[server]\nfront_processes = {args.front_processes}\n", 1)
         if args.backend == "torch":
             server = server.replace("[server]\n", f'[server]\nengines_root = "{work / "engines"}"\n', 1)
         config.write_text(server + models)
@@ -335,6 +336,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window")
     p.add_argument("--warmup", type=float, default=8.0, help="before the window: the first prefills settle")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--front-processes", type=int, default=0,
+                   help="[server] front_processes: SSE writer processes (0: every stream written in the daemon)")
     p.add_argument("--backend", choices=["sim", "torch"], default="sim",
                    help="sim: --engines simulated engines; torch: one torch engine (dummy weights)")
     p.add_argument("--device", default="cuda", help="torch: cuda / cuda:N / cpu")

@@ -195,7 +195,15 @@ async def serve(fd: int) -> None:
         writer._drop(stream)
 
 
+def name_process() -> None:
+    """`inferd-writer` in ps/top (and for bench/process_cpu.py's per-role CPU), where Linux allows it."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as comm:
+            comm.write("inferd-writer")
+
+
 def main() -> None:
+    name_process()
     try:
         import uvloop
         runner = uvloop.run
