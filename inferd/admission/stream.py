@@ -78,6 +78,16 @@ class AdmittedStream:
             self._delivered(delta)
         return delta
 
+    def take_text(self) -> tuple[int, str] | None:
+        """RequestStream.take_text with the same bookkeeping: (token count, text) of plain output, or None
+        (nothing pending, or a whole Delta: take() reads it)."""
+        got = self._stream.take_text()
+        if got is not None:
+            self._output += got[0]
+            if self._output >= self._charge_at:
+                self._charge()
+        return got
+
     def _delivered(self, delta: Delta) -> None:
         # Once per read: only count, unless a charge step is reached or the stream ends.
         self._output += len(delta.token_ids)
@@ -87,13 +97,16 @@ class AdmittedStream:
     def listen(self, listener: Callable[[], None] | None) -> None:
         self._stream.listen(listener)
 
-    def _account(self, delta: Delta) -> None:
+    def _charge(self) -> None:
         if self._output and not self._charged:
             self._queue.first_token(self._ticket)
         if self._output > self._charged:
             self._queue.charge_output(self._ticket, self._output - self._charged)
             self._charged = self._output
         self._charge_at = self._output + CHARGE_EVERY_TOKENS
+
+    def _account(self, delta: Delta) -> None:
+        self._charge()
         if delta.finish_reason is not None:
             if self.deadline_hit and delta.finish_reason is FinishReason.ABORT:
                 delta.finish_reason = FinishReason.DEADLINE

@@ -179,6 +179,20 @@ class RequestStream:
             self._final_read = True
         return delta
 
+    def take_text(self) -> tuple[int, str] | None:
+        """take() of plain output (pushed with push_token only: token ids and text), as (token count, text),
+        without building a Delta. None when nothing is pending, or when a whole Delta was pushed since the
+        last read (a final one, log-probabilities): then take() reads it."""
+        count = self._count
+        if not count or self._last is not None or self._lp is not None:
+            return None
+        texts = self._texts
+        out = (len(self._ids), texts[0] if count == 1 else "".join(texts))
+        self._ids = []
+        self._texts = []
+        self._count = 0
+        return out
+
     def listen(self, listener: Callable[[], None] | None) -> None:
         """Call `listener()` whenever a delta arrives while nothing is pending (None: stop)."""
         self._listener = listener

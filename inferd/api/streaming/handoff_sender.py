@@ -7,11 +7,14 @@ import time
 
 from aiohttp.abc import AbstractStreamWriter
 
+from inferd.admission.stream import AdmittedStream
+
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.sse import Sender, Tracked, final_frames
 from inferd.api.streaming.writers import WriterDown, WriterPool
 from inferd.api.wire.responses import ChunkEncoder
 from inferd.observability import RequestObservation
+from inferd.types import Delta
 
 _monotonic = time.monotonic
 
@@ -50,32 +53,41 @@ class HandoffSender(Sender):
         return not (self.done or self.paused)
 
     def flush(self) -> None:
-        if not self.writable():
+        if self.done or self.paused:
             return
-        delta = self.stream.take()
-        if delta is None:
-            return
-        tokens = len(delta.token_ids)
+        stream = self.stream
+        # Plain output of an admitted stream (nearly every read) comes as (tokens, text), no Delta built.
+        got = stream.take_text() if stream.__class__ is AdmittedStream else None
+        if got is None:
+            delta = stream.take()
+            if delta is None:
+                return
+            if delta.finish_reason is not None:
+                self._flush_final(delta)
+                return
+            got = len(delta.token_ids), delta.text
+        tokens, text = got
         self.accepted.took(tokens)
         running = self._encoder.running
-        if delta.finish_reason is None:
-            if running is not None:
-                running.count(tokens)           # this process's copy, for the final chunk's usage
-            if delta.text:
-                self.started = True
-                self.entry.last_write = now = _monotonic()
-                self.link.add_text(self.sid, delta.text, tokens)
-                self._on_tokens(tokens, now, self.pushed_at)
-            elif running is not None:
-                self.link.add_text(self.sid, "", tokens)
-            return
+        if running is not None:
+            running.count(tokens)               # this process's copy, for the final chunk's usage
+        if text:
+            self.started = True
+            self.entry.last_write = now = _monotonic()
+            self.link.add_text(self.sid, text, tokens)
+            self._on_tokens(tokens, now, self.pushed_at)
+        elif running is not None:
+            self.link.add_text(self.sid, "", tokens)
+
+    def _flush_final(self, delta: Delta) -> None:
+        self.accepted.took(len(delta.token_ids))
         if self.started:
             self._encoder.mark_started()
         entry = self.entry
         entry.closing = True
         entry.final = delta
         self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
-        self._on_tokens(tokens)
+        self._on_tokens(len(delta.token_ids))
         self.end()
 
     def on_report(self, kind: str) -> None:

@@ -72,8 +72,14 @@ class WriterLink:
         self._send(wire.encode(message), fds or [])
 
     def add_text(self, sid: int, text: str, tokens: int) -> None:
-        if not self.step:
+        step = self.step
+        if not step:
             self.pool.schedule(self)
+        size = len(text)
+        if size <= wire.TEXT_PIECE and self.step_bytes + 4 * size + 24 <= wire.SPLIT_AT:
+            step.append([sid, text, tokens])    # the usual: a few tokens' text into this turn's STEP
+            self.step_bytes += 4 * size + 24
+            return
         while len(text) > wire.TEXT_PIECE:      # a long merged delta: pieces, its tokens on the last
             self._add(sid, text[:wire.TEXT_PIECE], 0)
             text = text[wire.TEXT_PIECE:]

@@ -101,6 +101,7 @@ class SimEngine(Engine):
         self._closed = False
         self._failed = False
         self._eos_ids = frozenset(self.tokenizer.eos_token_ids)
+        self._pieces = self.tokenizer.pieces()     # each id's text, by id (specials and bytes: "")
         # stats, in simulated seconds
         self.sim_time = 0.0               # simulated seconds of GPU work so far
         self._steps = self._prompt_tokens = self._gen_tokens = 0
@@ -166,6 +167,9 @@ class SimEngine(Engine):
 
     def _add(self, seq: SimSequence, grammar: GrammarState | None) -> None:
         seq.grammar = grammar
+        # Its tokens need nothing but (key, position) and their pieces: _complete's short path.
+        seq.plain = (grammar is None and seq.matcher is None and seq.logprobs is None
+                     and seq.prompt_logprobs is None)
         self._scheduler.add(seq)
         self._wakeup.set()
 
@@ -338,11 +342,15 @@ class SimEngine(Engine):
                 log.exception("step_observer_failed")
 
     def _complete(self, plan: StepPlan) -> None:
-        """The step's results: one new token for every sequence whose context is now fully computed."""
-        tokenizer = self.tokenizer
-        gen_ids = tokenizer.generation_ids
+        """The step's results: one new token for every sequence whose context is now fully computed.
+
+        Plain sequences (no grammar, stop strings or log-probabilities: nearly all) take the short path
+        here, the only per-token Python a GPU engine would not run; the rest, and every sequence's last
+        token, go through _emit."""
+        gen_ids = self.tokenizer.generation_ids
         num_gen = len(gen_ids)
-        first_piece = tokenizer.first_piece
+        pieces = self._pieces
+        eos = self.tokenizer.eos_token_ids[0]
         now = time.monotonic()
         produced = 0
         self._scheduler.computed(plan)
@@ -350,44 +358,67 @@ class SimEngine(Engine):
             if seq.done:
                 continue   # aborted while the step ran
             token_ids = seq.token_ids
-            pos = len(token_ids) - seq.num_prompt_tokens
-            if seq.num_computed_tokens < len(token_ids):
+            n = len(token_ids)
+            if seq.num_computed_tokens < n:
                 continue   # a prefill chunk: no token yet
+            pos = n - seq.num_prompt_tokens
+            if not seq.plain:
+                if seq.grammar is not None:
+                    token = self._guided_token(seq, pos)
+                    if token is None:
+                        self._finish(seq, FinishReason.ERROR, [], "", error=DEAD_END)
+                        continue
+                else:
+                    token = self._free_token(seq, pos, gen_ids, num_gen)
+                token_ids.append(token)
+                produced += 1
+                if seq.first_token is None:
+                    seq.first_token = now
+                self._emit(seq, token, pos)
+                continue
             key = seq.key
-            if seq.grammar is not None:
-                token = self._guided_token(seq, pos)
-                if token is None:
-                    self._finish(seq, FinishReason.ERROR, [], "", error=DEAD_END)
-                    continue
-            else:
-                token = gen_ids[hash((key, pos)) % num_gen]
-                if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
-                    token = tokenizer.eos_token_ids[0]
+            token = gen_ids[hash((key, pos)) % num_gen]
+            if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
+                token = eos
             token_ids.append(token)
-            lp = self._logprobs(seq, token, pos) if seq.logprobs is not None or seq.prompt_logprobs is not None \
-                else None
             produced += 1
             if seq.first_token is None:
                 seq.first_token = now
-            if token in seq.stop_ids or (seq.grammar is not None and seq.grammar.terminated):
-                text = seq.utf8.decode(b"", final=True)
-                if seq.matcher is not None:
-                    text = seq.matcher.push(text)[0] + seq.matcher.flush()
-                self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
-                continue
-            text = self._text(seq, token, first_piece)
-            if seq.matcher is not None:
-                text, stopped = seq.matcher.push(text)
-                if stopped:
-                    self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
-                    continue
-            if pos + 1 >= seq.max_tokens:
-                tail = seq.utf8.decode(b"", final=True)       # a character cut short by max_tokens: U+FFFD
-                text += tail if seq.matcher is None else seq.matcher.push(tail)[0] + seq.matcher.flush()
-                self._finish(seq, FinishReason.LENGTH, [token], text, lp=lp)
-                continue
-            if lp is None:
-                seq.stream.push_token(token, text)
-            else:
-                seq.stream.push(Delta(token_ids=[token], text=text, **lp))
+            if token in seq.stop_ids or pos + 1 >= seq.max_tokens:
+                self._emit(seq, token, pos)
+            else:   # a generated word or punctuation (never a byte token): its piece is its text
+                seq.stream.push_token(token, pieces[token])
         self._gen_tokens += produced
+
+    def _free_token(self, seq: SimSequence, pos: int, gen_ids: tuple[int, ...], num_gen: int) -> int:
+        """The token at `pos` of a sequence without a grammar: a function of (key, pos) only."""
+        key = seq.key
+        if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
+            return self.tokenizer.eos_token_ids[0]
+        return gen_ids[hash((key, pos)) % num_gen]
+
+    def _emit(self, seq: SimSequence, token: int, pos: int) -> None:
+        """Push `token` (already appended to the sequence) with its text, or end the sequence on it."""
+        lp = self._logprobs(seq, token, pos) if seq.logprobs is not None or seq.prompt_logprobs is not None \
+            else None
+        if token in seq.stop_ids or (seq.grammar is not None and seq.grammar.terminated):
+            text = seq.utf8.decode(b"", final=True)
+            if seq.matcher is not None:
+                text = seq.matcher.push(text)[0] + seq.matcher.flush()
+            self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
+            return
+        text = self._text(seq, token, self.tokenizer.first_piece)
+        if seq.matcher is not None:
+            text, stopped = seq.matcher.push(text)
+            if stopped:
+                self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
+                return
+        if pos + 1 >= seq.max_tokens:
+            tail = seq.utf8.decode(b"", final=True)       # a character cut short by max_tokens: U+FFFD
+            text += tail if seq.matcher is None else seq.matcher.push(tail)[0] + seq.matcher.flush()
+            self._finish(seq, FinishReason.LENGTH, [token], text, lp=lp)
+            return
+        if lp is None:
+            seq.stream.push_token(token, text)
+        else:
+            seq.stream.push(Delta(token_ids=[token], text=text, **lp))

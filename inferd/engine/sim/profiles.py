@@ -238,6 +238,10 @@ class SimTokenizer:
             return bytes([token_id - _BYTE0])
         return b"" if token_id < _BYTE0 else self._pieces[token_id].encode()
 
+    def pieces(self) -> list[str]:
+        """piece() of every id, by id (specials and byte tokens: ""); the caller must not change it."""
+        return self._pieces
+
     def piece(self, token_id: int) -> str:
         """The text one generated token adds (specials add nothing)."""
         return self._pieces[token_id]

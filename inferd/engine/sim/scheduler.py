@@ -28,7 +28,8 @@ class SimSequence(Sequence):
     """One request inside the sim: the shared scheduler's sequence, plus what the engine needs to emit tokens."""
 
     __slots__ = ("stream", "max_tokens", "key", "stop_ids", "eos_threshold", "matcher", "submitted",
-                 "first_scheduled", "first_token", "done", "logprobs", "prompt_logprobs", "utf8")
+                 "first_scheduled", "first_token", "done", "logprobs", "prompt_logprobs", "utf8",
+                 "plain")
 
     def __init__(self, request_id: str, stream: RequestStream, prompt_token_ids: list[int] | tuple[int, ...],
                  max_tokens: int, key: int, stop_ids: frozenset[int], eos_threshold: int,
@@ -49,6 +50,7 @@ class SimSequence(Sequence):
         # Raw byte tokens decoded across steps: a grammar asking for non-ASCII text (a schema's "naïve" key,
         # a choice "café") makes it emit a character's UTF-8 bytes one token each (see SimEngine._text).
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.plain = False             # no grammar, stop strings or log-probabilities (SimEngine._add)
         # self.lora: the name of the LoRA adapter it runs with (its cost: sim.lora)
 
     @property
