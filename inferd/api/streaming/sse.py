@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
+from inferd.admission.stream import AdmittedStream
 from inferd.api.errors import SERVER_ERROR, ApiError
 from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
@@ -176,21 +177,30 @@ class Sender:
         """Write what the stream has pending as one frame (or the final frames)."""
         if not self.writable():
             return
-        delta = self.stream.take()
-        if delta is None:
-            return
+        stream = self.stream
+        # Plain output of an admitted stream (nearly every read) comes as (tokens, text), no Delta built.
+        got = stream.take_text() if stream.__class__ is AdmittedStream else None
+        if got is None:
+            delta = stream.take()
+            if delta is None:
+                return
+            if delta.finish_reason is not None:
+                self._flush_final(delta)
+                return
+            got = len(delta.token_ids), delta.text
+        tokens, text = got
+        self.accepted.took(tokens)
+        if text:
+            now = self.entry.last_write = _monotonic()
+            running = self._encoder.running
+            self.send(self._content(text) if running is None else self._encoder.content_with_usage(text, tokens))
+            self._on_tokens(tokens, now, self.pushed_at)
+        elif self._encoder.running is not None:
+            self._encoder.running.count(tokens)
+
+    def _flush_final(self, delta: Delta) -> None:
         self.accepted.took(len(delta.token_ids))
         entry = self.entry
-        if delta.finish_reason is None:
-            if delta.text:
-                now = entry.last_write = _monotonic()
-                running = self._encoder.running
-                self.send(self._content(delta.text) if running is None
-                          else self._encoder.content_with_usage(delta.text, len(delta.token_ids)))
-                self._on_tokens(len(delta.token_ids), now, self.pushed_at)
-            elif self._encoder.running is not None:
-                self._encoder.running.count(len(delta.token_ids))
-            return
         entry.closing = True
         entry.final = delta
         self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
