@@ -88,7 +88,8 @@ class ModelSeries:
     """Label children of one loaded model, bound once so the hot path skips `.labels()` lookups."""
 
     __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
-                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages", "_metrics")
+                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages",
+                 "_by_status", "_metrics")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
         self.engine = engine
@@ -107,6 +108,7 @@ class ModelSeries:
         self.prefix_hits = metrics.prefix_cache_hit_tokens.labels(*labels)
         self.step = metrics.engine_step.labels(*labels)
         self._stages: dict[str, Any] = {}
+        self._by_status: dict[int | str, Any] = {}      # requests_total's children: a bounded set of statuses
 
     def stage(self, name: str) -> Any:
         """The stage histogram's child for `name` (a bounded set: the pipeline's timeline stages)."""
@@ -116,7 +118,10 @@ class ModelSeries:
         return child
 
     def count_request(self, status: int | str) -> None:
-        self._metrics.requests_total.labels(*self.labels, str(status)).inc()
+        child = self._by_status.get(status)
+        if child is None:      # `.labels()` validates and locks on every call: once per status
+            child = self._by_status[status] = self._metrics.requests_total.labels(*self.labels, str(status))
+        child.inc()
 
     def observe_step(self, seconds: float) -> None:
         """One engine step took `seconds`. Thread-safe: engines may call it from their step thread."""
