@@ -314,17 +314,19 @@ class AdmissionQueue:
 
     # -- dispatch -------------------------------------------------------------------------
     async def _run(self) -> None:
-        # Checks _closing too: asyncio.wait_for (3.10/3.11) can swallow a cancel that races its timeout,
-        # and close() must not then wait on this loop forever.
+        loop = asyncio.get_running_loop()
         while not self._closing:
             self._wake.clear()
             blocked = self._dispatch()
             if blocked:
                 self._estimate.saturated()
-                try:   # capacity also frees on engine steps, which send no event
-                    await asyncio.wait_for(self._wake.wait(), self.policy.poll_interval_s)
-                except asyncio.TimeoutError:
-                    pass
+                # Capacity also frees on engine steps, which send no event: a timer wakes the loop too.
+                # (A timer rather than asyncio.wait_for: no task per poll, and no swallowed cancel.)
+                timer = loop.call_later(self.policy.poll_interval_s, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
             else:
                 await self._wake.wait()
 

@@ -157,6 +157,7 @@ class Metrics:
         self.tenant_requests_total = Counter(
             "inferd_tenant_requests", "Inference requests answered, by tenant and HTTP status",
             ("tenant", "status"), registry=r)
+        self._tenant_requests: dict[tuple[str, int | str], Any] = {}
         self.tenancy: Callable[[], Any] = lambda: None
         r.register(TenancyCollector(lambda: self.tenancy()))   # late-bound: watch_tenancy swaps it
         self.cluster: Callable[[], Any] = lambda: None
@@ -324,7 +325,11 @@ class Metrics:
         self.tenancy = source
 
     def count_tenant_request(self, tenant_label: str, status: int | str) -> None:
-        self.tenant_requests_total.labels(tenant_label, str(status)).inc()
+        key = (tenant_label, status)
+        child = self._tenant_requests.get(key)
+        if child is None:      # `.labels()` validates and locks on every call: once per (bounded) label pair
+            child = self._tenant_requests[key] = self.tenant_requests_total.labels(tenant_label, str(status))
+        child.inc()
 
     def count_connection_cut(self, reason: str) -> None:
         """`reason`: one of CONNECTION_CUT_REASONS."""

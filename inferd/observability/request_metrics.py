@@ -88,7 +88,9 @@ class ModelSeries:
     """Label children of one loaded model, bound once so the hot path skips `.labels()` lookups."""
 
     __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
-                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages", "_metrics")
+                 "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages",
+                 "_by_status", "_metrics", "ttft_observe", "queue_wait_observe", "prefill_observe", "decode_observe",
+                 "e2e_observe")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
         self.engine = engine
@@ -106,17 +108,29 @@ class ModelSeries:
         self.generation_tokens = metrics.generation_tokens.labels(*labels)
         self.prefix_hits = metrics.prefix_cache_hit_tokens.labels(*labels)
         self.step = metrics.engine_step.labels(*labels)
-        self._stages: dict[str, Any] = {}
+        # Each request's observations, on the loop thread: LoopHistogram's bisect, not the child's two locks.
+        self.ttft_observe = metrics.loop_observer(self.ttft)
+        self.queue_wait_observe = metrics.loop_observer(self.queue_wait)
+        self.prefill_observe = metrics.loop_observer(self.prefill)
+        self.decode_observe = metrics.loop_observer(self.decode)
+        self.e2e_observe = metrics.loop_observer(self.e2e)
+        self._stages: dict[str, Callable[[float], None]] = {}
+        self._by_status: dict[int | str, Any] = {}      # requests_total's children: a bounded set of statuses
 
-    def stage(self, name: str) -> Any:
-        """The stage histogram's child for `name` (a bounded set: the pipeline's timeline stages)."""
-        child = self._stages.get(name)
-        if child is None:
-            child = self._stages[name] = self._metrics.request_stage.labels(*self.labels, name)
-        return child
+    def stage_observe(self, name: str) -> Callable[[float], None]:
+        """observe() of the stage histogram's child for `name` (a bounded set: the pipeline's timeline stages),
+        for the loop thread."""
+        observe = self._stages.get(name)
+        if observe is None:
+            child = self._metrics.request_stage.labels(*self.labels, name)
+            observe = self._stages[name] = self._metrics.loop_observer(child)
+        return observe
 
     def count_request(self, status: int | str) -> None:
-        self._metrics.requests_total.labels(*self.labels, str(status)).inc()
+        child = self._by_status.get(status)
+        if child is None:      # `.labels()` validates and locks on every call: once per status
+            child = self._by_status[status] = self._metrics.requests_total.labels(*self.labels, str(status))
+        child.inc()
 
     def observe_step(self, seconds: float) -> None:
         """One engine step took `seconds`. Thread-safe: engines may call it from their step thread."""
@@ -147,7 +161,7 @@ class RequestObservation:
             self.series.write_delay_observe(now - pushed_at)
         if self._last_token is None:
             self.ttft = now - self.arrival
-            self.series.ttft.observe(self.ttft)
+            self.series.ttft_observe(self.ttft)
             n_tokens -= 1  # the first token's latency is TTFT; the rest of the delta arrived with it
             if n_tokens:
                 self.series.itl_observe(0.0)
@@ -166,7 +180,7 @@ class RequestObservation:
         s = self.series
         s.count_request(status)
         self.latency = now - self.arrival
-        s.e2e.observe(self.latency)
+        s.e2e_observe(self.latency)
         tokens = usage.completion_tokens if usage is not None else 0
         if self._last_token is not None:
             if tokens > 1 and self.ttft is not None:     # as the client saw them
@@ -175,18 +189,18 @@ class RequestObservation:
             # Nothing was streamed (a non-streaming response): the engine's stamps stand in for
             # when tokens would have reached a streaming client; one mean ITL observation.
             self.ttft = max(0.0, timing.first_token - self.arrival)
-            s.ttft.observe(self.ttft)
+            s.ttft_observe(self.ttft)
             if tokens > 1 and timing.finished is not None:
                 self.mean_itl = max(0.0, timing.finished - timing.first_token) / (tokens - 1)
-                s.itl.observe(self.mean_itl)
+                s.itl_observe(self.mean_itl)
         if timing is not None and timing.first_scheduled is not None:
-            s.queue_wait.observe(max(0.0, timing.first_scheduled - self.arrival))
+            s.queue_wait_observe(max(0.0, timing.first_scheduled - self.arrival))
             if timing.first_token is not None:
-                s.prefill.observe(max(0.0, timing.first_token - timing.first_scheduled))
+                s.prefill_observe(max(0.0, timing.first_token - timing.first_scheduled))
                 if timing.finished is not None:
-                    s.decode.observe(max(0.0, timing.finished - timing.first_token))
+                    s.decode_observe(max(0.0, timing.finished - timing.first_token))
         for name, (start, end) in (stages or {}).items():
-            s.stage(name).observe(max(0.0, end - start))
+            s.stage_observe(name)(max(0.0, end - start))
         if usage is not None:
             s.prompt_tokens.inc(usage.prompt_tokens)
             s.generation_tokens.inc(usage.completion_tokens)

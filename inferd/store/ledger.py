@@ -119,13 +119,19 @@ class Ledger:
 
     async def record(self, row: LedgerRow) -> None:
         """Committed when this returns (group commit: many concurrent calls share one commit)."""
+        await self.enqueue(row)     # cancelling the caller does not withdraw the row: it is written all the same
+
+    def enqueue(self, row: LedgerRow) -> asyncio.Future:
+        """`row` queued for the next group commit; the future is done (None, or the store's error) once it is
+        committed. What `record` does without a coroutine of its own: `asyncio.shield` of this future keeps a
+        request's wait for its row from costing a task."""
         fut = asyncio.get_running_loop().create_future()
         self._queued.append((_values(row), fut))
         if self._flusher is None:
             # In an empty context: it commits every request's rows, so no one request's deadline bounds it.
             self._flusher = asyncio.create_task(self._flush(), name="inferd-ledger-flush",
                                                 context=contextvars.Context())
-        await fut       # cancelling the caller does not withdraw the row: it is written all the same
+        return fut
 
     async def _flush(self) -> None:
         try:

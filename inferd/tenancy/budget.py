@@ -28,20 +28,34 @@ class BudgetExceeded(Exception):
         self.retry_after_s = retry_after_s
 
 
+# period -> [start, end) of the last period asked for: every recorded row asks, and datetime arithmetic
+# for each would cost more than the rest of the budget's bookkeeping.
+_last_period: dict[str, tuple[float, float]] = {}
+
+
 def period_start(now: float, period: str) -> float:
     """Unix seconds of the start of the UTC day or month containing `now`."""
-    t = datetime.fromtimestamp(now, timezone.utc)
-    start = t.replace(hour=0, minute=0, second=0, microsecond=0)
-    if period == "month":
-        start = start.replace(day=1)
-    return start.timestamp()
+    return _period(now, period)[0]
 
 
 def period_end(now: float, period: str) -> float:
-    t = datetime.fromtimestamp(period_start(now, period), timezone.utc)
-    if period == "day":
-        return t.timestamp() + 86_400
-    return (t.replace(year=t.year + 1, month=1) if t.month == 12 else t.replace(month=t.month + 1)).timestamp()
+    return _period(now, period)[1]
+
+
+def _period(now: float, period: str) -> tuple[float, float]:
+    bounds = _last_period.get(period)
+    if bounds is None or not bounds[0] <= now < bounds[1]:
+        bounds = _last_period[period] = _bounds(now, period)
+    return bounds
+
+
+def _bounds(now: float, period: str) -> tuple[float, float]:
+    t = datetime.fromtimestamp(now, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period != "month":
+        return t.timestamp(), t.timestamp() + 86_400
+    t = t.replace(day=1)
+    end = t.replace(year=t.year + 1, month=1) if t.month == 12 else t.replace(month=t.month + 1)
+    return t.timestamp(), end.timestamp()
 
 
 class _Spend:

@@ -2,8 +2,8 @@
 
 The pipeline records each row once (settle.record_usage_once): for a JSON response (or an error)
 before the response is returned, for a stream just before its `[DONE]` (inferd.api.streaming.sse
-`before_done`), so a response the client received completely is in the ledger (inferd.store.ledger) even if the daemon is
-killed right after. What a row bills is what the client received (inferd.api.pipeline.billing).
+`before_done`), so a response the client received completely is in the ledger (inferd.store.ledger) even if the
+daemon is killed right after. What a row bills is what the client received (inferd.api.pipeline.billing).
 Requests a peer serves for us (spillover) are recorded by that peer, once.
 """
 from __future__ import annotations
@@ -78,8 +78,9 @@ async def record_usage(ctx: RequestContext, status: int, last: Delta | None, del
         return
     row = ledger_row(ctx, status, last, delivered, time.monotonic())
     try:
-        # Shielded: a client leaving at this moment cancels the handler, not the commit.
-        await asyncio.shield(ledger.record(row))
+        # Shielded: a client leaving at this moment cancels the handler, not the commit (nor the row's future,
+        # whose outcome the shield then reads, so a failed commit nobody waits for logs nothing).
+        await asyncio.shield(ledger.enqueue(row))
     except StoreError as exc:
         state.metrics.count_ledger_error()
         log.error("ledger_write_failed", error=str(exc), tenant=ctx.tenant, model=ctx.model,
