@@ -129,7 +129,7 @@ class Writer:
         task.add_done_callback(self.tasks.discard)
 
     def _report(self, message: list) -> None:
-        if self.closed.is_set():
+        if self._deaf or self.closed.is_set():
             return
         if len(self.reports) >= MAX_REPORTS:
             print("inferd-writer: the main process stopped reading reports; exiting", file=sys.stderr)
@@ -149,15 +149,17 @@ class Writer:
                     self.loop.add_writer(self.channel.fileno(), self._send_reports)
                     self._waiting_to_report = True
                 return
-            except OSError:
-                self._main_gone()
-                return
+            except OSError:             # the main process is gone: what it sent is still read, to its end
+                self._deaf = True
+                reports.clear()
+                break
             reports.popleft()
         if self._waiting_to_report:
             self._waiting_to_report = False
             self.loop.remove_writer(self.channel.fileno())
 
     _waiting_to_report = False
+    _deaf = False                   # the main process no longer reads reports
 
     def _main_gone(self) -> None:
         self.reports.clear()
