@@ -263,6 +263,8 @@ class Writer:
         except OSError:
             self._gone(stream)
             return
+        if stream.blocked:
+            stream.accepted.sample()    # the socket took more: what the client acknowledged meanwhile
         if done:
             if stream.blocked:
                 stream.blocked = False
