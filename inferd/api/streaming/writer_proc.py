@@ -26,12 +26,9 @@ import sys
 import time
 
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.accepted import SocketAccepted
+from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream
 from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
 
-# What one stream may hold encoded and unsent before its client counts as gone (every byte past the
-# first BLOCKED was sent before the main process heard of it: about one step's text).
-MAX_UNSENT = 8 << 20
 # Reports waiting for the main process's socket: a few per stream at most; past this many it has stopped
 # reading altogether, and this process ends (the main process then ends every stream it had as a disconnect).
 MAX_REPORTS = 1 << 16
@@ -40,71 +37,6 @@ SAMPLE_EVERY_S = 0.25
 TOOK_BATCH = 4096
 # On end-of-file from the main process: how long what is queued for the clients may take to go out.
 EOF_GRACE_S = 2.0
-
-
-class ClientStream:
-    """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
-
-    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "reported", "sid", "sock",
-                 "text", "tokens", "unsent")
-
-    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
-        self.sid = sid
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.chunked = chunked
-        self.encoder = encoder
-        self.unsent = bytearray()       # encoded, not yet taken by the socket
-        self.text: list[str] = []       # text not yet encoded (merges while unsent is non-empty)
-        self.tokens = 0                 # the tokens that text carries
-        self.closing = False
-        self.blocked = False
-        self.gone = False
-        self.accepted = SocketAccepted()  # this stream's bytes, against its socket's send queue
-        self.accepted.attach(self)        # type: ignore[arg-type]  (this object is its transport)
-        self.reported = 0                 # acknowledged tokens the main process was told of
-
-    # What SocketAccepted reads of a transport: the socket, and what waits in user space.
-    def get_extra_info(self, name: str) -> socket.socket | None:
-        return self.sock if name == "socket" else None
-
-    def get_write_buffer_size(self) -> int:
-        return len(self.unsent)
-
-    def is_closing(self) -> bool:
-        return self.gone
-
-    def frame(self, data: bytes, tokens: int = 0) -> None:
-        self.accepted.took(tokens)
-        if data:
-            framed = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
-            self.unsent += framed
-            self.accepted.wrote(len(framed))
-
-    def settle(self) -> None:
-        """Encode the pending text as one frame (with the usage so far, for continuous usage stats)."""
-        text, tokens, encoder = "".join(self.text), self.tokens, self.encoder
-        self.text.clear()
-        self.tokens = 0
-        if text:
-            self.frame(encoder.content(text) if encoder.running is None else encoder.content_with_usage(text, tokens),
-                       tokens)
-        else:
-            self.accepted.took(tokens)      # they ride on the next frame
-            if tokens and encoder.running is not None:
-                encoder.running.count(tokens)
-
-    def pump(self) -> bool:
-        """Write what the socket takes; True when everything (text included) is out."""
-        while True:
-            if not self.unsent and (self.text or self.tokens):
-                self.settle()
-            if not self.unsent:
-                return True
-            sent = self.sock.send(self.unsent)      # ConnectionError / BlockingIOError: the caller's
-            del self.unsent[:sent]
-            if self.unsent:
-                return False
 
 
 class Writer:
