@@ -10,6 +10,9 @@ here and sent as RAW. Writers report clients that left (GONE: the stream ends as
 process, and its engine request is aborted) and clients behind (BLOCKED/DRAINED: their text merges in the
 RequestStream meanwhile). The connection is closed after the stream (the response says `Connection:
 close`); TLS streams, and those whose headers went out while waiting for admission, stay in process.
+Billing reads what the writer counted (its reports carry the tokens each client acknowledged). A writer
+that dies ends its streams as disconnects (their engine requests aborted) and is replaced after a backoff
+(WriterPool.lost); while none is alive, new streams are written in process.
 """
 from __future__ import annotations
 
