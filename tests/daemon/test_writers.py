@@ -1,7 +1,10 @@
 """SSE writer processes ([server] front_processes): a stream handed to a writer process after its headers."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import socket
 
 import aiohttp
 import pytest
@@ -101,3 +104,81 @@ async def test_a_drain_lets_a_handed_over_stream_finish(tmp_path):
             rest = await resp.content.read()
         assert rest.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in rest
         assert daemon_writers(daemon).handed == 1
+
+
+def sse_events(body: bytes) -> list[dict]:
+    """The JSON events of a chunked SSE response (headers included), in order."""
+    _, _, rest = body.partition(b"\r\n\r\n")
+    payload = b""
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if not size:
+            break
+        payload, rest = payload + rest[:size], rest[size + 2:]
+    return [json.loads(line[6:]) for line in payload.split(b"\n") if line.startswith(b"data: {")]
+
+
+async def test_a_client_that_stops_reading_pauses_its_text_until_drained_and_gets_every_token_in_order(tmp_path):
+    from tests.api.streaming.test_accepted import raw_stream
+    body = {"model": "sim", "prompt": "hello there", "max_tokens": 1900, "ignore_eos": True, "temperature": 0}
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    async with running_daemon(writers_config(tmp_path, time_scale=0.01)) as (daemon, _, url):
+        async with aiohttp.ClientSession() as http, http.post(url + "/v1/completions", json=body) as resp:
+            whole = (await resp.json())["choices"][0]["text"]
+        from inferd.api import appkeys as keys
+        inflight = daemon._ctx.runner.app[keys.INFLIGHT]
+        sock = await raw_stream(url, streamed)      # a small receive buffer, and nothing read for now
+
+        async def handed() -> bool:
+            return any(e.sender is not None for e in inflight.entries)
+        await until(handed, "the stream's headers")
+        [entry] = inflight.entries
+        # The connection's send buffer small (the writer's copy is the same socket), so it fills at once.
+        entry.sender._transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+        async def blocked() -> bool:                # the writer reported BLOCKED: no more text is sent to it
+            return any(getattr(e.sender, "paused", False) for e in inflight.entries)
+        await until(blocked, "the writer to report its client blocked", timeout_s=30)
+        loop, got = asyncio.get_running_loop(), b""
+        while data := await loop.sock_recv(sock, 1 << 16):     # reads it all: DRAINED, the text resumes
+            got += data
+        sock.close()
+    events = sse_events(got)
+    assert daemon_writers(daemon).handed == 1
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == whole
+    counts = [e["usage"]["completion_tokens"] for e in events if e.get("usage")]
+    assert counts == sorted(counts) and counts[-1] == 1900
+
+
+async def test_a_writer_that_dies_mid_stream_ends_it_as_a_disconnect_and_a_new_writer_takes_new_streams(tmp_path):
+    async with running_daemon(writers_config(tmp_path, time_scale=1.0)) as (daemon, _, url):
+        writers, engine = daemon_writers(daemon), daemon.state.engines["sim"]
+        dead = writers.links[0]
+        body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
+        async with aiohttp.ClientSession() as http, http.post(url + "/v1/chat/completions", json=body) as resp:
+            await resp.content.readuntil(b"\n\n")
+            dead.process.kill()
+            rest = b""
+            with contextlib.suppress(aiohttp.ClientError):
+                rest = await resp.content.read()
+        assert b"[DONE]" not in rest
+
+        async def recorded() -> bool:
+            return bool(await usage_rows(url))
+        await until(recorded, "the cut stream's ledger row")
+        [row] = await usage_rows(url)
+        assert row["status"] == 499 and row["completion_tokens"] < 1000
+
+        async def aborted() -> bool:
+            return engine.stats().running == 0
+        await until(aborted, "its engine request to be aborted")
+
+        async def replaced() -> bool:
+            return writers.links[0] is not dead and not writers.links[0].down
+        await until(replaced, "a new writer process")
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            stream = await sdk.completions.create(model="sim", prompt="hello", max_tokens=5, stream=True)
+            chunks = [c async for c in stream]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert writers.handed == 2 and writers.links[0].process.pid != dead.process.pid

@@ -74,6 +74,22 @@ class SocketAccepted:
         """`tokens` more output tokens were read; the next frame written carries them."""
         self._taken += tokens
 
+    @property
+    def taken(self) -> int:
+        """Output tokens read so far."""
+        return self._taken
+
+    def took_until(self, total: int) -> None:
+        """`total` output tokens were read in all (a writer process hears the count with the main process's frames)."""
+        if total > self._taken:
+            self._taken = total
+
+    def counted_elsewhere(self, tokens: int) -> None:
+        """A writer process, which writes this stream's frames, counted `tokens` acknowledged
+        (inferd.api.streaming.writers): the stream's count, as this process never writes its socket."""
+        if tokens > self.delivered_tokens:
+            self.delivered_tokens = tokens
+
     def wrote(self, nbytes: int) -> None:
         """A frame of `nbytes` was written to the transport."""
         self._last_start = self._sent

@@ -2,6 +2,7 @@
 (inferd.api.streaming.writers) once per loop turn, its final frames, pings and `[DONE]` as RAW."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -17,40 +18,86 @@ from inferd.observability import RequestObservation
 from inferd.types import Delta
 
 _monotonic = time.monotonic
+# Waiting for the headers to leave this process's transport before the socket goes over: 1 ms, doubling to 16 ms.
+_POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.016
+# How much longer than its bound the end's acknowledgement is awaited from the writer before it counts as not given.
+ACK_SLACK_S = 1.0
 
 
 class HandoffSender(Sender):
     """A stream whose frames a writer process writes: its text goes out in the writer's STEP, the
-    rest (final frames, pings, `[DONE]`) as RAW; this process's own copy of the socket is not written to."""
+    rest (final frames, pings, `[DONE]`) as RAW; this process's own copy of the socket is not written to.
 
-    __slots__ = ("link", "paused", "sid", "started")
+    The socket goes over only once this process's transport holds nothing unsent (the headers, normally
+    taken by the kernel at once): bytes left there would reach the client after the writer's. Until then the
+    stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
+    by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
+
+    __slots__ = ("acked", "link", "opened", "opening", "paused", "pool", "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
         super().__init__(entry, writer, encoder, include_usage, obs)
-        link = pool.pick()
+        self.pool = pool
+        self.link = None
+        self.sid = pool.new_sid()
+        self.started = False
+        self.paused = False
+        self.opened = False
+        self.opening: asyncio.Task | None = None
+        self.acked: asyncio.Future[bool] | None = None
+        if self._transport.get_write_buffer_size() == 0:
+            self._open()
+        else:
+            self.opening = asyncio.get_running_loop().create_task(self._open_once_sent())
+
+    def _open(self) -> None:
+        """Hand the socket over: OPEN, with the fd."""
+        link = self.pool.pick()
         sock = self._transport.get_extra_info("socket")
         if link is None or sock is None:
             raise WriterDown("no writer process to hand the stream to")
         self.link = link
-        self.sid = pool.new_sid()
-        self.started = False
-        self.paused = False
         self._transport.pause_reading()        # the writer notices the client leaving
+        encoder = self._encoder
         ident = encoder.ident
         link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
                    ident.fingerprint, encoder.include_usage,
                    encoder.running.prompt_tokens if encoder.running is not None else None], [sock.fileno()])
         link.senders[self.sid] = self
-        pool.handed += 1
+        self.opened = True
+        self.pool.handed += 1
+
+    async def _open_once_sent(self) -> None:
+        transport, delay = self._transport, _POLL_FIRST_S
+        while transport.get_write_buffer_size():       # no event says "sent": polled, as accepted.py does
+            if transport.is_closing() or self.done:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+        if self.done:
+            return
+        try:
+            if transport.is_closing():
+                raise ConnectionResetError("the client closed the connection")
+            self._open()
+            self.flush()                    # what merged meanwhile
+        except ConnectionError:
+            self.stream.cancel()
+            self.end(client_gone=True)
+        except Exception:
+            self.fail()
 
     def _write(self, frame: bytes) -> None:
+        if not self.opened:                 # a ping while the headers wait: still this process's socket
+            super()._write(frame)
+            return
         if self.entry.client_gone:
             raise ConnectionResetError("the client closed the connection")
-        self.link.send([wire.RAW, self.sid, frame.decode()])
+        self.link.send([wire.RAW, self.sid, frame.decode(), self.accepted.taken])
 
     def writable(self) -> bool:
-        return not (self.done or self.paused)
+        return self.opened and not (self.done or self.paused)
 
     def flush(self) -> None:
         if self.done or self.paused:
@@ -90,22 +137,55 @@ class HandoffSender(Sender):
         self._on_tokens(len(delta.token_ids))
         self.end()
 
-    def on_report(self, kind: str) -> None:
+    def on_report(self, msg: list) -> None:
+        """A report from the writer: [kind, sid, tokens, ...] (writer_wire); tokens None when the writer died."""
+        kind, tokens = msg[0], msg[2]
+        if tokens is not None:
+            self.accepted.counted_elsewhere(tokens)
         if kind == wire.GONE:
+            self._answer(ConnectionResetError("the client closed the connection"))
             if not self.entry.closing:
                 self.stream.cancel()            # free its engine request now, as the watchdog would
             self.end(client_gone=True)
+        elif kind == wire.ACKED:
+            self._answer(bool(msg[3]))
         elif kind == wire.BLOCKED:
             self.paused = True
         elif kind == wire.DRAINED:
             self.paused = False
             self.flush()
 
+    def _answer(self, outcome: bool | BaseException) -> None:
+        acked = self.acked
+        if acked is None or acked.done():
+            return
+        if isinstance(outcome, BaseException):
+            acked.set_exception(outcome)
+        else:
+            acked.set_result(outcome)
+
+    async def acknowledged(self, bound_s: float) -> bool:
+        """SocketAccepted.acknowledged, asked of the writer: True once the client acknowledged every byte
+        before the final frames (just sent), False past `bound_s`; ConnectionResetError: the client left."""
+        if self.entry.client_gone or not self.opened:
+            raise ConnectionResetError("the client closed the connection")
+        self.acked = acked = asyncio.get_running_loop().create_future()
+        self.link.send([wire.ACK, self.sid, max(bound_s, 0.0)])     # WriterDown: a ConnectionError
+        try:
+            return await asyncio.wait_for(acked, max(bound_s, 0.0) + ACK_SLACK_S)
+        except TimeoutError:
+            return False
+        finally:
+            self.acked = None
+
     def release(self) -> None:
+        if self.opening is not None:
+            self.opening.cancel()
         link = self.link
-        link.senders.pop(self.sid, None)
-        with contextlib.suppress(WriterDown):
-            link.send([wire.CLOSE if not self.entry.client_gone else wire.ABORT, self.sid])
+        if link is not None:
+            link.senders.pop(self.sid, None)
+            with contextlib.suppress(WriterDown):
+                link.send([wire.CLOSE if not self.entry.client_gone else wire.ABORT, self.sid])
         # This process's copy of the socket: closed without a byte (the writer's copy keeps the
         # connection open), so the response's end aiohttp would write fails as a disconnect.
         self._transport.abort()

@@ -9,65 +9,34 @@ that is behind is reported (BLOCKED) so the main process stops sending its text 
 engine's RequestStream, as in-process), and reported again once drained; one that left is reported (GONE).
 The main process's RAW frames are written as they are. CLOSE: once all is written, the chunked body's
 end, and the connection is closed (the response said `Connection: close`).
+
+What each client acknowledged is counted here, with the in-process accounting (SocketAccepted: frames
+written, with the tokens they carry, against the socket's send queue), and reported with GONE, in answer
+to ACK (before the stream's end) and a few times a second (TOOK). Reports wait in a queue while the main
+process's socket is full. On end-of-file from the main process, what is queued is written out (for at
+most EOF_GRACE_S) before the connections close.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import socket
 import sys
+import time
 
 from inferd.api.streaming import writer_wire as wire
+from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream
 from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
 
-# What one stream may hold encoded and unsent before its client counts as gone (every byte past the
-# first BLOCKED was sent before the main process heard of it: about one step's text).
-MAX_UNSENT = 8 << 20
-
-
-class ClientStream:
-    """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
-
-    __slots__ = ("blocked", "chunked", "closing", "encoder", "fd", "gone", "sid", "sock", "text", "tokens", "unsent")
-
-    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
-        self.sid = sid
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.chunked = chunked
-        self.encoder = encoder
-        self.unsent = bytearray()       # encoded, not yet taken by the socket
-        self.text: list[str] = []       # text not yet encoded (merges while unsent is non-empty)
-        self.tokens = 0                 # the tokens that text carries
-        self.closing = False
-        self.blocked = False
-        self.gone = False
-
-    def frame(self, data: bytes) -> None:
-        if data:
-            self.unsent += b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
-
-    def settle(self) -> None:
-        """Encode the pending text as one frame (with the usage so far, for continuous usage stats)."""
-        text, tokens, encoder = "".join(self.text), self.tokens, self.encoder
-        self.text.clear()
-        self.tokens = 0
-        if text:
-            self.frame(encoder.content(text) if encoder.running is None else encoder.content_with_usage(text, tokens))
-        elif tokens and encoder.running is not None:
-            encoder.running.count(tokens)
-
-    def pump(self) -> bool:
-        """Write what the socket takes; True when everything (text included) is out."""
-        while True:
-            if not self.unsent and (self.text or self.tokens):
-                self.settle()
-            if not self.unsent:
-                return True
-            sent = self.sock.send(self.unsent)      # ConnectionError / BlockingIOError: the caller's
-            del self.unsent[:sent]
-            if self.unsent:
-                return False
+# Reports waiting for the main process's socket: a few per stream at most; past this many it has stopped
+# reading altogether, and this process ends (the main process then ends every stream it had as a disconnect).
+MAX_REPORTS = 1 << 16
+# How often what the clients acknowledged is sampled and reported (TOOK), as the in-process watchdog does.
+SAMPLE_EVERY_S = 0.25
+TOOK_BATCH = 4096
+# On end-of-file from the main process: how long what is queued for the clients may take to go out.
+EOF_GRACE_S = 2.0
 
 
 class Writer:
@@ -78,17 +47,62 @@ class Writer:
         self.loop = asyncio.get_running_loop()
         self.streams: dict[int, ClientStream] = {}
         self.closed = asyncio.Event()
+        self.reports: collections.deque[bytes] = collections.deque()   # waiting for the channel to take them
+        self.tasks: set[asyncio.Task] = set()
 
     def start(self) -> None:
         self.channel.setblocking(False)
         self.loop.add_reader(self.channel.fileno(), self._read)
+        self._spawn(self._sample_loop())
 
-    def _report(self, kind: str, sid: int) -> None:
-        with contextlib.suppress(BlockingIOError):      # the main process is not reading: it is stopping
-            self.channel.send(wire.encode([kind, sid]))
+    def _spawn(self, coro) -> None:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _report(self, message: list) -> None:
+        if self._deaf or self.closed.is_set():
+            return
+        if len(self.reports) >= MAX_REPORTS:
+            print("inferd-writer: the main process stopped reading reports; exiting", file=sys.stderr)
+            self._main_gone()
+            return
+        self.reports.append(wire.encode(message))
+        if len(self.reports) == 1:
+            self._send_reports()
+
+    def _send_reports(self) -> None:
+        reports = self.reports
+        while reports:
+            try:
+                self.channel.send(reports[0])
+            except BlockingIOError:
+                if not self._waiting_to_report:
+                    self.loop.add_writer(self.channel.fileno(), self._send_reports)
+                    self._waiting_to_report = True
+                return
+            except OSError:             # the main process is gone: what it sent is still read, to its end
+                self._deaf = True
+                reports.clear()
+                break
+            reports.popleft()
+        if self._waiting_to_report:
+            self._waiting_to_report = False
+            self.loop.remove_writer(self.channel.fileno())
+
+    _waiting_to_report = False
+    _deaf = False                   # the main process no longer reads reports
+
+    def _main_gone(self) -> None:
+        self.reports.clear()
+        if self._waiting_to_report:
+            self._waiting_to_report = False
+            self.loop.remove_writer(self.channel.fileno())
+        self.loop.remove_reader(self.channel.fileno())
+        self.closed.set()
 
     def _read(self) -> None:
-        while True:
+        while not self.closed.is_set():
             try:
                 data, fds, _, _ = socket.recv_fds(self.channel, wire.MAX_MESSAGE, 1)
             except BlockingIOError:
@@ -96,8 +110,7 @@ class Writer:
             except OSError:
                 data, fds = b"", []
             if not data:
-                self.loop.remove_reader(self.channel.fileno())
-                self.closed.set()
+                self._main_gone()
                 return
             self._handle(wire.decode(data), fds)
 
@@ -115,11 +128,16 @@ class Writer:
         else:
             stream = self.streams.get(msg[1])
             if stream is None:
+                if kind == wire.ACK:        # it left already (GONE is on its way): nothing acknowledged more
+                    self._report([wire.ACKED, msg[1], 0, False])
                 return
             stream.settle()             # the text before it goes first
             if kind == wire.RAW:
+                stream.accepted.took_until(msg[3])      # what the main process read in all: the final delta's too
                 stream.frame(msg[2].encode())
                 self._pump(stream)
+            elif kind == wire.ACK:
+                self._spawn(self._acknowledge(stream, msg[2]))
             elif kind == wire.CLOSE:
                 stream.closing = True
                 if stream.chunked:
@@ -127,6 +145,26 @@ class Writer:
                 self._pump(stream)
             elif kind == wire.ABORT:
                 self._drop(stream)
+
+    async def _acknowledge(self, stream: ClientStream, bound_s: float) -> None:
+        try:
+            ok = await stream.accepted.acknowledged(bound_s)
+        except ConnectionResetError:    # it left meanwhile (GONE reported, or the main process aborted it)
+            ok = False
+        stream.reported = stream.accepted.delivered_tokens
+        self._report([wire.ACKED, stream.sid, stream.reported, ok])
+
+    async def _sample_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_EVERY_S)
+            took = []
+            for stream in self.streams.values():
+                stream.accepted.sample()
+                if stream.accepted.delivered_tokens != stream.reported:
+                    stream.reported = stream.accepted.delivered_tokens
+                    took.append([stream.sid, stream.reported])
+            for at in range(0, len(took), TOOK_BATCH):
+                self._report([wire.TOOK, took[at:at + TOOK_BATCH]])
 
     def _open(self, msg: list, fd: int) -> None:
         _, sid, chunked, kind, ident, created, model, fingerprint, include_usage, prompt_tokens = msg
@@ -157,25 +195,27 @@ class Writer:
         except OSError:
             self._gone(stream)
             return
+        if stream.blocked:
+            stream.accepted.sample()    # the socket took more: what the client acknowledged meanwhile
         if done:
             if stream.blocked:
                 stream.blocked = False
                 self.loop.remove_writer(stream.fd)
-                self._report(wire.DRAINED, stream.sid)
+                self._report([wire.DRAINED, stream.sid, 0])
             if stream.closing:
                 self._drop(stream)
         elif not stream.blocked:
             stream.blocked = True
             self.loop.add_writer(stream.fd, self._pump, stream)
-            self._report(wire.BLOCKED, stream.sid)
+            self._report([wire.BLOCKED, stream.sid, 0])
         elif len(stream.unsent) > MAX_UNSENT:
             self._gone(stream)
 
     def _gone(self, stream: ClientStream) -> None:
         closing = stream.closing
         self._drop(stream)
-        if not closing:
-            self._report(wire.GONE, stream.sid)
+        if not closing:                 # billed what it acknowledged by the last sample (none after: see accepted)
+            self._report([wire.GONE, stream.sid, stream.accepted.delivered_tokens])
 
     def _drop(self, stream: ClientStream) -> None:
         if self.streams.pop(stream.sid, None) is None:
@@ -185,14 +225,24 @@ class Writer:
         self.loop.remove_writer(stream.fd)
         stream.sock.close()
 
+    async def finish(self, grace_s: float) -> None:
+        """The main process is gone: let what is queued for the clients go out (for at most `grace_s`),
+        then close every connection."""
+        give_up = time.monotonic() + grace_s
+        while any(s.unsent or s.text for s in self.streams.values()) and time.monotonic() < give_up:
+            await asyncio.sleep(0.01)   # the clients' sockets are written from their writer callbacks
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+        for task in list(self.tasks):
+            task.cancel()
+
 
 async def serve(fd: int) -> None:
     channel = socket.socket(fileno=fd)
     writer = Writer(channel)
     writer.start()
     await writer.closed.wait()
-    for stream in list(writer.streams.values()):
-        writer._drop(stream)
+    await writer.finish(EOF_GRACE_S)
 
 
 def name_process() -> None:

@@ -8,21 +8,36 @@ main -> writer
   OPEN   [OPEN, sid, chunked, kind, id, created, model, fingerprint, include_usage,
           prompt_tokens]    + the client's fd; prompt_tokens null but for continuous usage stats
   STEP   [STEP, [[sid, text, tokens], ...]]   every stream's new text since the last step, one message
-  RAW    [RAW, sid, frame]                    frames the main process encoded (the final ones, pings, [DONE])
+  RAW    [RAW, sid, frame, taken]             frames the main process encoded (the final ones, pings, [DONE]);
+                                              taken: the output tokens it read so far in all (the final delta's
+                                              included), which the frame carries, for billing
+  ACK    [ACK, sid, bound_s]                  the final frames were just sent: answer ACKED once the client
+                                              acknowledged every byte before them, or after bound_s
   CLOSE  [CLOSE, sid]                         write what is left, end the chunked body, close the connection
   ABORT  [ABORT, sid]                         close the connection now, nothing more written
 
 writer -> main
-  GONE     [GONE, sid]       the client left (a failed send, or its end of the connection closed)
-  BLOCKED  [BLOCKED, sid]    the client is not keeping up: send no more text until DRAINED
-  DRAINED  [DRAINED, sid]
+  GONE     [GONE, sid, tokens]        the client left (a failed send, or its end of the connection closed);
+                                      tokens: the output tokens in frames its socket acknowledged (it is billed those)
+  BLOCKED  [BLOCKED, sid, 0]          the client is not keeping up: send no more text until DRAINED
+  DRAINED  [DRAINED, sid, 0]
+  ACKED    [ACKED, sid, tokens, ok]   the answer to ACK: ok true once acknowledged, false when the bound passed first
+  TOOK     [TOOK, sid, tokens]        the acknowledged tokens grew (sampled a few times a second, as the in-process
+                                      watchdog does), so a stream that ends without ACK (an error, its deadline) is
+                                      billed what its client took
+
+The writer counts what each client acknowledged with the in-process accounting
+(inferd.api.streaming.accepted.SocketAccepted: bytes written against the socket's send queue); the main
+process's Tracked.accepted takes the numbers these reports carry. Reports to the main process are queued
+while its socket is full and sent in order once it is writable (never dropped: a GONE lost would leave its
+engine request running).
 """
 from __future__ import annotations
 
 import orjson
 
-OPEN, STEP, RAW, CLOSE, ABORT = "o", "s", "r", "c", "a"
-GONE, BLOCKED, DRAINED = "g", "b", "d"
+OPEN, STEP, RAW, CLOSE, ABORT, ACK = "o", "s", "r", "c", "a", "k"
+GONE, BLOCKED, DRAINED, ACKED, TOOK = "g", "b", "d", "K", "t"
 
 # The largest message either side reads. A STEP is sent once past SPLIT_AT, and text longer than
 # TEXT_PIECE goes as several entries (inferd.api.streaming.writers): a SOCK_SEQPACKET message must fit

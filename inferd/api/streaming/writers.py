@@ -10,6 +10,9 @@ here and sent as RAW. Writers report clients that left (GONE: the stream ends as
 process, and its engine request is aborted) and clients behind (BLOCKED/DRAINED: their text merges in the
 RequestStream meanwhile). The connection is closed after the stream (the response says `Connection:
 close`); TLS streams, and those whose headers went out while waiting for admission, stay in process.
+Billing reads what the writer counted (its reports carry the tokens each client acknowledged). A writer
+that dies ends its streams as disconnects (their engine requests aborted) and is replaced after a backoff
+(WriterPool.lost); while none is alive, new streams are written in process.
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ from inferd.observability import get_logger
 from inferd.api.streaming import writer_wire as wire
 
 log = get_logger("inferd.api.streaming.writers")
+# A writer that dies is replaced after RESTART_FIRST_S, doubling for each restart in a row (up to RESTART_MAX_S);
+# one that lived RESTART_RESET_S starts the count again; past MAX_RESTARTS in a row its slot stays empty.
+RESTART_FIRST_S, RESTART_MAX_S, RESTART_RESET_S, MAX_RESTARTS = 0.1, 5.0, 60.0, 8
 # Messages queued for a writer whose socket is full; past it the writer is treated as dead.
 MAX_QUEUED = 4096
 
@@ -46,7 +52,7 @@ def _child_env() -> dict[str, str]:
 class Reported(Protocol):
     """What a handed-over stream's sender is to its writer link: told what the writer reports."""
 
-    def on_report(self, kind: str) -> None: ...
+    def on_report(self, msg: list) -> None: ...
 
 
 class WriterDown(ConnectionError):
@@ -65,6 +71,7 @@ class WriterLink:
         self.step_bytes = 0
         self.queued: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.down = False
+        self.started = asyncio.get_running_loop().time()
 
     def send(self, message: list, fds: list[int] | None = None) -> None:
         if self.step:
@@ -137,10 +144,17 @@ class WriterLink:
             if not data:
                 self._lost()
                 return
-            kind, sid = wire.decode(data)
-            sender = self.senders.get(sid)
+            msg = wire.decode(data)
+            if msg[0] == wire.TOOK:
+                senders = self.senders
+                for sid, tokens in msg[1]:
+                    sender = senders.get(sid)
+                    if sender is not None:
+                        sender.on_report([wire.TOOK, sid, tokens])
+                continue
+            sender = self.senders.get(msg[1])
             if sender is not None:
-                sender.on_report(kind)
+                sender.on_report(msg)
 
     def _lost(self) -> None:
         if self.down:
@@ -151,8 +165,12 @@ class WriterLink:
         loop.remove_reader(self.sock.fileno())
         loop.remove_writer(self.sock.fileno())
         self.queued.clear()
-        for sender in list(self.senders.values()):
-            sender.on_report(wire.GONE)
+        for sid, sender in list(self.senders.items()):
+            sender.on_report([wire.GONE, sid, None])    # billed what the writer last reported
+        self.senders.clear()
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()         # one not keeping up is alive: it would write to clients no longer its own
+        self.pool.lost(self)
 
 
 class WriterPool:
@@ -165,30 +183,84 @@ class WriterPool:
         self._sids = itertools.count(1)
         self._due: list[WriterLink] = []
         self.handed = 0                 # streams handed over so far
+        self._stopping = False
+        self._tries: dict[int, int] = {}                # restarts in a row, by slot
+        self._restarts: set[asyncio.Task] = set()
 
     async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
         for _ in range(self.count):
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            for s in (ours, theirs):
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, wire.SOCKET_BUFFER)
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inferd.api.streaming.writer_proc", str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),), env=_child_env())
-            theirs.close()
-            ours.setblocking(False)
-            link = WriterLink(self, ours, process)
-            loop.add_reader(ours.fileno(), link.read)
-            self.links.append(link)
+            self.links.append(await self._start())
         try:
             yield
         finally:
+            self._stopping = True
+            for task in list(self._restarts):
+                task.cancel()
+            loop = asyncio.get_running_loop()
             for link in self.links:
-                loop.remove_reader(link.sock.fileno())
+                if not link.down:
+                    loop.remove_reader(link.sock.fileno())
                 link.sock.close()           # the writer sees end-of-file and exits
             for link in self.links:
                 with contextlib.suppress(ProcessLookupError):
                     await link.process.wait()
+
+    async def _start(self) -> WriterLink:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, wire.SOCKET_BUFFER)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inferd.api.streaming.writer_proc", str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),), env=_child_env())
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        link = WriterLink(self, ours, process)
+        asyncio.get_running_loop().add_reader(ours.fileno(), link.read)
+        return link
+
+    def lost(self, link: WriterLink) -> None:
+        """A writer died (or fell too far behind): start a replacement in its place, after a backoff that
+        grows with each restart in a row that did not live RESTART_RESET_S; after MAX_RESTARTS in a row the
+        slot stays empty (streams are written in process once no writer is left)."""
+        if self._stopping or link not in self.links:
+            return
+        slot = self.links.index(link)
+        quick = asyncio.get_running_loop().time() - link.started < RESTART_RESET_S
+        tries = self._tries[slot] = self._tries.get(slot, 0) + 1 if quick else 1
+        if tries > MAX_RESTARTS:
+            log.error("writer_process_not_restarted", slot=slot, restarts=tries - 1)
+            return
+        delay = min(RESTART_FIRST_S * 2 ** (tries - 1), RESTART_MAX_S)
+        task = asyncio.get_running_loop().create_task(self._replace(slot, link, delay))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _replace(self, slot: int, dead: WriterLink, delay: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            await dead.process.wait()
+        dead.sock.close()
+        await asyncio.sleep(delay)
+        try:
+            link = await self._start()
+        except OSError:
+            log.exception("writer_process_start_failed", slot=slot)
+            link = None
+        if self._stopping:
+            if link is not None:
+                link.sock.close()
+                await link.process.wait()
+            return
+        if link is None:
+            self.lost(dead)
+            return
+        self.links[slot] = link
+        log.warning("writer_process_restarted", slot=slot, old_pid=dead.process.pid, pid=link.process.pid,
+                    restarts=self._tries.get(slot, 1))
 
     @property
     def available(self) -> bool:

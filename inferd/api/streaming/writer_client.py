@@ -1,0 +1,78 @@
+"""One client socket in an SSE writer process (inferd.api.streaming.writer_proc): its frames, encoded there,
+written as the socket takes them, and what its client acknowledged of them (SocketAccepted, reading this
+object as its transport)."""
+from __future__ import annotations
+
+import socket
+
+from inferd.api.streaming.accepted import SocketAccepted
+from inferd.api.wire.responses import ChunkEncoder
+
+# What one stream may hold encoded and unsent before its client counts as gone (every byte past the
+# first BLOCKED was sent before the main process heard of it: about one step's text).
+MAX_UNSENT = 8 << 20
+
+
+class ClientStream:
+    """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
+
+    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "reported", "sid", "sock",
+                 "text", "tokens", "unsent")
+
+    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
+        self.sid = sid
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.chunked = chunked
+        self.encoder = encoder
+        self.unsent = bytearray()       # encoded, not yet taken by the socket
+        self.text: list[str] = []       # text not yet encoded (merges while unsent is non-empty)
+        self.tokens = 0                 # the tokens that text carries
+        self.closing = False
+        self.blocked = False
+        self.gone = False
+        self.accepted = SocketAccepted()  # this stream's bytes, against its socket's send queue
+        self.accepted.attach(self)        # type: ignore[arg-type]  (this object is its transport)
+        self.reported = 0                 # acknowledged tokens the main process was told of
+
+    # What SocketAccepted reads of a transport: the socket, and what waits in user space.
+    def get_extra_info(self, name: str) -> socket.socket | None:
+        return self.sock if name == "socket" else None
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.unsent)
+
+    def is_closing(self) -> bool:
+        return self.gone
+
+    def frame(self, data: bytes, tokens: int = 0) -> None:
+        self.accepted.took(tokens)
+        if data:
+            framed = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
+            self.unsent += framed
+            self.accepted.wrote(len(framed))
+
+    def settle(self) -> None:
+        """Encode the pending text as one frame (with the usage so far, for continuous usage stats)."""
+        text, tokens, encoder = "".join(self.text), self.tokens, self.encoder
+        self.text.clear()
+        self.tokens = 0
+        if text:
+            self.frame(encoder.content(text) if encoder.running is None else encoder.content_with_usage(text, tokens),
+                       tokens)
+        else:
+            self.accepted.took(tokens)      # they ride on the next frame
+            if tokens and encoder.running is not None:
+                encoder.running.count(tokens)
+
+    def pump(self) -> bool:
+        """Write what the socket takes; True when everything (text included) is out."""
+        while True:
+            if not self.unsent and (self.text or self.tokens):
+                self.settle()
+            if not self.unsent:
+                return True
+            sent = self.sock.send(self.unsent)      # ConnectionError / BlockingIOError: the caller's
+            del self.unsent[:sent]
+            if self.unsent:
+                return False

@@ -1,0 +1,103 @@
+"""Billing of streams handed to a writer process ([server] front_processes): as in process
+(tests/api/streaming/test_accepted.py), a client that stops reading is billed what its socket acknowledged,
+counted by the writer that writes it."""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import socket
+import struct
+import termios
+
+import aiohttp
+
+from inferd.api import appkeys as keys
+from inferd.config.root import load_config
+from tests.api.pipeline.test_billing import settled_rows
+from tests.api.pipeline.test_usage import PRICES
+from tests.api.streaming.test_accepted import raw_stream, stalled_on
+from tests.daemon.harness import running_daemon, sim_model, write_config
+
+GENERATED = 1900
+# No logprobs (a stream with them is written in process); continuous usage stats: each chunk says its count.
+BODY = {"model": "sim", "prompt": "hello there", "max_tokens": GENERATED, "ignore_eos": True, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+SHORT = {**BODY, "max_tokens": 250}
+
+
+def writers_config(tmp_path, *, time_scale: float, ack_timeout_s: float | None = None):
+    path = write_config(tmp_path / "inferd.toml", {"sim": sim_model(time_scale=time_scale)}, PRICES)
+    server = "[server]\nfront_processes = 1\n"
+    if ack_timeout_s is not None:
+        server += f"stream_ack_timeout_s = {ack_timeout_s}\n"
+    path.write_text(path.read_text().replace("[server]\n", server, 1))
+    return load_config(path)
+
+
+def frames_tokens(data: bytes) -> int:
+    """The completion tokens counted by the last complete chunk of a chunked SSE response's start."""
+    _, _, rest = data.partition(b"\r\n\r\n")
+    tokens = 0
+    while True:
+        size_line, sep, tail = rest.partition(b"\r\n")
+        if not sep or not size_line or len(tail) < int(size_line, 16) + 2:
+            return tokens
+        size = int(size_line, 16)
+        for line in tail[:size].split(b"\n"):
+            if line.startswith(b"data: {"):
+                usage = json.loads(line[6:]).get("usage")
+                if usage:
+                    tokens = usage["completion_tokens"]
+        rest = tail[size + 2:]
+
+
+def unread(sock: socket.socket) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+def handed(daemon) -> int:
+    return daemon._ctx.runner.app[keys.WRITERS].handed
+
+
+async def test_a_client_that_stops_reading_a_handed_over_stream_is_billed_for_what_its_socket_took(tmp_path):
+    async with running_daemon(writers_config(tmp_path, time_scale=0.01, ack_timeout_s=1.0)) as (daemon, _, url), \
+            aiohttp.ClientSession() as http:
+        sock = await raw_stream(url, BODY)
+        loop = asyncio.get_running_loop()
+        got = b""
+        while frames_tokens(got) < 3:               # a few frames, then it stops reading
+            got += await loop.sock_recv(sock, 1024)
+        assert b"Connection: close" in got and handed(daemon) == 1
+        waiting = await stalled_on(sock, daemon.state.engines["sim"])
+        reached = got + sock.recv(waiting, socket.MSG_PEEK)     # all that reached the client's socket
+        sock.close()                                            # with unread data: a reset
+        [row] = await settled_rows(http, url, 1)
+        assert row["status"] == 499 and row["stream"]
+        assert 0 < row["completion_tokens"] <= frames_tokens(reached) < GENERATED
+
+
+async def test_a_short_handed_over_stream_whose_client_stops_reading_is_499_billed_what_reached_it(tmp_path):
+    cfg = writers_config(tmp_path, time_scale=0.01, ack_timeout_s=0.3)
+    async with running_daemon(cfg) as (daemon, _, url), aiohttp.ClientSession() as http:
+        sock = await raw_stream(url, SHORT)     # it fits the writer's buffers: never blocked, it ends, then waits
+        loop = asyncio.get_running_loop()
+        got = b""
+        while frames_tokens(got) < 3:           # a few frames, then it stops reading, its window full
+            got += await loop.sock_recv(sock, 1024)
+        [row] = await settled_rows(http, url, 1)    # the 0.3 s bound on the end's acknowledgement
+        reached = got + sock.recv(unread(sock), socket.MSG_PEEK)
+        sock.close()
+        assert handed(daemon) == 1
+        assert row["status"] == 499 and row["stream"]
+        assert 0 < row["completion_tokens"] <= frames_tokens(reached) < SHORT["max_tokens"]
+
+
+async def test_a_handed_over_stream_read_to_its_end_is_200_with_its_full_usage(tmp_path):
+    async with running_daemon(writers_config(tmp_path, time_scale=0.01, ack_timeout_s=1.0)) as (daemon, _, url), \
+            aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/completions", json=SHORT) as resp:
+            body = await resp.read()
+        assert body.rstrip().endswith(b"data: [DONE]") and handed(daemon) == 1
+        [row] = await settled_rows(http, url, 1)
+        assert row["status"] == 200 and row["completion_tokens"] == SHORT["max_tokens"]

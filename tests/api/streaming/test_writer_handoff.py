@@ -1,0 +1,107 @@
+"""Handing a stream's socket to a writer process (inferd.api.streaming.handoff_sender): only once the main
+process's transport holds nothing unsent, else those bytes (the headers) would reach the client after the writer's."""
+from __future__ import annotations
+
+import socket
+
+from inferd.api.streaming import writer_wire as wire
+from inferd.api.streaming.handoff_sender import HandoffSender
+from inferd.api.streaming.sse import Tracked
+from inferd.api.wire.responses import ChunkEncoder, Identity
+from inferd.engine.stream import RequestStream
+from inferd.types import Delta
+from tests.daemon.harness import until
+
+
+class Transport:
+    def __init__(self, sock: socket.socket, unsent: int) -> None:
+        self.sock, self.unsent, self.written = sock, unsent, b""
+
+    def get_extra_info(self, name: str):
+        return self.sock if name == "socket" else None
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def pause_reading(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class Writer:
+    def __init__(self, transport: Transport) -> None:
+        self.transport, self.protocol, self.chunked = transport, None, True
+
+
+class Link:
+    def __init__(self) -> None:
+        self.sent: list[list] = []
+        self.senders: dict = {}
+        self.down = False
+
+    def send(self, message: list, fds: list[int] | None = None) -> None:
+        self.sent.append(message)
+
+    def add_text(self, sid: int, text: str, tokens: int) -> None:
+        self.sent.append([wire.STEP, [[sid, text, tokens]]])
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.link, self.handed, self.sids = Link(), 0, iter(range(1, 100))
+
+    def pick(self) -> Link:
+        return self.link
+
+    def new_sid(self) -> int:
+        return next(self.sids)
+
+
+class Obs:
+    def on_tokens(self, *args) -> None:
+        pass
+
+
+async def test_the_socket_goes_over_only_once_the_headers_left_the_main_process_and_merged_text_follows():
+    a, b = socket.socketpair()
+    try:
+        transport, pool, stream = Transport(a, unsent=120), Pool(), RequestStream("cmpl-1")
+        entry = Tracked(None, stream, None)
+        sender = HandoffSender(entry, Writer(transport), ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"),
+                                                                      False), False, Obs(), pool=pool)
+        stream.push(Delta(text="hello", token_ids=[1, 2]))
+        sender.flush()
+        assert pool.link.sent == [] and not sender.writable()   # the headers still wait: nothing handed over
+        transport.unsent = 0                                     # the kernel took them
+
+        async def opened() -> bool:
+            return len(pool.link.sent) >= 2
+        await until(opened, "the socket to be handed over")
+        assert pool.link.sent[0][0] == wire.OPEN and pool.link.sent[1] == [wire.STEP, [[1, "hello", 2]]]
+        assert pool.handed == 1 and pool.link.senders == {1: sender}
+        sender.end()
+        sender.release()
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_with_nothing_unsent_the_socket_goes_over_at_once():
+    a, b = socket.socketpair()
+    try:
+        pool, stream = Pool(), RequestStream("cmpl-1")
+        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
+                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
+                               pool=pool)
+        assert [m[0] for m in pool.link.sent] == [wire.OPEN] and sender.writable()
+    finally:
+        a.close()
+        b.close()

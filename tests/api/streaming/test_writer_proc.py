@@ -1,0 +1,161 @@
+"""The writer process (inferd.api.streaming.writer_proc) on its wire, driven as the main process would: what it
+counts and reports, that no report is lost while the main process is not reading, and what it does at end-of-file."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from inferd.api.streaming import writer_wire as wire
+from inferd.api.streaming.writers import _child_env
+from tests.daemon.harness import until
+
+
+class Main:
+    """The main process's end of one writer: its socket, and the writer process."""
+
+    def __init__(self, sock: socket.socket, process: asyncio.subprocess.Process) -> None:
+        self.sock, self.process = sock, process
+        self.clients: dict[int, socket.socket] = {}     # the client's end of each stream, by sid
+
+    async def send(self, message: list) -> None:
+        await asyncio.get_running_loop().sock_sendall(self.sock, wire.encode(message))
+
+    def open(self, sid: int, include_usage: bool = False) -> socket.socket:
+        client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        socket.send_fds(self.sock, [wire.encode([wire.OPEN, sid, True, "completion", "cmpl-1", 1, "sim", "fp",
+                                                 include_usage, None])], [server.fileno()])
+        server.close()
+        client.setblocking(False)
+        self.clients[sid] = client
+        return client
+
+    async def report(self, timeout_s: float = 10.0) -> list:
+        data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(self.sock, wire.MAX_MESSAGE), timeout_s)
+        assert data, "the writer closed its socket"
+        return wire.decode(data)
+
+    async def report_of(self, kind: str) -> list:
+        while (msg := await self.report())[0] != kind:
+            pass
+        return msg
+
+    async def synced(self) -> None:
+        """Once the writer has handled every message sent so far (an ACK of no stream is answered at once)."""
+        await self.send([wire.ACK, 0, 0.0])
+        assert await self.report_of(wire.ACKED) == [wire.ACKED, 0, 0, False]
+
+    async def flood(self, sid: int, nbytes: int, tokens: int) -> None:
+        """`nbytes` of text in STEPs the size the main process sends, its tokens on the last."""
+        piece = wire.TEXT_PIECE
+        for at in range(0, nbytes, piece):
+            await self.send([wire.STEP, [[sid, "x" * min(piece, nbytes - at), tokens if at + piece >= nbytes else 0]]])
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+
+@contextlib.asynccontextmanager
+async def writer_process(sndbuf: int | None = None) -> AsyncIterator[Main]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if sndbuf is not None:
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "inferd.api.streaming.writer_proc", str(theirs.fileno()),
+        pass_fds=(theirs.fileno(),), env=_child_env())
+    theirs.close()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, wire.SOCKET_BUFFER)
+    ours.setblocking(False)
+    main = Main(ours, process)
+    try:
+        yield main
+    finally:
+        ours.close()
+        for client in main.clients.values():
+            client.close()
+        with contextlib.suppress(ProcessLookupError):
+            await asyncio.wait_for(process.wait(), 10)
+
+
+async def read_all(client: socket.socket) -> bytes:
+    got, loop = b"", asyncio.get_running_loop()
+    while data := await asyncio.wait_for(loop.sock_recv(client, 1 << 16), 10):
+        got += data
+    return got
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts the writer's fds in /proc")
+async def test_every_gone_reaches_the_main_process_even_while_it_is_not_reading():
+    async with writer_process(sndbuf=1) as main:
+        await main.synced()
+        baseline = main.open_fds()
+        streams = 40                    # several times what the socket pair holds unread (net.unix.max_dgram_qlen)
+        for sid in range(1, streams + 1):
+            main.open(sid)
+        await main.synced()
+        assert main.open_fds() == baseline + streams
+        for client in main.clients.values():
+            client.close()              # every client leaves while the main process reads nothing
+
+        async def dropped() -> bool:    # the writer closes a client's socket just before reporting GONE
+            return main.open_fds() == baseline
+        await until(dropped, "the writer to see every client leave")
+        gone = set()
+        while len(gone) < streams:
+            msg = await main.report()
+            if msg[0] == wire.GONE:
+                gone.add(msg[1])
+        assert gone == set(range(1, streams + 1))
+        main.clients.clear()
+
+
+async def test_on_end_of_file_from_the_main_process_what_is_queued_is_written_out():
+    async with writer_process() as main:
+        client = main.open(1)
+        frame = b"data: " + b"x" * (4 << 20) + b"\n\n"     # far more than the client's socket holds
+        for at in range(0, len(frame), 1 << 16):
+            await main.send([wire.RAW, 1, frame[at:at + (1 << 16)].decode(), 0])
+        await main.send([wire.CLOSE, 1])
+        main.sock.shutdown(socket.SHUT_RDWR)                # the main process is gone
+        got = await read_all(client)
+        assert got.count(b"x") == 4 << 20 and got.endswith(b"\r\n0\r\n\r\n"), (len(got), got[-30:])
+
+
+async def test_a_client_that_leaves_is_reported_with_the_tokens_its_socket_acknowledged():
+    async with writer_process() as main:
+        client = main.open(1)
+        await main.send([wire.STEP, [[1, "hello", 3]]])
+        loop = asyncio.get_running_loop()
+        assert b"hello" in await loop.sock_recv(client, 4096)
+        assert await main.report_of(wire.TOOK) == [wire.TOOK, [[1, 3]]]     # sampled a few times a second
+        await main.flood(1, 1 << 20, 5)                                           # never read: not acknowledged
+        client.close()
+        assert await main.report_of(wire.GONE) == [wire.GONE, 1, 3]
+        main.clients.clear()
+
+
+async def test_ack_is_answered_once_the_client_took_everything_before_the_final_frames():
+    async with writer_process() as main:
+        client = main.open(1)
+        await main.send([wire.STEP, [[1, "hello", 3]]])
+        await main.send([wire.RAW, 1, 'data: {"final": true}\n\n', 4])
+        await main.send([wire.ACK, 1, 5.0])
+        loop = asyncio.get_running_loop()
+        got = b""
+        while b"final" not in got:
+            got += await loop.sock_recv(client, 4096)
+        assert await main.report_of(wire.ACKED) == [wire.ACKED, 1, 4, True]
+
+
+async def test_ack_of_a_client_that_stopped_reading_answers_not_acknowledged_after_its_bound():
+    async with writer_process() as main:
+        main.open(1)
+        await main.flood(1, 1 << 20, 3)                               # more than its socket takes: never acknowledged
+        await main.send([wire.RAW, 1, 'data: {"final": true}\n\n', 4])
+        await main.send([wire.ACK, 1, 0.2])
+        assert await main.report_of(wire.ACKED) == [wire.ACKED, 1, 0, False]
