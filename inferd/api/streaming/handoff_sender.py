@@ -100,7 +100,7 @@ class HandoffSender(Sender):
         return self.opened and not (self.done or self.paused)
 
     def flush(self) -> None:
-        if self.done or self.paused:
+        if self.done or self.paused or not self.opened:
             return
         stream = self.stream
         # Plain output of an admitted stream (nearly every read) comes as (tokens, text), no Delta built.
