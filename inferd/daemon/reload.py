@@ -48,7 +48,7 @@ from inferd.tenancy import KeyFileError
 
 log = get_logger("inferd.reload")
 
-RESTART_ONLY = ("host", "port", "engines_root")
+RESTART_ONLY = ("host", "port", "engines_root", "front_processes")
 T = TypeVar("T", bound=msgspec.Struct)
 
 
