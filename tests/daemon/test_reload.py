@@ -129,3 +129,16 @@ async def test_reload_with_a_malformed_keys_file_counts_an_error_and_keeps_the_k
         await asyncio.to_thread(daemon.control.audit.flush)
     actions = [r["action"] for r in read_audit(tmp_path / "audit.jsonl")]
     assert actions[-1] == "config.reload_failed" and "config.reload" not in actions
+
+
+async def test_a_reload_that_changes_front_processes_keeps_it_and_warns_it_needs_a_restart(tmp_path, caplog):
+    path = write_config(tmp_path / "c.toml", {"m": sim_model(["v1"])})
+    path.write_text(path.read_text().replace("[server]\n", "[server]\nfront_processes = 0\n", 1))
+    async with running(path) as (daemon, url):
+        path.write_text(path.read_text().replace("front_processes = 0\n", "front_processes = 2\n", 1))
+        result = await daemon.reload()
+        assert result.ok
+        assert daemon.state.config.server.front_processes == 0
+        kept = [getattr(r, "fields", {}).get("settings", []) for r in caplog.records
+                if r.getMessage() == "reload_needs_restart"]
+        assert kept and "server.front_processes" in kept[-1]
