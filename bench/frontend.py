@@ -1,7 +1,7 @@
 """Front-end benchmark: delivered tokens/s and SSE frames/s through the full daemon vs a bare SSE server.
 
     .venv/bin/python bench/frontend.py [--seconds 10] [--concurrency 256] [--max-tokens 256]
-    .venv/bin/python bench/frontend.py --scaling 256 1024 2048 [--rounds 2] [--seconds 6]
+    .venv/bin/python bench/frontend.py --scaling 256 1024 2048 [--rounds 2] [--seconds 6] [--front-processes 1]
 
 Phases (each bounded; the script stops itself):
   1. The daemon (inferd.daemon.lifecycle.Daemon in a subprocess: uvloop, config file, engines, app, AppRunner)
@@ -24,7 +24,9 @@ daemon adds before the first token: engine time at time_scale 0 is a step of Pyt
 The server's CPU is its process's and every process's under it (bench/process_cpu.py), read over the
 client's measuring window. `daemon/bare CPU per frame` and `daemon/bare CPU per token` divide the
 daemon's CPU per frame (per token) by the bare handler's in the same run: ratios a slow machine or a
-busy day leaves about where they are, where a rate or a time per frame does not.
+busy day leaves about where they are, where a rate or a time per frame does not. Each daemon load phase also
+prints CPU per 1k tokens per process role (bench/process_cpu.py: `engine` the daemon, `writer` its SSE writer
+processes with --front-processes N; the daemon's tree stays on the server CPU, writers inherit its affinity).
 """
 from __future__ import annotations
 
