@@ -1,7 +1,7 @@
 """Front-end benchmark: delivered tokens/s and SSE frames/s through the full daemon vs a bare SSE server.
 
     .venv/bin/python bench/frontend.py [--seconds 10] [--concurrency 256] [--max-tokens 256]
-    .venv/bin/python bench/frontend.py --scaling 256 1024 2048 [--rounds 2] [--seconds 6]
+    .venv/bin/python bench/frontend.py --scaling 256 1024 2048 [--rounds 2] [--seconds 6] [--front-processes 1]
 
 Phases (each bounded; the script stops itself):
   1. The daemon (inferd.daemon.lifecycle.Daemon in a subprocess: uvloop, config file, engines, app, AppRunner)
@@ -24,7 +24,9 @@ daemon adds before the first token: engine time at time_scale 0 is a step of Pyt
 The server's CPU is its process's and every process's under it (bench/process_cpu.py), read over the
 client's measuring window. `daemon/bare CPU per frame` and `daemon/bare CPU per token` divide the
 daemon's CPU per frame (per token) by the bare handler's in the same run: ratios a slow machine or a
-busy day leaves about where they are, where a rate or a time per frame does not.
+busy day leaves about where they are, where a rate or a time per frame does not. Each daemon load phase also
+prints CPU per 1k tokens per process role (bench/process_cpu.py: `engine` the daemon, `writer` its SSE writer
+processes with --front-processes N; the daemon's tree stays on the server CPU, writers inherit its affinity).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 
 from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
-from process_cpu import tree_cpu_seconds  # noqa: E402
+from process_cpu import per_1k_tokens, role_lines, projection, sample_tree, window_cpu  # noqa: E402
 from sse_load import run_client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +51,7 @@ SERVER_CPU, CLIENT_CPU = 0, 1
 CONFIG = """
 [server]
 host = "127.0.0.1"
+front_processes = {front_processes}
 port = 0
 log_level = "info"
 heartbeat_interval_s = 15.0
@@ -138,9 +141,9 @@ def load_phase(proc: subprocess.Popen, port: int, args: argparse.Namespace) -> d
         started = client.stdout.readline()
         if started:
             time.sleep(args.warmup)
-            cpu0, t0 = tree_cpu_seconds(proc.pid), time.monotonic()
+            tree0, t0 = sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
-            cpu, window = tree_cpu_seconds(proc.pid) - cpu0, time.monotonic() - t0
+            per_role, window = window_cpu(tree0, sample_tree(proc.pid)), time.monotonic() - t0
         out, err = client.communicate(timeout=args.seconds + args.warmup + 60)
     finally:
         if client.poll() is None:
@@ -149,6 +152,8 @@ def load_phase(proc: subprocess.Popen, port: int, args: argparse.Namespace) -> d
     if client.returncode != 0 or not started:
         raise RuntimeError(f"client failed: {err[-2000:] if started else 'no start line'}")
     result = json.loads(out.strip().splitlines()[-1])
+    cpu = sum(sum(seconds) for seconds in per_role.values())
+    result["roles"] = per_1k_tokens(per_role, result["tokens_per_s"] * window)
     result["server_cpu_util"] = cpu / window
     result["server_cpu_us_per_frame"] = cpu / max(1.0, result["frames_per_s"] * window) * 1e6
     result["tokens_per_frame"] = result["tokens_per_s"] / max(1.0, result["frames_per_s"])
@@ -167,6 +172,7 @@ def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[su
     """Start the daemon or the bare server pinned to the server CPU; it prints {"port": N} when ready."""
     config = workdir / "inferd.toml"
     config.write_text(CONFIG.format(concurrency=args.concurrency, max_connections=args.concurrency + 64,
+                                    front_processes=args.front_processes,
                                     kv_blocks=args.concurrency * (args.max_tokens + 64) // 16 + 64))
     proc, started = spawn([__file__, "--role", role, "--config", str(config), "--max-tokens", str(args.max_tokens)],
                           workdir, f"{role}.log", SERVER_CPU)
@@ -195,6 +201,7 @@ def scaling(args: argparse.Namespace) -> int:
                     stop(proc, 15)
                 runs[concurrency].append(r)
                 print(_summary(f"daemon ({concurrency} streams)", r), flush=True)
+                print("\n".join(role_lines(r["roles"], projection(r["roles"]))), flush=True)
     base = statistics.median(r["tokens_per_s"] for r in runs[args.scaling[0]])
     for concurrency, rs in runs.items():
         median = statistics.median(r["tokens_per_s"] for r in rs)
@@ -221,6 +228,10 @@ def main() -> int:
                    "--rounds times in turn (a slow spell of the machine lands in every one), and each one's "
                    "median tokens/s over the first's, e.g. --scaling 256 1024 2048")
     p.add_argument("--rounds", type=int, default=2, help="with --scaling")
+    p.add_argument("--front-processes", type=int, default=0,
+                   help="the daemon's [server] front_processes: SSE writer processes (0: every stream written "
+                   "in the daemon; its connection is kept alive). With N > 0 each stream's connection closes "
+                   "after it and the client opens a new one (bench/sse_load.py reuse)")
     args = p.parse_args()
     if args.role == "daemon":
         run_daemon(args.config)
@@ -253,6 +264,7 @@ def main() -> int:
     print(json.dumps(results, indent=2))
     for name, r in (("daemon", d), ("bare  ", b)):
         print(_summary(name, r))
+    print("daemon " + "\ndaemon ".join(role_lines(d["roles"], projection(d["roles"]))))
     print(f"ratio:  daemon frames/s = {results['frames_ratio']:.0%} of the bare frames/s (same run, same load)")
     print(f"daemon/bare CPU per frame: {results['cpu_per_frame_ratio']:.2f}x ({d['server_cpu_us_per_frame']:.1f} us "
           f"against {b['server_cpu_us_per_frame']:.1f} us, same run)")

@@ -24,8 +24,9 @@ from inferd.api.pipeline.run import create_chat_completion, create_completion, c
 from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
                                store_unavailable)
 from inferd.api.streaming.sse import Inflight
-from inferd.api.streaming.writers import WriterPool, writer_count
+from inferd.api.streaming.writers import WriterPool
 from inferd.api.state import ServerState
+from inferd.config.front import resolve_front_processes
 from inferd.observability import get_logger, request_id_var, truncated_path
 from inferd.store import StoreUnavailable
 
@@ -48,8 +49,8 @@ def make_app(state: ServerState) -> web.Application:
     inflight = Inflight(lambda: state.config.server.heartbeat_interval_s)
     app[keys.INFLIGHT] = inflight
     app.cleanup_ctx.append(inflight.cleanup_ctx)
-    front_processes = writer_count(state.config.server.front_processes)     # a reload keeps it (a restart)
-    if front_processes > 0:
+    front_processes = resolve_front_processes(state.config.server.front_processes)
+    if front_processes > 0:     # read once: a reload keeps it as running (inferd.daemon.reload)
         writers = app[keys.WRITERS] = WriterPool(front_processes)
         app.cleanup_ctx.append(writers.cleanup_ctx)
     app.router.add_post("/v1/completions", create_completion)

@@ -28,6 +28,7 @@ from inferd.config.cache import CacheConfig, cache_errors
 from inferd.config.cluster import ClusterConfig, cluster_errors, resolve_cluster_paths
 from inferd.config.cross_checks import auth_binding_errors, routing_errors, tenancy_errors
 from inferd.config.embeddings import BatchingConfig, Task, embedding_errors, with_batching_targets
+from inferd.config.front import FrontProcesses, front_processes_errors
 from inferd.config.policies import PolicyConfig
 from inferd.config.resilience import BreakerConfig, DegradeConfig
 from inferd.config.rollouts import PriceConfig, RolloutConfig
@@ -92,9 +93,9 @@ class ServerConfig(ConfigTable):
     # The most choices one request may ask for with `n` (each is an engine sequence): 1..16.
     max_n: int = 16
     # SSE writer processes (inferd.api.streaming.writers): plain-TCP streams are written by these after
-    # their headers; 0: every stream is written by this process; "auto": from the CPUs this process may
-    # use (inferd.api.streaming.writers.writer_count). Read at start: a reload keeps the running value.
-    front_processes: int | Literal["auto"] = "auto"
+    # their headers; 0: every stream is written by this process; "auto": from the usable CPUs
+    # (inferd.config.front.resolve_front_processes, which says why).
+    front_processes: FrontProcesses = "auto"
 
 
 class SimConfig(ConfigTable):
@@ -244,8 +245,7 @@ def _server_errors(s: ServerConfig) -> list[str]:
         errors.append(f"server.min_residency_s: must be >= 0 seconds, got {s.min_residency_s}")
     if s.refused_bytes_per_s == float("inf"):
         errors.append("server.refused_bytes_per_s: must be finite (0 turns pacing off), got inf")
-    if s.front_processes != "auto" and not 0 <= s.front_processes <= 64:
-        errors.append(f'server.front_processes: must be "auto" or 0..64, got {s.front_processes}')
+    errors.extend(front_processes_errors(s.front_processes))
     if not 1 <= s.max_n <= 16:          # 16: the wire format's own cap (inferd.api.wire.openai.MAX_N)
         errors.append(f"server.max_n: must be in 1..16, got {s.max_n}")
     if s.drain_grace_s < 0:

@@ -20,9 +20,9 @@ keep theirs.
 With `[cluster]`, step 1 also re-reads the cluster key file (one that cannot be read refuses the
 reload); the new key and settings apply with phase 1, the old key still accepted for key_grace_s.
 
-Settings that need a restart (listen address, engines_root, TLS on or off, the client CA, a loaded
-version's pool sizes, joining or leaving a cluster, the gossip address and node id, [store], a memory
-budget turned on or off) are logged as such and otherwise left as they were.
+Settings that need a restart (listen address, engines_root, the SSE writer processes, TLS on or off, the
+client CA, a loaded version's pool sizes, joining or leaving a cluster, the gossip address and node id,
+[store], a memory budget turned on or off) are logged as such and otherwise left as they were.
 
 The Reloader knows no subsystem: it runs each step's `check` (off the loop, all before anything
 changes; a refusal raises), then each step's `reconfigure`, in the order of `reload_steps`
@@ -48,7 +48,7 @@ from inferd.tenancy import KeyFileError
 
 log = get_logger("inferd.reload")
 
-RESTART_ONLY = ("host", "port", "engines_root", "front_processes")
+RESTART_ONLY = ("host", "port", "engines_root", "front_processes")   # writers start with the app
 T = TypeVar("T", bound=msgspec.Struct)
 
 

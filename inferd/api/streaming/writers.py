@@ -49,25 +49,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-# "auto": a writer per 4 usable CPUs, at most 4, none below 4 CPUs. Four writers at <= 10 ms of CPU per 1k
-# tokens each carry a full 8-GPU node (225,000 tokens/s); the other CPUs stay with this process (the
-# engines, admission, the ledger) and the engines' own threads. Below 4 CPUs a writer would take its
-# core from the engines and the loop it is meant to relieve.
-AUTO_CPUS_PER_WRITER = 4
-AUTO_MAX_WRITERS = 4
-
-
-def writer_count(setting: int | str, cpus: int | None = None) -> int:
-    """[server] front_processes resolved: the number itself, or for "auto" from the CPUs this process may use."""
-    if setting != "auto":
-        return int(setting)
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cpus < AUTO_CPUS_PER_WRITER:
-        return 0
-    return min(AUTO_MAX_WRITERS, cpus // AUTO_CPUS_PER_WRITER)
-
-
 class Reported(Protocol):
     """What a handed-over stream's sender is to its writer link: told what the writer reports."""
 
