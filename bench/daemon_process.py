@@ -25,6 +25,26 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
+def place_writers(root: int, server_cpu: int) -> int:
+    """Move the daemon's SSE writer processes (they inherit its pin) off `server_cpu` onto the machine's other
+    CPUs, as a node's spare cores would run them: a writer sharing the daemon's one core would only take
+    turns with it. Returns how many were moved (none on a 1-CPU machine)."""
+    from process_cpu import descendants, role_of
+
+    others = set(range(os.cpu_count() or 1)) - {server_cpu}
+    if not others or not hasattr(os, "sched_setaffinity"):
+        return 0
+    moved = 0
+    for pid in descendants(root)[1:]:
+        try:
+            if role_of(pid, is_root=False) == "writer":
+                os.sched_setaffinity(pid, others)
+                moved += 1
+        except (OSError, ValueError):       # it exited meanwhile
+            continue
+    return moved
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds the process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

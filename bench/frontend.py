@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
+from daemon_process import pin, place_writers, run_daemon, spawn, stop  # noqa: E402 (bench/ is this script's own directory)
 from process_cpu import per_1k_tokens, role_lines, projection, sample_tree, window_cpu  # noqa: E402
 from sse_load import run_client  # noqa: E402
 
@@ -176,6 +176,7 @@ def start_server(role: str, workdir: Path, args: argparse.Namespace) -> tuple[su
                                     kv_blocks=args.concurrency * (args.max_tokens + 64) // 16 + 64))
     proc, started = spawn([__file__, "--role", role, "--config", str(config), "--max-tokens", str(args.max_tokens)],
                           workdir, f"{role}.log", SERVER_CPU)
+    place_writers(proc.pid, SERVER_CPU)
     return proc, started["port"]
 
 

@@ -58,7 +58,7 @@ from array import array
 from pathlib import Path
 
 from daemon_metrics import histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
-from daemon_process import pin, run_daemon, spawn, stop  # noqa: E402
+from daemon_process import pin, place_writers, run_daemon, spawn, stop  # noqa: E402
 from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
 from sse_load import SseClient, http_post, reuse  # noqa: E402
 
@@ -232,6 +232,8 @@ def main() -> int:
         proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], work, "daemon.log", server_cpu)
         if server_cpu is None and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > CLIENT_CPU + 1:
             os.sched_setaffinity(proc.pid, set(range(os.cpu_count())) - {CLIENT_CPU})
+        if server_cpu is not None:
+            place_writers(proc.pid, server_cpu)
         port = started["port"]
         try:
             cmd = [sys.executable, __file__, "--role", "client", "--port", str(port), "--engines", str(args.engines),
