@@ -5,13 +5,37 @@ The artifact is read-only for tests: copy it (shutil.copytree) before altering a
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from inferd.config import root as config_root
+
 from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
 from inferd.artifacts.build.reference import build_synthetic, read_json_object
 from inferd.engine.tokenization import HFTokenizer
+
+
+def front_processes_for_tests() -> int:
+    """INFERD_TEST_FRONT_PROCESSES=N: servers the tests start hand their streams to N SSE writer processes
+    unless a test's config says otherwise (0 or unset: as configured)."""
+    return int(os.environ.get("INFERD_TEST_FRONT_PROCESSES", "0") or 0)
+
+
+def _parse_config_with_writers(parse):
+    """Config files the daemon tests load (load_config -> parse_config) get front_processes unless they set it."""
+    def parse_config(raw, **kwargs):
+        if isinstance(raw, dict) and isinstance(raw.get("server", {}), dict):
+            server = raw.get("server", {})
+            if "front_processes" not in server:
+                raw = {**raw, "server": {**server, "front_processes": front_processes_for_tests()}}
+        return parse(raw, **kwargs)
+    return parse_config
+
+
+if front_processes_for_tests() > 0:
+    config_root.parse_config = _parse_config_with_writers(config_root.parse_config)
 
 
 @pytest.fixture(scope="session")

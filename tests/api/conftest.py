@@ -17,6 +17,7 @@ from inferd.config.root import AuditConfig, Config, ModelConfig, ServerConfig
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
 from inferd.engine.base import Engine
 from inferd.engine.sim.engine import SimEngine
+from tests.conftest import front_processes_for_tests
 
 
 class Served(msgspec.Struct, kw_only=True):
@@ -82,6 +83,7 @@ async def serve(tmp_path) -> AsyncIterator[ServeFactory]:
         for engine in engines.values():
             await engine.start()
             cleanups.append(engine.close)
+        server.setdefault("front_processes", front_processes_for_tests())
         config = Config(server=ServerConfig(**server), models=models or {}, tenants=tenants or {},
                         admission=admission or AdmissionConfig(), auth=auth or AuthConfig(), audit=AuditConfig(path=str(tmp_path / "audit.jsonl")))
         state = build_state(config, engines)
