@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 
 from inferd.api.streaming.accepted import SocketAccepted
-
 from inferd.api.wire.responses import ChunkEncoder
 
 # A writer writes each stream's frame as its own send(); an ioctl beside every one was a fifth of a writer's
