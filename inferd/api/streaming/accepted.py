@@ -46,11 +46,10 @@ _monotonic = time.monotonic
 class SocketAccepted:
     """Counts the tokens whose frames one stream's client acknowledged."""
 
-    __slots__ = ("_acked", "_fd", "_interval", "_last_start", "_pending", "_raw", "_sampled_at", "_sent", "_taken",
+    __slots__ = ("_acked", "_fd", "_last_start", "_pending", "_raw", "_sampled_at", "_sent", "_taken",
                  "_transport", "delivered_tokens")
 
-    def __init__(self, sample_interval_s: float = SAMPLE_INTERVAL_S) -> None:
-        self._interval = sample_interval_s
+    def __init__(self) -> None:
         self._transport: WriteTransport | None = None
         self._raw: WriteTransport | None = None     # over TLS: the TCP transport under it, where readable
         self._fd = -1                   # the socket whose send queue is read (-1: none)
@@ -99,7 +98,7 @@ class SocketAccepted:
         pending.append((self._sent, self._taken))
         if len(pending) > MAX_PENDING:
             self._pending = _merged(pending)
-        if _monotonic() - self._sampled_at >= self._interval:
+        if _monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S:
             self.sample()
 
     def sample(self) -> None:

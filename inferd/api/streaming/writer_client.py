@@ -8,12 +8,6 @@ import socket
 from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import ChunkEncoder
 
-# A writer writes each stream's frame as its own send(); an ioctl beside every one was a fifth of a writer's
-# CPU at a token per frame. Main hears the counts every report interval anyway (a TOOK batch), so sampling
-# after a write at most every 50 ms costs a client that leaves at most the last 50 ms of its tokens
-# unbilled (a count errs low, never high); the end's acknowledgement wait samples as in process.
-WRITER_SAMPLE_INTERVAL_S = 0.05
-
 # What one stream may hold encoded and unsent before its client counts as gone (every byte past the
 # first BLOCKED was sent before the main process heard of it: about one step's text).
 MAX_UNSENT = 8 << 20
@@ -37,8 +31,7 @@ class ClientStream:
         self.closing = False
         self.blocked = False
         self.gone = False
-        # This stream's bytes against its socket's send queue, sampled at most every WRITER_SAMPLE_INTERVAL_S.
-        self.accepted = SocketAccepted(WRITER_SAMPLE_INTERVAL_S)
+        self.accepted = SocketAccepted()  # this stream's bytes, against its socket's send queue
         self.accepted.attach(self)        # type: ignore[arg-type]  (this object is its transport)
         self.reported = 0                 # acknowledged tokens the main process was told of
 

@@ -180,9 +180,13 @@ class Writer:
             data = stream.sock.recv(4096)
         except BlockingIOError:
             return
-        except OSError:
-            data = b""
-        if not data:                    # the client closed its end: it left
+        except OSError:                 # reset: the send queue is dropped, the last sample stands
+            self._gone(stream)
+            return
+        if not data:
+            # The client closed its end (FIN): the send queue is intact, so what it acknowledged up to now
+            # is read once more (else a client that leaves between two frames is billed as of the one before).
+            stream.accepted.sample()
             self._gone(stream)
 
     def _pump(self, stream: ClientStream) -> None:
