@@ -95,7 +95,9 @@ class ServerConfig(ConfigTable):
     # SSE writer processes (inferd.api.streaming.writers): plain-TCP streams are written by these after
     # their headers; 0: every stream is written by this process; "auto": from the usable CPUs
     # (inferd.config.front.resolve_front_processes, which says why).
-    front_processes: FrontProcesses = "auto"
+    # Default 0 for now: at 8 x 256 sim streams one writer delivered half of what the single process did
+    # (docs/performance.md, "SSE writer processes"); "auto" is there for those who measure it on their node.
+    front_processes: FrontProcesses = 0
 
 
 class SimConfig(ConfigTable):

@@ -8,7 +8,7 @@ from inferd.config.root import ConfigError, parse_config
 
 
 def test_default_is_auto():
-    assert parse_config({}).server.front_processes == "auto"
+    assert parse_config({}).server.front_processes == 0
 
 
 @pytest.mark.parametrize(("cpus", "writers"), [(1, 0), (2, 0), (3, 0), (4, 1), (8, 2), (15, 3), (16, 4), (128, 4)])
