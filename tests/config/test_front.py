@@ -7,7 +7,7 @@ from inferd.config.front import resolve_front_processes
 from inferd.config.root import ConfigError, parse_config
 
 
-def test_default_is_auto():
+def test_the_default_is_no_writer_processes():
     assert parse_config({}).server.front_processes == 0
 
 
