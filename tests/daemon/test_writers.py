@@ -8,6 +8,7 @@ import socket
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.config.root import load_config
 from tests.daemon.harness import running, running_daemon, sim_model, until, write_config
@@ -104,6 +105,31 @@ async def test_a_drain_lets_a_handed_over_stream_finish(tmp_path):
             rest = await resp.content.read()
         assert rest.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in rest
         assert daemon_writers(daemon).handed == 1
+
+
+async def test_a_deadline_mid_stream_on_a_handed_over_stream_is_a_504_though_the_client_hangs_up_on_its_frame(
+        tmp_path):
+    async with running_daemon(writers_config(tmp_path, time_scale=1.0)) as (daemon, _, url), \
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+        # cut by it: 2000 tokens would take several seconds and end "length"
+        stream = await sdk.completions.create(model="sim", prompt="x", max_tokens=2000, stream=True,
+                                              extra_headers={"X-Request-Timeout": "1.0"})
+        text = []
+        with pytest.raises(openai.APIError) as exc:     # the SDK hangs up as soon as it reads the error frame
+            async for chunk in stream:
+                text.append(chunk.choices[0].text if chunk.choices else "")
+        assert exc.value.body["code"] == "deadline_exceeded" and "".join(text)
+        assert await daemon.state.wait_idle(timeout=1.0)
+        assert daemon.state.engines["sim"].stats().kv_blocks_used == 0
+        [row] = await usage_rows(url)
+        async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+            metrics = await resp.text()
+    assert daemon_writers(daemon).handed == 1
+    assert row["status"] == 504
+    # the request's own status too (a handed-over stream's client leaving after its final frames is done, not gone)
+    answered = {s.labels["status"] for f in text_string_to_metric_families(metrics)
+                if f.name == "inferd_tenant_requests" for s in f.samples if s.value and s.name.endswith("_total")}
+    assert answered == {"504"}
 
 
 def sse_events(body: bytes) -> list[dict]:

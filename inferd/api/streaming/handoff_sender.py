@@ -33,7 +33,7 @@ class HandoffSender(Sender):
     stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
-    __slots__ = ("acked", "link", "opened", "opening", "paused", "pool", "sid", "started")
+    __slots__ = ("acked", "gone", "link", "opened", "opening", "paused", "pool", "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
@@ -44,6 +44,7 @@ class HandoffSender(Sender):
         self.started = False
         self.paused = False
         self.opened = False
+        self.gone = False                   # the writer reported the client gone (GONE)
         self.opening: asyncio.Task | None = None
         self.acked: asyncio.Future[bool] | None = None
         if self._transport.get_write_buffer_size() == 0:
@@ -92,7 +93,7 @@ class HandoffSender(Sender):
         if not self.opened:                 # a ping while the headers wait: still this process's socket
             super()._write(frame)
             return
-        if self.entry.client_gone:
+        if self.gone or self.entry.client_gone:
             raise ConnectionResetError("the client closed the connection")
         self.link.send([wire.RAW, self.sid, frame.decode(), self.accepted.taken])
 
@@ -143,9 +144,13 @@ class HandoffSender(Sender):
         if tokens is not None:
             self.accepted.counted_elsewhere(tokens)
         if kind == wire.GONE:
-            self._answer(ConnectionResetError("the client closed the connection"))
-            if not self.entry.closing:
-                self.stream.cancel()            # free its engine request now, as the watchdog would
+            self.gone = True
+            self._answer(ConnectionResetError("the client closed the connection"))   # a 200's wait for its ack
+            if self.entry.closing:
+                # Its final frames are written: the outcome is settled, and a client that hangs up now (the
+                # SDK does, right after an error frame) is done, not gone, as Inflight.scan has it in-process.
+                return
+            self.stream.cancel()                # free its engine request now, as the watchdog would
             self.end(client_gone=True)
         elif kind == wire.ACKED:
             self._answer(bool(msg[3]))
@@ -167,7 +172,7 @@ class HandoffSender(Sender):
     async def acknowledged(self, bound_s: float) -> bool:
         """SocketAccepted.acknowledged, asked of the writer: True once the client acknowledged every byte
         before the final frames (just sent), False past `bound_s`; ConnectionResetError: the client left."""
-        if self.entry.client_gone or not self.opened:
+        if self.gone or self.entry.client_gone or not self.opened:
             raise ConnectionResetError("the client closed the connection")
         self.acked = acked = asyncio.get_running_loop().create_future()
         self.link.send([wire.ACK, self.sid, max(bound_s, 0.0)])     # WriterDown: a ConnectionError
