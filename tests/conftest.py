@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from inferd.config import root as config_root
-
 from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
 from inferd.artifacts.build.reference import build_synthetic, read_json_object
+from inferd.config import root as config_root
 from inferd.engine.tokenization import HFTokenizer
 
 

@@ -120,7 +120,8 @@ async def test_client_disconnect_aborts_and_frees_kv_blocks(serve, stream, handl
 
 
 async def test_a_client_that_stops_reading_pauses_its_stream_and_gets_everything_merged_once_it_reads(serve):
-    served = await serve({"sim": sim_engine(max_model_len=8192, time_scale=0.2)})   # ~0.5 ms per token
+    # In process (it shrinks this process's transport buffer): tests/daemon/test_writers.py has the writers' own.
+    served = await serve({"sim": sim_engine(max_model_len=8192, time_scale=0.2)}, front_processes=0)  # ~0.5 ms/token
     host, port = served.base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     payload = json.dumps({"model": "sim", "prompt": "x", "max_tokens": 3000, "stream": True,
