@@ -26,7 +26,7 @@ from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_resp
 from inferd.api.streaming.sse import Inflight
 from inferd.api.streaming.writers import WriterPool
 from inferd.api.state import ServerState
-from inferd.config.front import resolve_front_processes
+from inferd.config import resolve_front_processes
 from inferd.observability import get_logger, request_id_var, truncated_path
 from inferd.store import StoreUnavailable
 

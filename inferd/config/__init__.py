@@ -27,6 +27,7 @@ from inferd.config.root import (
     parse_config,
     with_overrides,
 )
+from inferd.config.front import resolve_front_processes
 from inferd.config.embeddings import DEFAULT_LATENCY_TARGET_MS, BatchingConfig, latency_targets
 from inferd.config.slos import LATENCY_SLIS, SloConfig
 from inferd.config.state_dir import default_state_dir
@@ -55,6 +56,6 @@ __all__ = [
     "RoutingConfigError", "ServerConfig", "SloConfig", "LATENCY_SLIS", "latency_targets",
     "SimConfig", "Split", "StoreConfig", "TENANT_NAME_RE", "TenantConfig",
     "DEFAULT_TENANT", "TenantRegistry", "TlsConfig", "TracingConfig", "TrtllmConfig", "TorchConfig", "artifact_name", "check_auth_binding", "check_config_main",
-    "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_seed", "parse_target", "price_for", "rollout_errors",
+    "check_tls_binding", "default_state_dir", "load_config", "parse_config", "parse_address", "parse_seed", "parse_target", "price_for", "rollout_errors", "resolve_front_processes",
     "split_from_config", "with_overrides",
 ]

@@ -8,8 +8,7 @@ import time
 
 from aiohttp.abc import AbstractStreamWriter
 
-from inferd.admission.stream import AdmittedStream
-
+from inferd.admission import AdmittedStream
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.sse import Sender, Tracked, final_frames
 from inferd.api.streaming.writers import WriterDown, WriterPool

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from inferd.admission.stream import AdmittedStream
+from inferd.admission import AdmittedStream
 from inferd.api.errors import SERVER_ERROR, ApiError
 from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
