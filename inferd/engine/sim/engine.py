@@ -28,14 +28,7 @@ from collections.abc import Iterable
 import msgspec
 
 from inferd.engine.adapters import AdapterInfo, UnknownAdapter
-from inferd.engine.base import (
-    Capacity,
-    Engine,
-    EngineInfo,
-    EngineStats,
-    EngineUnavailable,
-    InvalidRequest,
-)
+from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
 from inferd.engine.grammar import GrammarState
 from inferd.engine.sim.emit import EOS_SCALE, StepOutput
 from inferd.engine.sim.guided import Compiling, sim_grammars
