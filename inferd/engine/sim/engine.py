@@ -11,10 +11,10 @@ _SLICE_S): a GPU does not wait for the host's event loop. Tokens are a determini
 (prompt, seed, position). It reports itself as a simulator (info.simulated).
 
 Scheduling is the shared scheduler and block manager (inferd.engine.scheduler, seen through
-inferd.engine.sim.scheduler); this module is the simulated executor: it times the steps and makes the
-tokens. Everything runs on the event loop: the step's Python cost
-is a few microseconds per sequence, so no thread is needed, and deltas are pushed from the loop thread
-as RequestStream requires.
+inferd.engine.sim.scheduler); this module is the simulated executor's lifecycle, requests, step loop,
+stats and adapters: it times the steps, and sim.emit turns each step's results into tokens and stream
+pushes. Everything runs on the event loop: the step's Python cost is a few microseconds per sequence,
+so no thread is needed, and deltas are pushed from the loop thread as RequestStream requires.
 Stats (step latency, tokens/s) are in *simulated* time: what the modelled GPU would do.
 """
 from __future__ import annotations
@@ -27,22 +27,21 @@ from collections.abc import Iterable
 
 import msgspec
 
+from inferd.engine.adapters import AdapterInfo, UnknownAdapter
 from inferd.engine.base import Capacity, Engine, EngineInfo, EngineStats, EngineUnavailable, InvalidRequest
+from inferd.engine.grammar import GrammarState
+from inferd.engine.sim.emit import EOS_SCALE, StepOutput
+from inferd.engine.sim.guided import Compiling, sim_grammars
+from inferd.engine.sim.lora import SimAdapters
+from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
+from inferd.engine.sim.scheduler import SimScheduler, SimSequence
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
 from inferd.engine.validation import failure_message, seed64, validate_request
-from inferd.engine.adapters import AdapterInfo, UnknownAdapter
-from inferd.engine.grammar import DEAD_END, GrammarState
-from inferd.engine.sim.guided import Compiling, GuidedChooser, sim_grammars
-from inferd.engine.sim.lora import SimAdapters
-from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
-from inferd.engine.sim.logprobs import synthetic_logprob, synthetic_prompt_logprobs
-from inferd.engine.sim.scheduler import SimScheduler, SimSequence, StepPlan
 from inferd.observability import get_logger
 from inferd.types import Delta, EngineTiming, FinishReason, GenerationRequest, Usage
 
 log = get_logger("inferd.engine.sim")   # the name operators filter on; it predates the sim package
-_EOS_SCALE = 1 << 20
 _MAX_LAG_S = 0.005   # how far behind the simulated timeline the loop may run before it stops catching up
 # Steps that are due run back to back while the step loop's turn has used less CPU than the rest
 # of the loop used since its previous turn, and at most _SLICE_S: when the loop is busy (say,
@@ -79,7 +78,7 @@ class SimEngine(Engine):
             raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
         self.tokenizer = sim_tokenizer(self.profile.vocab_size)
         self.grammars = sim_grammars(self.tokenizer)
-        self._chooser = GuidedChooser(self.tokenizer)
+        self._output = StepOutput(self.tokenizer, self._finish)   # each step's tokens and pushes (sim.emit)
         digest = hashlib.sha256(msgspec.json.encode(self.profile)).hexdigest()[:12]
         # A sequence can never outgrow the whole KV pool: advertise that bound, or the API would
         # default max_tokens to a context this engine then refuses.
@@ -101,7 +100,6 @@ class SimEngine(Engine):
         self._closed = False
         self._failed = False
         self._eos_ids = frozenset(self.tokenizer.eos_token_ids)
-        self._pieces = self.tokenizer.pieces()     # each id's text, by id (specials and bytes: "")
         # stats, in simulated seconds
         self.sim_time = 0.0               # simulated seconds of GPU work so far
         self._steps = self._prompt_tokens = self._gen_tokens = 0
@@ -167,7 +165,7 @@ class SimEngine(Engine):
 
     def _add(self, seq: SimSequence, grammar: GrammarState | None) -> None:
         seq.grammar = grammar
-        # Its tokens need nothing but (key, position) and their pieces: _complete's short path.
+        # Its tokens need nothing but (key, position) and their pieces: StepOutput.complete's short path.
         seq.plain = (grammar is None and seq.matcher is None and seq.logprobs is None
                      and seq.prompt_logprobs is None)
         self._scheduler.add(seq)
@@ -186,7 +184,7 @@ class SimEngine(Engine):
         if not sp.greedy:
             key = hash((key, seed64(sp.seed) if sp.seed is not None else self._rng.getrandbits(62), 1))
         stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else self._eos_ids)
-        eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * _EOS_SCALE)
+        eos_threshold = 0 if sp.ignore_eos else int(self.profile.eos_probability * EOS_SCALE)
         stream = RequestStream(request.request_id, on_cancel=self.abort)
         seq = SimSequence(request.request_id, stream, prompt, sp.max_tokens, key, stop_ids, eos_threshold,
                           StopMatcher(sp.stop) if sp.stop else None)
@@ -220,34 +218,6 @@ class SimEngine(Engine):
         seq.stream.push(Delta(token_ids=token_ids, text=text, finish_reason=reason, usage=usage, timing=timing,
                               error=error, **(lp or {})))
 
-    def _text(self, seq: SimSequence, token: int, first_piece: int) -> str:
-        """The text `token` adds. Byte tokens (ids below first_piece) go through the sequence's incremental
-        UTF-8 decoder: decoding each alone turned every byte of a multi-byte character into U+FFFD."""
-        if token >= first_piece:
-            held = seq.utf8.decode(b"", final=True)        # bytes of a character cut short: U+FFFD, as HF
-            return held + self.tokenizer.piece(token) if held else self.tokenizer.piece(token)
-        return seq.utf8.decode(self.tokenizer.token_bytes_of(token))
-
-    def _guided_token(self, seq: SimSequence, pos: int) -> int | None:
-        """A token the sequence's grammar allows (sim.guided), fed to it; None when it allows none."""
-        token = self._chooser.choose(seq.grammar, seq.key, pos)
-        if token is None or not seq.grammar.accept(token):
-            return None
-        return token
-
-    def _logprobs(self, seq: SimSequence, token: int, pos: int) -> dict | None:
-        """The synthetic log-probabilities a token's delta carries (sim.logprobs), for requests that asked."""
-        if seq.logprobs is None and seq.prompt_logprobs is None:
-            return None
-        vocab = self.tokenizer.generation_ids
-        out: dict = {}
-        if seq.logprobs is not None:
-            out["logprobs"] = [synthetic_logprob(seq.key, pos, token, seq.logprobs, vocab)]
-        if seq.prompt_logprobs is not None:
-            out["prompt_logprobs"] = synthetic_prompt_logprobs(seq.token_ids[:seq.num_prompt_tokens],
-                                                               seq.prompt_logprobs, vocab)
-            seq.prompt_logprobs = None
-        return out
 
     # -- admission's view ------------------------------------------------------------------------
     def capacity(self) -> Capacity:
@@ -310,7 +280,8 @@ class SimEngine(Engine):
                 await asyncio.sleep(max(0.0, wait))
                 turn_start = _cpu()
                 others = turn_start - yielded
-            self._complete(plan)
+            self._scheduler.computed(plan)
+            self._gen_tokens += self._output.complete(plan.scheduled)
 
     # -- LoRA adapters (engine.adapters.AdapterHost): names only, nothing to read ----------------
     def adapters(self) -> list[AdapterInfo]:
@@ -340,85 +311,3 @@ class SimEngine(Engine):
                 observer(step_s)
             except Exception:   # metrics must never take the engine down
                 log.exception("step_observer_failed")
-
-    def _complete(self, plan: StepPlan) -> None:
-        """The step's results: one new token for every sequence whose context is now fully computed.
-
-        Plain sequences (no grammar, stop strings or log-probabilities: nearly all) take the short path
-        here, the only per-token Python a GPU engine would not run; the rest, and every sequence's last
-        token, go through _emit."""
-        gen_ids = self.tokenizer.generation_ids
-        num_gen = len(gen_ids)
-        pieces = self._pieces
-        eos = self.tokenizer.eos_token_ids[0]
-        now = time.monotonic()
-        produced = 0
-        self._scheduler.computed(plan)
-        for seq, _ in plan.scheduled:
-            if seq.done:
-                continue   # aborted while the step ran
-            token_ids = seq.token_ids
-            n = len(token_ids)
-            if seq.num_computed_tokens < n:
-                continue   # a prefill chunk: no token yet
-            pos = n - seq.num_prompt_tokens
-            if not seq.plain:
-                if seq.grammar is not None:
-                    token = self._guided_token(seq, pos)
-                    if token is None:
-                        self._finish(seq, FinishReason.ERROR, [], "", error=DEAD_END)
-                        continue
-                else:
-                    token = self._free_token(seq, pos, gen_ids, num_gen)
-                token_ids.append(token)
-                produced += 1
-                if seq.first_token is None:
-                    seq.first_token = now
-                self._emit(seq, token, pos)
-                continue
-            key = seq.key
-            token = gen_ids[hash((key, pos)) % num_gen]
-            if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
-                token = eos
-            token_ids.append(token)
-            produced += 1
-            if seq.first_token is None:
-                seq.first_token = now
-            if token in seq.stop_ids or pos + 1 >= seq.max_tokens:
-                self._emit(seq, token, pos)
-            else:   # a generated word or punctuation (never a byte token): its piece is its text
-                seq.stream.push_token(token, pieces[token])
-        self._gen_tokens += produced
-
-    def _free_token(self, seq: SimSequence, pos: int, gen_ids: tuple[int, ...], num_gen: int) -> int:
-        """The token at `pos` of a sequence without a grammar: a function of (key, pos) only."""
-        key = seq.key
-        if seq.eos_threshold and hash((key, pos, 2)) % _EOS_SCALE < seq.eos_threshold:
-            return self.tokenizer.eos_token_ids[0]
-        return gen_ids[hash((key, pos)) % num_gen]
-
-    def _emit(self, seq: SimSequence, token: int, pos: int) -> None:
-        """Push `token` (already appended to the sequence) with its text, or end the sequence on it."""
-        lp = self._logprobs(seq, token, pos) if seq.logprobs is not None or seq.prompt_logprobs is not None \
-            else None
-        if token in seq.stop_ids or (seq.grammar is not None and seq.grammar.terminated):
-            text = seq.utf8.decode(b"", final=True)
-            if seq.matcher is not None:
-                text = seq.matcher.push(text)[0] + seq.matcher.flush()
-            self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
-            return
-        text = self._text(seq, token, self.tokenizer.first_piece)
-        if seq.matcher is not None:
-            text, stopped = seq.matcher.push(text)
-            if stopped:
-                self._finish(seq, FinishReason.STOP, [token], text, lp=lp)
-                return
-        if pos + 1 >= seq.max_tokens:
-            tail = seq.utf8.decode(b"", final=True)       # a character cut short by max_tokens: U+FFFD
-            text += tail if seq.matcher is None else seq.matcher.push(tail)[0] + seq.matcher.flush()
-            self._finish(seq, FinishReason.LENGTH, [token], text, lp=lp)
-            return
-        if lp is None:
-            seq.stream.push_token(token, text)
-        else:
-            seq.stream.push(Delta(token_ids=[token], text=text, **lp))

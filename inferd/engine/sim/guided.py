@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+
 import numpy as np
 
-from inferd.engine.grammar import GrammarError, GrammarState, Grammars
+from inferd.engine.grammar import GrammarError, Grammars, GrammarState
 from inferd.engine.grammar_worker import GrammarWorker
 from inferd.engine.sim.profiles import SimTokenizer
 from inferd.observability import get_logger
