@@ -208,3 +208,15 @@ async def test_a_writer_that_dies_mid_stream_ends_it_as_a_disconnect_and_a_new_w
             chunks = [c async for c in stream]
         assert chunks[-1].choices[0].finish_reason == "length"
         assert writers.handed == 2 and writers.links[0].process.pid != dead.process.pid
+
+
+async def test_the_daemon_serves_once_its_writer_processes_are_listening(tmp_path):
+    # A stream handed to a writer still importing waited for it (most of a second): the first streams after a
+    # start got their first token that late, and a queued stream behind one was admitted past its deadline.
+    cfg = writers_config(tmp_path)
+    async with running_daemon(cfg) as (daemon, _, url):
+        writers = daemon_writers(daemon)
+        assert all(link.ready.done() and not link.down for link in writers.links)
+        for link in writers.links:      # named only once its imports are done, in main()
+            with open(f"/proc/{link.process.pid}/comm") as comm:
+                assert comm.read().strip() == "inferd-writer"

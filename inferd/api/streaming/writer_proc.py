@@ -54,6 +54,7 @@ class Writer:
         self.channel.setblocking(False)
         self.loop.add_reader(self.channel.fileno(), self._read)
         self._spawn(self._sample_loop())
+        self._report([wire.READY])
 
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)

@@ -38,6 +38,7 @@ import orjson
 
 OPEN, STEP, RAW, CLOSE, ABORT, ACK = "o", "s", "r", "c", "a", "k"
 GONE, BLOCKED, DRAINED, ACKED, TOOK = "g", "b", "d", "K", "t"
+READY = "R"        # [READY]: the writer has imported and listens (streams handed earlier would wait for it)
 
 # The largest message either side reads. A STEP is sent once past SPLIT_AT, and text longer than
 # TEXT_PIECE goes as several entries (inferd.api.streaming.writers): a SOCK_SEQPACKET message must fit

@@ -39,6 +39,7 @@ log = get_logger("inferd.api.streaming.writers")
 RESTART_FIRST_S, RESTART_MAX_S, RESTART_RESET_S, MAX_RESTARTS = 0.1, 5.0, 60.0, 8
 # Messages queued for a writer whose socket is full; past it the writer is treated as dead.
 MAX_QUEUED = 4096
+READY_WITHIN_S = 10.0        # a writer not READY by then serves anyway (its streams wait for it, as before)
 
 
 def _child_env() -> dict[str, str]:
@@ -72,6 +73,7 @@ class WriterLink:
         self.queued: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.down = False
         self.started = asyncio.get_running_loop().time()
+        self.ready = asyncio.get_running_loop().create_future()   # set by its READY
 
     def send(self, message: list, fds: list[int] | None = None) -> None:
         if self.step:
@@ -145,6 +147,10 @@ class WriterLink:
                 self._lost()
                 return
             msg = wire.decode(data)
+            if msg[0] == wire.READY:
+                if not self.ready.done():
+                    self.ready.set_result(None)
+                continue
             if msg[0] == wire.TOOK:
                 senders = self.senders
                 for sid, tokens in msg[1]:
@@ -160,6 +166,8 @@ class WriterLink:
         if self.down:
             return
         self.down = True
+        if not self.ready.done():           # nothing to wait for any more
+            self.ready.set_result(None)
         log.error("writer_process_lost", pid=self.process.pid)
         loop = asyncio.get_running_loop()
         loop.remove_reader(self.sock.fileno())
@@ -221,6 +229,10 @@ class WriterPool:
         ours.setblocking(False)
         link = WriterLink(self, ours, process)
         asyncio.get_running_loop().add_reader(ours.fileno(), link.read)
+        # A stream handed to a writer still importing would wait for its start (most of a second): the
+        # link serves once the writer says READY (or, not saying it in time, once it has had that time).
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(link.ready), READY_WITHIN_S)
         return link
 
     def lost(self, link: WriterLink) -> None:
