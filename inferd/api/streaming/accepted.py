@@ -114,7 +114,8 @@ class SocketAccepted:
         out = self._acked = self._sent - held - self._unacknowledged()
         pending = self._pending
         while pending and pending[0][0] <= out:
-            self.delivered_tokens = pending.popleft()[1]
+            # Never lower: a writer process's count (counted_elsewhere) may be ahead of frames written here.
+            self.delivered_tokens = max(self.delivered_tokens, pending.popleft()[1])
 
     async def acknowledged(self, bound_s: float) -> bool:
         """Wait until the client has acknowledged every byte written before the last frame (the stream's

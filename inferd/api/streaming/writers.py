@@ -120,7 +120,16 @@ class WriterLink:
         if len(self.queued) >= MAX_QUEUED:
             self._lost()
             raise WriterDown("the writer process is not keeping up")
-        self.queued.append((data, fds))
+        # A queued socket goes as its own duplicate: the stream may end (and its fd be closed and reused
+        # for another connection) before the queue drains.
+        self.queued.append((data, [os.dup(fd) for fd in fds]))
+
+    def discard_queued(self) -> None:
+        """Drop what waits to be sent, closing the duplicated sockets it holds."""
+        for _, fds in self.queued:
+            for fd in fds:
+                os.close(fd)
+        self.queued.clear()
 
     def _drain(self) -> None:
         while self.queued:
@@ -133,6 +142,8 @@ class WriterLink:
                 self._lost()
                 return
             self.queued.popleft()
+            for fd in fds:
+                os.close(fd)
         asyncio.get_running_loop().remove_writer(self.sock.fileno())
 
     def read(self) -> None:
@@ -172,7 +183,7 @@ class WriterLink:
         loop = asyncio.get_running_loop()
         loop.remove_reader(self.sock.fileno())
         loop.remove_writer(self.sock.fileno())
-        self.queued.clear()
+        self.discard_queued()
         for sid, sender in list(self.senders.items()):
             sender.on_report([wire.GONE, sid, None])    # billed what the writer last reported
         self.senders.clear()
@@ -208,6 +219,8 @@ class WriterPool:
             for link in self.links:
                 if not link.down:
                     loop.remove_reader(link.sock.fileno())
+                    loop.remove_writer(link.sock.fileno())
+                link.discard_queued()
                 link.sock.close()           # the writer sees end-of-file and exits
             for link in self.links:
                 with contextlib.suppress(ProcessLookupError):
