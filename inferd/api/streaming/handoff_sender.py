@@ -8,7 +8,6 @@ import time
 
 from aiohttp.abc import AbstractStreamWriter
 
-from inferd.admission import AdmittedStream
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.sse import Sender, Tracked, final_frames
 from inferd.api.streaming.writers import WriterDown, WriterPool
@@ -102,17 +101,9 @@ class HandoffSender(Sender):
     def flush(self) -> None:
         if self.done or self.paused or not self.opened:
             return
-        stream = self.stream
-        # Plain output of an admitted stream (nearly every read) comes as (tokens, text), no Delta built.
-        got = stream.take_text() if stream.__class__ is AdmittedStream else None
+        got = self._read_output()
         if got is None:
-            delta = stream.take()
-            if delta is None:
-                return
-            if delta.finish_reason is not None:
-                self._flush_final(delta)
-                return
-            got = len(delta.token_ids), delta.text
+            return
         tokens, text = got
         self.accepted.took(tokens)
         running = self._encoder.running

@@ -173,21 +173,29 @@ class Sender:
             return False
         return True
 
-    def flush(self) -> None:
-        """Write what the stream has pending as one frame (or the final frames)."""
-        if not self.writable():
-            return
+    def _read_output(self) -> tuple[int, str] | None:
+        """The stream's pending output as (tokens, text); None when there is none, or when it was the final
+        delta (then written by _flush_final)."""
         stream = self.stream
         # Plain output of an admitted stream (nearly every read) comes as (tokens, text), no Delta built.
         got = stream.take_text() if stream.__class__ is AdmittedStream else None
         if got is None:
             delta = stream.take()
             if delta is None:
-                return
+                return None
             if delta.finish_reason is not None:
                 self._flush_final(delta)
-                return
+                return None
             got = len(delta.token_ids), delta.text
+        return got
+
+    def flush(self) -> None:
+        """Write what the stream has pending as one frame (or the final frames)."""
+        if not self.writable():
+            return
+        got = self._read_output()
+        if got is None:
+            return
         tokens, text = got
         self.accepted.took(tokens)
         if text:
