@@ -8,6 +8,7 @@ import time
 
 from aiohttp.abc import AbstractStreamWriter
 
+from inferd.api import appkeys as keys
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.sse import Sender, Tracked, final_frames
 from inferd.api.streaming.writers import WriterDown, WriterPool
@@ -173,6 +174,10 @@ class HandoffSender(Sender):
         finally:
             self.acked = None
 
+    def _close_grace_s(self) -> float | None:
+        request = self.entry.request
+        return None if request is None else request.app[keys.STATE].config.server.stream_ack_timeout_s
+
     def release(self) -> None:
         if self.opening is not None:
             self.opening.cancel()
@@ -180,7 +185,10 @@ class HandoffSender(Sender):
         if link is not None:
             link.senders.pop(self.sid, None)
             with contextlib.suppress(WriterDown):
-                link.send([wire.CLOSE if not self.entry.client_gone else wire.ABORT, self.sid])
+                if self.entry.client_gone:
+                    link.send([wire.ABORT, self.sid])
+                else:       # the last bytes get as long as a stream's end waits for its acknowledgement
+                    link.send([wire.CLOSE, self.sid, self._close_grace_s()])
         # This process's copy of the socket: closed without a byte (the writer's copy keeps the
         # connection open), so the response's end aiohttp would write fails as a disconnect.
         self._transport.abort()

@@ -37,6 +37,10 @@ SAMPLE_EVERY_S = 0.25
 TOOK_BATCH = 4096
 # On end-of-file from the main process: how long what is queued for the clients may take to go out.
 EOF_GRACE_S = 2.0
+# After CLOSE, how long a stream's last bytes may wait for its client to take them before the connection is
+# dropped (the main process sends [server] stream_ack_timeout_s with CLOSE; this when it sends none): it no
+# longer counts the connection, so a client that stopped reading must not keep it, and its buffer, here.
+CLOSE_GRACE_S = 10.0
 
 
 class Writer:
@@ -144,6 +148,9 @@ class Writer:
                 if stream.chunked:
                     stream.unsent += b"0\r\n\r\n"
                 self._pump(stream)
+                if not stream.gone:
+                    self.loop.call_later(msg[2] if len(msg) > 2 and msg[2] is not None else CLOSE_GRACE_S, self._drop,
+                                        stream)
             elif kind == wire.ABORT:
                 self._drop(stream)
 

@@ -13,7 +13,8 @@ main -> writer
                                               included), which the frame carries, for billing
   ACK    [ACK, sid, bound_s]                  the final frames were just sent: answer ACKED once the client
                                               acknowledged every byte before them, or after bound_s
-  CLOSE  [CLOSE, sid]                         write what is left, end the chunked body, close the connection
+  CLOSE  [CLOSE, sid, grace_s]                write what is left, end the chunked body, close the connection;
+                                              dropped after grace_s if its client has not taken it all
   ABORT  [ABORT, sid]                         close the connection now, nothing more written
 
 writer -> main

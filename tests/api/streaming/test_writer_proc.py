@@ -159,3 +159,23 @@ async def test_ack_of_a_client_that_stopped_reading_answers_not_acknowledged_aft
         await main.send([wire.RAW, 1, 'data: {"final": true}\n\n', 4])
         await main.send([wire.ACK, 1, 0.2])
         assert await main.report_of(wire.ACKED) == [wire.ACKED, 1, 0, False]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts the writer's fds in /proc")
+async def test_a_closed_stream_whose_client_stopped_reading_is_dropped_after_its_grace():
+    async with writer_process() as main:
+        await main.synced()
+        before = main.open_fds()
+        client = main.open(1)
+        for _ in range(64):                                 # far more than the client's socket holds
+            await main.send([wire.RAW, 1, "data: " + "x" * (1 << 16) + "\n\n", 0])
+        await main.send([wire.CLOSE, 1, 0.2])
+        await main.synced()
+        assert main.open_fds() == before + 1                # still trying to write the rest
+        async def dropped() -> bool:
+            return main.open_fds() == before
+        await until(dropped, "the connection dropped after its grace")
+        client.setblocking(True)
+        client.settimeout(10)
+        while client.recv(1 << 16):                         # the client sees the connection end, cut short
+            pass
