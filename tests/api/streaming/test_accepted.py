@@ -26,19 +26,23 @@ BODY = {"model": "sim", "prompt": "hello there", "max_tokens": GENERATED, "ignor
         "stream": True, "logprobs": 5}
 
 
-def frames_tokens(data: bytes) -> int:
-    """Output tokens in the complete chunks of a chunked SSE response's start (headers included)."""
+def complete_events(data: bytes):
+    """The JSON events (`data: {...}`) in the complete chunks of a chunked SSE response's start (headers included)."""
     _, _, rest = data.partition(b"\r\n\r\n")
-    tokens = 0
     while True:
         size_line, sep, tail = rest.partition(b"\r\n")
         if not sep or not size_line or len(tail) < int(size_line, 16) + 2:
-            return tokens
+            return
         size = int(size_line, 16)
         for line in tail[:size].split(b"\n"):
             if line.startswith(b"data: {"):
-                tokens += len(json.loads(line[6:])["choices"][0]["logprobs"]["tokens"])
+                yield json.loads(line[6:])
         rest = tail[size + 2:]
+
+
+def frames_tokens(data: bytes) -> int:
+    """Output tokens in the complete chunks of a chunked SSE response's start (headers included)."""
+    return sum(len(event["choices"][0]["logprobs"]["tokens"]) for event in complete_events(data))
 
 
 SHORT = {**BODY, "max_tokens": 250, "logprobs": 1}

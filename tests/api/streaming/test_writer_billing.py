@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import socket
 import struct
 import termios
@@ -17,7 +16,7 @@ from inferd.api import appkeys as keys
 from inferd.config.root import load_config
 from tests.api.pipeline.test_billing import settled_rows
 from tests.api.pipeline.test_usage import PRICES
-from tests.api.streaming.test_accepted import raw_stream, stalled_on
+from tests.api.streaming.test_accepted import complete_events, raw_stream, stalled_on
 from tests.daemon.harness import running_daemon, sim_model, write_config
 
 GENERATED = 1900
@@ -38,19 +37,11 @@ def writers_config(tmp_path, *, time_scale: float, ack_timeout_s: float | None =
 
 def frames_tokens(data: bytes) -> int:
     """The completion tokens counted by the last complete chunk of a chunked SSE response's start."""
-    _, _, rest = data.partition(b"\r\n\r\n")
     tokens = 0
-    while True:
-        size_line, sep, tail = rest.partition(b"\r\n")
-        if not sep or not size_line or len(tail) < int(size_line, 16) + 2:
-            return tokens
-        size = int(size_line, 16)
-        for line in tail[:size].split(b"\n"):
-            if line.startswith(b"data: {"):
-                usage = json.loads(line[6:]).get("usage")
-                if usage:
-                    tokens = usage["completion_tokens"]
-        rest = tail[size + 2:]
+    for event in complete_events(data):
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+    return tokens
 
 
 def unread(sock: socket.socket) -> int:
