@@ -25,13 +25,15 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
-def place_writers(root: int, server_cpu: int) -> int:
+def place_writers(root: int, server_cpu: int, client_cpus: set[int] = frozenset()) -> int:
     """Move the daemon's SSE writer processes (they inherit its pin) off `server_cpu` onto the machine's other
     CPUs, as a node's spare cores would run them: a writer sharing the daemon's one core would only take
-    turns with it. Returns how many were moved (none on a 1-CPU machine)."""
+    turns with it. The load generators' `client_cpus` are avoided where CPUs are left beside them. Returns
+    how many were moved (none on a 1-CPU machine)."""
     from process_cpu import descendants, role_of
 
     others = set(range(os.cpu_count() or 1)) - {server_cpu}
+    others = (others - set(client_cpus)) or others
     if not others or not hasattr(os, "sched_setaffinity"):
         return 0
     moved = 0

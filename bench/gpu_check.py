@@ -14,6 +14,8 @@ group is killed), in order:
               the roofline; then the streams workload (--requests, --streams in flight): bench/gpu_direct.py
   daemon      the same streams workload through `inferd serve`: daemon/direct tokens/s, the latency the
               front adds, and the KV blocks a dropped client frees: bench/gpu_daemon.py
+  writers     the daemon phase again with SSE writer processes on ([server] front_processes =
+              --front-processes: "auto" on CUDA, one per 4 CPUs up to 4; 1 on the CPU path)
   node        bench/node.py --backend torch: one engine in place of the sims, at its real step times
 Without CUDA every phase runs on the CPU at a small shape in float32 (the first line says so), so the
 script is tested everywhere. A failed phase prints its error line and the run goes on; the exit code is
@@ -34,13 +36,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("parity", "throughput", "daemon", "node")
-TIMEOUTS = {"parity": 70, "throughput": 160, "daemon": 110, "node": 110}
+PHASES = ("parity", "throughput", "daemon", "writers", "node")
+TIMEOUTS = {"parity": 70, "throughput": 160, "daemon": 110, "writers": 110, "node": 110}
 CPU_DEFAULTS = {"shape": "small", "batches": "1,4,8", "prompt_len": 64, "output_len": 32, "streams": 8, "requests": 16,
-                "dtype": "float32", "node_seconds": 4.0, "node_warmup": 3.0, "parity_tokens": 12, "bandwidth_mib": 256}
+                "dtype": "float32", "node_seconds": 4.0, "node_warmup": 3.0, "parity_tokens": 12, "bandwidth_mib": 256,
+                "front_processes": "1"}
 CUDA_DEFAULTS = {"shape": "8b", "batches": "1,32,128,256", "prompt_len": 512, "output_len": 256, "streams": 256,
                  "requests": 512, "dtype": "bfloat16", "node_seconds": 10.0, "node_warmup": 8.0, "parity_tokens": 24,
-                 "bandwidth_mib": 2048}
+                 "bandwidth_mib": 2048, "front_processes": "auto"}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +71,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bandwidth-mib", type=int, help="size of the buffer the bandwidth copy moves")
     p.add_argument("--node-seconds", type=float)
     p.add_argument("--node-warmup", type=float)
+    p.add_argument("--front-processes", help='the writers phase\'s [server] front_processes: N or "auto"')
     p.add_argument("--deadline-s", type=float, default=450.0, help="the whole run; a phase gets what is left")
     p.add_argument("--timeouts", default="", help="per phase, e.g. throughput=200,node=60 (defaults: "
                    + ",".join(f"{k}={v}" for k, v in TIMEOUTS.items()) + ")")
@@ -110,11 +114,12 @@ def run_phase(args: argparse.Namespace) -> dict:
         from gpu_direct import throughput
 
         return asyncio.run(throughput(args, shape_of(args), args.work))
-    if args.phase == "daemon":
+    if args.phase in ("daemon", "writers"):
         import uvloop
         from gpu_daemon import daemon_phase
 
-        return uvloop.run(daemon_phase(args, shape_of(args), args.work))
+        writers = args.front_processes if args.phase == "writers" else "0"
+        return uvloop.run(daemon_phase(args, shape_of(args), args.work, writers))
     return run_node(args)
 
 

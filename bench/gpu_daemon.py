@@ -22,6 +22,7 @@ from daemon_metrics import delay_buckets, histogram_quantile, metrics_text, perc
 from daemon_process import spawn, stop
 from gpu_direct import prompts
 from gpu_models import Shape, dummy_artifact
+from process_cpu import descendants, role_of
 from sse_load import SseClient, http_post, reuse
 
 MODEL = "bench"
@@ -31,6 +32,7 @@ host = "127.0.0.1"
 port = 0
 log_level = "warning"
 engines_root = "{engines}"
+front_processes = {front_processes}
 max_connections = {connections}
 
 [tenants.local]
@@ -60,7 +62,7 @@ _STEP_COUNT = re.compile(r'^inferd_engine_step_seconds_count\{[^}]*\} ([0-9.e+]+
 _TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
 
-def config_text(args, engines: Path, max_batch: int, max_model_len: int) -> str:
+def config_text(args, engines: Path, max_batch: int, max_model_len: int, front_processes: str = "0") -> str:
     cuda = args.device.startswith("cuda")
     blocks = "" if cuda else f"num_kv_blocks = {max_batch * -(-max_model_len // 16) + 64}\n"
     graphs = "cuda_graphs = false" if args.enforce_eager else (
@@ -68,7 +70,8 @@ def config_text(args, engines: Path, max_batch: int, max_model_len: int) -> str:
     return CONFIG.format(engines=engines, connections=args.streams + 16, max_batch=max_batch,
                          artifact=args.artifact_name, max_num_tokens=args.max_num_tokens,
                          max_model_len=max_model_len, blocks=blocks, device=args.device, dtype=args.dtype,
-                         utilization=args.gpu_memory_utilization, graphs=graphs)
+                         utilization=args.gpu_memory_utilization, graphs=graphs,
+                         front_processes=front_processes if front_processes.isdigit() else f'"{front_processes}"')
 
 
 def _value(pattern: re.Pattern, text: str) -> float:
@@ -166,17 +169,21 @@ async def disconnect_check(port: int, ids: list[int], max_tokens: int, deadline_
             "step_ms": round(step_s * 1000, 3)}
 
 
-async def daemon_phase(args, shape: Shape, work: Path) -> dict:
+async def daemon_phase(args, shape: Shape, work: Path, front_processes: str = "0") -> dict:
+    """The streams workload and the disconnect check through `inferd serve` with `front_processes` SSE
+    writer processes (0: every stream written in the daemon)."""
     dummy_artifact(work / "engines", args.artifact_name, shape)
     max_batch = max([*args.batches, args.streams])
     max_model_len = args.prompt_len + args.output_len + 16
-    config = work / "daemon.toml"
-    config.write_text(config_text(args, work / "engines", max_batch, max_model_len))
+    config = work / f"daemon-{front_processes}.toml"
+    config.write_text(config_text(args, work / "engines", max_batch, max_model_len, front_processes))
+    log = "inferd-serve.log" if front_processes == "0" else "inferd-serve-writers.log"
     loaded = time.monotonic()
     proc, started = await asyncio.to_thread(spawn, [str(Path(__file__).parent / "gpu_check.py"), "--role", "daemon",
-                                                    "--config", str(config)], work, "inferd-serve.log")
+                                                    "--config", str(config)], work, log)
     port = started["port"]
     try:
+        writers = sum(1 for pid in descendants(proc.pid)[1:] if role_of(pid, is_root=False) == "writer")
         load_s = time.monotonic() - loaded
         before = delay_buckets(await asyncio.to_thread(metrics_text, port))
         ids = prompts(args.requests, args.prompt_len, shape.vocab, args.seed)
@@ -184,13 +191,14 @@ async def daemon_phase(args, shape: Shape, work: Path) -> dict:
         after = delay_buckets(await asyncio.to_thread(metrics_text, port))
         delay = {b: after[b] - before.get(b, 0.0) for b in after}
         result.update({"load_s": round(load_s, 1), "streams": args.streams, "requests": args.requests,
+                       "front_processes": front_processes, "writers": writers,
                        "added_itl_p50_ms": round(histogram_quantile(0.5, delay) * 1000, 3),
                        "added_itl_p99_ms": round(histogram_quantile(0.99, delay) * 1000, 3)})
         victim = prompts(1, args.prompt_len, shape.vocab, args.seed + 1)[0]
         result["disconnect"] = await disconnect_check(port, victim, max_model_len - args.prompt_len - 1)
         return result
     except BaseException:
-        print(f"inferd serve log tail: {(work / 'inferd-serve.log').read_text()[-2000:]}", file=sys.stderr)
+        print(f"inferd serve log tail: {(work / log).read_text()[-2000:]}", file=sys.stderr)
         raise
     finally:
         await asyncio.to_thread(stop, proc)

@@ -74,7 +74,8 @@ def throughput_lines(args, r: dict) -> list[str]:
 
 
 def daemon_lines(r: dict, direct: dict | None) -> list[str]:
-    lines = []
+    lines = [f"writers: {r['writers']} SSE writer process(es) ([server] front_processes = {r['front_processes']})"
+             ] if r.get("front_processes", "0") != "0" else []
     if direct:
         ratio = r["tokens_per_s"] / direct["tokens_per_s"]
         lines.append(f"daemon/direct tokens/s: {ratio:.3f} ({r['tokens_per_s']:,.0f} / {direct['tokens_per_s']:,.0f} "
@@ -110,6 +111,9 @@ def summary(args, results: dict, errors: dict, elapsed: float) -> list[str]:
                 lines += throughput_lines(args, r)
             elif phase == "daemon" and r:
                 lines += daemon_lines(r, direct)
+            elif phase == "writers" and r:
+                lines += [f"writers {line}" if not line.startswith("writers:") else line
+                          for line in daemon_lines(r, direct)]
             elif phase == "node" and r:
                 lines += [f"node.py: {line}" for line in r["lines"]]
         except (KeyError, TypeError, ZeroDivisionError) as exc:      # a result missing a figure

@@ -13,8 +13,9 @@ and the CUDA driver's threads run beside the event loop).
 1. One daemon (a subprocess pinned to CPU 0, as `inferd serve` runs it) with --engines models sim0.. each a
    `llama3-8b-h100` sim engine at time_scale 1 (steps take what the profile's roofline says an H100
    takes), max_batch_size --streams.
-2. One load generator (a subprocess pinned to CPU 1) keeps --streams streaming completions open per
-   engine, each started when one ends. Each prompt has 16..256 words (about 50..770 tokens) and each
+2. One load generator (a subprocess pinned to CPU 1; --clients N: N of them on CPUs 1..N, sharing the
+   streams, for a machine whose one generator would set the pace) keeps --streams streaming completions
+   open per engine, each started when one ends. Each prompt has 16..256 words (about 50..770 tokens) and each
    output 128..1024 tokens (log-uniform, seeded, `ignore_eos`): chat-like, decode-heavy. Every chunk carries the usage so far
    (`stream_options.continuous_usage_stats`), so the client knows how many tokens each arrival brought.
 3. In the measuring window (after --warmup) the daemon's /metrics is read at both ends. It gives each
@@ -176,25 +177,42 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
         finally:
             proto.transport.close()
 
-    workers = [asyncio.ensure_future(worker(i)) for i in range(args.engines * args.streams)]
+    mine = range(args.client_index, args.engines * args.streams, args.clients)     # this generator's share
+    workers = [asyncio.ensure_future(worker(i)) for i in mine]
     await asyncio.sleep(window[1] - time.monotonic())
     for w in workers:          # the window is over; requests still running are cut off
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     gaps, ks, engines = log
-    (out / "gaps.bin").write_bytes(gaps.tobytes())
-    (out / "ks.bin").write_bytes(ks.tobytes())
-    (out / "engines.bin").write_bytes(engines.tobytes())
+    (out / f"gaps{args.client_index}.bin").write_bytes(gaps.tobytes())
+    (out / f"ks{args.client_index}.bin").write_bytes(ks.tobytes())
+    (out / f"engines{args.client_index}.bin").write_bytes(engines.tobytes())
     return {"client_tokens_per_s": counted[0] / args.seconds, "requests": totals["requests"],
             "errors": totals["errors"], "arrivals": len(gaps)}
 
 
-def read_arrivals(out: Path) -> tuple[array, array]:
-    """The load generator's log of the window's arrivals: each one's gap since the last, and its tokens."""
+def read_arrivals(out: Path, clients: int) -> tuple[array, array]:
+    """The load generators' logs of the window's arrivals: each one's gap since the last, and its tokens."""
     gaps, ks = array("d"), array("I")
-    gaps.frombytes((out / "gaps.bin").read_bytes())
-    ks.frombytes((out / "ks.bin").read_bytes())
+    for k in range(clients):
+        gaps.frombytes((out / f"gaps{k}.bin").read_bytes())
+        ks.frombytes((out / f"ks{k}.bin").read_bytes())
     return gaps, ks
+
+
+def client_cpus(clients: int) -> list[int]:
+    """One CPU per load generator, after the daemon's: CPU 1, 2, ... (wrapping round on a small machine)."""
+    cpus = os.cpu_count() or 1
+    return [CLIENT_CPU + k % max(1, cpus - CLIENT_CPU) for k in range(clients)]
+
+
+def merge_clients(outputs: list[str]) -> dict:
+    """The load generators' JSON results as one: counts summed, CPU use as the busiest generator's."""
+    results = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    merged = {key: sum(r[key] for r in results) for key in ("client_tokens_per_s", "requests", "errors", "arrivals")}
+    merged["client_cpu_util"] = max(r["client_cpu_util"] for r in results)
+    merged["clients"] = len(results)
+    return merged
 
 
 def run_client(args: argparse.Namespace) -> None:
@@ -230,24 +248,27 @@ def main() -> int:
         load_before = os.getloadavg()
         server_cpu = SERVER_CPU if args.backend == "sim" else None
         proc, started = spawn([__file__, "--role", "daemon", "--config", str(config)], work, "daemon.log", server_cpu)
-        if server_cpu is None and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > CLIENT_CPU + 1:
-            os.sched_setaffinity(proc.pid, set(range(os.cpu_count())) - {CLIENT_CPU})
+        cpus = client_cpus(args.clients)
+        if server_cpu is None and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > max(cpus) + 1:
+            os.sched_setaffinity(proc.pid, set(range(os.cpu_count())) - set(cpus))
         if server_cpu is not None:
-            place_writers(proc.pid, server_cpu)
+            place_writers(proc.pid, server_cpu, set(cpus))
         port = started["port"]
         try:
             cmd = [sys.executable, __file__, "--role", "client", "--port", str(port), "--engines", str(args.engines),
                    "--streams", str(args.streams), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-                   "--seed", str(args.seed), "--out", str(work), "--backend", args.backend]
-            client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(CLIENT_CPU))
+                   "--seed", str(args.seed), "--out", str(work), "--backend", args.backend,
+                   "--clients", str(args.clients)]
+            clients = [subprocess.Popen([*cmd, "--client-index", str(k)], stdout=subprocess.PIPE, text=True,
+                                        preexec_fn=lambda cpu=cpu: pin(cpu)) for k, cpu in enumerate(cpus)]
             time.sleep(args.warmup)
             (m0, d0), tree0, t0 = scrape(port), sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
             (m1, d1), tree1, t1 = scrape(port), sample_tree(proc.pid), time.monotonic()
-            out, _ = client.communicate(timeout=args.seconds + args.warmup + 120)
-            if client.returncode != 0:
-                raise RuntimeError("load generator failed")
-            result = json.loads(out.strip().splitlines()[-1])
+            outputs = [c.communicate(timeout=args.seconds + args.warmup + 120)[0] for c in clients]
+            if any(c.returncode != 0 for c in clients):
+                raise RuntimeError("a load generator failed")
+            result = merge_clients(outputs)
         finally:
             stop(proc)
         load_after = os.getloadavg()
@@ -260,7 +281,7 @@ def main() -> int:
             if sim_s > 0 and steps > 0:
                 simulated += window * gen / sim_s
                 step_s[int(re.sub(r"\D", "", model))] = sim_s / steps
-        gaps, ks = read_arrivals(work)
+        gaps, ks = read_arrivals(work, args.clients)
     itl: list[float] = []                                   # the client's ITL: each arrival's gap over its tokens
     for gap, k in zip(gaps, ks):
         itl.extend([gap / k * 1000] * min(k, 64))
@@ -305,7 +326,9 @@ def print_summary(args: argparse.Namespace, report: dict, step_s: dict[int, floa
           f"{'simulated ' if args.backend == 'sim' else 'engine '}"
           f"step {sum(step_s.values()) / max(1, len(step_s)) * 1000:.2f} ms")
     print(f"server CPU per 1k tokens: {report['server_cpu_ms_per_1k_tokens']:.2f} ms (server CPU "
-          f"{report['server_cpu_util']:.0%}, client CPU {report['client_cpu_util']:.0%}, errors {report['errors']})")
+          f"{report['server_cpu_util']:.0%}, client CPU {report['client_cpu_util']:.0%}"
+          f"{' (the busiest of %d generators)' % report['clients'] if report['clients'] > 1 else ''}, "
+          f"errors {report['errors']})")
     print("\n".join(role_lines(report["roles"], report["projection"])))
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
         *report["loadavg_before"], *report["loadavg_after"]))
@@ -338,6 +361,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window")
     p.add_argument("--warmup", type=float, default=8.0, help="before the window: the first prefills settle")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--clients", type=int, default=1,
+                   help="load generator processes, each on its own CPU after the daemon's (CPU 1, 2, ...)")
+    p.add_argument("--client-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--front-processes", type=int, default=0,
                    help="[server] front_processes: SSE writer processes (0: every stream written in the daemon)")
     p.add_argument("--backend", choices=["sim", "torch"], default="sim",

@@ -49,7 +49,9 @@ def test_every_phase_runs_on_the_cpu_path_and_the_summary_names_each_figure():
     assert lines[0].startswith("gpu_check: CPU path (no CUDA device")
     names = {line.split(":", 1)[0] for line in lines[1:]}
     for name in ("parity", "parity greedy float32", "bandwidth", "batch 1", "batch 8", "direct streams",
-                 "daemon/direct tokens/s", "added ITL p99", "disconnect", "node.py", "phases"):
+                 "daemon/direct tokens/s", "added ITL p99", "disconnect", "writers", "writers daemon/direct tokens/s",
+                 "writers disconnect", "node.py", "phases"):
         assert name in names, (name, lines)
     assert "parity: ok" in out.stdout and "parity greedy float32: equal" in out.stdout
-    assert lines[-1].startswith("phases: 4 ok, 0 failed")
+    assert "writers: 1 SSE writer process(es)" in out.stdout
+    assert lines[-1].startswith("phases: 5 ok, 0 failed")
