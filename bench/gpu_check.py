@@ -72,6 +72,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-seconds", type=float)
     p.add_argument("--node-warmup", type=float)
     p.add_argument("--front-processes", help='the writers phase\'s [server] front_processes: N or "auto"')
+    p.add_argument("--no-early-refusal", action="store_true",
+                   help="the daemon phases' [admission] early_refusal = false (a refused request is retried)")
     p.add_argument("--deadline-s", type=float, default=450.0, help="the whole run; a phase gets what is left")
     p.add_argument("--timeouts", default="", help="per phase, e.g. throughput=200,node=60 (defaults: "
                    + ",".join(f"{k}={v}" for k, v in TIMEOUTS.items()) + ")")

@@ -23,7 +23,7 @@ from daemon_process import spawn, stop
 from gpu_direct import prompts
 from gpu_models import Shape, dummy_artifact
 from process_cpu import descendants, role_of
-from sse_load import SseClient, http_post, reuse
+from sse_load import Refused, SseClient, http_post, reuse
 
 MODEL = "bench"
 CONFIG = """
@@ -40,6 +40,7 @@ max_concurrent_requests = {connections}
 
 [admission]
 max_engine_waiting = {max_batch}
+early_refusal = {early_refusal}
 
 [models.bench]
 backend = "torch"
@@ -71,6 +72,7 @@ def config_text(args, engines: Path, max_batch: int, max_model_len: int, front_p
                          artifact=args.artifact_name, max_num_tokens=args.max_num_tokens,
                          max_model_len=max_model_len, blocks=blocks, device=args.device, dtype=args.dtype,
                          utilization=args.gpu_memory_utilization, graphs=graphs,
+                         early_refusal=str(not args.no_early_refusal).lower(),
                          front_processes=front_processes if front_processes.isdigit() else f'"{front_processes}"')
 
 
@@ -108,17 +110,31 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
     loop = asyncio.get_running_loop()
     queue = list(enumerate(prompt_ids))[::-1]
     per_request: list[list[tuple[float, int]]] = []
+    trouble = {"refused": 0, "cut": 0, "first_refusal": "", "first_cut": ""}
     started = time.monotonic()
 
     async def worker() -> None:
         _, proto = await loop.create_connection(lambda: _Stream([]), "127.0.0.1", port)
         try:
             while queue:
-                _, ids = queue.pop()
+                item = queue.pop()
                 proto = await reuse(proto, lambda: _Stream([]), port)
                 proto.arrivals = []
+                try:
+                    await proto.start(_request(port, item[1], output_len))
+                except Refused as refusal:     # as a client honouring Retry-After would: wait, then again
+                    trouble["refused"] += 1
+                    trouble["first_refusal"] = trouble["first_refusal"] or str(refusal)
+                    if trouble["refused"] > 20 * len(prompt_ids):
+                        raise
+                    queue.append(item)
+                    await asyncio.sleep(min(2.0, max(0.05, refusal.retry_after or 0.5)))
+                    continue
+                except ConnectionError as cut:     # a stream the server ended early: counted, not retried
+                    trouble["cut"] += 1
+                    trouble["first_cut"] = trouble["first_cut"] or str(cut)[:400]
+                    proto.transport.close()
                 per_request.append(proto.arrivals)
-                await proto.start(_request(port, ids, output_len))
         finally:
             proto.transport.close()
 
@@ -130,7 +146,7 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
         for (a, _), (b, k) in itertools.pairwise(arrivals):
             itl.extend([(b - a) * 1000 / k] * k)
     itl.sort()
-    return {"tokens": tokens, "tokens_per_s": round(tokens / (ended - started), 1),
+    return {**trouble, "tokens": tokens, "tokens_per_s": round(tokens / (ended - started), 1),
             "client_itl_p50_ms": round(percentile(itl, 0.5), 3), "client_itl_p99_ms": round(percentile(itl, 0.99), 3)}
 
 

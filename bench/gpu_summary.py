@@ -90,6 +90,9 @@ def daemon_lines(r: dict, direct: dict | None) -> list[str]:
     if direct:
         itl += f" (direct p50 {direct['itl_p50_ms']:.2f} p99 {direct['itl_p99_ms']:.2f})"
     lines.append(f"daemon {itl}; load {r['load_s']} s")
+    if r.get("refused") or r.get("cut"):
+        lines.append(f"daemon refusals: {r['refused']} refused and retried (first: {r['first_refusal'][:300]}); "
+                     f"{r['cut']} streams cut short (first: {r['first_cut'][:300]})")
     d = r["disconnect"]
     past = d["tokens_after_disconnect"]
     lines.append(f"disconnect: {d['blocks_held']} KV blocks freed; {past} token(s) generated past the last one the "

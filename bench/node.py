@@ -61,7 +61,7 @@ from pathlib import Path
 from daemon_metrics import histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
 from daemon_process import pin, place_writers, run_daemon, spawn, stop  # noqa: E402
 from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
-from sse_load import SseClient, http_post, reuse  # noqa: E402
+from sse_load import Refused, SseClient, http_post, reuse  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 MODEL = """
@@ -155,7 +155,7 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
     t0 = time.monotonic()
     window = (t0 + args.warmup, t0 + args.warmup + args.seconds)
     log = (array("d"), array("I"), array("B"))
-    totals = {"requests": 0, "errors": 0}
+    totals = {"requests": 0, "errors": 0, "refused": 0, "first_refusal": "", "first_error": ""}
     counted = [0]           # tokens that arrived in the window, every stream's
 
     async def worker(i: int) -> None:
@@ -170,8 +170,14 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
                 try:
                     proto = await reuse(proto, connection, args.port)
                     await proto.start(_request(args.port, f"{args.backend}{engine}", rng))
-                except ConnectionError:
+                except Refused as refusal:      # honest backpressure: wait as Retry-After says, then again
+                    totals["refused"] += 1
+                    totals["first_refusal"] = totals["first_refusal"] or str(refusal)[:300]
+                    await asyncio.sleep(min(2.0, max(0.05, refusal.retry_after or 0.5)))
+                    continue
+                except ConnectionError as error:
                     totals["errors"] += 1
+                    totals["first_error"] = totals["first_error"] or str(error)[:300]
                     return
                 totals["requests"] += 1
         finally:
@@ -187,8 +193,7 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
     (out / f"gaps{args.client_index}.bin").write_bytes(gaps.tobytes())
     (out / f"ks{args.client_index}.bin").write_bytes(ks.tobytes())
     (out / f"engines{args.client_index}.bin").write_bytes(engines.tobytes())
-    return {"client_tokens_per_s": counted[0] / args.seconds, "requests": totals["requests"],
-            "errors": totals["errors"], "arrivals": len(gaps)}
+    return {"client_tokens_per_s": counted[0] / args.seconds, "arrivals": len(gaps), **totals}
 
 
 def read_arrivals(out: Path, clients: int) -> tuple[array, array]:
@@ -209,7 +214,10 @@ def client_cpus(clients: int) -> list[int]:
 def merge_clients(outputs: list[str]) -> dict:
     """The load generators' JSON results as one: counts summed, CPU use as the busiest generator's."""
     results = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
-    merged = {key: sum(r[key] for r in results) for key in ("client_tokens_per_s", "requests", "errors", "arrivals")}
+    merged = {key: sum(r[key] for r in results)
+              for key in ("client_tokens_per_s", "requests", "errors", "arrivals", "refused")}
+    for key in ("first_refusal", "first_error"):
+        merged[key] = next((r[key] for r in results if r[key]), "")
     merged["client_cpu_util"] = max(r["client_cpu_util"] for r in results)
     merged["clients"] = len(results)
     return merged
@@ -329,6 +337,9 @@ def print_summary(args: argparse.Namespace, report: dict, step_s: dict[int, floa
           f"{report['server_cpu_util']:.0%}, client CPU {report['client_cpu_util']:.0%}"
           f"{' (the busiest of %d generators)' % report['clients'] if report['clients'] > 1 else ''}, "
           f"errors {report['errors']})")
+    if report["refused"] or report["errors"]:
+        print(f"refused: {report['refused']} (retried; first: {report['first_refusal'] or '-'}); errors: "
+              f"{report['errors']} (first: {report['first_error'] or '-'})")
     print("\n".join(role_lines(report["roles"], report["projection"])))
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
         *report["loadavg_before"], *report["loadavg_after"]))

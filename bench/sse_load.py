@@ -12,7 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
+
+
+class Refused(Exception):
+    """A response other than 200 (a refusal: 429, 503, ...), read whole: its status, Retry-After, body."""
+
+    def __init__(self, status: int, retry_after: float | None, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+        self.status, self.retry_after, self.body = status, retry_after, body
 
 
 class SseClient(asyncio.Protocol):
@@ -24,6 +33,8 @@ class SseClient(asyncio.Protocol):
         self.tail = b""
         self.window = (0.0, 0.0)
         self.closes = False          # the last response said Connection: close
+        self.status_line = b""       # the current response's first line, for the error of one cut short
+        self._refusal: tuple[bytes, bytes] | None = None     # a non-200 response's head and body so far
         self._head = b""             # the response's header bytes until their end is seen (None after)
 
     def connection_made(self, transport) -> None:
@@ -35,6 +46,8 @@ class SseClient(asyncio.Protocol):
         self.first_frame = None
         self.tail = b""
         self.closes, self._head = False, b""
+        self.status_line = b""
+        self._refusal: tuple[bytes, bytes] | None = None
         self.transport.write(request)
         return self.done
 
@@ -50,20 +63,42 @@ class SseClient(asyncio.Protocol):
         self._received(data)
 
     def _received(self, data: bytes) -> None:
-        """Keep the tail; the response is complete at the chunked body's terminator."""
+        """Keep the tail; the response is complete at the chunked body's terminator (a refusal: at the end
+        of its Content-Length body)."""
+        if self._refusal is not None:
+            self._refusal = (self._refusal[0], self._refusal[1] + data)
+            self._check_refusal()
+            return
         if self._head is not None:
             self._head += data
+            self.status_line = self._head[:self._head.find(b"\r\n")] if b"\r\n" in self._head else self._head[:80]
             end = self._head.find(b"\r\n\r\n")
             if end >= 0:
-                self.closes = b"\r\nconnection: close\r\n" in self._head[:end + 2].lower()
-                self._head = None
+                head = self._head[:end + 2].lower()
+                self.closes = b"\r\nconnection: close\r\n" in head
+                body, self._head = self._head[end + 4:], None
+                if not head.startswith((b"http/1.1 200", b"http/1.0 200")):
+                    self._refusal = (head, body)
+                    self._check_refusal()
+                    return
         self.tail = (self.tail + data)[-600:]
         if self.tail.endswith(b"\r\n0\r\n\r\n") and self.done is not None and not self.done.done():
             self.done.set_result(None)
 
+    def _check_refusal(self) -> None:
+        """End the request with Refused once the refusal's body is whole."""
+        head, body = self._refusal
+        length = re.search(rb"\r\ncontent-length: *(\d+)", head)
+        if length and len(body) >= int(length.group(1)) and self.done is not None and not self.done.done():
+            retry = re.search(rb"\r\nretry-after: *([0-9.]+)", head)
+            self.done.set_exception(Refused(int(head.split(b" ", 2)[1]), float(retry.group(1)) if retry else None,
+                                            body))
+
     def connection_lost(self, exc) -> None:
         if self.done is not None and not self.done.done():
-            self.done.set_exception(ConnectionError("server closed the connection"))
+            got = (f"after {self.status_line.decode(errors='replace')!r}, last bytes {self.tail[-300:]!r}"
+                   if self.status_line else "before any response")
+            self.done.set_exception(ConnectionError(f"server closed the connection {got}"))
 
 
 async def reuse(proto: SseClient, factory, port: int) -> SseClient:
