@@ -6,7 +6,10 @@ expected from what recent requests produced (never above max_tokens). The servic
 per second of the queue's clock, measured over windows of at least 0.25 s. Only a window in which work
 waited on engine capacity (saturated) measures capacity; an idle one only shows a lower bound, which
 can raise an estimate but never makes one. Until a saturated window is measured, the engine's own
-tokens/s stands in, and without that Retry-After is 1 s and nothing is refused early.
+tokens/s stands in for Retry-After and the load peers see, but refuses nothing early: it is the rate the
+engine ran at, not its capacity (an engine that ran light, or only its first cold steps, shows a small
+fraction of what it serves full: an H200 decodes about 85x more tokens/s at batch 256 than at batch 1).
+Without either, Retry-After is 1 s.
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ from tests.admission.harness import FakeEngine, far, make_queue, occupy, req, se
 
 
 async def test_hopeless_deadline_is_refused_at_once_from_the_wait_estimate(make_queue):
-    engine = FakeEngine(tokens_per_s=100.0)                 # cost/s until admission measures its own
+    engine = FakeEngine(tokens_per_s=100.0)
     q, _ = make_queue(engine=engine, early_refusal_fraction=1.0)
+    q._estimate.measured_rate = 100.0                       # cost/s, as a saturated window measured it
     await occupy(q, engine)
     held = [spawn(q.admit(req("a", prompt=100, max_tokens=50), deadline=far()))
             for _ in range(4)]                              # 4 x (100 + 2*50) = 800 cost = 8 s of work
@@ -97,3 +98,23 @@ async def test_a_burst_after_an_idle_start_is_not_refused_from_the_idle_time(mak
     await settle()
     assert not [t for t in burst if t.done()]              # all 48 queued behind the first, none refused
     assert q.snapshot()["queued"] == 48 and first.tenant == "a"
+
+
+async def test_a_burst_is_not_refused_early_from_the_engines_own_rate_before_capacity_is_measured(make_queue):
+    # The engine's tokens/s is what it ran at: on a GPU that served one request (or only its first cold
+    # steps) a small fraction of what it serves full. Taken for capacity, it refused most of the first
+    # burst of 256 streams on an H200 ("estimated queue wait 68 s"), though all of them started within
+    # seconds.
+    engine = FakeEngine(slots=1, tokens_per_s=10.0)        # 4 x (100 + 2*50) cost = 80 s at 10/s
+    q, _ = make_queue(engine=engine, early_refusal_fraction=1.0)
+    await occupy(q, engine)
+    loop = asyncio.get_running_loop()
+    burst = [spawn(q.admit(req("a", prompt=100, max_tokens=50), deadline=loop.time() + 5.0)) for _ in range(4)]
+    await settle()
+    assert not [t for t in burst if t.done()]              # queued, none refused early
+    q._estimate.measured_rate = 10.0                       # a saturated window measured the same rate
+    with pytest.raises(AdmissionRejected) as exc:          # now it is capacity: the estimate refuses
+        await q.admit(req("a", prompt=100, max_tokens=50), deadline=loop.time() + 5.0)
+    assert exc.value.status == 429
+    for t in burst:
+        t.cancel()
