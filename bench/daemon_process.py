@@ -76,6 +76,8 @@ def run_daemon(config_path: Path) -> None:
 
     config = load_config(config_path)
     configure_logging(config.server.log_level)
+    if os.environ.get("INFERD_BENCH_SWITCH_INTERVAL_S"):      # an experiment's knob: the GIL's switch interval
+        sys.setswitchinterval(float(os.environ["INFERD_BENCH_SWITCH_INTERVAL_S"]))
 
     async def main() -> int:
         daemon = Daemon(config, config_path=config_path)       # a SIGHUP re-reads it
