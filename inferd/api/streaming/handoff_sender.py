@@ -13,9 +13,10 @@ from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.sse import Sender, Tracked, final_frames
 from inferd.api.streaming.writers import WriterDown, WriterPool
 from inferd.api.wire.responses import ChunkEncoder
-from inferd.observability import RequestObservation
+from inferd.observability import RequestObservation, get_logger
 from inferd.types import Delta
 
+log = get_logger("inferd.api.streaming.handoff_sender")
 _monotonic = time.monotonic
 # Waiting for the headers to leave this process's transport before the socket goes over: 1 ms, doubling to 16 ms.
 _POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.016
@@ -32,7 +33,7 @@ class HandoffSender(Sender):
     stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
-    __slots__ = ("acked", "gone", "link", "opened", "opening", "paused", "pool", "sid", "started")
+    __slots__ = ("acked", "gone", "link", "local", "opened", "opening", "paused", "pool", "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
@@ -44,26 +45,34 @@ class HandoffSender(Sender):
         self.paused = False
         self.opened = False
         self.gone = False                   # the writer reported the client gone (GONE)
+        self.local = False                  # the handover failed: written here, as a plain Sender
         self.opening: asyncio.Task | None = None
         self.acked: asyncio.Future[bool] | None = None
         if self._transport.get_write_buffer_size() == 0:
-            self._open()
+            self._open_or_keep()
         else:
             self.opening = asyncio.get_running_loop().create_task(self._open_once_sent())
 
-    def _open(self) -> None:
-        """Hand the socket over: OPEN, with the fd."""
+    def _open_or_keep(self) -> None:
+        """Hand the socket over: OPEN, with the fd. When no writer takes it (none alive, or the one picked is
+        gone or too far behind), nothing has left this process yet: the stream is written here instead."""
         link = self.pool.pick()
         sock = self._transport.get_extra_info("socket")
         if link is None or sock is None:
-            raise WriterDown("no writer process to hand the stream to")
-        self.link = link
+            self._keep("no writer process alive")
+            return
         self._transport.pause_reading()        # the writer notices the client leaving
         encoder = self._encoder
         ident = encoder.ident
-        link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
-                   ident.fingerprint, encoder.include_usage,
-                   encoder.running.prompt_tokens if encoder.running is not None else None], [sock.fileno()])
+        try:
+            link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
+                       ident.fingerprint, encoder.include_usage,
+                       encoder.running.prompt_tokens if encoder.running is not None else None], [sock.fileno()])
+        except WriterDown as exc:               # not sent: the socket is still this process's alone
+            self._transport.resume_reading()
+            self._keep(str(exc))
+            return
+        self.link = link
         link.senders[self.sid] = self
         self.opened = True
         self.pool.handed += 1
@@ -80,7 +89,7 @@ class HandoffSender(Sender):
         try:
             if transport.is_closing():
                 raise ConnectionResetError("the client closed the connection")
-            self._open()
+            self._open_or_keep()
             self.flush()                    # what merged meanwhile
         except ConnectionError:
             self.stream.cancel()
@@ -88,8 +97,13 @@ class HandoffSender(Sender):
         except Exception:
             self.fail()
 
+    def _keep(self, why: str) -> None:
+        self.local = True
+        self.pool.kept += 1
+        log.warning("stream_written_in_process", reason=why, completion_id=self.stream.request_id)
+
     def _write(self, frame: bytes) -> None:
-        if not self.opened:                 # a ping while the headers wait: still this process's socket
+        if not self.opened:                 # a ping while the headers wait, or kept here: this process's socket
             super()._write(frame)
             return
         if self.gone or self.entry.client_gone:
@@ -97,9 +111,14 @@ class HandoffSender(Sender):
         self.link.send([wire.RAW, self.sid, frame.decode(), self.accepted.taken])
 
     def writable(self) -> bool:
+        if self.local:
+            return Sender.writable(self)
         return self.opened and not (self.done or self.paused)
 
     def flush(self) -> None:
+        if self.local:
+            Sender.flush(self)
+            return
         if self.done or self.paused or not self.opened:
             return
         got = self._read_output()
@@ -119,6 +138,9 @@ class HandoffSender(Sender):
             self.link.add_text(self.sid, "", tokens)
 
     def _flush_final(self, delta: Delta) -> None:
+        if self.local:
+            Sender._flush_final(self, delta)
+            return
         self.accepted.took(len(delta.token_ids))
         if self.started:
             self._encoder.mark_started()
@@ -163,6 +185,8 @@ class HandoffSender(Sender):
     async def acknowledged(self, bound_s: float) -> bool:
         """SocketAccepted.acknowledged, asked of the writer: True once the client acknowledged every byte
         before the final frames (just sent), False past `bound_s`; ConnectionResetError: the client left."""
+        if self.local:
+            return await self.accepted.acknowledged(bound_s)
         if self.gone or self.entry.client_gone or not self.opened:
             raise ConnectionResetError("the client closed the connection")
         self.acked = acked = asyncio.get_running_loop().create_future()
@@ -181,6 +205,8 @@ class HandoffSender(Sender):
     def release(self) -> None:
         if self.opening is not None:
             self.opening.cancel()
+        if self.local:                      # written here to its end: aiohttp ends the response as usual
+            return
         link = self.link
         if link is not None:
             link.senders.pop(self.sid, None)

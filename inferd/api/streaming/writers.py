@@ -202,6 +202,7 @@ class WriterPool:
         self._sids = itertools.count(1)
         self._due: list[WriterLink] = []
         self.handed = 0                 # streams handed over so far
+        self.kept = 0                   # streams whose handover failed, written in this process instead
         self._stopping = False
         self._tries: dict[int, int] = {}                # restarts in a row, by slot
         self._restarts: set[asyncio.Task] = set()
