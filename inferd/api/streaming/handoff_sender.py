@@ -108,7 +108,9 @@ class HandoffSender(Sender):
             return
         if self.gone or self.entry.client_gone:
             raise ConnectionResetError("the client closed the connection")
-        self.link.send([wire.RAW, self.sid, frame.decode(), self.accepted.taken])
+        link, sid, taken = self.link, self.sid, self.accepted.taken
+        for piece in wire.raw_pieces(frame.decode()):
+            link.send([wire.RAW, sid, piece, taken])
 
     def writable(self) -> bool:
         if self.local:

@@ -51,6 +51,12 @@ TEXT_PIECE = 16 << 10
 SOCKET_BUFFER = 4 << 20
 
 
+def raw_pieces(frame: str) -> list[str]:
+    """A RAW frame cut into pieces whose messages fit a SOCK_SEQPACKET send: a final frame carrying text
+    merged while its client was blocked can be far larger. Each piece is written as its own HTTP chunk."""
+    return [frame[at:at + TEXT_PIECE] for at in range(0, len(frame), TEXT_PIECE)] or [frame]
+
+
 def encode(message: list) -> bytes:
     return orjson.dumps(message)
 

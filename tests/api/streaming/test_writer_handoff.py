@@ -9,7 +9,7 @@ from inferd.api.streaming.handoff_sender import HandoffSender
 from inferd.api.streaming.sse import Tracked
 from inferd.api.wire.responses import ChunkEncoder, Identity
 from inferd.engine.stream import RequestStream
-from inferd.types import Delta
+from inferd.types import Delta, FinishReason
 from tests.daemon.harness import until
 
 
@@ -102,6 +102,23 @@ async def test_with_nothing_unsent_the_socket_goes_over_at_once():
                                ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
                                pool=pool)
         assert [m[0] for m in pool.link.sent] == [wire.OPEN] and sender.writable()
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_final_frame_too_large_for_one_message_goes_to_the_writer_in_pieces():
+    a, b = socket.socketpair()
+    try:
+        pool, stream = Pool(), RequestStream("cmpl-1")
+        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
+                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
+                               pool=pool)
+        stream.push(Delta(text="z" * (2 << 20), token_ids=[1] * 1000, finish_reason=FinishReason.LENGTH))
+        sender.flush()
+        raws = [m for m in pool.link.sent if m[0] == wire.RAW]
+        assert len(raws) > 1 and max(len(wire.encode(m)) for m in raws) <= wire.SPLIT_AT
+        assert "".join(m[2] for m in raws).count("z") == 2 << 20
     finally:
         a.close()
         b.close()

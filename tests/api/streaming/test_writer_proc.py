@@ -179,3 +179,17 @@ async def test_a_closed_stream_whose_client_stopped_reading_is_dropped_after_its
         client.settimeout(10)
         while client.recv(1 << 16):                         # the client sees the connection end, cut short
             pass
+
+
+async def test_a_final_frame_larger_than_a_message_can_be_goes_in_pieces_and_reaches_the_client_whole():
+    frame = "data: " + "y" * (3 << 20) + "\n\n"            # text merged while its client was blocked
+    pieces = wire.raw_pieces(frame)
+    assert "".join(pieces) == frame
+    assert max(len(wire.encode([wire.RAW, 1, piece, 10**6])) for piece in pieces) <= wire.SPLIT_AT
+    async with writer_process() as main:
+        client = main.open(1)
+        for piece in pieces:
+            await main.send([wire.RAW, 1, piece, 0])
+        await main.send([wire.CLOSE, 1])
+        got = await read_all(client)
+    assert got.count(b"y") == 3 << 20 and got.endswith(b"\r\n0\r\n\r\n")
