@@ -37,8 +37,10 @@ log = get_logger("inferd.api.streaming.writers")
 # A writer that dies is replaced after RESTART_FIRST_S, doubling for each restart in a row (up to RESTART_MAX_S);
 # one that lived RESTART_RESET_S starts the count again; past MAX_RESTARTS in a row its slot stays empty.
 RESTART_FIRST_S, RESTART_MAX_S, RESTART_RESET_S, MAX_RESTARTS = 0.1, 5.0, 60.0, 8
-# Messages queued for a writer whose socket is full; past it the writer is treated as dead.
-MAX_QUEUED = 4096
+# Messages, and their bytes, queued for a writer whose socket is full; past either the writer is treated as dead.
+# 4096 messages are about 16 turns of a busy writer's traffic; 64 MiB bounds what one slow writer holds here
+# (a message is at most SPLIT_AT, and RAW pieces are TEXT_PIECE characters).
+MAX_QUEUED, MAX_QUEUED_BYTES = 4096, 64 << 20
 READY_WITHIN_S = 10.0        # a writer not READY by then serves anyway (its streams wait for it, as before)
 
 
@@ -71,6 +73,7 @@ class WriterLink:
         self.step: list[list] = []
         self.step_bytes = 0
         self.queued: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        self.queued_bytes = 0
         self.down = False
         self.started = asyncio.get_running_loop().time()
         self.ready = asyncio.get_running_loop().create_future()   # set by its READY
@@ -117,12 +120,13 @@ class WriterLink:
             except OSError as exc:
                 self._lost()
                 raise WriterDown("the writer process is gone") from exc
-        if len(self.queued) >= MAX_QUEUED:
+        if len(self.queued) >= MAX_QUEUED or self.queued_bytes + len(data) > MAX_QUEUED_BYTES:
             self._lost()
             raise WriterDown("the writer process is not keeping up")
         # A queued socket goes as its own duplicate: the stream may end (and its fd be closed and reused
         # for another connection) before the queue drains.
         self.queued.append((data, [os.dup(fd) for fd in fds]))
+        self.queued_bytes += len(data)
 
     def discard_queued(self) -> None:
         """Drop what waits to be sent, closing the duplicated sockets it holds."""
@@ -130,6 +134,7 @@ class WriterLink:
             for fd in fds:
                 os.close(fd)
         self.queued.clear()
+        self.queued_bytes = 0
 
     def _drain(self) -> None:
         while self.queued:
@@ -142,6 +147,7 @@ class WriterLink:
                 self._lost()
                 return
             self.queued.popleft()
+            self.queued_bytes -= len(data)
             for fd in fds:
                 os.close(fd)
         asyncio.get_running_loop().remove_writer(self.sock.fileno())
