@@ -262,7 +262,11 @@ class WriterPool:
         if self._stopping or link not in self.links:
             return
         slot = self.links.index(link)
-        quick = asyncio.get_running_loop().time() - link.started < RESTART_RESET_S
+        self._restart(slot, link, quick=asyncio.get_running_loop().time() - link.started < RESTART_RESET_S)
+
+    def _restart(self, slot: int, link: WriterLink, *, quick: bool) -> None:
+        """A replacement for `link` after the backoff; `quick`: it died young (or never started), so it counts
+        towards MAX_RESTARTS in a row."""
         tries = self._tries[slot] = self._tries.get(slot, 0) + 1 if quick else 1
         if tries > MAX_RESTARTS:
             log.error("writer_process_not_restarted", slot=slot, restarts=tries - 1)
@@ -287,8 +291,8 @@ class WriterPool:
                 link.sock.close()
                 await link.process.wait()
             return
-        if link is None:
-            self.lost(dead)
+        if link is None:        # a start that failed counts as a quick death, however long `dead` lived
+            self._restart(slot, dead, quick=True)
             return
         self.links[slot] = link
         log.warning("writer_process_restarted", slot=slot, old_pid=dead.process.pid, pid=link.process.pid,

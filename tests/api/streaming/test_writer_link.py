@@ -2,6 +2,7 @@
 writer's socket is full is bounded in messages and in bytes; past either the writer counts as gone."""
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -42,3 +43,35 @@ async def test_a_writer_that_does_not_read_is_given_up_once_its_queue_holds_too_
     finally:
         ours.close()
         theirs.close()
+
+
+class DeadLink:
+    def __init__(self, started: float) -> None:
+        self.started, self.process, self.sock = started, self, self
+
+    async def wait(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_writer_slot_whose_replacements_cannot_start_gives_up_though_the_dead_one_lived_long(monkeypatch):
+    monkeypatch.setattr(writers, "RESTART_FIRST_S", 0.0)
+    pool = writers.WriterPool(1)
+    starts = []
+
+    async def failing_start():
+        starts.append(1)
+        raise OSError("cannot spawn")
+    pool._start = failing_start
+    loop = asyncio.get_running_loop()
+    dead = DeadLink(started=loop.time() - 10 * writers.RESTART_RESET_S)    # it served a long time, then died
+    pool.links = [dead]
+    pool.lost(dead)
+
+    async def settled() -> None:
+        while pool._restarts:                           # each failed start schedules the next, until it gives up
+            await asyncio.gather(*pool._restarts)
+    await asyncio.wait_for(settled(), 10)               # without a give-up it would restart for ever
+    assert len(starts) == writers.MAX_RESTARTS and pool.links == [dead]
