@@ -48,12 +48,12 @@ def frames_tokens(data: bytes) -> int:
 SHORT = {**BODY, "max_tokens": 250, "logprobs": 1}
 
 
-async def raw_stream(url: str, body: dict = BODY) -> socket.socket:
+async def raw_stream(url: str, body: dict = BODY, rcvbuf: int = 4096) -> socket.socket:
     """A streamed completion on a bare socket with a small receive buffer (set before connecting)."""
     host, port = url.removeprefix("http://").split(":")
     loop = asyncio.get_running_loop()
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.setblocking(False)
     await loop.sock_connect(sock, (host, int(port)))
     payload = json.dumps(body).encode()
