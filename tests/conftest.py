@@ -18,7 +18,8 @@ from inferd.engine.tokenization import HFTokenizer
 
 def front_processes_for_tests() -> int:
     """INFERD_TEST_FRONT_PROCESSES=N: servers the tests start hand their streams to N SSE writer processes
-    unless a test's config says otherwise (0 or unset: as configured)."""
+    unless a test's config says otherwise (unset: 0, so the suite runs alike on machines of any CPU count,
+    where the product default, "auto", would differ)."""
     return int(os.environ.get("INFERD_TEST_FRONT_PROCESSES", "0") or 0)
 
 
@@ -33,8 +34,7 @@ def _parse_config_with_writers(parse):
     return parse_config
 
 
-if front_processes_for_tests() > 0:
-    config_root.parse_config = _parse_config_with_writers(config_root.parse_config)
+config_root.parse_config = _parse_config_with_writers(config_root.parse_config)
 
 
 @pytest.fixture(scope="session")

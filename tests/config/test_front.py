@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 
 from inferd.config.front import resolve_front_processes
-from inferd.config.root import ConfigError, parse_config
+from inferd.config.root import ConfigError, ServerConfig, parse_config
 
 
-def test_the_default_is_no_writer_processes():
-    assert parse_config({}).server.front_processes == 0
+def test_the_default_sizes_the_writers_from_the_cpus():
+    # (tests/conftest.py gives the suite's own configs 0: the class holds the product's default)
+    assert ServerConfig().front_processes == "auto"
 
 
 @pytest.mark.parametrize(("cpus", "writers"), [(1, 0), (2, 0), (3, 0), (4, 1), (8, 2), (15, 3), (16, 4), (128, 4)])
