@@ -95,8 +95,8 @@ class ServerConfig(ConfigTable):
     # SSE writer processes (inferd.api.streaming.writers): plain-TCP streams are written by these after
     # their headers; 0: every stream is written by this process; "auto": from the usable CPUs
     # (inferd.config.front.resolve_front_processes, which says why).
-    # "auto" by default: on an H200 node (16 cores) 4 writers kept 0.91-0.94 of the torch engine's direct
-    # tokens/s at 256 streams against 0.79-0.80 written in process (docs/performance.md, "SSE writer processes");
+    # "auto" by default: on an H200 node (16 cores) 4 writers delivered 1.08 of the torch engine's direct
+    # tokens/s at 256 streams against 0.93 written in process (docs/performance.md, "SSE writer processes");
     # below 4 usable CPUs it is 0, as a writer would only take turns with the daemon on its core.
     front_processes: FrontProcesses = "auto"
 
