@@ -22,7 +22,7 @@ from inferd.daemon.lifecycle import Daemon
 from inferd.tenancy.keys import KeyHasher, create_key, revoke_key
 from inferd.tenancy.quota import Quota
 from tests.api.conftest import AdmissionEntries
-from tests.daemon.harness import running_daemon
+from tests.daemon.harness import running_daemon, until
 
 SIM = {"backend": "sim", "max_batch_size": 1, "max_num_tokens": 256, "num_kv_blocks": 256,
        "sim": {"profile": "tiny", "time_scale": 1.0, "max_model_len": 4096}}
@@ -344,6 +344,11 @@ async def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(tmp_path):
         body = {"model": "sim", "prompt": "x", "max_tokens": 1000}
         backlog = [await n.post_entered(entries, a, body) for _ in range(2)]
         assert n.queued() == 2
+        queue = n.tenancy.queue_for("sim", n.daemon.state.engines["sim"])
+
+        async def capacity_measured() -> bool:      # only a measured capacity refuses early
+            return bool(queue._estimate.measured_rate)
+        await until(capacity_measured, "admission to measure the engine's capacity while work waits")
         # Refused at once from the wait estimate: a 429 (its own backlog) with code deadline, not the
         # 504 of a request dropped when its deadline passed in the queue.
         with pytest.raises(openai.RateLimitError) as exc:

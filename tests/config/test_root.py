@@ -15,6 +15,7 @@ from inferd.config.root import (
     parse_config,
     with_overrides,
 )
+from tests.conftest import front_processes_for_tests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,8 @@ def errors_of(raw: dict) -> list[str]:
 
 def test_empty_config_means_defaults_serving_reference_small():
     cfg = parse_config({})
-    assert cfg.server == ServerConfig()
+    # (tests/conftest.py sets the suite's front_processes, whose product default is "auto")
+    assert cfg.server == ServerConfig(front_processes=front_processes_for_tests())
     assert cfg.server.host == "127.0.0.1" and cfg.server.port == 8000
     assert list(cfg.models) == ["small"]
     assert cfg.models["small"].backend == "reference"
