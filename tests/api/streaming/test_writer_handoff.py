@@ -94,13 +94,18 @@ async def test_the_socket_goes_over_only_once_the_headers_left_the_main_process_
         b.close()
 
 
+def sender_on(sock: socket.socket) -> tuple[HandoffSender, Pool, RequestStream]:
+    """A completion stream's sender whose transport (over `sock`) holds nothing unsent."""
+    pool, stream = Pool(), RequestStream("cmpl-1")
+    sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(sock, unsent=0)),
+                           ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(), pool=pool)
+    return sender, pool, stream
+
+
 async def test_with_nothing_unsent_the_socket_goes_over_at_once():
     a, b = socket.socketpair()
     try:
-        pool, stream = Pool(), RequestStream("cmpl-1")
-        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
-                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
-                               pool=pool)
+        sender, pool, _ = sender_on(a)
         assert [m[0] for m in pool.link.sent] == [wire.OPEN] and sender.writable()
     finally:
         a.close()
@@ -110,10 +115,7 @@ async def test_with_nothing_unsent_the_socket_goes_over_at_once():
 async def test_a_final_frame_too_large_for_one_message_goes_to_the_writer_in_pieces():
     a, b = socket.socketpair()
     try:
-        pool, stream = Pool(), RequestStream("cmpl-1")
-        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
-                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
-                               pool=pool)
+        sender, pool, stream = sender_on(a)
         stream.push(Delta(text="z" * (2 << 20), token_ids=[1] * 1000, finish_reason=FinishReason.LENGTH))
         sender.flush()
         raws = [m for m in pool.link.sent if m[0] == wire.RAW]
