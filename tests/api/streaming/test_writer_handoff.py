@@ -98,7 +98,8 @@ def sender_on(sock: socket.socket) -> tuple[HandoffSender, Pool, RequestStream]:
     """A completion stream's sender whose transport (over `sock`) holds nothing unsent."""
     pool, stream = Pool(), RequestStream("cmpl-1")
     sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(sock, unsent=0)),
-                           ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(), pool=pool)
+                           ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
+                           pool=pool)
     return sender, pool, stream
 
 
