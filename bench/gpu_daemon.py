@@ -128,7 +128,7 @@ async def streams_workload(port: int, prompt_ids: list[list[int]], output_len: i
                     if trouble["refused"] > 20 * len(prompt_ids):
                         raise
                     queue.append(item)
-                    await asyncio.sleep(min(2.0, max(0.05, refusal.retry_after or 0.5)))
+                    await asyncio.sleep(refusal.wait_s)
                     continue
                 except ConnectionError as cut:     # a stream the server ended early: counted, not retried
                     trouble["cut"] += 1

@@ -173,7 +173,7 @@ async def load(args: argparse.Namespace, out: Path) -> dict:
                 except Refused as refusal:      # honest backpressure: wait as Retry-After says, then again
                     totals["refused"] += 1
                     totals["first_refusal"] = totals["first_refusal"] or str(refusal)[:300]
-                    await asyncio.sleep(min(2.0, max(0.05, refusal.retry_after or 0.5)))
+                    await asyncio.sleep(refusal.wait_s)
                     continue
                 except ConnectionError as error:
                     totals["errors"] += 1

@@ -23,6 +23,11 @@ class Refused(Exception):
         super().__init__(f"HTTP {status}: {body[:300].decode(errors='replace')}")
         self.status, self.retry_after, self.body = status, retry_after, body
 
+    @property
+    def wait_s(self) -> float:
+        """How long a client honouring Retry-After waits before trying again (0.5 s without one; 50 ms..2 s)."""
+        return min(2.0, max(0.05, self.retry_after or 0.5))
+
 
 class SseClient(asyncio.Protocol):
     def __init__(self) -> None:

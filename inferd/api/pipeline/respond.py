@@ -32,7 +32,6 @@ from inferd.api.wire.tool_calls import ToolCallParser, parser_for
 from inferd.api.wire.tool_stream import ToolChunkEncoder, finish_with_calls, tool_message
 from inferd.api.streaming.sse import Sender, stream_response
 from inferd.api.pipeline.handoff import handoff_sender
-from inferd.api.streaming.handoff_sender import HandoffSender
 from inferd.api.pipeline.transcripts import retention_s
 from inferd.api.pipeline.versioned import mirror_to_shadow
 from inferd.cache import RecordingStream
@@ -168,10 +167,8 @@ async def _delivered_or_cut(ctx: RequestContext, entry) -> None:
     waits in the buffers would otherwise be kept for it without end), and ConnectionResetError makes the
     stream 499, billed what it acknowledged, as a client that left."""
     bound = min(ctx.state.config.server.stream_ack_timeout_s, ctx.deadline - time.monotonic())
-    # A handed-over stream's socket is written by its writer process: the writer waits, and counts
-    sender = entry.sender
-    acknowledged = sender.acknowledged if isinstance(sender, HandoffSender) else entry.accepted.acknowledged
-    if await acknowledged(bound):
+    # Its sender asks whoever writes the socket: this process, or the writer process it was handed to.
+    if await entry.sender.acknowledged(bound):
         return
     ctx.log_fields["client_stalled"] = True
     transport = ctx.request.transport

@@ -109,7 +109,7 @@ class HandoffSender(Sender):
         if self.gone or self.entry.client_gone:
             raise ConnectionResetError("the client closed the connection")
         link, sid, taken = self.link, self.sid, self.accepted.taken
-        for piece in wire.raw_pieces(frame.decode()):
+        for piece in wire.text_pieces(frame.decode()):
             link.send([wire.RAW, sid, piece, taken])
 
     def writable(self) -> bool:
@@ -188,7 +188,7 @@ class HandoffSender(Sender):
         """SocketAccepted.acknowledged, asked of the writer: True once the client acknowledged every byte
         before the final frames (just sent), False past `bound_s`; ConnectionResetError: the client left."""
         if self.local:
-            return await self.accepted.acknowledged(bound_s)
+            return await Sender.acknowledged(self, bound_s)
         if self.gone or self.entry.client_gone or not self.opened:
             raise ConnectionResetError("the client closed the connection")
         self.acked = acked = asyncio.get_running_loop().create_future()

@@ -215,6 +215,11 @@ class Sender:
         self._on_tokens(len(delta.token_ids))
         self.end()
 
+    async def acknowledged(self, bound_s: float) -> bool:
+        """True once the client acknowledged every byte written before the final frames, False past `bound_s`;
+        ConnectionResetError: the client left (SocketAccepted.acknowledged, on this process's socket)."""
+        return await self.accepted.acknowledged(bound_s)
+
     def ping(self) -> None:
         if not (self.blocked or self.done):
             with contextlib.suppress(ConnectionError):   # the watchdog's next scan sees a closed transport

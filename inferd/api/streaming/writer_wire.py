@@ -51,10 +51,11 @@ TEXT_PIECE = 16 << 10
 SOCKET_BUFFER = 4 << 20
 
 
-def raw_pieces(frame: str) -> list[str]:
-    """A RAW frame cut into pieces whose messages fit a SOCK_SEQPACKET send: a final frame carrying text
-    merged while its client was blocked can be far larger. Each piece is written as its own HTTP chunk."""
-    return [frame[at:at + TEXT_PIECE] for at in range(0, len(frame), TEXT_PIECE)] or [frame]
+def text_pieces(text: str) -> list[str]:
+    """`text` cut into TEXT_PIECE pieces, so that each message carrying one fits a SOCK_SEQPACKET send: text
+    merged while a client was blocked (a STEP entry, a final RAW frame) can be far larger. A RAW piece is
+    written as its own HTTP chunk."""
+    return [text[at:at + TEXT_PIECE] for at in range(0, len(text), TEXT_PIECE)] or [text]
 
 
 def encode(message: list) -> bytes:

@@ -92,10 +92,10 @@ class WriterLink:
             step.append([sid, text, tokens])    # the usual: a few tokens' text into this turn's STEP
             self.step_bytes += 4 * size + 24
             return
-        while len(text) > wire.TEXT_PIECE:      # a long merged delta: pieces, its tokens on the last
-            self._add(sid, text[:wire.TEXT_PIECE], 0)
-            text = text[wire.TEXT_PIECE:]
-        self._add(sid, text, tokens)
+        *head, last = wire.text_pieces(text)   # a long merged delta: pieces, its tokens on the last
+        for piece in head:
+            self._add(sid, piece, 0)
+        self._add(sid, last, tokens)
 
     def _add(self, sid: int, text: str, tokens: int) -> None:
         self.step.append([sid, text, tokens])

@@ -183,7 +183,7 @@ async def test_a_closed_stream_whose_client_stopped_reading_is_dropped_after_its
 
 async def test_a_final_frame_larger_than_a_message_can_be_goes_in_pieces_and_reaches_the_client_whole():
     frame = "data: " + "y" * (3 << 20) + "\n\n"            # text merged while its client was blocked
-    pieces = wire.raw_pieces(frame)
+    pieces = wire.text_pieces(frame)
     assert "".join(pieces) == frame
     assert max(len(wire.encode([wire.RAW, 1, piece, 10**6])) for piece in pieces) <= wire.SPLIT_AT
     async with writer_process() as main:
