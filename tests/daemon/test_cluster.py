@@ -94,38 +94,56 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 async def test_a_busy_node_spills_to_a_peer_and_the_response_names_the_node_that_served_it(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    async with busy_first_node(tmp_path) as (a, a_url, b, http, _):
+    since = time.monotonic()                   # before busy_first_node's LONG request began
+    async with busy_first_node(tmp_path) as (a, a_url, b, http, busy):
+        holds = [(busy, since)]
+        await _keep_busy(a, a_url, b, http, holds)
         async with http.post(a_url + "/v1/completions", json=SHORT, headers={"traceparent": TRACEPARENT}) as resp:
             assert resp.status == 200
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id
             assert (await resp.json())["usage"]["completion_tokens"] == 4
-        retakes = []
-        await _keep_busy(a, a_url, b, http, retakes)
+        await _keep_busy(a, a_url, b, http, holds)
         async with AsyncOpenAI(base_url=a_url + "/v1", api_key="unused", max_retries=0) as sdk:
             raw = await sdk.completions.with_raw_response.create(**SHORT, stream=True,
                                                                 stream_options={"include_usage": True})
             assert raw.headers["X-Inferd-Node"] == b.state.cluster.node_id
             chunks = [c async for c in raw.parse()]
         assert chunks[-1].usage.completion_tokens == 4
-        await _keep_busy(a, a_url, b, http, retakes)
+        await _keep_busy(a, a_url, b, http, holds)
         async with http.post(a_url + "/v1/completions", json={**SHORT, "n": 2}) as resp:   # forwarded as sent:
             assert resp.headers["X-Inferd-Node"] == b.state.cluster.node_id            # the peer applies n
             body = await resp.json()
             assert [c["index"] for c in body["choices"]] == [0, 1] and body["usage"]["completion_tokens"] == 8
         assert a.state.cluster.spillovers["forwarded"] == 3
-        for task in retakes:
+        for task, _ in holds:
             task.cancel()
     # the caller's trace context went on to the peer (neither node traces): both request lines carry it
     assert len([r for r in caplog.records if getattr(r, "fields", {}).get("traceparent") == TRACEPARENT]) == 2
 
 
-async def _keep_busy(a, a_url: str, b, http: aiohttp.ClientSession, retakes: list) -> None:
-    """Before each request that must spill: node 1 known to have room, node 0's only slot taken. On a slow
-    machine the long request can end between two requests (the next would then be served at home)."""
-    await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
-    if not await _busy(a):
-        retakes.append(asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG)))
-        await until(lambda: _busy(a), "node 0's only slot to be taken again")
+# The sim runs in real time (the tiny profile: 2.5 ms a step at least), so a LONG request cannot end
+# sooner than 3.75 s after it was sent; one sent under RENEW_HOLD_AFTER_S ago has over a second left.
+RENEW_HOLD_AFTER_S = 2.0
+
+
+async def _keep_busy(a, a_url: str, b, http: aiohttp.ClientSession, holds: list) -> None:
+    """Before each request that must spill: node 1 known to have room, and node 0's only slot held by a
+    LONG request young enough that it cannot end before the next request is decided, however slow the
+    machine (an older one is let go and a new one sent). `holds`: [(request task, when it was sent)]."""
+    while True:
+        task, since = holds[-1]
+        if time.monotonic() - since > RENEW_HOLD_AFTER_S:
+            task.cancel()                      # its client leaving aborts it within a step
+            await until(lambda: _free(a), "node 0's slot to come free")
+            holds.append((asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG)), time.monotonic()))
+            await until(lambda: _busy(a), "node 0's only slot to be taken again")
+        await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
+        if time.monotonic() - holds[-1][1] <= RENEW_HOLD_AFTER_S:
+            return
+
+
+async def _free(a) -> bool:
+    return a.state.engines["sim"].capacity().free_slots == 1
 
 
 async def _has_room(a, b) -> bool:
