@@ -65,6 +65,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
     guided: GuidedDecoding | None = None    # the output follows this grammar (None: free text)
+    # May the engine draft tokens for this request and verify them in one step (a model's [speculative]
+    # table)? False: one token per step, as without speculation. Either way the output's distribution is
+    # the model's (greedy output is the same token for token).
+    speculative: bool = True
 
     @property
     def greedy(self) -> bool:

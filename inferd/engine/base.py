@@ -99,6 +99,15 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+class SpeculationStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Speculative decoding since start: draft tokens verified, those the model kept, and the verifications
+    (one sequence's step with a draft, which yields its kept drafts and one token of the model's own)."""
+
+    draft_tokens: int
+    accepted_tokens: int
+    verifications: int
+
+
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     waiting: int
@@ -112,6 +121,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_hit_tokens_total: int
     tokens_per_s: float                # moving average of tokens processed per second (prefill + decode)
     fairness_preemptions_total: int = 0    # sequences that yielded their slot to another tenant (yield_slot)
+    speculation: SpeculationStats | None = None     # None: the engine does not speculate
 
 
 class Engine(abc.ABC):

@@ -28,6 +28,8 @@ class StepResult:
     # Sequences still in their prompt that asked for prompt log-probabilities: (sequence, position of
     # the chunk's first token, float32 [chunk, vocab] logits at every position of the chunk).
     prompt_logits: list[tuple[Sequence, int, np.ndarray]] = field(default_factory=list)
+    # Row by row of sample_rows, the draft tokens the model kept before `tokens` (None: no row had a draft).
+    kept: list[list[int]] | None = None
 
 
 class ModelRunner(Protocol):
@@ -36,7 +38,8 @@ class ModelRunner(Protocol):
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Copy forked blocks (out.block_copies), run the forward pass over the packed step (K/V written to
         the cache), mask each guided row by its grammar (grammar.failed set on a dead end), and sample one
-        token per out.sample_rows row with each sequence's own rng. Does not advance grammars."""
+        token per out.sample_rows row with each sequence's own rng; a row with a draft (out.draft_rows)
+        has it verified first (inferd.engine.speculative.verify). Does not advance grammars."""
         ...
 
     def memory_bytes(self) -> int:

@@ -59,6 +59,7 @@ class SchedulerOutput:
     attention_pairs: int = 0        # (query, key) pairs the step's attention computes
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, new) K/V to copy first (forks)
     resumed: list[Sequence] = field(default_factory=list)      # parked ones that took a slot again this step
+    draft_rows: list[int] = field(default_factory=list)         # batch rows whose last tokens are a draft
 
     @property
     def empty(self) -> bool:
@@ -113,6 +114,7 @@ class Scheduler:
             self.waiting.remove(seq)
         else:
             return False
+        seq.draft.clear()
         seq.status = SequenceStatus.WAITING
         self.parked.append(seq)
         self.num_parked += 1
@@ -199,6 +201,10 @@ class Scheduler:
             seq = running[i]
             computed = seq.num_computed_tokens
             n = len(seq.token_ids) - computed
+            draft = seq.draft
+            if draft:                               # verified with its last token: as many as the budget holds
+                del draft[max(budget - n, 0):]
+                n += len(draft)
             if n > budget:
                 n = budget
             end = computed + n
@@ -271,6 +277,7 @@ class Scheduler:
             del self._leaders[seq.prompt_key]
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.draft.clear()               # a recompute starts from the tokens it has
         self._forget_leader(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
@@ -291,13 +298,16 @@ class Scheduler:
             starts.append(start)
             tables.append(seq.block_table)
             out.context_lens.append(end)
-            if end == seq.num_tokens:
+            if end >= seq.num_tokens:               # past it: the sequence's draft, verified this step
                 out.sample_rows.append(row)
             if n == 1:
                 token_ids.append(seq.token_ids[start])
             else:
                 all_single = False
                 token_ids.extend(seq.token_ids[start:end])
+                if end > seq.num_tokens:
+                    token_ids.extend(seq.draft)
+                    out.draft_rows.append(row)
         out.token_ids = np.array(token_ids, dtype=np.int64)
         if all_single:
             positions = np.array(starts, dtype=np.int64)
@@ -314,31 +324,54 @@ class Scheduler:
         out.positions = positions
         out.slot_mapping = np.concatenate(slot_parts)
 
-    def update_from_output(self, out: SchedulerOutput, sampled: list[int]) -> list[Sequence]:
-        """Advance the step's sequences; `sampled[j]` is the token for row `out.sample_rows[j]`.
+    def update_from_output(self, out: SchedulerOutput, sampled: list[int],
+                           kept: list[list[int]] | None = None) -> list[tuple[Sequence, int]]:
+        """Advance the step's sequences; `sampled[j]` is the token for row `out.sample_rows[j]`, after the
+        drafts `kept[j]` of that row the model agreed with (None: no row had a draft).
 
-        Returns the sequences that received a token, in sample-row order. Those that finished on
-        a token-level condition (EOS, stop token, max_tokens, context length) are FINISHED with
-        their blocks freed.
+        Returns (sequence, tokens it received) for those that received any, in sample-row order. Those
+        that finished on a token-level condition (EOS, stop token, max_tokens, context length) are
+        FINISHED with their blocks freed; a draft token that finishes a sequence is its last.
         """
         self.advance(out)
-        produced: list[Sequence] = []
-        for row, token in zip(out.sample_rows, sampled):
+        produced: list[tuple[Sequence, int]] = []
+        for j, (row, token) in enumerate(zip(out.sample_rows, sampled)):
             seq = out.seqs[row]
+            count = 0
+            if kept is not None and seq.draft:
+                count, finished = self._take_draft(seq, kept[j])
+                if finished:
+                    produced.append((seq, count))
+                    continue
             seq.token_ids.append(token)
-            produced.append(seq)
+            produced.append((seq, count + 1))
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
         return produced
 
+    def _take_draft(self, seq: Sequence, kept: list[int]) -> tuple[int, bool]:
+        """Append the drafts the model kept (their K/V is computed); (how many, whether one finished it)."""
+        seq.draft = []
+        for count, token in enumerate(kept, 1):
+            seq.token_ids.append(token)
+            seq.num_computed_tokens += 1
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                return count, True
+        if kept and self.block_manager.prefix_caching and seq.status is SequenceStatus.RUNNING:
+            self.block_manager.register_computed_blocks(seq)
+        return len(kept), False
+
     def advance(self, out: SchedulerOutput) -> None:
-        """The step ran: its sequences (those not finished meanwhile) have their new tokens' K/V."""
+        """The step ran: its sequences (those not finished meanwhile) have their new tokens' K/V (a draft's
+        count only once the model kept it: update_from_output)."""
         register = self.block_manager.register_computed_blocks if self.block_manager.prefix_caching else None
         running = SequenceStatus.RUNNING
         for seq, n in zip(out.seqs, out.num_new_tokens):
             if seq.status is running:       # not finished nor parked meanwhile
-                seq.num_computed_tokens += n
+                seq.num_computed_tokens += n - len(seq.draft) if seq.draft else n
                 if register is not None:
                     register(seq)
 

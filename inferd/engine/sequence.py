@@ -36,7 +36,7 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
-        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight",
+        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight", "draft",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
@@ -72,6 +72,9 @@ class Sequence:
         # blocks per unit of weight (inferd.engine.victims).
         self.tenant = tenant
         self.weight = weight
+        # Tokens a drafter guessed follow token_ids (inferd.engine.speculative): the next step computes
+        # them with the last token and keeps those the model agrees with. Empty: one token per step.
+        self.draft: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,7 @@ from inferd.engine.reference.output import RequestOutput
 from inferd.engine.runner import ModelRunner
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.sequence import Sequence, prefix_salt
+from inferd.engine.speculative import Speculation, Speculator, make_speculator
 from inferd.engine.step_thread import StepThread
 from inferd.types import Delta, GenerationRequest, SamplingParams
 
@@ -53,7 +54,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
     def __init__(self, artifact_dir: Path, *, num_kv_blocks: int | None, block_size: int = 16, max_batch_size: int = 32,
                  max_num_tokens: int = 512, verify: bool = True, lora_adapters: Mapping[str, str | Path] | None = None,
                  max_loaded_adapters: int = 4, adapter_idle_unload_s: float | None = None,
-                 adapter_trusted_keys: Mapping[str, str] | None = None, max_model_len: int | None = None) -> None:
+                 adapter_trusted_keys: Mapping[str, str] | None = None, max_model_len: int | None = None,
+                 speculative: Speculation | None = None) -> None:
         for name, value in (("num_kv_blocks", 1 if num_kv_blocks is None else num_kv_blocks),   # None: sized at load
                             ("block_size", block_size),
                             ("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens)):
@@ -64,6 +66,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         self._max_batch_size, self._max_num_tokens = max_batch_size, max_num_tokens
         self._verify = verify
         self._max_model_len = max_model_len      # None: the model's own context
+        self._speculation = speculative
+        self._speculator: Speculator | None = None   # made at load (the drafter may be a model)
         self._init_adapters(lora_adapters, max_loaded=max_loaded_adapters, idle_unload_s=adapter_idle_unload_s,
                             verify=verify, trusted=adapter_trusted_keys)
         self._cond = threading.Condition()
@@ -141,6 +145,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         self._scheduler = Scheduler(self._blocks, max_batch_size=self._max_batch_size,
                                     max_num_tokens=self._max_num_tokens, max_model_len=max_model_len,
                                     eos_token_ids=self.tokenizer.eos_token_ids)
+        if self._speculation is not None:
+            self._speculator = make_speculator(self._speculation, self, max_model_len)
         self._seqs: dict[str, Sequence] = {}                    # step thread only
         self._grammar_worker = GrammarWorker(self.grammars)
         self._deferred: dict[str, Sequence] = {}     # step thread only: submitted, their grammar compiling
@@ -272,7 +278,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
             kv_blocks_used=used, prefix_cache_hit_rate=c["cached"] / c["prompt"] if c["prompt"] else 0.0,
             step_latency_s=latency, steps_total=c["steps"], prompt_tokens_total=c["prompt"],
             generation_tokens_total=c["generated"], prefix_cache_hit_tokens_total=c["cached"],
-            tokens_per_s=tokens / latency if latency > 0 else 0.0, fairness_preemptions_total=c["parked"])
+            tokens_per_s=tokens / latency if latency > 0 else 0.0, fairness_preemptions_total=c["parked"],
+            speculation=self._speculator.stats() if self._speculator is not None else None)
 
     def _deliver(self, items: list[tuple[RequestStream, Delta]]) -> None:
         for stream, delta in items:

@@ -126,6 +126,8 @@ class StepThread:
     def _step(self, deltas) -> None:
         started = time.monotonic()
         sched = self._scheduler
+        if self._speculator is not None:
+            self._speculator.draft(sched.running)
         out = sched.schedule()
         for seq in out.resumed:
             self._resumed(seq.request_id, seq, deltas)
@@ -155,6 +157,7 @@ class StepThread:
                 if logprob is not None:
                     seq.engine_state.pending_logprob = logprob
             sampled = result.tokens
+            drafted = sum(len(out.seqs[row].draft) for row in out.draft_rows)
         except Exception as exc:
             if self._runner.fatal(exc):
                 raise       # the thread ends: every request fails and the engine turns unhealthy
@@ -163,9 +166,11 @@ class StepThread:
                 self._end(seq, FinishReason.ERROR, deltas, failure_message(seq.request_id))
             return
         now = time.monotonic()
-        for seq in sched.update_from_output(out, sampled):
+        generated = 0
+        for seq, count in sched.update_from_output(out, sampled, result.kept):
+            generated += count
             out_state: RequestOutput = seq.engine_state
-            delta, stop_string = out_state.on_token(seq, now)
+            delta, stop_string = out_state.on_token(seq, now, count)
             if stop_string and not seq.finished:
                 sched.finish(seq, FinishReason.STOP)
             if seq.finished:
@@ -173,7 +178,9 @@ class StepThread:
                 self._waits.release(seq)
             deltas.append((out_state.stream, delta))
         self._counters["steps"] += 1
-        self._counters["generated"] += len(sampled)
+        self._counters["generated"] += generated
+        if out.draft_rows:
+            self._speculator.record(drafted, sum(len(kept) for kept in result.kept), len(out.draft_rows))
         elapsed = now - started
         observer = self.step_observer
         if observer is not None:

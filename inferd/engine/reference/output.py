@@ -60,32 +60,41 @@ class RequestOutput:
             delta.prompt_logprobs, self.prompt_logprobs_sent = self.prompt_logprobs, True
         return delta
 
-    def on_token(self, seq: Sequence, now: float) -> tuple[Delta, bool]:
-        """The delta for seq's newest token, and whether a stop string ended the text there.
+    def on_token(self, seq: Sequence, now: float, count: int = 1) -> tuple[Delta, bool]:
+        """The delta for seq's newest `count` tokens (more than one: drafts the model kept, then its own),
+        and whether a stop string ended the text there. A stop string inside them ends the sequence at the
+        token that completed it: the tokens after it are dropped, as decoding one at a time never made them.
 
         A stop token (EOS or stop_token_ids) is counted and returned as an id, never as text.
         """
         if self.first_token is None:
             self.first_token = now
-        token = seq.token_ids[-1]
         finished = seq.finished
-        # a stop token is not text; nor is the token a grammar's dead end sampled (from no allowed token)
-        text = "" if finished and seq.finish_reason in (FinishReason.STOP, FinishReason.ERROR) \
-            else self.detok.push((token,))
-        if finished:
-            text += self.detok.flush()
-        hit = False
-        if self.stop is not None:
-            text, hit = self.stop.push(text)
-            if finished and not hit:
-                text += self.stop.flush()
-        if hit:
-            seq.finish_reason = FinishReason.STOP
-        elif not finished:
-            delta = Delta(token_ids=[token], text=text)
+        tokens = seq.token_ids[-count:]
+        text, hit = "", False
+        for i, token in enumerate(tokens):
+            last = i == count - 1
+            # a stop token is not text; nor is the token a grammar's dead end sampled (from no allowed token)
+            piece = "" if last and finished and seq.finish_reason in (FinishReason.STOP, FinishReason.ERROR) \
+                else self.detok.push((token,))
+            if last and finished:
+                piece += self.detok.flush()
+            if self.stop is not None:
+                piece, hit = self.stop.push(piece)
+                if last and finished and not hit:
+                    piece += self.stop.flush()
+            text += piece
+            if hit:
+                if not last:
+                    del seq.token_ids[len(seq.token_ids) - (count - 1 - i):]
+                    tokens = tokens[:i + 1]
+                seq.finish_reason = FinishReason.STOP
+                break
+        if not hit and not finished:
+            delta = Delta(token_ids=tokens, text=text)
             return (self._attach_logprobs(delta) if self.wants_logprobs else delta), False
         reason = FinishReason.STOP if hit else seq.finish_reason
-        delta = Delta(token_ids=[token], text=text, finish_reason=reason, usage=self.usage(seq), timing=self.timing(now),
+        delta = Delta(token_ids=tokens, text=text, finish_reason=reason, usage=self.usage(seq), timing=self.timing(now),
                       error=DEAD_END if reason is FinishReason.ERROR else None)
         return (self._attach_logprobs(delta) if self.wants_logprobs else delta), hit
 

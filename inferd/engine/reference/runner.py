@@ -7,6 +7,7 @@ from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
 from inferd.engine.runner import StepResult, prompt_logit_rows
 from inferd.engine.scheduler import SchedulerOutput
+from inferd.engine.speculative.verify import with_verified_drafts
 from inferd.types import TokenLogprob
 
 
@@ -36,16 +37,38 @@ class ReferenceRunner:
                              query_lens=out.num_new_tokens, context_lens=out.context_lens,
                              block_tables=out.block_tables, loras=[seq.lora for seq in out.seqs])
         every = prompt_logit_rows(out)
-        prompt_logits = []
-        if every:
-            logits, full = self.model.forward_every(batch, self.kv, every)
+        prompt_logits, draft_logits = [], {}
+        if every or out.draft_rows:
+            logits, full = self.model.forward_every(batch, self.kv, every + out.draft_rows)
             prompt_logits = [(out.seqs[i], out.seqs[i].num_computed_tokens, chunk) for i, chunk in zip(every, full)]
+            draft_logits = dict(zip(out.draft_rows, full[len(every):]))
         else:
             logits = self.model.forward(batch, self.kv)
         rows = out.sample_rows
         if len(rows) != len(out.seqs):
             logits = logits[rows]
         picked = [out.seqs[r] for r in rows]
+        if draft_logits:
+            return self._verify(logits, rows, picked, draft_logits, prompt_logits)
+        step = self._sample(logits, picked)
+        step.prompt_logits = prompt_logits
+        return step
+
+    def _verify(self, logits, rows, picked, draft_logits, prompt_logits) -> StepResult:
+        """A step with drafts: rows without one sampled as usual, each draft row verified (rows that
+        speculate have no grammar, logprobs, penalties or bias: inferd.engine.speculative.drafting)."""
+        plain = [j for j, row in enumerate(rows) if row not in draft_logits]
+        tokens = [0] * len(rows)
+        logprobs: list[TokenLogprob | None] = [None] * len(rows)
+        if plain:
+            step = self._sample(logits[plain], [picked[j] for j in plain])
+            for j, token, logprob in zip(plain, step.tokens, step.logprobs):
+                tokens[j], logprobs[j] = token, logprob
+        kept = with_verified_drafts(tokens, rows, picked, draft_logits)
+        return StepResult(tokens, logprobs, prompt_logits, kept)
+
+    def _sample(self, logits, picked) -> StepResult:
+        """Sample rows without drafts: grammar masks, penalties, logprobs as asked."""
         logits = grammar_masked(logits, picked)
         tokens = self._sampler.sample(logits, [s.sampling for s in picked], [s.rng for s in picked], picked)
         logprobs: list[TokenLogprob | None] = [None] * len(picked)
@@ -55,4 +78,4 @@ class ReferenceRunner:
                                    [picked[j].sampling.logprobs for j in wanted])
             for j, lp in zip(wanted, found):
                 logprobs[j] = lp
-        return StepResult(tokens, logprobs, prompt_logits)
+        return StepResult(tokens, logprobs)
