@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.artifacts.build.copying import build_copying
 from inferd.artifacts.build.lora import build_synthetic_adapter, synthetic_adapter_tensors, write_peft_adapter
 from inferd.artifacts.build.reference import build_synthetic, read_json_object
 from inferd.config import root as config_root
@@ -76,3 +77,10 @@ def tiny_adapters(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
                                         seed=2, b_std=0.1)
     write_peft_adapter(root / "qvd", tensors, rank=2, alpha=4.0, targets=targets)
     return {"all": root / "all", "qvd": root / "qvd"}
+
+
+@pytest.fixture(scope="session")
+def copying_model(tmp_path_factory: pytest.TempPathFactory):
+    """(artifact, successor): tiny's shapes, continuing each token with successor[token] (greedy), so its output
+    copies spans of its prompt (inferd.artifacts.build.copying): what speculative decoding's tests need."""
+    return build_copying("tiny", tmp_path_factory.mktemp("copying"))

@@ -35,6 +35,7 @@ from inferd.config.rollouts import PriceConfig, RolloutConfig
 from inferd.config.slos import SloConfig
 from inferd.config.store import StoreConfig, resolve_store_paths, store_errors
 from inferd.config.tenants import AdmissionConfig, AuthConfig, TenantConfig
+from inferd.config.speculative import SpeculativeConfig, speculative_errors
 from inferd.config.torch_engine import TorchConfig, torch_errors
 from inferd.config.tls import TlsConfig, resolve_tls_paths, tls_binding_errors, tls_errors
 from inferd.config.tracing import TracingConfig, tracing_errors
@@ -146,6 +147,7 @@ class ModelConfig(ConfigTable):
     sim: SimConfig | None = None
     trtllm: TrtllmConfig | None = None
     torch: TorchConfig | None = None       # backend = "torch": device, dtype, memory (inferd.config.torch_engine)
+    speculative: SpeculativeConfig | None = None   # draft and verify several tokens a step (inferd.config.speculative)
     breaker: BreakerConfig | None = None   # stop routing to a failing version for a while
     keep_warm_s: float = 0.0               # a version the config drops stays loaded, unrouted, this long
     hardware: str | None = None            # the `hardware` label of its autoscaling series (e.g. "h100-sxm");
@@ -304,6 +306,7 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
     if m.trtllm is not None and m.backend != "trtllm":
         errors.append(f"{p}.trtllm: a [trtllm] section needs backend = \"trtllm\" (backend is {m.backend!r})")
     errors.extend(torch_errors(p, m.backend, m.torch))
+    errors.extend(speculative_errors(p, m.backend, m.speculative))
     if m.sim is not None:
         if not m.sim.time_scale >= 0:   # 0: no simulated step time (front-end benchmarks); rejects NaN
             errors.append(f"{p}.sim.time_scale: must be >= 0, got {m.sim.time_scale}")

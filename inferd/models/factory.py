@@ -119,7 +119,19 @@ def _step_engine_options(name: str, model: ModelConfig, server: ServerConfig) ->
                 max_num_tokens=model.max_num_tokens, verify=model.verify, max_model_len=model.max_model_len,
                 lora_adapters=dict(model.lora_adapters), max_loaded_adapters=model.max_loaded_adapters,
                 adapter_idle_unload_s=model.adapter_idle_unload_s,
-                adapter_trusted_keys=adapter_trusted_keys(name, model, server) if model.lora_adapters else {})
+                adapter_trusted_keys=adapter_trusted_keys(name, model, server) if model.lora_adapters else {},
+                speculative=_speculation(model))
+
+
+def _speculation(model: ModelConfig):
+    """A step engine's speculative settings from the model's [speculative] table (None: none)."""
+    table = model.speculative
+    if table is None:
+        return None
+    from inferd.engine.speculative import Speculation
+
+    return Speculation(method=table.method, num_tokens=table.num_speculative_tokens,
+                       min_n=table.prompt_lookup_min, max_n=table.prompt_lookup_max)
 
 
 def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 if TYPE_CHECKING:
     from inferd.engine import Engine
+    from inferd.engine.base import SpeculationStats
 
 MODEL_LABELS = ("model", "version", "backend")
 
@@ -51,6 +52,7 @@ class EngineCollector:
                                labels=scale_labels)
         rate = GaugeMetricFamily("inferd_engine_tokens_per_second", "Tokens the engine computes per second "
                                  "(recent steps; sim engines: simulated seconds)", labels=scale_labels)
+        speculation = SpeculationFamilies()
         for name, engine in self._engines().items():
             labels = self._labels_for(name)
             try:
@@ -70,4 +72,38 @@ class EngineCollector:
             fill.add_metric(scale, stats.running / info_.max_batch_size if info_.max_batch_size else 0.0)
             kv.add_metric(scale, stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
             rate.add_metric(scale, stats.tokens_per_s)
+            if stats.speculation is not None:
+                speculation.add(labels, stats.speculation)
         yield from (running, waiting, blocks, info, steps, generated, yielded, fill, kv, rate)
+        yield from speculation.families()
+
+
+class SpeculationFamilies:
+    """Speculative decoding's series, for the engines that speculate (see docs/speculative.md)."""
+
+    def __init__(self) -> None:
+        self.drafted = CounterMetricFamily("inferd_spec_decode_draft_tokens", "Draft tokens verified by the "
+                                           "model (speculative decoding)", labels=MODEL_LABELS)
+        self.accepted = CounterMetricFamily("inferd_spec_decode_accepted_tokens", "Draft tokens the model kept",
+                                            labels=MODEL_LABELS)
+        self.wasted = CounterMetricFamily("inferd_spec_decode_wasted_tokens", "Draft tokens the model rejected "
+                                          "(computed for nothing)", labels=MODEL_LABELS)
+        self.verifications = CounterMetricFamily("inferd_spec_decode_verifications", "A sequence's steps with a "
+                                                 "draft (each yields its kept drafts and one token of the "
+                                                 "model's own)", labels=MODEL_LABELS)
+        self.acceptance = GaugeMetricFamily("inferd_spec_decode_acceptance_ratio", "Accepted / draft tokens, "
+                                            "since start", labels=MODEL_LABELS)
+        self.per_step = GaugeMetricFamily("inferd_spec_decode_tokens_per_verification", "Tokens a sequence gets "
+                                          "from a step with a draft, on average since start", labels=MODEL_LABELS)
+
+    def add(self, labels: tuple[str, ...], s: SpeculationStats) -> None:
+        self.drafted.add_metric(labels, s.draft_tokens)
+        self.accepted.add_metric(labels, s.accepted_tokens)
+        self.wasted.add_metric(labels, s.draft_tokens - s.accepted_tokens)
+        self.verifications.add_metric(labels, s.verifications)
+        self.acceptance.add_metric(labels, s.accepted_tokens / s.draft_tokens if s.draft_tokens else 0.0)
+        self.per_step.add_metric(labels, (s.accepted_tokens + s.verifications) / s.verifications
+                                 if s.verifications else 0.0)
+
+    def families(self) -> tuple[Metric, ...]:
+        return (self.drafted, self.accepted, self.wasted, self.verifications, self.acceptance, self.per_step)

@@ -74,7 +74,7 @@ def resolve(p: Prepared, prompt_len: int, limits: Limits) -> SamplingParams:
                           presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                           repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias,
                           logprobs=p.logprobs, prompt_logprobs=p.logprobs if p.echo else None,
-                          guided=p.guided)
+                          guided=p.guided, speculative=p.speculative)
 
 
 def _tenant_limit(p: Prepared, prompt_len: int, want: int, limits: Limits) -> int:

@@ -97,6 +97,8 @@ class _SamplingFields(msgspec.Struct, **STRICT):
     timeout: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     # inferd (as vLLM): generate past end-of-sequence up to max_tokens; for benchmarks
     ignore_eos: bool | None = None
+    # inferd: false turns a model's speculative decoding off for this request (docs/speculative.md)
+    speculative: bool | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     # token id (a string) -> bias in [-100, 100]: checked by wire.sampling.parse_logit_bias; the ids against
@@ -244,6 +246,7 @@ class Prepared(msgspec.Struct, kw_only=True):
     include_usage: bool = False
     continuous_usage: bool = False          # usage so far on every chunk (stream_options.continuous_usage_stats)
     ignore_eos: bool = False
+    speculative: bool = True                # false: one token a step, whatever the model's [speculative] says
     timeout: float | None = None            # the body's `timeout` (seconds), if any
     top_k: int = 0                          # 0: no top-k filter (the wire's -1 too)
     min_p: float = 0.0
@@ -304,6 +307,7 @@ def prepare(kind: str, req: CompletionRequest | ChatCompletionRequest) -> Prepar
     out = Prepared(kind=kind, max_tokens=req.max_tokens, stop=stop, seed=req.seed, stream=bool(req.stream),
                    include_usage=bool(opts and opts.include_usage),
                    continuous_usage=bool(opts and opts.continuous_usage_stats), ignore_eos=bool(req.ignore_eos),
+                   speculative=req.speculative is not False,
                    temperature=1.0 if req.temperature is None else req.temperature,
                    top_p=1.0 if req.top_p is None else req.top_p, timeout=req.timeout,
                    top_k=max(req.top_k or 0, 0), min_p=req.min_p or 0.0,

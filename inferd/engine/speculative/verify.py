@@ -18,13 +18,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferd.engine.reference.sampler import candidate_probs, sample_one
 from inferd.types import SamplingParams
 
 
 def verify_greedy(logits: np.ndarray, drafts: Sequence[int]) -> tuple[list[int], int]:
     """(drafts kept, the target's token after them) for a greedy row; `logits`: [len(drafts) + 1, vocab]."""
-    best = np.argmax(logits, axis=1).tolist()
+    return kept_by_argmax(np.argmax(logits, axis=1).tolist(), drafts)
+
+
+def kept_by_argmax(best: Sequence[int], drafts: Sequence[int]) -> tuple[list[int], int]:
+    """verify_greedy from the argmax at each position (a device computes it, only the ids cross over)."""
     kept = 0
     while kept < len(drafts) and drafts[kept] == best[kept]:
         kept += 1
@@ -35,6 +38,9 @@ def verify_sampled(logits: np.ndarray, drafts: Sequence[int], params: SamplingPa
                    draft_probs: np.ndarray | None = None) -> tuple[list[int], int]:
     """(drafts kept, the token after them) for a randomly sampled row. `draft_probs` ([len(drafts), vocab]):
     the drafter's distribution at each draft; None for a deterministic drafter (a prompt lookup)."""
+    # here, not at the top: the reference package's runner imports this module
+    from inferd.engine.reference.sampler import candidate_probs, sample_one
+
     for j, token in enumerate(drafts):
         ids, probs = candidate_probs(logits[j], params)
         at = np.flatnonzero(ids == token)

@@ -19,6 +19,7 @@ from inferd.engine.reference.config import LlamaConfig
 from inferd.engine.runner import StepResult, prompt_logit_rows
 from inferd.engine.scheduler import SchedulerOutput
 from inferd.engine.sequence import Sequence
+from inferd.engine.speculative.verify import kept_by_argmax, verify_row
 from inferd.engine.torch.graphs import DecodeGraphs, batch_ladder
 from inferd.engine.torch.inputs import StepInputs, StepInputsError
 from inferd.engine.torch.kv_pool import KVPool
@@ -121,23 +122,52 @@ class TorchRunner:
             pool.copy_block(src, dst)
         every = prompt_logit_rows(out)
         prompt_logits: list[tuple[Sequence, int, np.ndarray]] = []
-        logits = None if every else self._replay_decode(out)
+        draft_logits: dict[int, torch.Tensor] = {}
+        logits = None if every else self._replay_decode(out)     # a draft row computes > 1 token: not replayed
         if logits is None:
             loras = [self.model.lora(seq.lora) for seq in out.seqs]
             step = StepInputs.build(out, self.device, loras)
-            if every:
-                logits, full = self.model.forward_every(step, pool, every)
+            if every or out.draft_rows:
+                logits, full = self.model.forward_every(step, pool, every + out.draft_rows)
                 # rare (prompt logprobs): a transfer of its own, read by the host as NumPy
                 prompt_logits = [(out.seqs[i], out.seqs[i].num_computed_tokens, chunk.float().cpu().numpy())
                                  for i, chunk in zip(every, full)]
+                draft_logits = dict(zip(out.draft_rows, full[len(every):]))
             else:
                 logits = self.model.forward(step, pool)
         rows = out.sample_rows
         if len(rows) != len(out.seqs):
             logits = logits.index_select(0, to_device(np.asarray(rows, dtype=np.int64), logits.device))
         picked = [out.seqs[r] for r in rows]
+        if draft_logits:
+            return self._verify(logits, rows, picked, draft_logits, prompt_logits)
         tokens, logprobs = self.sampler.sample(logits, picked)
         return StepResult(tokens, logprobs, prompt_logits)
+
+    def _verify(self, logits: torch.Tensor, rows: list[int], picked: list[Sequence],
+                draft_logits: dict[int, torch.Tensor], prompt_logits) -> StepResult:
+        """A step with drafts: rows without one sampled on the device as usual; a greedy draft row verified
+        from its argmax ids, a sampled one from its logits on the host (inferd.engine.speculative.verify)."""
+        plain = [j for j, row in enumerate(rows) if row not in draft_logits]
+        tokens = [0] * len(rows)
+        logprobs: list = [None] * len(rows)
+        if plain:
+            index = to_device(np.asarray(plain, dtype=np.int64), logits.device)
+            found, found_lp = self.sampler.sample(logits.index_select(0, index), [picked[j] for j in plain])
+            for j, token, logprob in zip(plain, found, found_lp):
+                tokens[j], logprobs[j] = token, logprob
+        kept: list[list[int]] = []
+        for j, (row, seq) in enumerate(zip(rows, picked)):
+            chunk = draft_logits.get(row)
+            if chunk is None:
+                kept.append([])
+            elif seq.sampling.greedy:
+                drafts, tokens[j] = kept_by_argmax(chunk.argmax(dim=1).tolist(), seq.draft)
+                kept.append(drafts)
+            else:
+                drafts, tokens[j] = verify_row(chunk.float().cpu().numpy(), seq.draft, seq.sampling, seq.rng)
+                kept.append(drafts)
+        return StepResult(tokens, logprobs, prompt_logits, kept)
 
     def _check_decode(self, out: SchedulerOutput) -> None:
         """What the eager path's StepInputs checks, for the graphs: on CUDA an id out of range would be a

@@ -3,26 +3,19 @@ drafts counted, and requests that cannot or will not speculate decoded one token
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from inferd.artifacts.build.copying import build_copying
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.engine.speculative import Speculation
 from inferd.types import GenerationRequest, SamplingParams
 from tests.engine.backends import started_engines
+from tests.engine.speculative.copying import copying_prompts
 
 TEXTS = ["the quick brown fox jumps over the lazy dog and the quick brown fox",
          "one two three one two three one two three", "we said", "how about that then"]
 LENGTHS = [40, 33, 25, 37, 30, 28]
-
-
-@pytest.fixture(scope="module")
-def copying_model(tmp_path_factory) -> tuple[Path, np.ndarray]:
-    """tiny's shapes, continuing each token with successor[token] (inferd.artifacts.build.copying)."""
-    return build_copying("tiny", tmp_path_factory.mktemp("engines"))
 
 
 @pytest.fixture
@@ -34,19 +27,6 @@ async def make_engine(tiny_artifact, copying_model):
 
     async with started_engines(build) as make:
         yield make
-
-
-def copying_prompts(successor: np.ndarray) -> list[list[int]]:
-    """Spans of the copying model's successor chain, then filler, then a token from inside the span: its
-    output copies the rest of the span (what a prompt lookup finds), or runs off it (the last two)."""
-    prompts = []
-    for i, start in enumerate((5, 77, 300, 12, 450, 31)):
-        span = [start]
-        for _ in range(60):
-            span.append(int(successor[span[-1]]))
-        tail = span[3 * i + 2] if i < 4 else (i * 37) % 512       # the last two resume off the span
-        prompts.append(span + [7, 8, 9] + [tail])
-    return prompts
 
 
 def prompts_for(engine, artifact: str, copying_model) -> list[list[int]]:

@@ -170,3 +170,31 @@ def test_a_decode_step_with_an_id_out_of_range_never_reaches_the_graphs(tiny_art
                               context_lens=[4], block_tables=[[block]], sample_rows=[0])
         with pytest.raises(StepInputsError, match="out of range"):
             runner.execute(out)
+
+
+async def test_greedy_output_with_prompt_lookup_equals_the_reference_engines_without(copying_model):
+    from inferd.engine.speculative import Speculation
+    from tests.engine.speculative.copying import copying_prompts
+
+    artifact, successor = copying_model
+    prompts = copying_prompts(successor)
+
+    async def run(engine, sampling: dict) -> list[tuple[int, ...]]:
+        streams = [engine.submit(GenerationRequest(
+            request_id=f"c{i}", prompt_token_ids=tuple(p), tenant=f"c{i}",
+            sampling=SamplingParams(max_tokens=30, ignore_eos=True, **sampling))) for i, p in enumerate(prompts)]
+        return [tuple((await s.collect()).token_ids) for s in streams]
+
+    def build(cls, **kwargs):
+        return cls(artifact, num_kv_blocks=256, block_size=4, max_num_tokens=32, **kwargs)
+
+    async with started_engines(build) as make:
+        reference = await make(ReferenceEngine)
+        torch_engine = await make(TorchEngine, device="cpu", dtype="float32",
+                                  speculative=Speculation(num_tokens=4, min_n=1, max_n=3))
+        assert await run(torch_engine, {"temperature": 0.0}) == await run(reference, {"temperature": 0.0})
+        kept = torch_engine.stats().speculation.accepted_tokens
+        assert kept > 0
+        sampled = await run(torch_engine, {"temperature": 1.0, "seed": 3})        # drafts verified on the host
+        assert [len(s) for s in sampled] == [30] * len(prompts)
+        assert torch_engine.stats().speculation.verifications > 0
