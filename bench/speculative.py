@@ -7,11 +7,14 @@ and a real one cannot be downloaded here. Two workloads, greedy, `--max-tokens` 
   span's start: the output copies the span, as a model editing code copies what it does not change;
 - non-repetitive: 300 random prompt tokens: the output shares no n-gram with the prompt, so the lookup
   finds nothing (or guesses wrong) and speculation can only cost.
+`--method draft_model` drafts with a quarter-width, one-layer model of the same chain instead (it guesses
+right on both workloads: what it shows is the draft model's cost against what its kept tokens save).
 Decode tokens/s is the completion's tokens after the first over the time from the first to the last
 (the prompt's prefill is the same with and without). Each configuration runs `--requests` requests one after
 another, the two engines alternating request by request (the machine's speed drifts); the median rate counts.
 
     .venv/bin/python bench/speculative.py
+    .venv/bin/python bench/speculative.py --method draft_model
 """
 from __future__ import annotations
 
@@ -54,14 +57,19 @@ async def decode_rate(engine: ReferenceEngine, rid: str, prompt: list[int], max_
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="inferd-bench-spec-") as tmp:
         artifact, successor = build_copying("small", Path(tmp))
-        speculation = Speculation(num_tokens=args.k, min_n=args.min_n, max_n=args.max_n)
+        draft_dir = None
+        if args.method == "draft_model":     # a quarter as wide, one layer: the same chain, flatter
+            draft_dir = str(build_copying("small", Path(tmp), draft=True)[0])
+        speculation = Speculation(method=args.method, num_tokens=args.k, min_n=args.min_n, max_n=args.max_n,
+                                  draft_dir=draft_dir)
         engines = {"off": ReferenceEngine(artifact, num_kv_blocks=512, max_batch_size=4),
                    "on": ReferenceEngine(artifact, num_kv_blocks=512, max_batch_size=4, speculative=speculation)}
         for engine in engines.values():
             await engine.start()
             await engine.warmup()
         try:
-            print(f"model: small-copy ({artifact.name}), k={args.k}, n-gram {args.min_n}..{args.max_n}, "
+            drafter = f"n-gram {args.min_n}..{args.max_n}" if args.method == "ngram" else "draft model small-copy-draft"
+            print(f"model: small-copy ({artifact.name}), k={args.k}, {drafter}, "
                   f"{args.requests} requests x {args.max_tokens} tokens per configuration, batch 1")
             for name, prompts in workloads(successor, args.requests).items():
                 rates: dict[str, list[float]] = {"off": [], "on": []}
@@ -90,6 +98,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--method", choices=("ngram", "draft_model"), default="ngram",
+                        help="draft_model: a quarter-width one-layer copy of the model drafts")
     parser.add_argument("--min-n", type=int, default=2)
     parser.add_argument("--max-n", type=int, default=4)
     asyncio.run(run(parser.parse_args()))

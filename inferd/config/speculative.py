@@ -1,6 +1,7 @@
 """`[models.<name>.speculative]`: speculative decoding for one model (docs/speculative.md).
 
-The reference and torch engines draft by prompt lookup ("ngram").
+The reference and torch engines draft by prompt lookup ("ngram"); the reference engine also with a draft
+model ("draft_model": a smaller artifact of the same tokenizer).
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Literal
 
 from inferd.config.walk import ConfigTable
 
-SpeculativeMethod = Literal["ngram"]
+SpeculativeMethod = Literal["ngram", "draft_model"]
 MAX_SPECULATIVE_TOKENS = 16          # vLLM and TensorRT-LLM run 1-8 in practice; more is mostly wasted work
 
 
@@ -18,6 +19,8 @@ class SpeculativeConfig(ConfigTable):
     # prompt lookup: the longest suffix of min..max tokens that occurred earlier proposes what followed it
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    # draft_model: the draft's artifact under server.engines_root ("name" or "name@version"), same tokenizer
+    draft_model: str | None = None
 
 
 def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None) -> list[str]:
@@ -35,4 +38,10 @@ def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None)
     if not 1 <= table.prompt_lookup_min <= table.prompt_lookup_max:
         errors.append(f"{p}.prompt_lookup_min: need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                       f"{table.prompt_lookup_min} and {table.prompt_lookup_max}")
+    if table.method == "draft_model" and table.draft_model is None:
+        errors.append(f"{p}.draft_model: method \"draft_model\" needs the draft's artifact name")
+    if table.method == "draft_model" and backend != "reference":
+        errors.append(f"{p}.method: \"draft_model\" runs on the reference backend (backend is {backend!r})")
+    if table.method != "draft_model" and table.draft_model is not None:
+        errors.append(f"{p}.draft_model: only method \"draft_model\" takes one (method is {table.method!r})")
     return errors

@@ -22,6 +22,7 @@ from inferd.engine.base import (
     EngineStats,
     EngineUnavailable,
     InvalidRequest,
+    SpeculationStats,
 )
 from inferd.engine.grammar import DEAD_END, GrammarError, Grammars, GrammarState, GrammarUnavailable
 from inferd.engine.loading import run_load, startup_loads
@@ -33,7 +34,7 @@ __all__ = [
     "AdapterBusy", "AdapterError", "AdapterHost", "AdapterInfo", "AdapterLoadError", "AdapterSignatureError",
     "Capacity", "DEAD_END", "Engine", "EngineError", "EngineInfo", "EngineStats", "EngineUnavailable", "GrammarError",
     "GrammarState", "GrammarUnavailable", "Grammars", "HFTokenizer",
-    "InvalidRequest", "LOGIT_BIAS_RANGE", "MAX_LOGIT_BIAS", "PENALTY_RANGE", "RequestStream", "StreamWrapper",
-    "TokenizerLoadError", "UnknownAdapter", "add_logprobs", "check_adapter_signature", "merge_deltas",
+    "InvalidRequest", "LOGIT_BIAS_RANGE", "MAX_LOGIT_BIAS", "PENALTY_RANGE", "RequestStream", "SpeculationStats",
+    "StreamWrapper", "TokenizerLoadError", "UnknownAdapter", "add_logprobs", "check_adapter_signature", "merge_deltas",
     "resolve_adapter_source", "run_load", "startup_loads",
 ]

@@ -115,6 +115,7 @@ class Scheduler:
         else:
             return False
         seq.draft.clear()
+        seq.draft_kv_len = 0
         seq.status = SequenceStatus.WAITING
         self.parked.append(seq)
         self.num_parked += 1
@@ -278,6 +279,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         seq.draft.clear()               # a recompute starts from the tokens it has
+        seq.draft_kv_len = 0
         self._forget_leader(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING

@@ -36,7 +36,7 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
-        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight", "draft",
+        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight", "draft", "draft_kv_len",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
@@ -75,6 +75,7 @@ class Sequence:
         # Tokens a drafter guessed follow token_ids (inferd.engine.speculative): the next step computes
         # them with the last token and keeps those the model agrees with. Empty: one token per step.
         self.draft: list[int] = []
+        self.draft_kv_len = 0                   # tokens a draft model has K/V for (speculative.draft_model)
 
     @property
     def num_tokens(self) -> int:

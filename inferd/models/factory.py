@@ -120,18 +120,29 @@ def _step_engine_options(name: str, model: ModelConfig, server: ServerConfig) ->
                 lora_adapters=dict(model.lora_adapters), max_loaded_adapters=model.max_loaded_adapters,
                 adapter_idle_unload_s=model.adapter_idle_unload_s,
                 adapter_trusted_keys=adapter_trusted_keys(name, model, server) if model.lora_adapters else {},
-                speculative=_speculation(model))
+                speculative=_speculation(name, model, server))
 
 
-def _speculation(model: ModelConfig):
-    """A step engine's speculative settings from the model's [speculative] table (None: none)."""
+def _speculation(name: str, model: ModelConfig, server: ServerConfig):
+    """A step engine's speculative settings from the model's [speculative] table (None: none); a draft
+    model's artifact is resolved here, so a missing one fails the load naming it."""
     table = model.speculative
     if table is None:
         return None
     from inferd.engine.speculative import Speculation
 
+    draft_dir = None
+    if table.draft_model is not None:
+        from inferd.artifacts import ArtifactError, resolve_artifact
+
+        draft, _, version = table.draft_model.partition("@")
+        try:
+            draft_dir = str(resolve_artifact(Path(server.engines_root), draft, version or "latest"))
+        except (ArtifactError, OSError) as exc:
+            raise EngineConfigError(name, f"speculative.draft_model {table.draft_model!r} under "
+                                          f"{server.engines_root}: {exc}") from None
     return Speculation(method=table.method, num_tokens=table.num_speculative_tokens,
-                       min_n=table.prompt_lookup_min, max_n=table.prompt_lookup_max)
+                       min_n=table.prompt_lookup_min, max_n=table.prompt_lookup_max, draft_dir=draft_dir)
 
 
 def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:

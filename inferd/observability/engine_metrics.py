@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from inferd.engine import Engine
-    from inferd.engine.base import SpeculationStats
+    from inferd.engine import Engine, SpeculationStats
 
 MODEL_LABELS = ("model", "version", "backend")
 

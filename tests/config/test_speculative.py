@@ -5,6 +5,7 @@ import pytest
 
 from inferd.config.root import ConfigError, parse_config
 from inferd.engine.speculative import Speculation
+from inferd.config.root import ServerConfig
 from inferd.models.factory import _speculation
 
 
@@ -16,8 +17,20 @@ def errors_of(model: dict) -> list[str]:
 
 def test_prompt_lookup_with_four_drafts_is_the_default_and_reaches_the_engine_settings():
     model = parse_config({"models": {"m": {"speculative": {}}}}).models["m"]
-    assert _speculation(model) == Speculation(method="ngram", num_tokens=4, min_n=2, max_n=4)
-    assert _speculation(parse_config({"models": {"m": {}}}).models["m"]) is None
+    assert _speculation("m", model, ServerConfig()) == Speculation(method="ngram", num_tokens=4, min_n=2, max_n=4)
+    assert _speculation("m", parse_config({"models": {"m": {}}}).models["m"], ServerConfig()) is None
+
+
+def test_a_draft_models_artifact_is_resolved_under_engines_root_and_a_missing_one_is_named(copying_model, tmp_path):
+    from inferd.models.factory import EngineConfigError
+
+    artifact, _ = copying_model
+    table = {"method": "draft_model", "draft_model": f"{artifact.parent.name}@{artifact.name}", "num_speculative_tokens": 3}
+    model = parse_config({"models": {"m": {"speculative": table}}}).models["m"]
+    got = _speculation("m", model, ServerConfig(engines_root=str(artifact.parent.parent)))
+    assert (got.method, got.num_tokens, got.draft_dir) == ("draft_model", 3, str(artifact))
+    with pytest.raises(EngineConfigError, match="speculative.draft_model"):
+        _speculation("m", model, ServerConfig(engines_root=str(tmp_path)))
 
 
 @pytest.mark.parametrize("table, message", [
@@ -26,8 +39,10 @@ def test_prompt_lookup_with_four_drafts_is_the_default_and_reaches_the_engine_se
     ({"prompt_lookup_min": 3, "prompt_lookup_max": 2},
      "models.m.speculative.prompt_lookup_min: need 1 <= prompt_lookup_min <= prompt_lookup_max, got 3 and 2"),
     ({"prompt_lookup_min": 0}, "models.m.speculative.prompt_lookup_min: need 1 <= prompt_lookup_min"),
-    ({"method": "eagle"}, "models.m.speculative.method: expected one of 'ngram', got 'eagle'"),
+    ({"method": "eagle"}, "models.m.speculative.method: expected one of 'ngram', 'draft_model', got 'eagle'"),
     ({"draft": "x"}, "models.m.speculative.draft: unknown key"),
+    ({"method": "draft_model"}, "models.m.speculative.draft_model: method \"draft_model\" needs the draft's"),
+    ({"draft_model": "d"}, "models.m.speculative.draft_model: only method \"draft_model\" takes one"),
 ])
 def test_a_bad_speculative_setting_is_named(table, message):
     errors = errors_of({"speculative": table})
@@ -39,3 +54,8 @@ def test_speculation_on_a_backend_that_cannot_do_it_is_refused_not_ignored(backe
     errors = errors_of({"backend": backend, "speculative": {}})
     assert f"models.m.speculative: speculative decoding runs on the reference and torch backends (backend is " \
            f"'{backend}')" in errors
+
+
+def test_a_draft_model_on_the_torch_backend_is_refused():
+    errors = errors_of({"backend": "torch", "speculative": {"method": "draft_model", "draft_model": "d"}})
+    assert "models.m.speculative.method: \"draft_model\" runs on the reference backend (backend is 'torch')" in errors

@@ -19,10 +19,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from safetensors.numpy import save_file
 
-from inferd.artifacts.build.reference import SYNTHETIC_SPECS, build_synthetic, pack_hf, random_weights
+from inferd.artifacts.build.reference import SYNTHETIC_SPECS, SyntheticSpec, build_synthetic, pack_hf, random_weights
 from inferd.artifacts.manifest import Progress
 
 _COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -37,8 +38,15 @@ def successor_cycle(vocab_size: int, seed: int = 0) -> np.ndarray:
     return successor
 
 
-def copying_weights(kind: str, successor: np.ndarray) -> dict[str, np.ndarray]:
+def draft_spec(kind: str) -> SyntheticSpec:
+    """A quarter of `kind`'s width, one layer: a draft model for it (same vocabulary and tokenizer)."""
     spec = SYNTHETIC_SPECS[kind]
+    return msgspec.structs.replace(spec, hidden_size=spec.hidden_size // 4, num_layers=1,
+                                   num_heads=max(1, spec.num_heads // 4), num_kv_heads=1,
+                                   intermediate_size=spec.intermediate_size // 4, seed=spec.seed + 7)
+
+
+def copying_weights(spec: SyntheticSpec, successor: np.ndarray) -> dict[str, np.ndarray]:
     tensors = random_weights(spec)
     rng = np.random.default_rng(spec.seed + 1)
     embed = rng.standard_normal((spec.vocab_size, spec.hidden_size), dtype=np.float32)
@@ -54,21 +62,28 @@ def copying_weights(kind: str, successor: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def build_copying(kind: str, engines_root: Path, progress: Progress | None = None, *,
-                  seed: int = 0) -> tuple[Path, np.ndarray]:
+                  seed: int = 0, draft: bool = False) -> tuple[Path, np.ndarray]:
     """engines/<kind>-copy/<version>: the synthetic `kind`'s shapes and tokenizer, an untied LM head, and
-    weights that continue each token with successor[token]. Returns (its path, successor)."""
+    weights that continue each token with successor[token]. Returns (its path, successor). `draft`: the
+    same successor and tokenizer in a model a quarter as wide with one layer (draft_spec), as
+    engines/<kind>-copy-draft: it agrees with the full one less often when sampling (a flatter distribution)."""
     say = progress or (lambda message: None)
-    successor = successor_cycle(SYNTHETIC_SPECS[kind].vocab_size, seed)
+    spec = draft_spec(kind) if draft else SYNTHETIC_SPECS[kind]
+    name = f"{kind}-copy-draft" if draft else f"{kind}-copy"
+    successor = successor_cycle(spec.vocab_size, seed)
     with tempfile.TemporaryDirectory(prefix="inferd-copying-") as tmp:
         base = build_synthetic(kind, Path(tmp) / "engines", progress=say)
         hf_dir = Path(tmp) / f"{kind}-copy"
         hf_dir.mkdir()
-        for name in _COPIED_FILES:
-            if (base / name).is_file():
-                shutil.copyfile(base / name, hf_dir / name)
+        for file in _COPIED_FILES:
+            if (base / file).is_file():
+                shutil.copyfile(base / file, hf_dir / file)
         config = json.loads((base / "config.json").read_text())
-        config["tie_word_embeddings"] = False
+        config.update(tie_word_embeddings=False, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+                      num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                      intermediate_size=spec.intermediate_size)
+        config.pop("head_dim", None)
         (hf_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        save_file(copying_weights(kind, successor), str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
-        path = pack_hf(hf_dir, f"{kind}-copy", engines_root, progress=say, source=f"synthetic:{kind}-copy")
+        save_file(copying_weights(spec, successor), str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+        path = pack_hf(hf_dir, name, engines_root, progress=say, source=f"synthetic:{name}")
     return path, successor

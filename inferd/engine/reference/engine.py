@@ -20,4 +20,6 @@ class ReferenceEngine(StepEngine):
         super().__init__(artifact_dir, num_kv_blocks=num_kv_blocks, **options)
 
     def _make_runner(self) -> ReferenceRunner:
-        return ReferenceRunner.load(self.artifact_dir, self._num_kv_blocks, self._block_size)
+        draft = self._speculation.draft_dir if self._speculation is not None else None
+        return ReferenceRunner.load(self.artifact_dir, self._num_kv_blocks, self._block_size,
+                                    Path(draft) if draft is not None else None)

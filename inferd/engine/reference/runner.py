@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
 from inferd.engine.runner import StepResult, prompt_logit_rows
 from inferd.engine.scheduler import SchedulerOutput
+from inferd.engine.speculative.draft_model import DraftModel
 from inferd.engine.speculative.verify import with_verified_drafts
 from inferd.types import TokenLogprob
 
@@ -14,25 +17,33 @@ from inferd.types import TokenLogprob
 class ReferenceRunner:
     """A ModelRunner (inferd.engine.runner) in float32 NumPy on the CPU."""
 
-    def __init__(self, model: LlamaModel, num_kv_blocks: int, block_size: int) -> None:
+    def __init__(self, model: LlamaModel, num_kv_blocks: int, block_size: int,
+                 drafter: DraftModel | None = None) -> None:
         self.model = model
         self.config = model.config
         self.kv = model.new_kv_cache(num_kv_blocks, block_size)
         self._sampler = Sampler()
+        self.drafter = drafter          # guesses the drafts the scheduler made room for (a draft model)
 
     @classmethod
-    def load(cls, artifact_dir: Path, num_kv_blocks: int, block_size: int) -> "ReferenceRunner":
-        return cls(LlamaModel.from_pretrained(artifact_dir), num_kv_blocks, block_size)
+    def load(cls, artifact_dir: Path, num_kv_blocks: int, block_size: int,
+             draft_dir: Path | None = None) -> "ReferenceRunner":
+        model = LlamaModel.from_pretrained(artifact_dir)
+        drafter = None if draft_dir is None else DraftModel.load(draft_dir, artifact_dir, model.config.vocab_size,
+                                                                 num_kv_blocks, block_size)
+        return cls(model, num_kv_blocks, block_size, drafter)
 
     def fatal(self, exc: Exception) -> bool:
         return False           # NumPy state survives any failed step
 
     def memory_bytes(self) -> int:
-        return self.model.weight_bytes() + sum(a.nbytes for a in (*self.kv.k, *self.kv.v))
+        drafter = self.drafter.memory_bytes() if self.drafter is not None else 0
+        return self.model.weight_bytes() + sum(a.nbytes for a in (*self.kv.k, *self.kv.v)) + drafter
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         for src, dst in out.block_copies:       # forked sequences' partial blocks, before they are read
             self.kv.copy_block(src, dst)
+        draft_probs = self._guess_drafts(out) if out.draft_rows and self.drafter is not None else None
         batch = ForwardBatch(token_ids=out.token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
                              query_lens=out.num_new_tokens, context_lens=out.context_lens,
                              block_tables=out.block_tables, loras=[seq.lora for seq in out.seqs])
@@ -49,12 +60,20 @@ class ReferenceRunner:
             logits = logits[rows]
         picked = [out.seqs[r] for r in rows]
         if draft_logits:
-            return self._verify(logits, rows, picked, draft_logits, prompt_logits)
+            return self._verify(logits, rows, picked, draft_logits, prompt_logits, draft_probs)
         step = self._sample(logits, picked)
         step.prompt_logits = prompt_logits
         return step
 
-    def _verify(self, logits, rows, picked, draft_logits, prompt_logits) -> StepResult:
+    def _guess_drafts(self, out: SchedulerOutput) -> dict[int, np.ndarray | None]:
+        """The draft model's guesses, written over the scheduler's placeholders: batch row -> their
+        distributions (None: greedy)."""
+        ends = np.cumsum(out.num_new_tokens)
+        seqs = [out.seqs[row] for row in out.draft_rows]
+        offsets = [int(ends[row]) - len(seq.draft) for row, seq in zip(out.draft_rows, seqs)]
+        return dict(zip(out.draft_rows, self.drafter.fill(seqs, offsets, out.token_ids)))
+
+    def _verify(self, logits, rows, picked, draft_logits, prompt_logits, draft_probs=None) -> StepResult:
         """A step with drafts: rows without one sampled as usual, each draft row verified (rows that
         speculate have no grammar, logprobs, penalties or bias: inferd.engine.speculative.drafting)."""
         plain = [j for j, row in enumerate(rows) if row not in draft_logits]
@@ -64,7 +83,7 @@ class ReferenceRunner:
             step = self._sample(logits[plain], [picked[j] for j in plain])
             for j, token, logprob in zip(plain, step.tokens, step.logprobs):
                 tokens[j], logprobs[j] = token, logprob
-        kept = with_verified_drafts(tokens, rows, picked, draft_logits)
+        kept = with_verified_drafts(tokens, rows, picked, draft_logits, draft_probs)
         return StepResult(tokens, logprobs, prompt_logits, kept)
 
     def _sample(self, logits, picked) -> StepResult:

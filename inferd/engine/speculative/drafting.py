@@ -102,4 +102,15 @@ def make_speculator(settings: Speculation, engine, max_model_len: int) -> Specul
         from inferd.engine.speculative.ngram import NgramProposer
 
         return Speculator(settings, NgramProposer(min_n=settings.min_n, max_n=settings.max_n), max_model_len)
+    if settings.method == "draft_model" and engine.backend == "reference":
+        # the runner's draft model guesses them, in the step (inferd.engine.speculative.draft_model)
+        return Speculator(settings, Placeholders(), max_model_len)
     raise ValueError(f"speculative method {settings.method!r} is not available on the {engine.backend} engine")
+
+
+class Placeholders:
+    """Room for k guesses per sequence, which the runner's draft model fills in before the forward pass."""
+
+    @staticmethod
+    def propose_all(seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [[0] * k for k in ks]

@@ -71,9 +71,11 @@ def verify_row(logits: np.ndarray, drafts: Sequence[int], params: SamplingParams
 
 
 def with_verified_drafts(result_tokens: list[int], sample_rows: Sequence[int], picked: Sequence,
-                         draft_logits: dict[int, np.ndarray]) -> list[list[int]]:
-    """Verify each draft row (`draft_logits`: batch row -> its [draft + 1, vocab] logits) of a step whose
-    other rows were sampled already: its token in `result_tokens` replaced by the one after its kept drafts.
+                         draft_logits: dict[int, np.ndarray],
+                         draft_probs: dict[int, np.ndarray | None] | None = None) -> list[list[int]]:
+    """Verify each draft row (`draft_logits`: batch row -> its [draft + 1, vocab] logits; `draft_probs`: batch
+    row -> the drafter's distributions, for a draft model's sampled guesses) of a step whose other rows were
+    sampled already: its token in `result_tokens` replaced by the one after its kept drafts.
     Returns the kept drafts row by row of `sample_rows` ([] for rows without a draft)."""
     kept: list[list[int]] = []
     for j, (row, seq) in enumerate(zip(sample_rows, picked)):
@@ -81,6 +83,7 @@ def with_verified_drafts(result_tokens: list[int], sample_rows: Sequence[int], p
         if logits is None:
             kept.append([])
             continue
-        drafts, result_tokens[j] = verify_row(logits, seq.draft, seq.sampling, seq.rng)
+        q = draft_probs.get(row) if draft_probs else None
+        drafts, result_tokens[j] = verify_row(logits, seq.draft, seq.sampling, seq.rng, q)
         kept.append(drafts)
     return kept

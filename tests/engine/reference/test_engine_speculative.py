@@ -3,6 +3,7 @@ drafts counted, and requests that cannot or will not speculate decoded one token
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,3 +126,53 @@ async def test_sampled_output_keeps_the_models_distribution_under_speculation(ma
     assert 0 < stats.accepted_tokens < stats.draft_tokens         # some drafts kept, some not
     assert 0.2 < a[0] < 0.95                                      # a distribution, not an argmax
     assert np.abs(a - b).max() < 0.07, (a, b)
+
+
+@pytest.fixture(scope="module")
+def copying_draft(copying_model, tmp_path_factory) -> Path:
+    """A quarter-width, one-layer model with the copying model's successor chain and tokenizer."""
+    from inferd.artifacts.build.copying import build_copying
+
+    return build_copying("tiny", tmp_path_factory.mktemp("draft"), draft=True)[0]
+
+
+async def test_a_draft_model_gives_the_same_greedy_output_and_fewer_steps(make_engine, copying_model, copying_draft):
+    prompts = copying_prompts(copying_model[1])
+    plain = await make_engine("copying", max_num_tokens=24)
+    expected = await run_all(plain, "p", prompts)
+    spec = await make_engine("copying", max_num_tokens=24, speculative=Speculation(
+        method="draft_model", num_tokens=3, draft_dir=str(copying_draft)))
+    assert await run_all(spec, "s", prompts, opt_out=lambda i: i == 1) == expected
+    stats = spec.stats().speculation
+    # the draft follows the chain off the prompt too (the last two), where a prompt lookup finds nothing
+    assert stats.accepted_tokens > 0.8 * stats.draft_tokens
+    assert spec.memory_bytes() > plain.memory_bytes()                # the draft's weights and KV count too
+
+
+async def test_a_draft_models_sampled_guesses_keep_the_targets_distribution(make_engine, copying_model, copying_draft):
+    prompt = copying_prompts(copying_model[1])[0]
+    plain = await make_engine("copying", max_batch_size=64)
+    spec = await make_engine("copying", max_batch_size=64, speculative=Speculation(
+        method="draft_model", num_tokens=2, draft_dir=str(copying_draft)))
+    chain = (await plain.submit(request("greedy", prompt, 3)).collect()).token_ids
+
+    async def follows(engine, prefix: str) -> np.ndarray:
+        streams = [engine.submit(request(f"{prefix}{i}", prompt, 3, temperature=1.0, seed=i)) for i in range(1000)]
+        on_chain = np.array([(await s.collect()).token_ids for s in streams]) == np.array(chain)
+        return np.append(on_chain.mean(axis=0), np.cumprod(on_chain, axis=1)[:, -1].mean())
+
+    a, b = await follows(plain, "p"), await follows(spec, "s")
+    stats = spec.stats().speculation
+    assert 0 < stats.accepted_tokens < stats.draft_tokens
+    assert np.abs(a - b).max() < 0.07, (a, b)
+
+
+async def test_a_draft_model_of_another_tokenizer_is_refused_at_load(copying_model, tiny_embed_artifact):
+    from inferd.engine.speculative.draft_model import DraftModelMismatch
+
+    # tiny-embed's tokenizer appends EOS to every text: not the same tokenizer, though the vocabulary is
+    engine = ReferenceEngine(copying_model[0], num_kv_blocks=64, speculative=Speculation(
+        method="draft_model", draft_dir=str(tiny_embed_artifact)))
+    with pytest.raises(DraftModelMismatch, match="tokenizer"):
+        await engine.start()
+    await engine.close()
