@@ -4,6 +4,7 @@
   python build_engines.py --target reference --synthetic tiny|small
   python build_engines.py --target reference --synthetic tiny-embed|embed     (embedding models)
   python build_engines.py --target reference --hf-dir /path/to/hf-llama --name llama3-8b
+  python build_engines.py --target reference --synthetic small --quantize int8   (also an int8 weight-only version)
   python build_engines.py --target reference --hf-model HuggingFaceTB/SmolLM2-135M-Instruct [--revision main]
                                                    (downloaded with huggingface_hub: HF_TOKEN, HF_ENDPOINT)
   python build_engines.py --target trtllm ...      (options come from inferd.artifacts.build.trtllm)
@@ -32,6 +33,8 @@ from inferd.artifacts import (
 )
 from inferd.engine import TokenizerLoadError
 from inferd.artifacts.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
+from inferd.artifacts.build.quantize import quantize_artifact
+from inferd.engine.reference.weights import WeightsError
 
 
 def _trtllm_builder() -> ModuleType | None:
@@ -58,6 +61,9 @@ def build_parser(trtllm: ModuleType | None) -> argparse.ArgumentParser:
     parser.add_argument("--revision", help="with --hf-model: branch, tag or commit (default: main)")
     parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind, or the "
                                        "repo's name with --hf-model)")
+    parser.add_argument("--quantize", choices=["int8"],
+                        help="reference: also publish an int8 weight-only version of the artifact (per-channel "
+                             "scales; its manifest says precision = \"int8\"; LATEST stays on the float one)")
     parser.add_argument("--sign", type=Path, metavar="PRIVATE_KEY_FILE",
                         help="sign the built artifact's manifest (ed25519; key from `inferd engines keygen`)")
     if trtllm is not None and hasattr(trtllm, "add_arguments"):
@@ -106,13 +112,19 @@ def main(argv: list[str] | None = None) -> int:
             path = pull(args.hf_model, args.engines_root, name=args.name, revision=args.revision)
         else:
             path = pack_hf(args.hf_dir, args.name, args.engines_root)
-    except (ArtifactError, HubError, TokenizerLoadError, OSError) as exc:
+        if args.quantize is not None:
+            path = quantize_artifact(path, args.engines_root, args.quantize, _stderr)
+    except (ArtifactError, HubError, TokenizerLoadError, WeightsError, OSError) as exc:
         print(f"build_engines.py: {exc}", file=sys.stderr)
         return 1
     if key is not None:
         return _sign(lambda: path, key, print_path=True)
     print(path)
     return 0
+
+
+def _stderr(message: str) -> None:
+    print(f"[build] {message}", file=sys.stderr, flush=True)
 
 
 def _sign(artifact: Callable[[], Path], key, *, print_path: bool = False) -> int:

@@ -316,8 +316,9 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
                      architecture: Architecture, sampling: DefaultSampling = DefaultSampling(),
                      build: dict[str, str | int | float | bool] | None = None,
                      embedding: EmbeddingSpec | None = None, progress: Progress | None = None,
-                     tool_call_format: str | None = None, revision: str | None = None) -> Path:
-    """Hash `staging`, write its manifest, move it to `engines_root/name/<version>`, point LATEST at it.
+                     tool_call_format: str | None = None, revision: str | None = None, latest: bool = True) -> Path:
+    """Hash `staging`, write its manifest, move it to `engines_root/name/<version>`, point LATEST at it
+    (unless `latest` is False: a version served only where a config pins it, such as a quantized one).
 
     Idempotent: if that version exists (same content), it is verified and reused, never rewritten; it
     must then have the same `embedding` settings (the version id does not cover them).
@@ -345,7 +346,8 @@ def publish_artifact(staging: Path, engines_root: Path, *, name: str, target: st
             raise ArtifactError(f"{name}/{version} already exists with embedding settings {existing}; the same "
                                 f"files cannot be published with {embedding} (remove that version first)",
                                 MANIFEST_FILE)
-    _write_atomically(final.parent / LATEST_FILE, version + "\n")
+    if latest or not (final.parent / LATEST_FILE).is_file():
+        _write_atomically(final.parent / LATEST_FILE, version + "\n")
     return final
 
 

@@ -74,6 +74,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # How the model writes tool calls ("hermes" | "llama3_json"), from its artifact's manifest: what
     # tool_choice "auto" parses (inferd.api.wire.tool_calls). The sim's ChatML template is Hermes'.
     tool_call_format: str = "hermes"
+    # The weights as served: "float32", "bfloat16", "float16", "int8" (weight-only), or a sim profile's
+    # precision ("bf16", "fp8", ...): what a precision tier routes to (docs/models.md).
+    precision: str = ""
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):

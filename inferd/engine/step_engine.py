@@ -48,6 +48,7 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
     With `adapter_trusted_keys` (fingerprint -> .pub path) an adapter loads only if signed by one of them."""
 
     backend = ""                         # EngineInfo.backend
+    compute_precision = "float32"        # EngineInfo.precision of an artifact that does not name its own
     compiles_missed_grammars = True      # on its GrammarWorker, never on the step thread (admission)
     yields_slots = True
 
@@ -139,7 +140,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
             num_kv_blocks=self._num_kv_blocks, max_batch_size=self._max_batch_size,
             max_num_tokens=self._max_num_tokens, prefix_caching=True, hardware=self.hardware,
             tool_call_format=(manifest.tool_call_format or template_tool_call_format(self.tokenizer.chat_template)
-                              or "hermes"))
+                              or "hermes"),
+            precision=str(manifest.build.get("precision") or self.compute_precision))
         self._snapshot = (self._num_kv_blocks, 0, 0, 0, 0, 0)
         self._blocks = BlockManager(self._num_kv_blocks, self._block_size)
         self._scheduler = Scheduler(self._blocks, max_batch_size=self._max_batch_size,

@@ -19,6 +19,7 @@ import numpy as np
 
 from inferd.engine.reference.config import LlamaConfig
 from inferd.engine.reference.dense_attention import causal_attention
+from inferd.engine.reference.int8 import Int8Matrix
 from inferd.engine.reference.kv_cache import AttentionPlan, KVCacheError, PagedKVCache, paged_attention
 from inferd.engine.reference.lora import LoraWeights, lora_groups
 from inferd.engine.reference.weights import Checkpoint
@@ -48,7 +49,7 @@ class ForwardBatch:
 @dataclass
 class _Layer:
     attn_norm: np.ndarray
-    wqkv: np.ndarray                 # [hidden, (heads + 2 kv_heads) * head_dim]
+    wqkv: np.ndarray | Int8Matrix    # [hidden, (heads + 2 kv_heads) * head_dim] (int8: [out, in], see int8)
     bqkv: np.ndarray | None
     qk_norm: np.ndarray | None       # [heads + kv_heads, head_dim]: q_norm's weight per q head, k_norm's per k head
     wo: np.ndarray                   # [heads * head_dim, hidden]
@@ -83,8 +84,17 @@ def _silu_mul(gate_up: np.ndarray, split: int) -> np.ndarray:
     return act
 
 
-def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    y = x @ w
+def _matrix(checkpoint: Checkpoint, name: str, shape: tuple[int, int]) -> np.ndarray | Int8Matrix:
+    """A [rows, hidden] matrix as stored: float32, or int8 with per-row scales (the embedding, the LM head)."""
+    return checkpoint.get_int8(name, shape) if checkpoint.quantized(name) else checkpoint.get(name, shape)
+
+
+def _head(x: np.ndarray, lm_head: np.ndarray | Int8Matrix) -> np.ndarray:
+    return lm_head.linear(x) if isinstance(lm_head, Int8Matrix) else x @ lm_head.T
+
+
+def _linear(x: np.ndarray, w: np.ndarray | Int8Matrix, b: np.ndarray | None) -> np.ndarray:
+    y = w.linear(x) if isinstance(w, Int8Matrix) else x @ w
     if b is not None:
         y += b
     return y
@@ -98,15 +108,22 @@ class LlamaModel:
         self.config = c
         hd, heads, kv_heads, hidden, inter = (c.head_dim, c.num_attention_heads, c.num_key_value_heads,
                                               c.hidden_size, c.intermediate_size)
-        self.embed = checkpoint.get("model.embed_tokens.weight", (c.vocab_size, hidden))
+        self.embed = _matrix(checkpoint, "model.embed_tokens.weight", (c.vocab_size, hidden))
         if c.tie_word_embeddings:
             self.lm_head = self.embed                     # used as embed.T: BLAS reads it transposed, no copy
         else:
-            self.lm_head = checkpoint.get("lm_head.weight", (c.vocab_size, hidden))
+            self.lm_head = _matrix(checkpoint, "lm_head.weight", (c.vocab_size, hidden))
         self.final_norm = checkpoint.get("model.norm.weight", (hidden,))
 
-        def fused(names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray:
+        def fused(names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray | Int8Matrix:
+            if checkpoint.quantized(names[0]):
+                return Int8Matrix.stack([checkpoint.get_int8(n, s) for n, s in zip(names, shapes)])
             return np.ascontiguousarray(np.concatenate([checkpoint.get(n, s) for n, s in zip(names, shapes)]).T)
+
+        def projection(name: str, shape: tuple[int, int]) -> np.ndarray | Int8Matrix:
+            if checkpoint.quantized(name):
+                return checkpoint.get_int8(name, shape)
+            return np.ascontiguousarray(checkpoint.get(name, shape).T)
 
         def fused_bias(names: list[str], sizes: list[int]) -> np.ndarray:
             return np.concatenate([checkpoint.get(n, (s,)) for n, s in zip(names, sizes)])
@@ -126,12 +143,12 @@ class LlamaModel:
                 wqkv=fused([n + ".weight" for n in attn], [(s, hidden) for s in qkv_sizes]),
                 bqkv=fused_bias([n + ".bias" for n in attn], qkv_sizes) if c.qkv_bias else None,
                 qk_norm=head_norms(p) if c.qk_norm else None,
-                wo=np.ascontiguousarray(checkpoint.get(p + "self_attn.o_proj.weight", (hidden, heads * hd)).T),
+                wo=projection(p + "self_attn.o_proj.weight", (hidden, heads * hd)),
                 bo=checkpoint.get(p + "self_attn.o_proj.bias", (hidden,)) if c.o_bias else None,
                 mlp_norm=checkpoint.get(p + "post_attention_layernorm.weight", (hidden,)),
                 wgu=fused([n + ".weight" for n in mlp], [(inter, hidden)] * 2),
                 bgu=fused_bias([n + ".bias" for n in mlp], [inter] * 2) if c.mlp_bias else None,
-                wd=np.ascontiguousarray(checkpoint.get(p + "mlp.down_proj.weight", (hidden, inter)).T),
+                wd=projection(p + "mlp.down_proj.weight", (hidden, inter)),
                 bd=checkpoint.get(p + "mlp.down_proj.bias", (hidden,)) if c.mlp_bias else None))
         self._inv_freq = c.inv_freq()
         self._scale = np.float32(hd ** -0.5)
@@ -158,7 +175,7 @@ class LlamaModel:
         """Run one step; returns float32 [num_seqs, vocab]: the logits of each sequence's last token."""
         x, plan = self._step_hidden(batch, kv)
         last = _rms_norm(x[plan.last_rows], self.final_norm, self.config.rms_norm_eps)
-        return last @ self.lm_head.T
+        return _head(last, self.lm_head)
 
     def forward_every(self, batch: ForwardBatch, kv: PagedKVCache,
                       every: Sequence[int]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -166,9 +183,9 @@ class LlamaModel:
         float32 [query_len, vocab] each: what prompt log-probabilities need. Only those rows pay the LM head."""
         x, plan = self._step_hidden(batch, kv)
         eps = self.config.rms_norm_eps
-        last = _rms_norm(x[plan.last_rows], self.final_norm, eps) @ self.lm_head.T
+        last = _head(_rms_norm(x[plan.last_rows], self.final_norm, eps), self.lm_head)
         ends = np.cumsum(batch.query_lens)
-        full = [_rms_norm(x[ends[i] - batch.query_lens[i]:ends[i]], self.final_norm, eps) @ self.lm_head.T
+        full = [_head(_rms_norm(x[ends[i] - batch.query_lens[i]:ends[i]], self.final_norm, eps), self.lm_head)
                 for i in every]
         return last, full
 
@@ -213,7 +230,8 @@ class LlamaModel:
         cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]   # [T, 1, D/2]
         half = hd // 2
 
-        x = self.embed[token_ids]
+        embed = self.embed
+        x = embed.rows(token_ids) if isinstance(embed, Int8Matrix) else embed[token_ids]
         for index, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = _linear(h, layer.wqkv, layer.bqkv)

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
-_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2"),
+           "I8": np.dtype("i1")}
+SCALE_SUFFIX = "_scale"     # an int8 weight's per-output-channel float32 scales (inferd.engine.reference.int8)
 
 
 class WeightsError(Exception):
@@ -72,6 +74,8 @@ class _SafetensorsFile:
         if (info.end - info.begin) != count * dtype.itemsize:
             raise WeightsError(f"{self.path}: tensor {name!r} byte size does not match shape {info.shape}")
         raw = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=self.data_start + info.begin)
+        if info.dtype == "I8":
+            return raw.copy().reshape(info.shape)        # quantized: read as it is, with its scales
         if info.dtype == "BF16":
             out = (raw.astype(np.uint32) << 16).view(np.float32)
         else:
@@ -118,11 +122,31 @@ class Checkpoint:
         return self._info(name).shape
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
-        """Tensor `name` as a new float32 array; `shape`, if given, is checked."""
+        """Tensor `name` as a new float32 array; `shape`, if given, is checked. An int8 weight is refused
+        here (`quantized` says which are; `get_int8` reads them): read as float it would be wrong."""
         info = self._info(name)
         if shape is not None and info.shape != tuple(shape):
             raise WeightsError(f"tensor {name!r} has shape {info.shape}, the config implies {tuple(shape)}")
+        if info.dtype == "I8":
+            raise WeightsError(f"{self.directory}: tensor {name!r} is int8-quantized; this engine reads float "
+                               f"weights only")
         return info.file.read(name, info)
+
+    def quantized(self, name: str) -> bool:
+        """Whether weight `name` is stored int8 with per-row scales (`name` + SCALE_SUFFIX)."""
+        return self._info(name).dtype == "I8"
+
+    def get_int8(self, name: str, shape: tuple[int, int]):
+        """Int8 weight `name` [out, in] and its scales, as an Int8Matrix."""
+        from inferd.engine.reference.int8 import Int8Matrix
+
+        info = self._info(name)
+        if info.shape != tuple(shape):
+            raise WeightsError(f"tensor {name!r} has shape {info.shape}, the config implies {tuple(shape)}")
+        scale = self._info(name + SCALE_SUFFIX)
+        if scale.dtype != "F32" or scale.shape != (shape[0],):
+            raise WeightsError(f"{self.directory}: {name + SCALE_SUFFIX!r} must be float32 [{shape[0]}]")
+        return Int8Matrix(info.file.read(name, info), scale.file.read(name + SCALE_SUFFIX, scale))
 
     def _info(self, name: str) -> _TensorInfo:
         try:

@@ -68,6 +68,7 @@ class TorchEngine(StepEngine):
             raise ValueError(f"cuda_graph_max_batch_size must be >= 1, got {graph_max}")
         super().__init__(artifact_dir, num_kv_blocks=num_kv_blocks, **options)
         self._device, self._dtype = device, dtype
+        self.compute_precision = dtype           # EngineInfo.precision
         self._utilization = gpu_memory_utilization
         self._graphs, self._graph_max = cuda_graphs, graph_max
         self._load_format, self._seed = load_format, seed
