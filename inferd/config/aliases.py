@@ -26,11 +26,15 @@ class Arm(msgspec.Struct, frozen=True):
 
 
 class Split(msgspec.Struct, frozen=True):
-    """How a route name (alias or model name) spreads traffic over versions."""
+    """How a route name (alias or model name) spreads traffic over versions. `tenants` and `tiers` (a
+    priority class's name) send those requests to a version of their own instead (precision tiers): a
+    tenant's rule first, then its class's, then the arms."""
 
     arms: tuple[Arm, ...]
     shadow: ModelVersion | None = None
     shadow_fraction: float = 0.0
+    tenants: tuple[tuple[str, ModelVersion], ...] = ()
+    tiers: tuple[tuple[str, ModelVersion], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.arms or any(a.weight < 0 or not math.isfinite(a.weight) for a in self.arms):
@@ -47,8 +51,18 @@ class Split(msgspec.Struct, frozen=True):
         return cls((Arm(target, 1.0),))
 
     def with_arms(self, *arms: Arm) -> Split:
-        """Same shadow settings, new arms (what a rollout step does)."""
-        return Split(tuple(arms), self.shadow, self.shadow_fraction)
+        """Same shadow settings and tier rules, new arms (what a rollout step does)."""
+        return Split(tuple(arms), self.shadow, self.shadow_fraction, self.tenants, self.tiers)
+
+    def tier_target(self, tenant: str, priority: str | None) -> ModelVersion | None:
+        """The version a tenant's or its class's rule names (None: the arms decide)."""
+        for key, target in self.tenants:
+            if key == tenant:
+                return target
+        for key, target in self.tiers:
+            if key == priority:
+                return target
+        return None
 
 
 class AliasConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -57,6 +71,9 @@ class AliasConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     split: dict[str, float]
     shadow: str | None = None
     shadow_fraction: float = 0.0
+    # precision tiers: a priority class ("interactive", "standard", "batch") or a tenant -> its own target
+    tiers: dict[str, str] = {}
+    tenants: dict[str, str] = {}
 
 
 def parse_target(text: str, defaults: Mapping[str, str]) -> ModelVersion:
@@ -84,6 +101,7 @@ def alias_errors(name: str, cfg: AliasConfig, defaults: Mapping[str, str], path:
             continue
         if key.model not in defaults:
             errors.append(f"{p}: target {target!r}: no [models.{key.model}] table")
+    errors.extend(tier_errors(p, cfg, defaults))
     if not errors:
         try:
             split_from_config(cfg, defaults)
@@ -92,7 +110,38 @@ def alias_errors(name: str, cfg: AliasConfig, defaults: Mapping[str, str], path:
     return errors
 
 
+TIER_CLASSES = ("interactive", "standard", "batch")
+
+
+def tier_errors(p: str, cfg: AliasConfig, defaults: Mapping[str, str]) -> list[str]:
+    """A tier or tenant rule names a known class and a version of a model the split already serves: tiers
+    are precisions (or sizes) of the same model, priced per version."""
+    errors = []
+    models = set()
+    for target in cfg.split:
+        try:
+            models.add(parse_target(target, defaults).model)
+        except (RoutingConfigError, ValueError):
+            pass
+    for table, rules in (("tiers", cfg.tiers), ("tenants", cfg.tenants)):
+        for key, target in rules.items():
+            where = f"{p}.{table}.{key}"
+            if table == "tiers" and key not in TIER_CLASSES:
+                errors.append(f"{where}: not a priority class (expected one of {', '.join(TIER_CLASSES)})")
+            try:
+                model = parse_target(target, defaults).model
+            except (RoutingConfigError, ValueError) as exc:
+                errors.append(f"{where}: target {target!r}: {exc}")
+                continue
+            if models and model not in models:
+                errors.append(f"{where}: target {target!r} is not a version of a model this alias splits "
+                              f"({', '.join(sorted(models))})")
+    return errors
+
+
 def split_from_config(cfg: AliasConfig, defaults: Mapping[str, str]) -> Split:
     arms = tuple(Arm(parse_target(t, defaults), float(w)) for t, w in cfg.split.items())
     shadow = parse_target(cfg.shadow, defaults) if cfg.shadow else None
-    return Split(arms, shadow, cfg.shadow_fraction)
+    tenants = tuple((k, parse_target(t, defaults)) for k, t in cfg.tenants.items())
+    tiers = tuple((k, parse_target(t, defaults)) for k, t in cfg.tiers.items())
+    return Split(arms, shadow, cfg.shadow_fraction, tenants, tiers)

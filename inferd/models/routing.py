@@ -192,10 +192,11 @@ class RoutingTable:
         return Split.single(loaded[0]) if len(loaded) == 1 else None
 
     def resolve(self, model_field: str, tenant: str, user: str | None = None, *,
-                request_id: str | None = None) -> Route:
-        """Route one request. With `user`, the arm is sticky per (tenant, user); without it, the
-        draw is per request (a hash of `request_id`, else a random draw). Shadow selection hashes
-        `request_id` (else draws at random)."""
+                request_id: str | None = None, priority: str | None = None) -> Route:
+        """Route one request. A split's tenant or tier rule for `tenant` or its `priority` class names its
+        version (while that version is ready; else the arms decide). With `user`, the arm is sticky per
+        (tenant, user); without it, the draw is per request (a hash of `request_id`, else a random draw).
+        Shadow selection hashes `request_id` (else draws at random); a tier's request is not mirrored."""
         if not isinstance(model_field, str) or not model_field.strip():
             raise InvalidModelField("`model` must be a non-empty string", str(model_field))
         model_field, lora = split_adapter(model_field)
@@ -207,13 +208,17 @@ class RoutingTable:
                 raise VersionUnavailable(f"model `{model_field}` has no default version loaded", model_field)
             raise UnknownModel(f"The model `{model_field}` does not exist on this server; "
                                "GET /v1/models lists them.", model_field)
+        alias = model_field if model_field in self.aliases else None
+        tier = split.tier_target(tenant, priority) if split.tenants or split.tiers else None
+        if tier is not None and self.is_ready(tier):
+            return Route(tier, None, alias, lora)
         target = self._pick(model_field, split, tenant, user, request_id)
         shadow = None
         # A shadow runs the base model (mirrors carry no adapter): nothing to compare an adapter's output with.
         if split.shadow is not None and split.shadow != target and self.is_ready(split.shadow) and lora is None:
             if self._draw(request_id, "shadow", model_field) < split.shadow_fraction:
                 shadow = split.shadow
-        return Route(target, shadow, model_field if model_field in self.aliases else None, lora)
+        return Route(target, shadow, alias, lora)
 
     def _pinned(self, field: str) -> ModelVersion:
         try:

@@ -107,7 +107,8 @@ def _model_field(ctx: RequestContext) -> str:
 
 async def route(ctx: RequestContext) -> None:
     """Aliases, splits, canaries and pins -> one loaded version (and LoRA adapter)."""
-    ctx.route = route_request(ctx.state, _model_field(ctx), ctx.tenant, ctx.wire.user, ctx.request_id)
+    ctx.route = route_request(ctx.state, _model_field(ctx), ctx.tenant, ctx.wire.user, ctx.request_id,
+                              batch=ctx.is_batch)
 
 
 async def check_circuit_breaker(ctx: RequestContext) -> None:

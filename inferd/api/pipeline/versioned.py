@@ -19,14 +19,17 @@ from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
 
 
-def route_request(state: ServerState, model_field: str, tenant: str, user: str | None, request_id: str) -> Route:
+def route_request(state: ServerState, model_field: str, tenant: str, user: str | None, request_id: str,
+                  batch: bool = False) -> Route:
     """`model` (alias, name or name@version, each optionally `:adapter`) -> Route, as an ApiError
-    when it cannot be routed. An adapter must be one the routed version's engine serves (adapter_infos)."""
+    when it cannot be routed. An adapter must be one the routed version's engine serves (adapter_infos).
+    The request's priority class (`batch`: a batch job's, else its tenant's) picks a split's precision tier."""
     base, colon, adapter = model_field.partition(":")
     if base.endswith(SIMULATED_SUFFIX) and "@" in base:
         model_field = base[: -len(SIMULATED_SUFFIX)] + colon + adapter
     try:
-        route = state.registry.resolve(model_field, tenant, user, request_id=request_id)
+        priority = "batch" if batch else state.tenancy.tenants.get(tenant).priority.value
+        route = state.registry.resolve(model_field, tenant, user, request_id=request_id, priority=priority)
     except RoutingError as e:
         headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
         kind = UNAVAILABLE if e.status == 503 else NOT_FOUND if e.status == 404 else "invalid_request_error"

@@ -199,7 +199,7 @@ def check_models(state: ServerState, tenant: str, lines: list[BatchLine]) -> Non
     tenant_cfg = state.tenancy.tenants.get(tenant)
     for model, n in first.items():
         try:
-            route = route_request(state, model, tenant, None, f"batch-check-{n}")
+            route = route_request(state, model, tenant, None, f"batch-check-{n}", batch=True)
         except ApiError as err:
             if err.status == 503:
                 continue

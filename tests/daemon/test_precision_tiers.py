@@ -1,0 +1,78 @@
+"""Precision tiers through the real daemon: an alias sends interactive tenants to the float version of a model
+and batch traffic to its int8 version, each priced per version, and the ledger shows each tier's cost."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+from inferd.artifacts.build.quantize import quantize_artifact
+from inferd.config.root import ConfigError, parse_config
+from inferd.tenancy.keys import KeyHasher, create_key
+from tests.daemon.harness import running_daemon
+
+
+@pytest.fixture(scope="module")
+def tiers_root(tiny_artifact, tmp_path_factory):
+    """An engines tree with tiny's float version (LATEST) and its int8 version."""
+    root = tmp_path_factory.mktemp("engines")
+    shutil.copytree(tiny_artifact.parent, root / "tiny")
+    int8 = quantize_artifact(root / "tiny" / tiny_artifact.name, root)
+    return root, tiny_artifact.name, int8.name
+
+
+def raw_config(tmp_path, tiers_root, **alias) -> dict:
+    root, float_version, int8_version = tiers_root
+    return {
+        "server": {"port": 0, "engines_root": str(root), "drain_grace_s": 0},
+        "models": {"tiny": {"version": float_version, "versions": [int8_version], "num_kv_blocks": 64,
+                            "max_batch_size": 4}},
+        "aliases": {"chat": {"split": {"tiny": 1.0}, "tiers": {"batch": f"tiny@{int8_version}"}, **alias}},
+        "prices": {f"tiny@{float_version}": {"prompt_per_1k": 1.0, "completion_per_1k": 4.0},
+                   f"tiny@{int8_version}": {"prompt_per_1k": 0.25, "completion_per_1k": 1.0}},
+        "auth": {"mode": "api_key", "keys_file": "keys.jsonl"},
+        "tenants": {"app": {"priority": "interactive"}, "bulk": {"priority": "batch"}, "audit": {}},
+        "audit": {"path": "audit.jsonl"},
+    }
+
+
+async def test_each_class_is_served_by_its_tiers_precision_and_billed_at_its_price(tmp_path, tiers_root):
+    _, float_version, int8_version = tiers_root
+    raw = raw_config(tmp_path, tiers_root, tenants={"audit": f"tiny@{int8_version}"})
+    keys = {t: create_key(tmp_path / "keys.jsonl", KeyHasher(None), t, ("inference", "admin"))[1]
+            for t in ("app", "bulk", "audit")}
+    async with running_daemon(parse_config(raw, base_dir=tmp_path)) as (daemon, _, url):
+        served = {}
+        for tenant, key in keys.items():
+            async with AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0) as sdk:
+                done = await sdk.completions.create(model="chat", prompt="hello there", max_tokens=5,
+                                                    temperature=0, extra_body={"ignore_eos": True})
+            served[tenant] = done.model
+        assert served == {"app": f"tiny@{float_version}", "bulk": f"tiny@{int8_version}",
+                          "audit": f"tiny@{int8_version}"}             # a tenant rule, though its class is standard
+        assert daemon.state.registry.table.engine(
+            next(k for k in daemon.state.registry.table.versions if k.version == int8_version)).info.precision == "int8"
+        async with aiohttp.ClientSession() as http, http.get(
+                url + "/admin/usage", params={"rows": "true", "format": "jsonl"},
+                headers={"Authorization": f"Bearer {keys['app']}"}) as resp:
+            rows = {r["tenant"]: r for r in map(json.loads, (await resp.text()).splitlines())}
+    for tenant, (prompt_price, completion_price) in (("app", (1.0, 4.0)), ("bulk", (0.25, 1.0))):
+        row = rows[tenant]
+        assert row["version"] == (float_version if tenant == "app" else int8_version)
+        assert row["cost"] == pytest.approx((row["prompt_tokens"] * prompt_price
+                                             + row["completion_tokens"] * completion_price) / 1000)
+    assert rows["bulk"]["cost"] < rows["app"]["cost"]
+
+
+@pytest.mark.parametrize("alias, message", [
+    ({"tiers": {"premium": "tiny"}}, "aliases.chat.tiers.premium: not a priority class"),
+    ({"tiers": {"batch": "other@v1"}}, "aliases.chat.tiers.batch: target 'other@v1' is not a version of a model"),
+    ({"tenants": {"acme": "nope"}}, "aliases.chat.tenants.acme: target 'nope': 'nope' is not a configured model"),
+])
+def test_a_tier_rule_that_cannot_route_is_refused_naming_its_key(tmp_path, tiers_root, alias, message):
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw_config(tmp_path, tiers_root, **alias), base_dir=tmp_path)
+    assert any(e.startswith(message) for e in info.value.errors), info.value.errors
