@@ -42,7 +42,7 @@ def raw_config(tmp_path, tiers_root, **alias) -> dict:
 async def test_each_class_is_served_by_its_tiers_precision_and_billed_at_its_price(tmp_path, tiers_root):
     _, float_version, int8_version = tiers_root
     raw = raw_config(tmp_path, tiers_root, tenants={"audit": f"tiny@{int8_version}"})
-    keys = {t: create_key(tmp_path / "keys.jsonl", KeyHasher(None), t, ("inference", "admin"))[1]
+    keys = {t: create_key(tmp_path / "keys.jsonl", KeyHasher(None), t, ("inference", "admin", "metrics"))[1]
             for t in ("app", "bulk", "audit")}
     async with running_daemon(parse_config(raw, base_dir=tmp_path)) as (daemon, _, url):
         served = {}
@@ -59,12 +59,20 @@ async def test_each_class_is_served_by_its_tiers_precision_and_billed_at_its_pri
                 url + "/admin/usage", params={"rows": "true", "format": "jsonl"},
                 headers={"Authorization": f"Bearer {keys['app']}"}) as resp:
             rows = {r["tenant"]: r for r in map(json.loads, (await resp.text()).splitlines())}
+        async with aiohttp.ClientSession() as http, http.get(
+                url + "/metrics", headers={"Authorization": f"Bearer {keys['app']}"}) as resp:
+            assert resp.status == 200
+            text = await resp.text()
+        spend = {line.split('version="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                 for line in text.splitlines() if line.startswith("inferd_spend_total{")}
     for tenant, (prompt_price, completion_price) in (("app", (1.0, 4.0)), ("bulk", (0.25, 1.0))):
         row = rows[tenant]
         assert row["version"] == (float_version if tenant == "app" else int8_version)
         assert row["cost"] == pytest.approx((row["prompt_tokens"] * prompt_price
                                              + row["completion_tokens"] * completion_price) / 1000)
     assert rows["bulk"]["cost"] < rows["app"]["cost"]
+    assert spend[float_version] == pytest.approx(rows["app"]["cost"])                # each tier's spend, per version
+    assert spend[int8_version] == pytest.approx(rows["bulk"]["cost"] + rows["audit"]["cost"])
 
 
 @pytest.mark.parametrize("alias, message", [
