@@ -67,6 +67,8 @@ def add_capacity_parser(sub) -> None:
     dem.add_argument("--target-utilisation", type=float, metavar="FRACTION",
                      help="plan replicas this busy at most, the rest is queueing headroom (default 0.8)")
     dem.add_argument("--zones", type=int, metavar="Z", help="failure zones the replicas spread over (default 1)")
+    dem.add_argument("--gpu-hour-cost", type=float, metavar="COST",
+                     help="with [tiers.*] in --demand: one GPU-hour's price, for each tier's cost per 1k tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
 
 
@@ -81,6 +83,8 @@ def capacity_main(args: argparse.Namespace) -> int:
             "output.mean": args.output_mean, "output.p95": args.output_p95, "slo.ttft_p95_ms": args.ttft_p95_ms,
             "slo.itl_p99_ms": args.itl_p99_ms, "target_utilisation": args.target_utilisation,
             "zones": args.zones}))
+        if raw.get("tiers") is not None:
+            return _tiers_main(args, raw, demand)
         curves, infeasible = _curves(args, demand)
         plans = []
         for curve in curves:
@@ -99,6 +103,32 @@ def capacity_main(args: argparse.Namespace) -> int:
         print(json.dumps(report_json(demand, plans, infeasible), indent=2))
     else:
         sys.stdout.write(format_report(demand, plans, infeasible))
+    return 0
+
+
+def _tiers_main(args: argparse.Namespace, raw: dict, demand) -> int:
+    """Each [tiers.*] table planned on its own profile (and priced with --gpu-hour-cost)."""
+    from inferd.capacity.tiers import format_tiers, plan_tiers, read_tiers
+
+    if args.gpu_hour_cost is not None and not args.gpu_hour_cost > 0:
+        raise CapacityError(f"--gpu-hour-cost must be > 0, got {args.gpu_hour_cost}")
+
+    def curve_for(profile: str, tier_demand):
+        curves, infeasible = _curves(argparse.Namespace(**{**vars(args), "profile": [profile]}), tier_demand)
+        if infeasible:
+            raise infeasible[0]
+        return curves[0]
+
+    plans = plan_tiers(read_tiers(raw, demand), curve_for, args.gpu_hour_cost)
+    if args.json:
+        print(json.dumps({"tiers": [{"tier": p.tier.name, "profile": p.tier.profile, "share": p.tier.share,
+                                     "requests_per_s": p.tier.demand.requests_per_s,
+                                     "replicas": p.plan.colocated_replicas, "gpus": p.plan.colocated_gpus,
+                                     "cost_per_hour": p.cost_per_hour, "cost_per_1k_tokens": p.cost_per_1k_tokens}
+                                    for p in plans]}, indent=2))
+    else:
+        from inferd.capacity.report import describe_demand
+        sys.stdout.write(describe_demand(demand) + "\n\n" + format_tiers(plans))
     return 0
 
 

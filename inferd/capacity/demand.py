@@ -29,7 +29,8 @@ from inferd import tomllib
 from inferd.capacity.errors import DemandError
 
 DEFAULT_TARGET_UTILISATION = 0.8
-_TOP_KEYS = {"requests_per_s", "target_utilisation", "zones", "prompt", "output", "slo"}
+_TOP_KEYS = {"requests_per_s", "target_utilisation", "zones", "prompt", "output", "slo",
+             "tiers"}     # precision tiers: inferd.capacity.tiers reads them
 _LENGTH_KEYS = {"mean", "p95", "buckets"}
 _SLO_KEYS = {"ttft_p95_ms", "itl_p99_ms"}
 
