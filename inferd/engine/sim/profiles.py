@@ -40,7 +40,7 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
     num_heads: int                    # query heads
     num_kv_heads: int
     head_dim: int
-    weight_bytes_per_param: float     # 2 = bf16, 1 = fp8
+    weight_bytes_per_param: float     # 2 = bf16, 1 = fp8 or int8, 0.5 = int4
     kv_bytes_per_element: float       # 2 = bf16 KV cache, 1 = fp8 KV cache
     vocab_size: int
     # -- hardware (per GPU) --
@@ -127,11 +127,22 @@ PROFILES: dict[str, SimProfile] = {
                    weight_bytes_per_param=2, kv_bytes_per_element=2, peak_flops=989e12, **_LLAMA3_8B, **_H100),
         SimProfile(name="llama3-8b-h100-fp8", description="Llama-3-8B, fp8 weights and KV, one H100 SXM",
                    weight_bytes_per_param=1, kv_bytes_per_element=1, peak_flops=1979e12, **_LLAMA3_8B, **_H100),
+        # Weight-only quantization (TensorRT-LLM's W8A16, INT4-AWQ's W4A16): fewer weight bytes to read, bf16
+        # arithmetic and KV. SmoothQuant (W8A8) runs its matmuls on the int8 tensor cores too.
+        SimProfile(name="llama3-8b-h100-int8", description="Llama-3-8B, int8 weight-only (W8A16), bf16 KV, one H100",
+                   weight_bytes_per_param=1, kv_bytes_per_element=2, peak_flops=989e12, **_LLAMA3_8B, **_H100),
+        SimProfile(name="llama3-8b-h100-int8-sq", description="Llama-3-8B, INT8 SmoothQuant (W8A8), bf16 KV, one H100",
+                   weight_bytes_per_param=1, kv_bytes_per_element=2, peak_flops=1979e12, **_LLAMA3_8B, **_H100),
+        SimProfile(name="llama3-8b-h100-int4-awq", description="Llama-3-8B, INT4-AWQ (W4A16), bf16 KV, one H100",
+                   weight_bytes_per_param=0.5, kv_bytes_per_element=2, peak_flops=989e12, **_LLAMA3_8B, **_H100),
         SimProfile(name="llama3-70b-4xh100", description="Llama-3-70B, bf16, 4x H100 SXM tensor parallel",
                    weight_bytes_per_param=2, kv_bytes_per_element=2, peak_flops=989e12, tensor_parallel=4,
                    **_LLAMA3_70B, **_H100),
         SimProfile(name="llama3-70b-2xh100-fp8", description="Llama-3-70B, fp8, 2x H100 SXM tensor parallel",
                    weight_bytes_per_param=1, kv_bytes_per_element=1, peak_flops=1979e12, tensor_parallel=2,
+                   **_LLAMA3_70B, **_H100),
+        SimProfile(name="llama3-70b-1xh100-int4-awq", description="Llama-3-70B, INT4-AWQ (W4A16), bf16 KV, one "
+                   "H100 SXM", weight_bytes_per_param=0.5, kv_bytes_per_element=2, peak_flops=989e12,
                    **_LLAMA3_70B, **_H100),
         SimProfile(name="e5-mistral-7b-h100", description="e5-mistral-7b-instruct (embeddings), bf16, one H100 SXM",
                    weight_bytes_per_param=2, kv_bytes_per_element=2, peak_flops=989e12, **_MISTRAL_7B, **_H100),
