@@ -1,7 +1,8 @@
 """`[models.<name>.speculative]`: speculative decoding for one model (docs/speculative.md).
 
 The reference and torch engines draft by prompt lookup ("ngram"); the reference engine also with a draft
-model ("draft_model": a smaller artifact of the same tokenizer).
+model ("draft_model": a smaller artifact of the same tokenizer). The sim models speculation's step times from
+an `acceptance_rate` (inferd.engine.sim.speculation), for capacity planning and load tests.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class SpeculativeConfig(ConfigTable):
     prompt_lookup_max: int = 4
     # draft_model: the draft's artifact under server.engines_root ("name" or "name@version"), same tokenizer
     draft_model: str | None = None
+    # sim only: the chance that each draft is kept (the sim has no text to draft from; a real engine measures it)
+    acceptance_rate: float | None = None
 
 
 def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None) -> list[str]:
@@ -29,9 +32,16 @@ def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None)
         return []
     p = f"{path}.speculative"
     errors = []
-    if backend not in ("reference", "torch"):
-        errors.append(f"{p}: speculative decoding runs on the reference and torch backends (backend is "
+    if backend not in ("reference", "torch", "sim"):
+        errors.append(f"{p}: speculative decoding runs on the reference, torch and sim backends (backend is "
                       f"{backend!r})")
+    rate = table.acceptance_rate
+    if backend == "sim" and rate is None:
+        errors.append(f"{p}.acceptance_rate: the sim needs one (the chance each draft is kept, in [0, 1))")
+    elif rate is not None and backend != "sim":
+        errors.append(f"{p}.acceptance_rate: only the sim takes one (a real engine measures its own)")
+    elif rate is not None and not 0.0 <= rate < 1.0:
+        errors.append(f"{p}.acceptance_rate: must be in [0, 1), got {rate}")
     if not 1 <= table.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
         errors.append(f"{p}.num_speculative_tokens: must be in [1, {MAX_SPECULATIVE_TOKENS}], "
                       f"got {table.num_speculative_tokens}")

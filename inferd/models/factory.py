@@ -145,6 +145,15 @@ def _speculation(name: str, model: ModelConfig, server: ServerConfig):
                        min_n=table.prompt_lookup_min, max_n=table.prompt_lookup_max, draft_dir=draft_dir)
 
 
+def _sim_speculation(model: ModelConfig):
+    table = model.speculative
+    if table is None:
+        return None
+    from inferd.engine.sim.speculation import SimSpeculation
+
+    return SimSpeculation(table.num_speculative_tokens, table.acceptance_rate)
+
+
 def _torch_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
     from inferd.config import TorchConfig
 
@@ -201,6 +210,7 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             seed=sim.seed,
             lora_adapters=tuple(model.lora_adapters),
             simulate_load=sim.simulate_load,
+            speculation=_sim_speculation(model),
         )
     if model.backend == "trtllm":
         try:

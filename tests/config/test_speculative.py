@@ -49,10 +49,10 @@ def test_a_bad_speculative_setting_is_named(table, message):
     assert any(e.startswith(message) for e in errors), errors
 
 
-@pytest.mark.parametrize("backend", ["sim", "trtllm"])
+@pytest.mark.parametrize("backend", ["trtllm"])
 def test_speculation_on_a_backend_that_cannot_do_it_is_refused_not_ignored(backend):
     errors = errors_of({"backend": backend, "speculative": {}})
-    assert f"models.m.speculative: speculative decoding runs on the reference and torch backends (backend is " \
+    assert f"models.m.speculative: speculative decoding runs on the reference, torch and sim backends (backend is " \
            f"'{backend}')" in errors
 
 

@@ -34,6 +34,7 @@ from inferd.engine.sim.emit import EOS_SCALE, StepOutput
 from inferd.engine.sim.guided import Compiling, sim_grammars
 from inferd.engine.sim.lora import SimAdapters
 from inferd.engine.sim.profiles import SimProfile, get_profile, sim_tokenizer
+from inferd.engine.sim.speculation import SimSpeculation
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
@@ -63,8 +64,10 @@ class SimEngine(Engine):
     def __init__(self, profile: str | SimProfile, *, num_kv_blocks: int | None = None, block_size: int = 16,
                  max_batch_size: int = 256, max_num_tokens: int = 8192, time_scale: float = 1.0,
                  model_name: str = "sim", max_model_len: int = 8192, seed: int = 0,
-                 lora_adapters: Iterable[str] = (), lora_rank: int = 16, simulate_load: bool = False) -> None:
+                 lora_adapters: Iterable[str] = (), lora_rank: int = 16, simulate_load: bool = False,
+                 speculation: SimSpeculation | None = None) -> None:
         self.profile = get_profile(profile)
+        self._speculation = speculation          # its step times from an acceptance rate (sim.speculation)
         self._adapters = SimAdapters(lora_adapters, self.profile, rank=lora_rank)
         for name, value in (("block_size", block_size), ("max_batch_size", max_batch_size),
                             ("max_num_tokens", max_num_tokens), ("max_model_len", max_model_len)):
@@ -237,7 +240,16 @@ class SimEngine(Engine):
             step_latency_s=self._last_step_s, steps_total=self._steps, prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._gen_tokens, prefix_cache_hit_tokens_total=0,
             tokens_per_s=self._ema_tokens / self._ema_time if self._ema_time else 0.0,
-            fairness_preemptions_total=sched.fairness_preemptions)
+            fairness_preemptions_total=sched.fairness_preemptions,
+            speculation=self._speculation.stats() if self._speculation is not None else None)
+
+    def _step_time(self, plan) -> float:
+        spec = self._speculation
+        if spec is None:
+            return self.profile.step_time(plan.num_tokens, plan.kv_tokens, plan.pairs)
+        decodes = sum(1 for seq, n in plan.scheduled if n == 1 and seq.num_completion_tokens)
+        return spec.step_time(self.profile, plan.num_tokens, plan.kv_tokens, plan.pairs, decodes,
+                              prefill=decodes < len(plan.scheduled))
 
     # -- the step loop ---------------------------------------------------------------------------
     async def _step_loop(self) -> None:
@@ -264,7 +276,7 @@ class SimEngine(Engine):
             plan = self._scheduler.schedule()
             for seq in plan.output.resumed:     # parked ones that hold a slot again: admission is told
                 seq.stream.resumed()
-            step_s = self.profile.step_time(plan.num_tokens, plan.kv_tokens, plan.pairs)
+            step_s = self._step_time(plan)
             if self._adapters.in_use_total:
                 step_s += self._adapters.step_time(plan.scheduled)
             self._account(plan.num_tokens, step_s)
