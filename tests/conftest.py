@@ -84,3 +84,15 @@ def copying_model(tmp_path_factory: pytest.TempPathFactory):
     """(artifact, successor): tiny's shapes, continuing each token with successor[token] (greedy), so its output
     copies spans of its prompt (inferd.artifacts.build.copying): what speculative decoding's tests need."""
     return build_copying("tiny", tmp_path_factory.mktemp("copying"))
+
+
+@pytest.fixture(scope="session")
+def int8_artifact(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny artifact's int8 weight-only version (build_engines.py --quantize int8), in its own engines tree."""
+    import shutil
+
+    from inferd.artifacts.build.quantize import quantize_artifact
+
+    root = tmp_path_factory.mktemp("int8")
+    shutil.copytree(tiny_artifact.parent, root / "tiny")
+    return quantize_artifact(root / "tiny" / tiny_artifact.name, root)

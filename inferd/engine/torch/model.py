@@ -26,6 +26,7 @@ from inferd.engine.reference.lora import LoraWeights
 from inferd.engine.reference.weights import Checkpoint
 from inferd.engine.torch.attention import DecodeAttention, decode_attention_for, prefill_attention
 from inferd.engine.torch.inputs import DecodeInputs, StepInputs
+from inferd.engine.torch.int8 import Int8Weight, embedding, linear
 from inferd.engine.torch.kv_pool import KVPool
 from inferd.engine.torch.lora import TorchLora, torch_lora
 
@@ -62,11 +63,16 @@ class _CheckpointWeights:
     def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
         self.checkpoint, self.device, self.dtype = checkpoint, device, dtype
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | Int8Weight:
+        if name.endswith(".weight") and len(shape) == 2 and self.checkpoint.quantized(name):
+            q = self.checkpoint.get_int8(name, shape)           # int8 weight-only (inferd.engine.torch.int8)
+            return Int8Weight(torch.from_numpy(q.q).to(self.device),
+                              torch.from_numpy(q.scale).to(device=self.device, dtype=self.dtype))
         return torch.from_numpy(self.checkpoint.get(name, shape)).to(device=self.device, dtype=self.dtype)
 
-    def fused(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
-        return torch.cat([self.get(n, s) for n, s in zip(names, shapes)])
+    def fused(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor | Int8Weight:
+        parts = [self.get(n, s) for n, s in zip(names, shapes)]
+        return Int8Weight.stack(parts) if isinstance(parts[0], Int8Weight) else torch.cat(parts)
 
 
 class _RandomWeights:
@@ -161,10 +167,13 @@ class TorchLlama:
 
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (a tied LM head counted once)."""
-        tensors = {t.data_ptr(): t for t in (self.embed, self.lm_head, self.final_norm)}
+        held = [self.embed, self.lm_head, self.final_norm]
         for layer in self.layers:
-            tensors.update((t.data_ptr(), t) for t in (getattr(layer, f.name) for f in fields(layer))
-                           if t is not None)
+            held.extend(t for t in (getattr(layer, f.name) for f in fields(layer)) if t is not None)
+        tensors = {}
+        for t in held:
+            for part in (t.tensors() if isinstance(t, Int8Weight) else (t,)):
+                tensors[part.data_ptr()] = part
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def new_kv_pool(self, num_blocks: int, block_size: int) -> KVPool:
@@ -210,7 +219,7 @@ class TorchLlama:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = F.rms_norm(hidden, (self.config.hidden_size,), self.final_norm, self.config.rms_norm_eps)
-        return F.linear(normed, self.lm_head).float()
+        return linear(normed, self.lm_head).float()
 
     def _step_hidden(self, step: StepInputs, pool: KVPool) -> torch.Tensor:
         """The layers over one step's packed rows, K/V written to `pool`: the residual stream [T, hidden]."""
@@ -252,10 +261,10 @@ class TorchLlama:
         rows, heads, kv, hd, eps = token_ids.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim, \
             c.rms_norm_eps
         cos, sin = self._rotary(positions)
-        x = F.embedding(token_ids, self.embed)
+        x = embedding(token_ids, self.embed)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (c.hidden_size,), layer.attn_norm, eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            qkv = linear(h, layer.wqkv, layer.bqkv)
             for adapter, at in lora:
                 adapter.add(index, "qkv", h, qkv, at)
             qk = qkv[:, :(heads + kv) * hd].view(rows, heads + kv, hd)      # q and k rotated together
@@ -264,17 +273,17 @@ class TorchLlama:
             qk = _rotate(qk, cos, sin)
             v = qkv[:, (heads + kv) * hd:].view(rows, kv, hd)
             attn = attend(index, qk[:, :heads], qk[:, heads:], v).reshape(rows, heads * hd)
-            out = F.linear(attn, layer.wo, layer.bo)
+            out = linear(attn, layer.wo, layer.bo)
             for adapter, at in lora:
                 adapter.add(index, "o", attn, out, at)
             x = x + out
             h = F.rms_norm(x, (c.hidden_size,), layer.mlp_norm, eps)
-            gate_up = F.linear(h, layer.wgu, layer.bgu)
+            gate_up = linear(h, layer.wgu, layer.bgu)
             for adapter, at in lora:
                 adapter.add(index, "gate_up", h, gate_up, at)
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-            out = F.linear(act, layer.wd, layer.bd)
+            out = linear(act, layer.wd, layer.bd)
             for adapter, at in lora:
                 adapter.add(index, "down", act, out, at)
             x = x + out

@@ -20,16 +20,6 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "one of the most common 
          "we said that we would be there by the time the sun went down over the hills"]
 
 
-@pytest.fixture(scope="module")
-def int8_artifact(tiny_artifact, tmp_path_factory):
-    """The tiny artifact's int8 version, in its own engines tree."""
-    import shutil
-
-    root = tmp_path_factory.mktemp("engines")
-    shutil.copytree(tiny_artifact.parent, root / "tiny")
-    return quantize_artifact(root / "tiny" / tiny_artifact.name, root)
-
-
 def test_per_row_quantization_reconstructs_each_row_within_half_a_step():
     w = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32) * np.linspace(0.01, 3, 64)[:, None]
     q = Int8Matrix.quantize(w)

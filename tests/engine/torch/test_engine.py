@@ -198,3 +198,17 @@ async def test_greedy_output_with_prompt_lookup_equals_the_reference_engines_wit
         sampled = await run(torch_engine, {"temperature": 1.0, "seed": 3})        # drafts verified on the host
         assert [len(s) for s in sampled] == [30] * len(prompts)
         assert torch_engine.stats().speculation.verifications > 0
+
+
+async def test_an_int8_artifact_runs_int8_on_the_device_and_decodes_what_the_reference_engine_does(
+        int8_artifact, tiny_artifact):
+    def build(cls, artifact, **kwargs):
+        return cls(artifact, num_kv_blocks=64, block_size=4, **kwargs)
+
+    async with started_engines(build) as make:
+        reference = await make(ReferenceEngine, int8_artifact)
+        engine = await make(TorchEngine, int8_artifact, device="cpu", dtype="float32")
+        full = await make(TorchEngine, tiny_artifact, device="cpu", dtype="float32")
+        assert engine.info.precision == "int8" and full.info.precision == "float32"
+        assert engine.model.weight_bytes() < 0.3 * full.model.weight_bytes()
+        assert await outputs(engine) == await outputs(reference)
