@@ -8,6 +8,7 @@
   python build_engines.py --target reference --hf-model HuggingFaceTB/SmolLM2-135M-Instruct [--revision main]
                                                    (downloaded with huggingface_hub: HF_TOKEN, HF_ENDPOINT)
   python build_engines.py --target trtllm ...      (options come from inferd.artifacts.build.trtllm)
+  python build_engines.py --target trtllm --hf-dir D --name N --quantize fp8|int8_sq|int4_awq|int8 [--eagle-dir E]
   ... --sign inferd-signing.key                    also sign the artifact's manifest (docs/artifacts.md)
 
 Prints progress on stderr and the artifact path on stdout; exit 0 on success, 1 on a build
@@ -33,7 +34,7 @@ from inferd.artifacts import (
 )
 from inferd.engine import TokenizerLoadError
 from inferd.artifacts.build import SYNTHETIC_SPECS, build_synthetic, pack_hf
-from inferd.artifacts.build.quantize import quantize_artifact
+from inferd.engine.reference import quantize_artifact
 from inferd.engine.reference.weights import WeightsError
 
 
@@ -61,9 +62,11 @@ def build_parser(trtllm: ModuleType | None) -> argparse.ArgumentParser:
     parser.add_argument("--revision", help="with --hf-model: branch, tag or commit (default: main)")
     parser.add_argument("--name", help="artifact name (required with --hf-dir; default: the synthetic kind, or the "
                                        "repo's name with --hf-model)")
-    parser.add_argument("--quantize", choices=["int8"],
-                        help="reference: also publish an int8 weight-only version of the artifact (per-channel "
-                             "scales; its manifest says precision = \"int8\"; LATEST stays on the float one)")
+    parser.add_argument("--quantize", choices=["int8", "fp8", "int8_sq", "int4_awq"],
+                        help="reference: int8 only: also publish an int8 weight-only version of the artifact (per-"
+                             "channel scales; its manifest says precision = \"int8\"; LATEST stays on the float "
+                             "one). trtllm: build the engine quantized through TensorRT-LLM's quantization API "
+                             "(fp8 weights and KV, int8_sq SmoothQuant, int4_awq, int8 weight-only)")
     parser.add_argument("--sign", type=Path, metavar="PRIVATE_KEY_FILE",
                         help="sign the built artifact's manifest (ed25519; key from `inferd engines keygen`)")
     if trtllm is not None and hasattr(trtllm, "add_arguments"):
@@ -99,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         return result
     if args.synthetic is None and args.hf_dir is None and args.hf_model is None:
         parser.error("one of --synthetic, --hf-dir or --hf-model is required for --target reference")
+    if args.quantize not in (None, "int8"):
+        parser.error(f"--quantize {args.quantize} builds TensorRT engines (--target trtllm); the reference "
+                     f"target quantizes to int8")
     if args.revision is not None and args.hf_model is None:
         parser.error("--revision goes with --hf-model")
     if args.hf_dir is not None and not args.name:

@@ -1,7 +1,7 @@
 """Int8 weight-only against float32 on the reference engine, in one run: memory, decode speed, agreement.
 
 Builds the synthetic `small` model (~28M parameters, 8 layers) and its int8 version
-(inferd.artifacts.build.quantize) in a temp dir, then prints:
+(inferd.engine.reference.quantize) in a temp dir, then prints:
 - the weights' bytes, int8 over float32 (the goal: <= 0.3);
 - decode tokens/s of each at batch 1 and batch 8 (the tokens after the first over the time from the first to
   the last; `--requests` rounds, the two engines alternating round by round, the median counting);
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from inferd.artifacts.build import build_synthetic
-from inferd.artifacts.build.quantize import quantize_artifact
+from inferd.engine.reference import quantize_artifact
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.engine.reference.scoring import compare
 from inferd.types import GenerationRequest, SamplingParams

@@ -91,7 +91,7 @@ def int8_artifact(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
     """The tiny artifact's int8 weight-only version (build_engines.py --quantize int8), in its own engines tree."""
     import shutil
 
-    from inferd.artifacts.build.quantize import quantize_artifact
+    from inferd.engine.reference import quantize_artifact
 
     root = tmp_path_factory.mktemp("int8")
     shutil.copytree(tiny_artifact.parent, root / "tiny")

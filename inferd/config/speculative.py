@@ -10,7 +10,10 @@ from typing import Literal
 
 from inferd.config.walk import ConfigTable
 
-SpeculativeMethod = Literal["ngram", "draft_model"]
+SpeculativeMethod = Literal["ngram", "draft_model", "eagle"]
+# What TensorRT-LLM's TensorRT backend runs (llmapi/llm_args.py@fcd3f316 `supports_backend`: NGram and
+# Draft_Target speculation are its PyTorch backend's only): EAGLE, from an engine built with it.
+TRTLLM_METHODS = ("eagle",)
 MAX_SPECULATIVE_TOKENS = 16          # vLLM and TensorRT-LLM run 1-8 in practice; more is mostly wasted work
 
 
@@ -20,7 +23,8 @@ class SpeculativeConfig(ConfigTable):
     # prompt lookup: the longest suffix of min..max tokens that occurred earlier proposes what followed it
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    # draft_model: the draft's artifact under server.engines_root ("name" or "name@version"), same tokenizer
+    # draft_model: the draft's artifact under server.engines_root ("name" or "name@version"), same tokenizer;
+    # eagle (trtllm): the EAGLE head's checkpoint directory the engine was built with
     draft_model: str | None = None
     # sim only: the chance that each draft is kept (the sim has no text to draft from; a real engine measures it)
     acceptance_rate: float | None = None
@@ -32,9 +36,16 @@ def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None)
         return []
     p = f"{path}.speculative"
     errors = []
-    if backend not in ("reference", "torch", "sim"):
-        errors.append(f"{p}: speculative decoding runs on the reference, torch and sim backends (backend is "
-                      f"{backend!r})")
+    if backend not in ("reference", "torch", "sim", "trtllm"):
+        errors.append(f"{p}: speculative decoding runs on the reference, torch, sim and trtllm backends (backend "
+                      f"is {backend!r})")
+    if backend == "trtllm" and table.method not in TRTLLM_METHODS:
+        errors.append(f"{p}.method: TensorRT-LLM's TensorRT backend runs \"eagle\" (n-gram and draft-target "
+                      f"speculation are its PyTorch backend's only), got {table.method!r}")
+    if table.method == "eagle" and backend != "trtllm":
+        errors.append(f"{p}.method: \"eagle\" runs on the trtllm backend (backend is {backend!r})")
+    if table.method == "eagle" and table.draft_model is None:
+        errors.append(f"{p}.draft_model: method \"eagle\" needs the EAGLE head's directory")
     rate = table.acceptance_rate
     if backend == "sim" and rate is None:
         errors.append(f"{p}.acceptance_rate: the sim needs one (the chance each draft is kept, in [0, 1))")
@@ -52,6 +63,6 @@ def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None)
         errors.append(f"{p}.draft_model: method \"draft_model\" needs the draft's artifact name")
     if table.method == "draft_model" and backend != "reference":
         errors.append(f"{p}.method: \"draft_model\" runs on the reference backend (backend is {backend!r})")
-    if table.method != "draft_model" and table.draft_model is not None:
-        errors.append(f"{p}.draft_model: only method \"draft_model\" takes one (method is {table.method!r})")
+    if table.method == "ngram" and table.draft_model is not None:
+        errors.append(f"{p}.draft_model: only methods \"draft_model\" and \"eagle\" take one (method is 'ngram')")
     return errors

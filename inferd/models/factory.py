@@ -149,7 +149,7 @@ def _sim_speculation(model: ModelConfig):
     table = model.speculative
     if table is None:
         return None
-    from inferd.engine.sim.speculation import SimSpeculation
+    from inferd.engine.sim import SimSpeculation
 
     return SimSpeculation(table.num_speculative_tokens, table.acceptance_rate)
 
@@ -234,6 +234,8 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
             scheduler_policy=t.scheduler_policy,
             enable_chunked_prefill=t.enable_chunked_prefill,
             gather_generation_logits=t.gather_generation_logits,
+            eagle=((model.speculative.draft_model, model.speculative.num_speculative_tokens)
+                   if model.speculative is not None else None),
             lora_adapters=dict(served_adapters(model)),
             model_name=artifact_name(name, model),
             version=version,

@@ -39,21 +39,25 @@ def test_a_draft_models_artifact_is_resolved_under_engines_root_and_a_missing_on
     ({"prompt_lookup_min": 3, "prompt_lookup_max": 2},
      "models.m.speculative.prompt_lookup_min: need 1 <= prompt_lookup_min <= prompt_lookup_max, got 3 and 2"),
     ({"prompt_lookup_min": 0}, "models.m.speculative.prompt_lookup_min: need 1 <= prompt_lookup_min"),
-    ({"method": "eagle"}, "models.m.speculative.method: expected one of 'ngram', 'draft_model', got 'eagle'"),
+    ({"method": "medusa"}, "models.m.speculative.method: expected one of 'ngram', 'draft_model', 'eagle', got 'medusa'"),
     ({"draft": "x"}, "models.m.speculative.draft: unknown key"),
     ({"method": "draft_model"}, "models.m.speculative.draft_model: method \"draft_model\" needs the draft's"),
-    ({"draft_model": "d"}, "models.m.speculative.draft_model: only method \"draft_model\" takes one"),
+    ({"draft_model": "d"}, "models.m.speculative.draft_model: only methods \"draft_model\" and \"eagle\" take one"),
+    ({"method": "eagle", "draft_model": "d"}, "models.m.speculative.method: \"eagle\" runs on the trtllm backend"),
 ])
 def test_a_bad_speculative_setting_is_named(table, message):
     errors = errors_of({"speculative": table})
     assert any(e.startswith(message) for e in errors), errors
 
 
-@pytest.mark.parametrize("backend", ["trtllm"])
-def test_speculation_on_a_backend_that_cannot_do_it_is_refused_not_ignored(backend):
-    errors = errors_of({"backend": backend, "speculative": {}})
-    assert f"models.m.speculative: speculative decoding runs on the reference, torch and sim backends (backend is " \
-           f"'{backend}')" in errors
+def test_trtllm_takes_eagle_and_refuses_the_drafters_its_tensorrt_backend_does_not_run():
+    errors = errors_of({"backend": "trtllm", "speculative": {}})
+    assert any(e.startswith("models.m.speculative.method: TensorRT-LLM's TensorRT backend runs \"eagle\"")
+               for e in errors), errors
+    errors = errors_of({"backend": "trtllm", "speculative": {"method": "eagle"}})
+    assert "models.m.speculative.draft_model: method \"eagle\" needs the EAGLE head's directory" in errors
+    table = {"method": "eagle", "draft_model": "/models/eagle", "num_speculative_tokens": 3}
+    parse_config({"models": {"m": {"backend": "trtllm", "speculative": table}}})
 
 
 def test_a_draft_model_on_the_torch_backend_is_refused():

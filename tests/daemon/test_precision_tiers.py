@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from inferd.artifacts.build.quantize import quantize_artifact
+from inferd.engine.reference import quantize_artifact
 from inferd.config.root import ConfigError, parse_config
 from inferd.tenancy.keys import KeyHasher, create_key
 from tests.daemon.harness import running_daemon

@@ -5,6 +5,15 @@ compiles TensorRT-LLM engines. Both publish through `inferd.artifacts.publish_ar
 """
 from __future__ import annotations
 
-from inferd.artifacts.build.reference import SYNTHETIC_SPECS, build_synthetic, pack_hf
+from inferd.artifacts.build.reference import (
+    SYNTHETIC_SPECS,
+    architecture_from_config,
+    build_synthetic,
+    pack_hf,
+    read_json_object,
+    sampling_from_generation_config,
+)
+from inferd.artifacts.build.trtllm_options import TrtllmOptionError, eagle_config
 
-__all__ = ["SYNTHETIC_SPECS", "build_synthetic", "pack_hf"]
+__all__ = ["SYNTHETIC_SPECS", "TrtllmOptionError", "architecture_from_config", "build_synthetic", "eagle_config",
+           "pack_hf", "read_json_object", "sampling_from_generation_config"]

@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
     parser.add_argument("--max-input-len", type=int, default=None, help="longest prompt (default: max-seq-len)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="weights/activations (default: auto)")
     parser.add_argument("--tp-size", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    parser.add_argument("--calib-dataset", default=None,
+                        help="with --quantize fp8/int8_sq/int4_awq: TensorRT-LLM's calibration dataset (an HF "
+                             "dataset name or a local path; default: its own, cnn_dailymail)")
+    parser.add_argument("--eagle-dir", type=Path, default=None,
+                        help="build with EAGLE speculative decoding: the EAGLE draft head's checkpoint directory")
+    parser.add_argument("--max-draft-len", type=int, default=4, help="with --eagle-dir: drafts per step (default 4)")
 
 
 def _import_trtllm():
@@ -54,11 +60,26 @@ def _import_trtllm():
     return LLM, BuildConfig
 
 
+def build_options(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The LLM API's quantization and speculation arguments for this build (inferd.artifacts.build.trtllm_options),
+    and what the manifest's [build] table records of them."""
+    from inferd.artifacts.build.trtllm_options import TrtllmOptionError, quantization_kwargs, speculation_kwargs
+
+    try:
+        kwargs, recorded = quantization_kwargs(getattr(args, "quantize", None), getattr(args, "calib_dataset", None))
+        spec_kwargs, spec_recorded = speculation_kwargs(getattr(args, "eagle_dir", None),
+                                                        getattr(args, "max_draft_len", 4))
+    except TrtllmOptionError as exc:
+        raise TrtllmBuildError(str(exc)) from None
+    return {**kwargs, **spec_kwargs}, {**recorded, **spec_recorded}
+
+
 def build(args: argparse.Namespace) -> Path:
     """Build and publish engines/<name>/<version>; returns the artifact path."""
     LLM, BuildConfig = _import_trtllm()       # fail before reading anything
     if args.hf_dir is None or not args.name:
         raise TrtllmBuildError("--target trtllm needs --hf-dir DIR and --name NAME")
+    options, recorded = build_options(args)
     for flag in ("max_batch_size", "max_num_tokens", "tp_size"):
         if getattr(args, flag) < 1:
             raise TrtllmBuildError(f"--{flag.replace('_', '-')} must be >= 1")
@@ -77,7 +98,7 @@ def build(args: argparse.Namespace) -> Path:
     with staging_dir(engines_root, args.name) as staging:
         print(f"{args.name}: building a TensorRT engine from {hf_dir} (this takes minutes)", file=sys.stderr)
         llm = LLM(model=str(hf_dir), tokenizer=str(hf_dir), dtype=args.dtype, tensor_parallel_size=args.tp_size,
-                  build_config=build_config)
+                  build_config=build_config, **options)
         try:
             llm.save(str(staging))
         finally:
@@ -90,7 +111,8 @@ def build(args: argparse.Namespace) -> Path:
             architecture=architecture, sampling=sampling_from_generation_config(generation),
             build={"max_batch_size": args.max_batch_size, "max_seq_len": max_seq_len,
                    "max_input_len": max_input_len, "max_num_tokens": args.max_num_tokens, "dtype": args.dtype,
-                   "tp_size": args.tp_size, "tensorrt_llm": _trtllm_version()},
+                   "tp_size": args.tp_size, "tensorrt_llm": _trtllm_version(),
+                   "precision": recorded.pop("precision", args.dtype), **recorded},
             progress=lambda message: print(message, file=sys.stderr))
 
 

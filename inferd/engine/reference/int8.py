@@ -7,7 +7,7 @@ CPU's cache while BLAS reads it, so memory traffic is the int8 bytes plus one bl
 output columns, not the weights. The embedding is such a matrix too (a row per token); with tied embeddings
 one matrix serves as the LM head.
 
-Built by `build_engines.py --quantize int8` (inferd.artifacts.build.quantize).
+Built by `build_engines.py --quantize int8` (inferd.engine.reference.quantize).
 """
 from __future__ import annotations
 

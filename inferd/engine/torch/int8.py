@@ -1,6 +1,6 @@
 """Int8 weight-only matrices for the torch engine: int8 on the device, a scale per output channel.
 
-The artifact's int8 weights and `<name>_scale` tensors (inferd.artifacts.build.quantize) stay int8 in device
+The artifact's int8 weights and `<name>_scale` tensors (inferd.engine.reference.quantize) stay int8 in device
 memory, half of bf16's bytes; each product converts them to the activations' dtype and scales the output
 columns (w ≈ q * scale[:, None], so x @ w.T = (x @ q.T) * scale). The conversion makes a full-size temporary
 per product: memory read per token is not reduced yet (a fused int8 GEMM kernel would), only what the model

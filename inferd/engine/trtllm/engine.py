@@ -88,7 +88,8 @@ class TrtllmEngine(Engine):
                  scheduler_policy: str = "guaranteed_no_evict", enable_chunked_prefill: bool = True,
                  lora_adapters: dict[str, str] | None = None, model_name: str | None = None,
                  version: str | None = None, verify: bool = True,
-                 adapter_trusted_keys: dict[str, str] | None = None, gather_generation_logits: bool = False) -> None:
+                 adapter_trusted_keys: dict[str, str] | None = None, gather_generation_logits: bool = False,
+                 eagle: tuple[str, int] | None = None) -> None:
         if scheduler_policy not in SCHEDULER_POLICIES:
             raise ValueError(f"scheduler_policy must be one of {sorted(SCHEDULER_POLICIES)}, got {scheduler_policy!r}")
         if kv_cache_free_gpu_memory_fraction is not None and not 0 < kv_cache_free_gpu_memory_fraction < 1:
@@ -111,6 +112,9 @@ class TrtllmEngine(Engine):
         # TensorRT-LLM's logprobs need the engine to gather generation logits for every request (a cost all
         # pay, so off unless asked): without it a logprobs request is a 400 naming `logprobs`.
         self._gather_logits = gather_generation_logits
+        # EAGLE speculative decoding (the EAGLE head's directory, drafts per step): passed to the LLM API as
+        # its speculative_config, as the engine was built with it (inferd.artifacts.build.trtllm_options)
+        self._eagle = eagle
         self.info = EngineInfo(backend="trtllm", model_name=model_name or self.engine_dir.name,
                                version=version or "unknown", max_model_len=0, block_size=0, num_kv_blocks=0,
                                max_batch_size=0, max_num_tokens=0, hardware="gpu")
@@ -168,7 +172,9 @@ class TrtllmEngine(Engine):
                                num_kv_blocks=kv_blocks, max_batch_size=max_batch, max_num_tokens=max_tokens,
                                prefix_caching=self._block_reuse, hardware="gpu",
                                tool_call_format=(manifest.tool_call_format if manifest else None)
-                               or template_tool_call_format(self.tokenizer.chat_template) or "hermes")
+                               or template_tool_call_format(self.tokenizer.chat_template) or "hermes",
+                               precision=str((manifest.build.get("precision") if manifest else None)
+                                             or pretrained.get("dtype") or ""))
         self._started = True
         self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop(), name="trtllm-stats")
 
@@ -211,6 +217,10 @@ class TrtllmEngine(Engine):
             kwargs["max_num_tokens"] = self._max_num_tokens
         if self._gather_logits:
             kwargs["gather_generation_logits"] = True
+        if self._eagle is not None:
+            from inferd.artifacts.build import eagle_config
+
+            kwargs["speculative_config"] = eagle_config(*self._eagle)
         return api["LLM"](model=str(self.engine_dir), tokenizer=str(self.tokenizer_dir), **kwargs)
 
     async def warmup(self) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from inferd.artifacts import read_manifest
-from inferd.artifacts.build.quantize import quantize_artifact
+from inferd.engine.reference import quantize_artifact
 from inferd.artifacts.manifest import ArtifactError
 from inferd.engine.reference.engine import ReferenceEngine
 from inferd.engine.reference.int8 import Int8Matrix

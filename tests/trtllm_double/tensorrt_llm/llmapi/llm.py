@@ -17,6 +17,7 @@ from ..executor.result import GenerationResult, IterationResult
 from ..executor.utils import RequestError, has_event_loop
 from ..sampling_params import SamplingParams
 from .llm_args import BuildConfig, KvCacheConfig, SchedulerConfig, validate_trt_llm_args
+from .quant_spec import validate_quant_and_speculation
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger("tensorrt_llm")
@@ -67,6 +68,7 @@ class BaseLLM:
         controls.calls.append(("LLM", dict(model=model, tokenizer=tokenizer, **kwargs)))
         self._executor: Optional[FakeExecutor] = None
         validate_trt_llm_args(kwargs)
+        validate_quant_and_speculation(kwargs)
         self.args = dict(kwargs, tensor_parallel_size=tensor_parallel_size, dtype=dtype)
         model = Path(model)
         if not model.exists():
@@ -97,11 +99,14 @@ class BaseLLM:
             "pretrained_config": {"architecture": (hf.get("architectures") or ["LlamaForCausalLM"])[0],
                                   "dtype": dtype if dtype != "auto" else hf.get("torch_dtype", "float16"),
                                   "vocab_size": hf.get("vocab_size"),
+                                  "quantization": self._quantization(),
                                   "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}},
             "build_config": {"max_input_len": min(build_config.max_input_len, max_seq_len),
                              "max_seq_len": max_seq_len, "max_batch_size": build_config.max_batch_size,
                              "max_beam_width": build_config.max_beam_width,
                              "max_num_tokens": build_config.max_num_tokens,
+                             # llm_args.py validate_speculative_config: an Eagle config sets both at build
+                             **self._speculative_build(),
                              "plugin_config": {"tokens_per_block": 32, "use_paged_context_fmha": True,
                                                "lora_plugin": "auto" if self.args.get("enable_lora") else None}},
         }
@@ -111,6 +116,20 @@ class BaseLLM:
             if (hf_dir / name).is_file():
                 shutil.copy2(hf_dir / name, out / name)
         return out
+
+    def _speculative_build(self) -> dict:
+        spec = self.args.get("speculative_config")
+        if spec is None:
+            return {"speculative_decoding_mode": None, "max_draft_len": 0}
+        return {"speculative_decoding_mode": spec.decoding_type.upper(), "max_draft_len": spec.max_draft_len}
+
+    def _quantization(self) -> dict:
+        """What a real build writes to pretrained_config.quantization (quant_algo, kv_cache_quant_algo)."""
+        q = self.args.get("quant_config")
+        if q is None:
+            return {"quant_algo": None, "kv_cache_quant_algo": None}
+        return {"quant_algo": q.quant_algo.value if q.quant_algo else None,
+                "kv_cache_quant_algo": q.kv_cache_quant_algo.value if q.kv_cache_quant_algo else None}
 
     def _load(self, kwargs: dict) -> None:
         engine_config = json.loads((self._engine_dir / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""Int8 weight-only artifacts for the reference engine, made from a float one (`build_engines.py --quantize int8`).
+"""Int8 weight-only versions of reference artifacts, made from a float one (`build_engines.py --quantize int8`).
 
 Every projection of every layer, the embedding and the LM head become int8 with a float32 scale per output
 channel (`<tensor>_scale`; inferd.engine.reference.int8 reads them); norms and biases stay float32. The
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from inferd.artifacts.build.reference import architecture_from_config, read_json_object, sampling_from_generation_config
-from inferd.artifacts.manifest import ArtifactError, Progress, publish_artifact, read_manifest, staging_dir
+from inferd.artifacts import ArtifactError, Progress, publish_artifact, read_manifest, staging_dir
+from inferd.artifacts.build import architecture_from_config, read_json_object, sampling_from_generation_config
 from inferd.engine.reference.int8 import Int8Matrix
 from inferd.engine.reference.weights import SCALE_SUFFIX, Checkpoint
 
