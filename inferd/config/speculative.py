@@ -61,8 +61,9 @@ def speculative_errors(path: str, backend: str, table: SpeculativeConfig | None)
                       f"{table.prompt_lookup_min} and {table.prompt_lookup_max}")
     if table.method == "draft_model" and table.draft_model is None:
         errors.append(f"{p}.draft_model: method \"draft_model\" needs the draft's artifact name")
-    if table.method == "draft_model" and backend != "reference":
-        errors.append(f"{p}.method: \"draft_model\" runs on the reference backend (backend is {backend!r})")
+    if table.method == "draft_model" and backend not in ("reference", "torch"):
+        errors.append(f"{p}.method: \"draft_model\" runs on the reference and torch backends (backend is "
+                      f"{backend!r})")
     if table.method == "ngram" and table.draft_model is not None:
         errors.append(f"{p}.draft_model: only methods \"draft_model\" and \"eagle\" take one (method is 'ngram')")
     return errors

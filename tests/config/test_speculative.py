@@ -60,6 +60,8 @@ def test_trtllm_takes_eagle_and_refuses_the_drafters_its_tensorrt_backend_does_n
     parse_config({"models": {"m": {"backend": "trtllm", "speculative": table}}})
 
 
-def test_a_draft_model_on_the_torch_backend_is_refused():
-    errors = errors_of({"backend": "torch", "speculative": {"method": "draft_model", "draft_model": "d"}})
-    assert "models.m.speculative.method: \"draft_model\" runs on the reference backend (backend is 'torch')" in errors
+def test_a_draft_model_on_the_sim_is_refused():
+    errors = errors_of({"backend": "sim", "speculative": {"method": "draft_model", "draft_model": "d",
+                                                           "acceptance_rate": 0.5}})
+    assert "models.m.speculative.method: \"draft_model\" runs on the reference and torch backends (backend is " \
+           "'sim')" in errors

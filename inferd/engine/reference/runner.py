@@ -9,7 +9,7 @@ from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
 from inferd.engine.runner import StepResult, prompt_logit_rows
 from inferd.engine.scheduler import SchedulerOutput
-from inferd.engine.speculative.draft_model import DraftModel
+from inferd.engine.speculative.draft_model import DraftModel, NumpyDraft
 from inferd.engine.speculative.verify import with_verified_drafts
 from inferd.types import TokenLogprob
 
@@ -29,8 +29,8 @@ class ReferenceRunner:
     def load(cls, artifact_dir: Path, num_kv_blocks: int, block_size: int,
              draft_dir: Path | None = None) -> "ReferenceRunner":
         model = LlamaModel.from_pretrained(artifact_dir)
-        drafter = None if draft_dir is None else DraftModel.load(draft_dir, artifact_dir, model.config.vocab_size,
-                                                                 num_kv_blocks, block_size)
+        drafter = None if draft_dir is None else DraftModel(NumpyDraft.load(
+            draft_dir, artifact_dir, model.config.vocab_size, num_kv_blocks, block_size))
         return cls(model, num_kv_blocks, block_size, drafter)
 
     def fatal(self, exc: Exception) -> bool:
@@ -43,7 +43,7 @@ class ReferenceRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         for src, dst in out.block_copies:       # forked sequences' partial blocks, before they are read
             self.kv.copy_block(src, dst)
-        draft_probs = self._guess_drafts(out) if out.draft_rows and self.drafter is not None else None
+        draft_probs = self.drafter.guess(out) if out.draft_rows and self.drafter is not None else None
         batch = ForwardBatch(token_ids=out.token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
                              query_lens=out.num_new_tokens, context_lens=out.context_lens,
                              block_tables=out.block_tables, loras=[seq.lora for seq in out.seqs])
@@ -64,14 +64,6 @@ class ReferenceRunner:
         step = self._sample(logits, picked)
         step.prompt_logits = prompt_logits
         return step
-
-    def _guess_drafts(self, out: SchedulerOutput) -> dict[int, np.ndarray | None]:
-        """The draft model's guesses, written over the scheduler's placeholders: batch row -> their
-        distributions (None: greedy)."""
-        ends = np.cumsum(out.num_new_tokens)
-        seqs = [out.seqs[row] for row in out.draft_rows]
-        offsets = [int(ends[row]) - len(seq.draft) for row, seq in zip(out.draft_rows, seqs)]
-        return dict(zip(out.draft_rows, self.drafter.fill(seqs, offsets, out.token_ids)))
 
     def _verify(self, logits, rows, picked, draft_logits, prompt_logits, draft_probs=None) -> StepResult:
         """A step with drafts: rows without one sampled as usual, each draft row verified (rows that

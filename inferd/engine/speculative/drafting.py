@@ -102,7 +102,7 @@ def make_speculator(settings: Speculation, engine, max_model_len: int) -> Specul
         from inferd.engine.speculative.ngram import NgramProposer
 
         return Speculator(settings, NgramProposer(min_n=settings.min_n, max_n=settings.max_n), max_model_len)
-    if settings.method == "draft_model" and engine.backend == "reference":
+    if settings.method == "draft_model" and engine.backend in ("reference", "torch"):
         # the runner's draft model guesses them, in the step (inferd.engine.speculative.draft_model)
         return Speculator(settings, Placeholders(), max_model_len)
     raise ValueError(f"speculative method {settings.method!r} is not available on the {engine.backend} engine")

@@ -69,6 +69,7 @@ class TorchEngine(StepEngine):
         super().__init__(artifact_dir, num_kv_blocks=num_kv_blocks, **options)
         self._device, self._dtype = device, dtype
         self.compute_precision = dtype           # EngineInfo.precision
+        self._num_kv_blocks_asked = num_kv_blocks
         self._utilization = gpu_memory_utilization
         self._graphs, self._graph_max = cuda_graphs, graph_max
         self._load_format, self._seed = load_format, seed
@@ -98,6 +99,7 @@ class TorchEngine(StepEngine):
                     self._num_kv_blocks, self._block_size, gpu_memory_utilization=self._utilization,
                     max_num_tokens=self._max_num_tokens, max_batch_size=self._max_batch_size,
                     max_model_len=self._context_limit(model.config, None), graph_max_batch=graph_max)
+                self._attach_drafter(runner, device, dtype)
                 runner.compile_kernels()
                 if graph_max:
                     runner.capture(graph_max, self._context_limit(model.config, self._num_kv_blocks), self._block_size)
@@ -105,6 +107,21 @@ class TorchEngine(StepEngine):
             runner.release()
             raise
         return runner
+
+    def _attach_drafter(self, runner: TorchRunner, device: torch.device, dtype: torch.dtype) -> None:
+        """A draft model (speculative method "draft_model"), its KV pool as many blocks as the target's."""
+        spec = self._speculation
+        if spec is None or spec.draft_dir is None:
+            return
+        if device.type == "cuda" and self._num_kv_blocks_asked is None:
+            # the pool was sized from what the GPU had left: a second pool now could run it out of memory
+            raise ValueError("a draft model on CUDA needs num_kv_blocks set (the draft's KV pool has as many "
+                             "blocks as the target's, and is not in gpu_memory_utilization's sizing)")
+        from inferd.engine.speculative.draft_model import DraftModel
+        from inferd.engine.torch.draft import TorchDraft
+
+        runner.drafter = DraftModel(TorchDraft.load(Path(spec.draft_dir), self.artifact_dir, runner.config.vocab_size,
+                                                    self._num_kv_blocks, self._block_size, device=device, dtype=dtype))
 
     def _open_device(self) -> torch.device:
         device = torch.device(self._device)

@@ -46,6 +46,7 @@ class TorchRunner:
         self.sampler = TorchSampler(model.device, model.config.vocab_size)
         self.pool: KVPool | None = None
         self.graphs: DecodeGraphs | None = None
+        self.drafter = None        # a DraftModel over a TorchDraft: guesses the drafts the scheduler made room for
 
     # -- set-up (loader thread) ------------------------------------------------------------
     def allocate(self, num_blocks: int | None, block_size: int, *, gpu_memory_utilization: float,
@@ -108,7 +109,8 @@ class TorchRunner:
     def memory_bytes(self) -> int:
         if self.model is None:
             return 0
-        return self.model.weight_bytes() + (self.pool.nbytes if self.pool is not None else 0)
+        drafter = self.drafter.memory_bytes() if self.drafter is not None else 0
+        return self.model.weight_bytes() + (self.pool.nbytes if self.pool is not None else 0) + drafter
 
     # -- a step (step thread) --------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> StepResult:
@@ -123,6 +125,7 @@ class TorchRunner:
         every = prompt_logit_rows(out)
         prompt_logits: list[tuple[Sequence, int, np.ndarray]] = []
         draft_logits: dict[int, torch.Tensor] = {}
+        draft_probs = self.drafter.guess(out) if out.draft_rows and self.drafter is not None else None
         logits = None if every else self._replay_decode(out)     # a draft row computes > 1 token: not replayed
         if logits is None:
             loras = [self.model.lora(seq.lora) for seq in out.seqs]
@@ -140,12 +143,12 @@ class TorchRunner:
             logits = logits.index_select(0, to_device(np.asarray(rows, dtype=np.int64), logits.device))
         picked = [out.seqs[r] for r in rows]
         if draft_logits:
-            return self._verify(logits, rows, picked, draft_logits, prompt_logits)
+            return self._verify(logits, rows, picked, draft_logits, prompt_logits, draft_probs)
         tokens, logprobs = self.sampler.sample(logits, picked)
         return StepResult(tokens, logprobs, prompt_logits)
 
     def _verify(self, logits: torch.Tensor, rows: list[int], picked: list[Sequence],
-                draft_logits: dict[int, torch.Tensor], prompt_logits) -> StepResult:
+                draft_logits: dict[int, torch.Tensor], prompt_logits, draft_probs=None) -> StepResult:
         """A step with drafts: rows without one sampled on the device as usual; a greedy draft row verified
         from its argmax ids, a sampled one from its logits on the host (inferd.engine.speculative.verify)."""
         plain = [j for j, row in enumerate(rows) if row not in draft_logits]
@@ -165,7 +168,8 @@ class TorchRunner:
                 drafts, tokens[j] = kept_by_argmax(chunk.argmax(dim=1).tolist(), seq.draft)
                 kept.append(drafts)
             else:
-                drafts, tokens[j] = verify_row(chunk.float().cpu().numpy(), seq.draft, seq.sampling, seq.rng)
+                q = draft_probs.get(row) if draft_probs else None
+                drafts, tokens[j] = verify_row(chunk.float().cpu().numpy(), seq.draft, seq.sampling, seq.rng, q)
                 kept.append(drafts)
         return StepResult(tokens, logprobs, prompt_logits, kept)
 

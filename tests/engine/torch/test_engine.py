@@ -212,3 +212,31 @@ async def test_an_int8_artifact_runs_int8_on_the_device_and_decodes_what_the_ref
         assert engine.info.precision == "int8" and full.info.precision == "float32"
         assert engine.model.weight_bytes() < 0.3 * full.model.weight_bytes()
         assert await outputs(engine) == await outputs(reference)
+
+
+async def test_a_draft_model_on_the_torch_engine_keeps_the_greedy_output_and_drafts_most_tokens(
+        copying_model, tmp_path):
+    from inferd.artifacts.build.copying import build_copying
+    from inferd.engine.speculative import Speculation
+    from tests.engine.speculative.copying import copying_prompts
+
+    artifact, successor = copying_model
+    draft = build_copying("tiny", tmp_path / "draft", draft=True)[0]
+    prompts = copying_prompts(successor)
+
+    async def run(engine) -> list[tuple[int, ...]]:
+        streams = [engine.submit(GenerationRequest(
+            request_id=f"d{i}", prompt_token_ids=tuple(p), tenant=f"d{i}",
+            sampling=SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))) for i, p in enumerate(prompts)]
+        return [tuple((await s.collect()).token_ids) for s in streams]
+
+    def build(cls, **kwargs):
+        return cls(artifact, num_kv_blocks=256, block_size=4, max_num_tokens=32, **kwargs)
+
+    async with started_engines(build) as make:
+        reference = await make(ReferenceEngine)
+        engine = await make(TorchEngine, device="cpu", dtype="float32",
+                            speculative=Speculation(method="draft_model", num_tokens=3, draft_dir=str(draft)))
+        assert await run(engine) == await run(reference)
+        stats = engine.stats().speculation
+        assert stats.accepted_tokens > 0.8 * stats.draft_tokens > 0
