@@ -126,7 +126,7 @@ class TrtllmEngine(Engine):
         self._max_input_len = 0
         self._vocab_size = 0
         self._embedding_vocab = 0      # the engine's vocabulary, padding included (embedding_bias's size)
-        self._ledger = RequestLedger()
+        self._ledger = RequestLedger(speculating=eagle is not None)
         self._reqs = self._ledger.requests     # request id -> TrackedRequest, until the executor lets go
         self._rng = random.Random()
         self._started = self._closed = False

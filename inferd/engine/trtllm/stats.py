@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from inferd.engine.base import Capacity, EngineInfo, EngineStats
+from inferd.engine.base import Capacity, EngineInfo, EngineStats, SpeculationStats
 
 if TYPE_CHECKING:
     from inferd.engine.trtllm.stream import TrackedRequest
@@ -26,8 +26,12 @@ log = logging.getLogger("inferd.engine.trtllm")
 class RequestLedger:
     """Requests from submit until the executor lets them go, and the stats samples. Loop-thread only."""
 
-    def __init__(self) -> None:
+    def __init__(self, speculating: bool = False) -> None:
         self.requests: dict[str, TrackedRequest] = {}
+        # EAGLE on: each iteration's specDecodingStats (numDraftTokens, numAcceptedTokens,
+        # numRequestsWithDraftTokens; docs/trtllm-api.md §5) summed, for the inferd_spec_decode_* series
+        self._speculating = speculating
+        self._spec = [0, 0, 0]
         self.kv_known = asyncio.Event()         # the executor has reported its KV pool size
         self.sample_applied = asyncio.Event()   # set after each stats sample is applied
         self._seq = 0
@@ -65,6 +69,10 @@ class RequestLedger:
                 step_observer(latency)
             except Exception:  # metrics must never take the engine down
                 log.exception("step_observer failed")
+        spec = item.get("specDecodingStats")
+        if spec:
+            for i, key in enumerate(("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens")):
+                self._spec[i] += int(spec.get(key) or 0)
         ifb = item.get("inflightBatchingStats") or {}
         tokens = (ifb.get("numCtxTokens") or 0) + (ifb.get("numGenRequests") or 0)
         if latency > 0:
@@ -112,4 +120,6 @@ class RequestLedger:
             step_latency_s=(self._sample.get("iterLatencyMS") or 0.0) / 1000.0,
             steps_total=int(self._sample.get("iter") or 0), prompt_tokens_total=self._prompt_total,
             generation_tokens_total=self._gen_total, prefix_cache_hit_tokens_total=self._cached_total,
-            tokens_per_s=self._tokens_per_s)
+            tokens_per_s=self._tokens_per_s,
+            speculation=SpeculationStats(draft_tokens=self._spec[0], accepted_tokens=self._spec[1],
+                                         verifications=self._spec[2]) if self._speculating else None)

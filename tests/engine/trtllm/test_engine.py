@@ -559,3 +559,19 @@ def test_a_bad_quantization_is_a_bad_argument(tiny_artifact, tmp_path, capsys) -
         args = build_args(tiny_artifact, tmp_path / "engines", calib_dataset="x")
         assert builder.main(args) == 2
     assert "--calib-dataset goes with --quantize" in capsys.readouterr().err
+
+
+def test_each_iterations_speculative_decoding_stats_add_up_to_the_engines_series() -> None:
+    from inferd.engine.base import EngineInfo
+    from inferd.engine.trtllm.stats import RequestLedger
+
+    info = EngineInfo(backend="trtllm", model_name="m", version="v", max_model_len=64, block_size=32,
+                      num_kv_blocks=8, max_batch_size=4, max_num_tokens=64)
+    ledger = RequestLedger(speculating=True)
+    assert RequestLedger().stats(info).speculation is None
+    for drafted, accepted, rows in ((8, 5, 2), (12, 9, 3)):
+        ledger.apply_sample({"iter": 1, "specDecodingStats": {"numDraftTokens": drafted, "numAcceptedTokens": accepted,
+                                                              "numRequestsWithDraftTokens": rows}}, info, None)
+    ledger.apply_sample({"iter": 2, "specDecodingStats": None}, info, None)      # absent: serialized as null
+    s = ledger.stats(info).speculation
+    assert (s.draft_tokens, s.accepted_tokens, s.verifications) == (20, 14, 5)
