@@ -45,7 +45,8 @@ async def run(args: argparse.Namespace) -> None:
         root = Path(tmp)
         base = build_synthetic("small", root, progress=lambda m: None)
         int8 = quantize_artifact(base, root)
-        engines = {"float32": ReferenceEngine(base, num_kv_blocks=512), "int8": ReferenceEngine(int8, num_kv_blocks=512)}
+        engines = {"float32": ReferenceEngine(base, num_kv_blocks=512),
+                   "int8": ReferenceEngine(int8, num_kv_blocks=512)}
         for engine in engines.values():
             await engine.start()
             await engine.warmup()

@@ -28,49 +28,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-
 import hashlib
 
 import numpy as np
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.sequence import Sequence, SequenceStatus
+from inferd.engine.step_output import SchedulerOutput
+from inferd.engine.step_packing import pack_step
+from inferd.engine.step_update import StepUpdate
 from inferd.engine.victims import victim_index
 from inferd.types import FinishReason
 
 
-_NO_IDS = np.zeros(0, np.int64)      # one shared empty array (never written): a step without packed inputs
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    seqs: list[Sequence] = field(default_factory=list)          # scheduled, in batch order
-    num_new_tokens: list[int] = field(default_factory=list)     # per scheduled sequence (query_lens)
-    preempted: list[Sequence] = field(default_factory=list)     # lost their blocks this step
-    token_ids: np.ndarray = field(default_factory=lambda: _NO_IDS)     # packed inputs (pack_inputs only)
-    positions: np.ndarray = field(default_factory=lambda: _NO_IDS)
-    slot_mapping: np.ndarray = field(default_factory=lambda: _NO_IDS)
-    context_lens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)
-    sample_rows: list[int] = field(default_factory=list)        # batch rows whose logits yield a token
-    first_admitted: int = 0         # seqs[first_admitted:] came from the waiting queue this step
-    kv_tokens: int = 0              # K/V entries the step's attention reads (each row's context after it)
-    attention_pairs: int = 0        # (query, key) pairs the step's attention computes
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, new) K/V to copy first (forks)
-    resumed: list[Sequence] = field(default_factory=list)      # parked ones that took a slot again this step
-    draft_rows: list[int] = field(default_factory=list)         # batch rows whose last tokens are a draft
-
-    @property
-    def empty(self) -> bool:
-        return not self.seqs
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.size)
-
-
-class Scheduler:
+class Scheduler(StepUpdate):
     def __init__(self, block_manager: BlockManager, *, max_batch_size: int, max_num_tokens: int,
                  max_model_len: int, eos_token_ids: Iterable[int] = (), reserve_whole_prompt: bool = True,
                  pack_inputs: bool = True) -> None:
@@ -185,7 +156,7 @@ class Scheduler:
             out.kv_tokens += end
             out.attention_pairs += n * end - n * (n - 1) // 2    # sum of (start + j) for j in 1..n
         if out.seqs and self.pack_inputs:
-            self._pack(out)
+            pack_step(out, self.block_manager.block_size)
         return out
 
     def schedule_running(self, out: SchedulerOutput) -> int:
@@ -285,110 +256,3 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)     # first in line again: it was admitted before the rest
         self.num_preemptions += 1
-
-    def _pack(self, out: SchedulerOutput) -> None:
-        """Flatten the step's tokens, positions and KV slots (numpy, no per-token Python)."""
-        bs = self.block_manager.block_size
-        token_ids: list[int] = []
-        starts: list[int] = []
-        tables = out.block_tables
-        slot_parts: list[np.ndarray] = []
-        all_single = True
-        for row, (seq, n) in enumerate(zip(out.seqs, out.num_new_tokens)):
-            start = seq.num_computed_tokens
-            end = start + n
-            starts.append(start)
-            tables.append(seq.block_table)
-            out.context_lens.append(end)
-            if end >= seq.num_tokens:               # past it: the sequence's draft, verified this step
-                out.sample_rows.append(row)
-            if n == 1:
-                token_ids.append(seq.token_ids[start])
-            else:
-                all_single = False
-                token_ids.extend(seq.token_ids[start:end])
-                if end > seq.num_tokens:
-                    token_ids.extend(seq.draft)
-                    out.draft_rows.append(row)
-        out.token_ids = np.array(token_ids, dtype=np.int64)
-        if all_single:
-            positions = np.array(starts, dtype=np.int64)
-            block_ids = np.array([t[p // bs] for t, p in zip(tables, starts)], dtype=np.int64)
-            out.positions = positions
-            out.slot_mapping = block_ids * bs + positions % bs
-            return
-        lens = np.array(out.num_new_tokens, dtype=np.int64)
-        offsets = np.cumsum(lens) - lens
-        positions = np.arange(lens.sum(), dtype=np.int64) - np.repeat(offsets - np.array(starts), lens)
-        for table, start, n in zip(tables, starts, out.num_new_tokens):
-            pos = np.arange(start, start + n, dtype=np.int64)
-            slot_parts.append(np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs)
-        out.positions = positions
-        out.slot_mapping = np.concatenate(slot_parts)
-
-    def update_from_output(self, out: SchedulerOutput, sampled: list[int],
-                           kept: list[list[int]] | None = None) -> list[tuple[Sequence, int]]:
-        """Advance the step's sequences; `sampled[j]` is the token for row `out.sample_rows[j]`, after the
-        drafts `kept[j]` of that row the model agreed with (None: no row had a draft).
-
-        Returns (sequence, tokens it received) for those that received any, in sample-row order. Those
-        that finished on a token-level condition (EOS, stop token, max_tokens, context length) are
-        FINISHED with their blocks freed; a draft token that finishes a sequence is its last.
-        """
-        self.advance(out)
-        produced: list[tuple[Sequence, int]] = []
-        for j, (row, token) in enumerate(zip(out.sample_rows, sampled)):
-            seq = out.seqs[row]
-            count = 0
-            if kept is not None and seq.draft:
-                count, finished = self._take_draft(seq, kept[j])
-                if finished:
-                    produced.append((seq, count))
-                    continue
-            seq.token_ids.append(token)
-            produced.append((seq, count + 1))
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
-        return produced
-
-    def _take_draft(self, seq: Sequence, kept: list[int]) -> tuple[int, bool]:
-        """Append the drafts the model kept (their K/V is computed); (how many, whether one finished it)."""
-        seq.draft = []
-        for count, token in enumerate(kept, 1):
-            seq.token_ids.append(token)
-            seq.num_computed_tokens += 1
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
-                return count, True
-        if kept and self.block_manager.prefix_caching and seq.status is SequenceStatus.RUNNING:
-            self.block_manager.register_computed_blocks(seq)
-        return len(kept), False
-
-    def advance(self, out: SchedulerOutput) -> None:
-        """The step ran: its sequences (those not finished meanwhile) have their new tokens' K/V (a draft's
-        count only once the model kept it: update_from_output)."""
-        register = self.block_manager.register_computed_blocks if self.block_manager.prefix_caching else None
-        running = SequenceStatus.RUNNING
-        for seq, n in zip(out.seqs, out.num_new_tokens):
-            if seq.status is running:       # not finished nor parked meanwhile
-                seq.num_computed_tokens += n - len(seq.draft) if seq.draft else n
-                if register is not None:
-                    register(seq)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        params = seq.sampling
-        if seq.grammar is not None and seq.grammar.failed:   # first: a dead end's sampled token may be an EOS
-            return FinishReason.ERROR
-        if token in params.stop_token_ids:
-            return FinishReason.STOP
-        if not params.ignore_eos and token in self.eos_token_ids:
-            return FinishReason.STOP
-        grammar = seq.grammar
-        if grammar is not None:     # it ended (even on an EOS that ignore_eos lets through), or it cannot go on
-            if grammar.terminated:
-                return FinishReason.STOP
-        if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None

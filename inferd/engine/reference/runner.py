@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from inferd.engine.reference.model import ForwardBatch, LlamaModel
 from inferd.engine.reference.sampler import Sampler, grammar_masked, token_logprobs
 from inferd.engine.runner import StepResult, prompt_logit_rows
