@@ -180,6 +180,10 @@ class Scheduler(StepUpdate):
             if n > budget:
                 n = budget
             end = computed + n
+            if draft and end > len(seq.block_table) * bs and not self.block_manager.can_append(seq, n):
+                n -= len(draft)                     # a draft never preempts anyone: it goes instead
+                end -= len(draft)
+                draft.clear()
             if end > len(seq.block_table) * bs:
                 out.kv_tokens += kv_tokens          # the slow path may take back what is counted so far
                 out.attention_pairs += pairs

@@ -286,3 +286,23 @@ def test_finish_removes_a_parked_sequence():
     sched.park(a)
     sched.finish(a, FinishReason.ABORT)
     assert not sched.has_work() and a.finish_reason is FinishReason.ABORT
+
+
+def test_a_draft_is_cut_to_the_step_budget_and_dropped_rather_than_preempt_anyone():
+    from inferd.engine.block_manager import BlockManager
+    from inferd.engine.scheduler import Scheduler
+    from inferd.engine.sequence import Sequence
+
+    bm = BlockManager(3, 4)
+    sched = Scheduler(bm, max_batch_size=4, max_num_tokens=6, max_model_len=64)
+    a, b = Sequence("a", list(range(1, 4))), Sequence("b", list(range(1, 5)))
+    for seq in (a, b):
+        sched.add(seq)
+    out = sched.schedule()                    # both prefill: a 3 tokens (1 block), b 4 (1 block), 1 block free
+    sched.update_from_output(out, [7, 7])     # a: 4 tokens, 3 computed; b: 5 tokens, 4 computed
+    a.draft, b.draft = [1, 2, 3, 4, 5], [1, 2]
+    out = sched.schedule()
+    # a: its last token and 5 drafts would take 2 more blocks (1 free): its draft goes, nobody is preempted;
+    # b then gets its last token and its 2 drafts within the 6-token budget
+    assert out.num_new_tokens == [1, 3] and a.draft == [] and b.draft == [1, 2] and not out.preempted
+    assert out.draft_rows == [1] and out.sample_rows == [0, 1]
