@@ -36,7 +36,7 @@ class Sequence:
         "request_id", "token_ids", "num_prompt_tokens", "sampling", "salt", "arrival",
         "status", "block_table", "num_computed_tokens", "num_cached_tokens", "block_hashes",
         "num_registered_blocks", "finish_reason", "admitted", "rng", "engine_state", "lora_name", "lora",
-        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight", "draft", "draft_kv_len",
+        "prompt_key", "needs_prompt_logits", "grammar", "tenant", "weight", "draft", "draft_kv_len", "token_array",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int] | tuple[int, ...],
@@ -76,6 +76,7 @@ class Sequence:
         # them with the last token and keeps those the model agrees with. Empty: one token per step.
         self.draft: list[int] = []
         self.draft_kv_len = 0                   # tokens a draft model has K/V for (speculative.draft_model)
+        self.token_array: Any = None            # token_ids as a growing int64 array (speculative.ngram)
 
     @property
     def num_tokens(self) -> int:
