@@ -180,10 +180,7 @@ async def test_greedy_output_with_prompt_lookup_equals_the_reference_engines_wit
     prompts = copying_prompts(successor)
 
     async def run(engine, sampling: dict) -> list[tuple[int, ...]]:
-        streams = [engine.submit(GenerationRequest(
-            request_id=f"c{i}", prompt_token_ids=tuple(p), tenant=f"c{i}",
-            sampling=SamplingParams(max_tokens=30, ignore_eos=True, **sampling))) for i, p in enumerate(prompts)]
-        return [tuple((await s.collect()).token_ids) for s in streams]
+        return await copying_outputs(engine, prompts, 30, **sampling)
 
     def build(cls, **kwargs):
         return cls(artifact, num_kv_blocks=256, block_size=4, max_num_tokens=32, **kwargs)
@@ -225,10 +222,7 @@ async def test_a_draft_model_on_the_torch_engine_keeps_the_greedy_output_and_dra
     prompts = copying_prompts(successor)
 
     async def run(engine) -> list[tuple[int, ...]]:
-        streams = [engine.submit(GenerationRequest(
-            request_id=f"d{i}", prompt_token_ids=tuple(p), tenant=f"d{i}",
-            sampling=SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))) for i, p in enumerate(prompts)]
-        return [tuple((await s.collect()).token_ids) for s in streams]
+        return await copying_outputs(engine, prompts, 20, temperature=0.0)
 
     def build(cls, **kwargs):
         return cls(artifact, num_kv_blocks=256, block_size=4, max_num_tokens=32, **kwargs)
@@ -240,3 +234,11 @@ async def test_a_draft_model_on_the_torch_engine_keeps_the_greedy_output_and_dra
         assert await run(engine) == await run(reference)
         stats = engine.stats().speculation
         assert stats.accepted_tokens > 0.8 * stats.draft_tokens > 0
+
+
+async def copying_outputs(engine, prompts: list[list[int]], max_tokens: int, **sampling) -> list[tuple[int, ...]]:
+    """Each prompt's output, submitted together (ignore_eos: every output is max_tokens long)."""
+    streams = [engine.submit(GenerationRequest(
+        request_id=f"c{i}", prompt_token_ids=tuple(p), tenant=f"c{i}",
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling))) for i, p in enumerate(prompts)]
+    return [tuple((await s.collect()).token_ids) for s in streams]
