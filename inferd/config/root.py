@@ -307,6 +307,8 @@ def _model_errors(name: str, m: ModelConfig) -> list[str]:
         errors.append(f"{p}.trtllm: a [trtllm] section needs backend = \"trtllm\" (backend is {m.backend!r})")
     errors.extend(torch_errors(p, m.backend, m.torch))
     errors.extend(speculative_errors(p, m.backend, m.speculative))
+    if m.speculative is not None and m.task == "embed":
+        errors.append(f"{p}.speculative: an embedding model decodes no tokens to draft")
     if m.sim is not None:
         if not m.sim.time_scale >= 0:   # 0: no simulated step time (front-end benchmarks); rejects NaN
             errors.append(f"{p}.sim.time_scale: must be >= 0, got {m.sim.time_scale}")

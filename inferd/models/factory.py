@@ -180,6 +180,9 @@ def build_engine(name: str, model: ModelConfig, server: ServerConfig) -> Engine:
     if model.backend == "reference":
         artifact_dir = _artifact_dir(name, model, server)  # first: a missing artifact is the likelier error
         if _is_embedding_artifact(name, model, artifact_dir):
+            if model.speculative is not None:       # never ignored: the table asks for what cannot be
+                raise EngineConfigError(name, f"artifact {artifact_dir.parent.name!r} is an embedding model; "
+                                              f"[speculative] needs a generative one")
             return _reference_embedding_engine(name, model, artifact_dir)
         from inferd.engine.reference import ReferenceEngine
 

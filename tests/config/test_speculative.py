@@ -25,7 +25,8 @@ def test_a_draft_models_artifact_is_resolved_under_engines_root_and_a_missing_on
     from inferd.models.factory import EngineConfigError
 
     artifact, _ = copying_model
-    table = {"method": "draft_model", "draft_model": f"{artifact.parent.name}@{artifact.name}", "num_speculative_tokens": 3}
+    table = {"method": "draft_model", "draft_model": f"{artifact.parent.name}@{artifact.name}",
+             "num_speculative_tokens": 3}
     model = parse_config({"models": {"m": {"speculative": table}}}).models["m"]
     got = _speculation("m", model, ServerConfig(engines_root=str(artifact.parent.parent)))
     assert (got.method, got.num_tokens, got.draft_dir) == ("draft_model", 3, str(artifact))
@@ -39,7 +40,8 @@ def test_a_draft_models_artifact_is_resolved_under_engines_root_and_a_missing_on
     ({"prompt_lookup_min": 3, "prompt_lookup_max": 2},
      "models.m.speculative.prompt_lookup_min: need 1 <= prompt_lookup_min <= prompt_lookup_max, got 3 and 2"),
     ({"prompt_lookup_min": 0}, "models.m.speculative.prompt_lookup_min: need 1 <= prompt_lookup_min"),
-    ({"method": "medusa"}, "models.m.speculative.method: expected one of 'ngram', 'draft_model', 'eagle', got 'medusa'"),
+    ({"method": "medusa"},
+     "models.m.speculative.method: expected one of 'ngram', 'draft_model', 'eagle', got 'medusa'"),
     ({"draft": "x"}, "models.m.speculative.draft: unknown key"),
     ({"method": "draft_model"}, "models.m.speculative.draft_model: method \"draft_model\" needs the draft's"),
     ({"draft_model": "d"}, "models.m.speculative.draft_model: only methods \"draft_model\" and \"eagle\" take one"),
@@ -65,3 +67,15 @@ def test_a_draft_model_on_the_sim_is_refused():
                                                            "acceptance_rate": 0.5}})
     assert "models.m.speculative.method: \"draft_model\" runs on the reference and torch backends (backend is " \
            "'sim')" in errors
+
+
+def test_speculation_for_an_embedding_model_is_refused(tiny_embed_artifact):
+    from inferd.models.factory import EngineConfigError, build_engine
+
+    assert "models.m.speculative: an embedding model decodes no tokens to draft" in errors_of(
+        {"task": "embed", "speculative": {}})
+    root = tiny_embed_artifact.parent.parent
+    cfg = parse_config({"server": {"engines_root": str(root)},
+                        "models": {"m": {"artifact": "tiny-embed", "speculative": {}}}})
+    with pytest.raises(EngineConfigError, match="embedding model"):
+        build_engine("m", cfg.models["m"], cfg.server)

@@ -29,7 +29,8 @@ def test_per_row_quantization_reconstructs_each_row_within_half_a_step():
     np.testing.assert_array_equal(q.rows(np.array([3, 0])), q.dequantize()[[3, 0]])
 
 
-def test_the_int8_version_is_a_pinned_version_of_the_same_name_with_its_precision_recorded(int8_artifact, tiny_artifact):
+def test_the_int8_version_is_a_pinned_version_of_the_same_name_with_its_precision_recorded(int8_artifact,
+                                                                                           tiny_artifact):
     manifest = read_manifest(int8_artifact)
     assert manifest.name == "tiny" and manifest.build == {"precision": "int8", "quantized_from": tiny_artifact.name}
     assert (int8_artifact.parent / "LATEST").read_text().strip() == tiny_artifact.name      # LATEST unchanged
