@@ -27,11 +27,11 @@ from inferd.engine.reference.weights import Checkpoint
 from inferd.engine.torch.attention import DecodeAttention, decode_attention_for, prefill_attention
 from inferd.engine.torch.inputs import DecodeInputs, StepInputs
 from inferd.engine.torch.int8 import Int8Weight, embedding, linear
+from inferd.engine.torch.weights import CheckpointWeights, RandomWeights
 from inferd.engine.torch.kv_pool import KVPool
 from inferd.engine.torch.lora import TorchLora, torch_lora
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DUMMY_STD = 0.02          # random weights' scale (the usual initializer_range): activations stay finite in bf16
 
 
 class TorchModelError(ValueError):
@@ -55,44 +55,6 @@ class _Layer:
     bgu: torch.Tensor | None
     wd: torch.Tensor                   # [hidden, intermediate]
     bd: torch.Tensor | None
-
-
-class _CheckpointWeights:
-    """Tensors from a safetensors checkpoint, one at a time through the host, onto the device in the model dtype."""
-
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
-        self.checkpoint, self.device, self.dtype = checkpoint, device, dtype
-
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | Int8Weight:
-        if name.endswith(".weight") and len(shape) == 2 and self.checkpoint.quantized(name):
-            q = self.checkpoint.get_int8(name, shape)           # int8 weight-only (inferd.engine.torch.int8)
-            return Int8Weight(torch.from_numpy(q.q).to(self.device),
-                              torch.from_numpy(q.scale).to(device=self.device, dtype=self.dtype))
-        return torch.from_numpy(self.checkpoint.get(name, shape)).to(device=self.device, dtype=self.dtype)
-
-    def fused(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor | Int8Weight:
-        parts = [self.get(n, s) for n, s in zip(names, shapes)]
-        return Int8Weight.stack(parts) if isinstance(parts[0], Int8Weight) else torch.cat(parts)
-
-
-class _RandomWeights:
-    """Random weights made on the device (no host copy): normal(0, DUMMY_STD), norm weights 1, biases 0."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype, seed: int) -> None:
-        self.device, self.dtype = device, dtype
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if "norm" in name:
-            return torch.ones(shape, device=self.device, dtype=self.dtype)
-        if name.endswith(".bias"):
-            return torch.zeros(shape, device=self.device, dtype=self.dtype)
-        return torch.empty(shape, device=self.device, dtype=self.dtype).normal_(0.0, DUMMY_STD,
-                                                                               generator=self.generator)
-
-    def fused(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
-        rows = sum(s[0] for s in shapes)
-        return self.get(names[0], (rows, *shapes[0][1:]))
 
 
 def resolve(device: torch.device | str, dtype: torch.dtype | str) -> tuple[torch.device, torch.dtype]:
@@ -156,14 +118,14 @@ class TorchLlama:
         device, dtype = resolve(device, dtype)
         path = Path(path)
         config = LlamaConfig.from_json(path / "config.json")
-        return cls(config, _CheckpointWeights(Checkpoint(path), device, dtype), device, dtype)
+        return cls(config, CheckpointWeights(Checkpoint(path), device, dtype), device, dtype)
 
     @classmethod
     def dummy(cls, config: LlamaConfig, *, device: torch.device | str, dtype: torch.dtype | str,
               seed: int = 0) -> TorchLlama:
         """Random weights made on the device (vLLM's load_format "dummy"): a model of any shape, for benchmarks."""
         device, dtype = resolve(device, dtype)
-        return cls(config, _RandomWeights(device, dtype, seed), device, dtype)
+        return cls(config, RandomWeights(device, dtype, seed), device, dtype)
 
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (a tied LM head counted once)."""
