@@ -17,6 +17,8 @@ group is killed), in order:
   writers     the daemon phase again with SSE writer processes on ([server] front_processes =
               --front-processes: "auto" on CUDA, one per 4 CPUs up to 4; 1 on the CPU path)
   node        bench/node.py --backend torch: one engine in place of the sims, at its real step times
+  generation  speculative decoding (prompt lookup, a draft model) and int8 weights on the torch engine, at
+              `small`'s shapes: bench/gpu_generation.py
 Without CUDA every phase runs on the CPU at a small shape in float32 (the first line says so), so the
 script is tested everywhere. A failed phase prints its error line and the run goes on; the exit code is
 1 if any phase failed. Wheels the GPU machine's image lacks: bench/gpu_wheels.sh.
@@ -36,8 +38,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("parity", "throughput", "daemon", "writers", "node")
-TIMEOUTS = {"parity": 70, "throughput": 160, "daemon": 110, "writers": 110, "node": 110}
+PHASES = ("parity", "throughput", "daemon", "writers", "node", "generation")
+TIMEOUTS = {"parity": 70, "throughput": 160, "daemon": 110, "writers": 110, "node": 110, "generation": 150}
 CPU_DEFAULTS = {"shape": "small", "batches": "1,4,8", "prompt_len": 64, "output_len": 32, "streams": 8, "requests": 16,
                 "dtype": "float32", "node_seconds": 4.0, "node_warmup": 3.0, "parity_tokens": 12, "bandwidth_mib": 256,
                 "front_processes": "1"}
@@ -122,6 +124,10 @@ def run_phase(args: argparse.Namespace) -> dict:
 
         writers = args.front_processes if args.phase == "writers" else "0"
         return uvloop.run(daemon_phase(args, shape_of(args), args.work, writers))
+    if args.phase == "generation":
+        from gpu_generation import generation
+
+        return asyncio.run(generation(args, args.work))
     return run_node(args)
 
 

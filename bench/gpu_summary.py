@@ -119,6 +119,10 @@ def summary(args, results: dict, errors: dict, elapsed: float) -> list[str]:
                           for line in daemon_lines(r, direct)]
             elif phase == "node" and r:
                 lines += [f"node.py: {line}" for line in r["lines"]]
+            elif phase == "generation" and r:
+                from gpu_generation import generation_lines
+
+                lines += generation_lines(r)
         except (KeyError, TypeError, ZeroDivisionError) as exc:      # a result missing a figure
             errors.setdefault(phase, f"its result lacks {exc!r}")
         if phase in errors and not (phase == "parity" and r):

@@ -50,8 +50,9 @@ def test_every_phase_runs_on_the_cpu_path_and_the_summary_names_each_figure():
     names = {line.split(":", 1)[0] for line in lines[1:]}
     for name in ("parity", "parity greedy float32", "bandwidth", "batch 1", "batch 8", "direct streams",
                  "daemon/direct tokens/s", "added ITL p99", "disconnect", "writers", "writers daemon/direct tokens/s",
-                 "writers disconnect", "node.py", "phases"):
+                 "writers disconnect", "node.py", "torch speculative speedup, repetitive",
+                 "torch int8 weight bytes / float", "phases"):
         assert name in names, (name, lines)
     assert "parity: ok" in out.stdout and "parity greedy float32: equal" in out.stdout
     assert "writers: 1 SSE writer process(es)" in out.stdout
-    assert lines[-1].startswith("phases: 5 ok, 0 failed")
+    assert lines[-1].startswith("phases: 6 ok, 0 failed")
