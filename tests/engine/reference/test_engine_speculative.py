@@ -163,3 +163,28 @@ async def test_a_draft_model_of_another_tokenizer_is_refused_at_load(copying_mod
     with pytest.raises(DraftModelMismatch, match="tokenizer"):
         await engine.start()
     await engine.close()
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+async def test_greedy_output_holds_under_kv_pressure_shared_prefixes_and_aborts(make_engine, copying_model,
+                                                                                copying_draft, drafter):
+    """A pool too small for every sequence at once (preemptions and recomputes), identical prompts (the prefix
+    cache and forks share blocks) and a request aborted mid-stream: the rest decode what they do without drafts."""
+    prompts = copying_prompts(copying_model[1])
+    prompts = [prompts[0], prompts[0], prompts[1], prompts[2], prompts[2], prompts[3]]
+    settings = Speculation(num_tokens=4, min_n=1, max_n=3) if drafter == "ngram" else Speculation(
+        method="draft_model", num_tokens=3, draft_dir=str(copying_draft))
+
+    async def outputs(engine, prefix: str) -> list[list[int]]:
+        streams = [engine.submit(request(f"{prefix}{i}", p, 40, **({"seed": i} if i % 2 else {})))
+                   for i, p in enumerate(prompts)]
+        doomed = engine.submit(request(f"{prefix}-gone", prompts[4], 60))
+        await doomed.__anext__()
+        doomed.cancel()                        # the client left: the engine aborts it
+        return [(await s.collect()).token_ids for s in streams]
+
+    plain = await make_engine("copying", num_kv_blocks=40, max_num_tokens=32)
+    spec = await make_engine("copying", num_kv_blocks=40, max_num_tokens=32, speculative=settings)
+    assert await outputs(spec, "s") == await outputs(plain, "p")
+    assert spec.num_preemptions > 0 and spec.stats().speculation.accepted_tokens > 0
+    assert spec.stats().kv_blocks_used == 0                 # everything freed, the aborted request's too
