@@ -265,7 +265,7 @@ def test_cli_modules_are_named_after_their_subcommand():
 # The HTTP face split by job, bottom to top: wire formats, streaming, the request pipeline, the other
 # routes, the admin routes. A sub-package imports (at run time) only those below it; the modules at the
 # top of inferd/api (app, state, auth, errors, ...) are shared by all of them.
-API_LAYERS = ["wire", "streaming", "pipeline", "routes", "admin"]
+API_LAYERS = ["wire", "streaming", "pipeline", "routes", "admin", "console"]
 
 
 def api_part(module: str) -> str | None:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from inferd.api.admin import models as admin_models
 from inferd.api.admin import rollouts as admin
+from inferd.api import console
 from inferd.api.routes import batches, files, ops, stored_responses, tokenization
 from inferd.api import appkeys as keys
 from inferd.api.auth import count_tenant_request
@@ -70,6 +71,7 @@ def make_app(state: ServerState) -> web.Application:
     files.add_routes(app)      # the Batch API: its input and output files
     batches.add_routes(app)
     tokenization.add_routes(app)   # vLLM's /tokenize, /detokenize, /tokenizer_info (lm-eval's remote tokenizer)
+    console.add_routes(app)        # the operator's console, /admin/ui (HTML, behind an admin sign-in)
     return app
 
 

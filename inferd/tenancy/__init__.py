@@ -2,7 +2,16 @@
 from __future__ import annotations
 
 from inferd.tenancy.budget import BudgetExceeded, Budgets, budgeted, load_spend, period_start
-from inferd.tenancy.keys import AuthError, InsufficientScope, KeyFileError, Principal, load_authenticator
+from inferd.tenancy.keys import (
+    SCOPES,
+    AuthError,
+    InsufficientScope,
+    KeyFileError,
+    Principal,
+    create_key,
+    load_authenticator,
+    revoke_key,
+)
 from inferd.tenancy.keys_cli import keys_main
 from inferd.tenancy.tenancy import Tenancy
 from inferd.tenancy.quota import Lease, LimitExceeded, QuotaExceeded
@@ -10,6 +19,6 @@ from inferd.tenancy.refusals import NO_TURN, Paced, Turn
 
 __all__ = [
     "AuthError", "BudgetExceeded", "Budgets", "InsufficientScope", "KeyFileError", "Lease", "LimitExceeded",
-    "NO_TURN", "Paced", "Principal", "QuotaExceeded", "Tenancy", "Turn", "budgeted", "keys_main",
-    "load_authenticator", "load_spend", "period_start",
+    "NO_TURN", "Paced", "Principal", "QuotaExceeded", "SCOPES", "Tenancy", "Turn", "budgeted", "create_key",
+    "keys_main", "load_authenticator", "load_spend", "period_start", "revoke_key",
 ]

@@ -1,0 +1,136 @@
+"""The console (/admin/ui) through the real daemon: sign-in with an admin key, the session cookie, the CSP,
+the views, keys created and revoked from a form, and forged or replayed forms refused."""
+from __future__ import annotations
+
+import re
+
+import aiohttp
+import pytest
+
+from inferd.config.root import parse_config
+from inferd.tenancy.keys import KeyHasher, create_key
+from tests.daemon.harness import running_daemon
+
+SIM = {"backend": "sim", "max_batch_size": 4, "sim": {"profile": "tiny", "time_scale": 0.0}}
+
+
+@pytest.fixture
+async def console(tmp_path):
+    keys_file = tmp_path / "keys.jsonl"
+    admin = create_key(keys_file, KeyHasher(None), "ops", ("admin",))[1]
+    user = create_key(keys_file, KeyHasher(None), "acme", ("inference",))[1]
+    cfg = parse_config({"server": {"port": 0}, "models": {"sim": SIM}, "auth": {"mode": "api_key",
+                        "keys_file": "keys.jsonl"}, "audit": {"path": "audit.jsonl"}}, base_dir=tmp_path)
+    async with running_daemon(cfg) as (daemon, _, url), aiohttp.ClientSession(
+            cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        yield daemon, url, http, admin, user, tmp_path
+
+
+async def sign_in(http, url: str, key: str) -> aiohttp.ClientResponse:
+    async with http.post(url + "/admin/ui/login", data={"key": key}, allow_redirects=False) as resp:
+        await resp.read()
+        return resp
+
+
+def csrf(text: str, action: str) -> str:
+    """The form token of the form posting to `action` on a page."""
+    form = re.search(r'<form method="post" action="' + re.escape(action) + r'">(.*?)</form>', text, re.S)
+    return re.search(r'name="csrf" value="([^"]+)"', form.group(1)).group(1)
+
+
+async def get(http, url: str, path: str) -> tuple[int, str, dict]:
+    async with http.get(url + path, allow_redirects=False) as resp:
+        return resp.status, await resp.text(), dict(resp.headers)
+
+
+async def test_without_a_session_every_view_is_the_sign_in_page_and_a_bad_key_is_refused(console):
+    _, url, http, _, user, _ = console
+    for path in ("/admin/ui/now", "/admin/ui/keys"):
+        status, text, headers = await get(http, url, path)
+        assert status == 401 and "Admin API key" in text
+        assert "script-src 'self'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
+    assert (await sign_in(http, url, "nope")).status == 401
+    assert (await sign_in(http, url, user)).status == 403          # a key without the admin scope
+    assert not http.cookie_jar.filter_cookies(url + "/admin/ui")
+
+
+async def test_signing_in_sets_an_httponly_strict_cookie_that_is_not_the_key_and_shows_the_engines(console):
+    _, url, http, admin, _, _ = console
+    resp = await sign_in(http, url, admin)
+    assert resp.status == 303 and resp.headers["Location"] == "/admin/ui/now"
+    cookie = resp.cookies["inferd_console"]
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and not cookie["secure"]      # plain HTTP here
+    assert admin not in cookie.value and cookie["path"] == "/admin/ui"
+    status, text, headers = await get(http, url, "/admin/ui/now")
+    assert status == 200 and "<td>sim</td>" in text and "tokens/s" in text
+    assert "<script" not in text and "style=" not in text and headers["Cache-Control"] == "no-store"
+    async with http.get(url + "/admin/ui/static/console.css") as css:
+        assert css.status == 200 and css.content_type == "text/css"
+
+
+async def test_a_key_is_created_shown_once_and_revoked_from_the_console_and_audited(console):
+    daemon, url, http, admin, _, tmp_path = console
+    await sign_in(http, url, admin)
+    _, page, _ = await get(http, url, "/admin/ui/keys")
+    async with http.post(url + "/admin/ui/keys", data={"csrf": csrf(page, "/admin/ui/keys"), "tenant": "beta",
+                                                       "scope_inference": "1"}) as resp:
+        text = await resp.text()
+    assert resp.status == 200 and "shown only now" in text
+    key = re.search(r'<output class="secret">([^<]+)</output>', text).group(1)
+    async with http.post(url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                         headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status == 200                           # in effect at once
+    key_id = re.search(r"Key <code>([^<]+)</code>", text).group(1)
+    _, page, _ = await get(http, url, "/admin/ui/keys")
+    assert key not in page                                  # shown once: never again
+    action = f"/admin/ui/keys/{key_id}/revoke"
+    async with http.post(url + action, data={"csrf": csrf(page, action)}) as resp:
+        assert resp.status == 200 and f"Revoked {key_id}" in await resp.text()
+    async with http.post(url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                         headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status == 401
+    audit = (tmp_path / "audit.jsonl").read_text()
+    assert '"key.create"' in audit and '"key.revoke"' in audit and "console: " in audit
+
+
+async def test_a_forged_or_replayed_form_is_refused(console):
+    _, url, http, admin, _, tmp_path = console
+    await sign_in(http, url, admin)
+    _, page, _ = await get(http, url, "/admin/ui/keys")
+    token = csrf(page, "/admin/ui/keys")
+    form = {"csrf": token, "tenant": "gamma", "scope_inference": "1"}
+    async with http.post(url + "/admin/ui/keys", data=form) as resp:
+        assert resp.status == 200
+    async with http.post(url + "/admin/ui/keys", data=form) as resp:           # the same form again
+        assert resp.status == 403
+    async with http.post(url + "/admin/ui/keys", data={**form, "csrf": token[:-2] + "xx"}) as resp:
+        assert resp.status == 403                                              # a token it did not make
+    async with aiohttp.ClientSession() as stranger:                            # another browser, no session
+        async with stranger.post(url + "/admin/ui/keys", data={**form, "csrf": csrf(page, "/admin/ui/keys")}) as r:
+            assert r.status == 403
+    assert (tmp_path / "keys.jsonl").read_text().count('"gamma"') == 1
+
+
+async def test_signing_out_ends_the_session_and_revoking_its_key_ends_it_too(console):
+    daemon, url, http, admin, _, tmp_path = console
+    await sign_in(http, url, admin)
+    _, page, _ = await get(http, url, "/admin/ui/now")
+    async with http.post(url + "/admin/ui/logout", data={"csrf": csrf(page, "/admin/ui/logout")},
+                         allow_redirects=False) as resp:
+        assert resp.status == 303
+    assert (await get(http, url, "/admin/ui/now"))[0] == 401
+    await sign_in(http, url, admin)
+    assert (await get(http, url, "/admin/ui/now"))[0] == 200
+    from inferd.tenancy.keys import revoke_key
+    from inferd.tenancy.keys_file import load_records
+
+    admin_id = next(r.key_id for r in load_records(tmp_path / "keys.jsonl") if r.tenant == "ops")
+    revoke_key(tmp_path / "keys.jsonl", admin_id)
+    await daemon.state.tenancy.refresh_keys()
+    assert (await get(http, url, "/admin/ui/now"))[0] == 401
+
+
+async def test_an_oversized_sign_in_form_is_refused_unread(console):
+    _, url, http, _, _, _ = console
+    async with http.post(url + "/admin/ui/login", data={"key": "x" * 10000}) as resp:
+        assert resp.status == 413
