@@ -12,8 +12,9 @@ from tests.api.console.test_console import console  # noqa: F401  (the fixture: 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                                reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or DRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)")
 
 
 def browser():
