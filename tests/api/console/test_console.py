@@ -134,3 +134,19 @@ async def test_an_oversized_sign_in_form_is_refused_unread(console):
     _, url, http, _, _, _ = console
     async with http.post(url + "/admin/ui/login", data={"key": "x" * 10000}) as resp:
         assert resp.status == 413
+
+
+async def test_the_tenants_view_shows_a_tenants_usage_after_its_requests(console):
+    _, url, http, admin, user, _ = console
+    for _ in range(2):
+        async with http.post(url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+                             headers={"Authorization": f"Bearer {user}"}) as resp:
+            assert resp.status == 200
+    async with http.post(url + "/v1/completions", json={"model": "nope", "prompt": "hi"},
+                         headers={"Authorization": "Bearer wrong"}) as resp:
+        assert resp.status == 401
+    await sign_in(http, url, admin)
+    status, text, _ = await get(http, url, "/admin/ui/tenants")
+    assert status == 200
+    row = re.search(r"<tr><td>acme</td><td>([^<]+)</td><td>([^<]+)</td></tr>", text)
+    assert row and row.group(1).startswith("2 requests") and row.group(2).startswith("2 requests"), text
