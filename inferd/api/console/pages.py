@@ -7,7 +7,7 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
-VIEWS = (("now", "Now"), ("tenants", "Tenants"), ("keys", "Keys"))
+VIEWS = (("now", "Now"), ("tenants", "Tenants"), ("models", "Models"), ("keys", "Keys"))
 STYLESHEET = "/admin/ui/static/console.css"
 
 

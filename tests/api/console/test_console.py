@@ -150,3 +150,25 @@ async def test_the_tenants_view_shows_a_tenants_usage_after_its_requests(console
     assert status == 200
     row = re.search(r"<tr><td>acme</td><td>([^<]+)</td><td>([^<]+)</td></tr>", text)
     assert row and row.group(1).startswith("2 requests") and row.group(2).startswith("2 requests"), text
+
+
+async def test_the_models_view_shows_routes_versions_and_a_rollouts_rollback_reason(tmp_path):
+    keys_file = tmp_path / "keys.jsonl"
+    admin = create_key(keys_file, KeyHasher(None), "ops", ("admin",))[1]
+    cfg = parse_config({"server": {"port": 0}, "models": {"sim": {**SIM, "version": "v1", "versions": ["v2"]}},
+                        "auth": {"mode": "api_key", "keys_file": "keys.jsonl"}, "audit": {"path": "audit.jsonl"}},
+                       base_dir=tmp_path)
+    async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession(
+            cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        auth = {"Authorization": f"Bearer {admin}"}
+        async with http.post(url + "/admin/rollouts/sim/start", headers=auth,
+                             json={"stable": "sim@v1", "candidate": "sim@v2", "steps": [0.1, 1.0]}) as resp:
+            assert resp.status == 200, await resp.text()
+        async with http.post(url + "/admin/rollouts/sim/rollback", headers=auth,
+                             json={"reason": "p95 TTFT doubled on the canary"}) as resp:
+            assert resp.status == 200, await resp.text()
+        await sign_in(http, url, admin)
+        status, text, _ = await get(http, url, "/admin/ui/models")
+    assert status == 200
+    assert "<td>sim@v1</td>" in text and "<td>sim@v2</td>" in text
+    assert "p95 TTFT doubled on the canary" in text and "rolled_back" in text.replace("-", "_"), text
