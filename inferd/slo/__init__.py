@@ -9,7 +9,8 @@ from __future__ import annotations
 from inferd.slo.burn import WINDOWS, BucketRing, BurnCounter
 from inferd.slo.events import RequestOutcome, judge
 from inferd.slo.monitoring_cli import add_monitoring_parser, monitoring_main
+from inferd.slo.rules import ALERT_WINDOWS
 from inferd.slo.tracker import SloTracker
 
-__all__ = ["WINDOWS", "BucketRing", "BurnCounter", "RequestOutcome", "SloTracker", "add_monitoring_parser", "judge",
-           "monitoring_main"]
+__all__ = ["ALERT_WINDOWS", "WINDOWS", "BucketRing", "BurnCounter", "RequestOutcome", "SloTracker",
+           "add_monitoring_parser", "judge", "monitoring_main"]

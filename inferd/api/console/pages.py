@@ -7,7 +7,8 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
-VIEWS = (("now", "Now"), ("tenants", "Tenants"), ("models", "Models"), ("keys", "Keys"))
+VIEWS = (("now", "Now"), ("tenants", "Tenants"), ("slos", "SLOs"), ("models", "Models"), ("cluster", "Cluster"),
+         ("jobs", "Jobs"), ("keys", "Keys"))
 STYLESHEET = "/admin/ui/static/console.css"
 
 

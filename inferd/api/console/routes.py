@@ -12,7 +12,7 @@ from pathlib import Path
 from aiohttp import web
 
 from inferd.api import appkeys as keys
-from inferd.api.console import keys_view, models_view, now_view, pages, tenants_view
+from inferd.api.console import keys_view, models_view, now_view, ops_views, pages, tenants_view
 from inferd.api.console.session import ConsoleSessions, Session
 from inferd.tenancy import AuthError, InsufficientScope
 
@@ -34,6 +34,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/ui/now", view(now_view.render))
     app.router.add_get("/admin/ui/tenants", view(tenants_view.render))
     app.router.add_get("/admin/ui/models", view(models_view.render))
+    app.router.add_get("/admin/ui/slos", view(ops_views.slos))
+    app.router.add_get("/admin/ui/cluster", view(ops_views.cluster))
+    app.router.add_get("/admin/ui/jobs", view(ops_views.jobs))
     app.router.add_get("/admin/ui/keys", view(keys_view.render))
     app.router.add_post("/admin/ui/keys", change(keys_view.create))
     app.router.add_post("/admin/ui/keys/{key_id}/revoke", change(keys_view.revoke))

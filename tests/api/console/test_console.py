@@ -172,3 +172,24 @@ async def test_the_models_view_shows_routes_versions_and_a_rollouts_rollback_rea
     assert status == 200
     assert "<td>sim@v1</td>" in text and "<td>sim@v2</td>" in text
     assert "p95 TTFT doubled on the canary" in text and "rolled_back" in text.replace("-", "_"), text
+
+
+async def test_every_view_renders_for_a_signed_in_admin_with_units_and_no_script(console):
+    _, url, http, admin, _, _ = console
+    await sign_in(http, url, admin)
+    for view, expected in (("now", "tokens/s"), ("tenants", "Refused before admission"),
+                           ("slos", "No [slos.*] configured"),
+                           ("models", "<td>sim</td>"), ("cluster", "not in a cluster"), ("jobs", "No batch jobs"),
+                           ("keys", "ops")):
+        status, text, _ = await get(http, url, f"/admin/ui/{view}")
+        assert status == 200 and expected in text, (view, text[-800:])
+        assert "<script" not in text and ' style="' not in text
+        assert f'href="/admin/ui/{view}" aria-current=page' in text
+
+
+def test_an_slo_is_alerting_when_both_windows_of_a_pair_burn_faster_than_its_factor():
+    from inferd.api.console.ops_views import _alerting
+
+    assert _alerting({"1h": 20.0, "5m": 30.0}) == "page (1h/5m over 14.4x)"
+    assert _alerting({"1h": 20.0, "5m": 1.0, "6h": 7.0, "30m": 8.0}) == "ticket (6h/30m over 6x)"
+    assert _alerting({"3d": 0.5, "6h": 0.5}) == "-"
