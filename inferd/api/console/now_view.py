@@ -25,8 +25,10 @@ async def render(request: web.Request, session, sessions) -> str:
                      f"{pages.percent(fill)} ({stats.running} of {info.max_batch_size})",
                      f"{pages.percent(kv)} ({stats.kv_blocks_used:,} of {stats.kv_blocks_total:,} blocks)",
                      f"{queued} ({pages.number(oldest_s, 's', 1)} oldest)",
-                     pages.number(stats.tokens_per_s, "tokens/s")])
+                     pages.number(stats.tokens_per_s, "tokens/s"),
+                     f'<div class="spark" data-engine="{pages.esc(name)}" data-field="tokens_per_s" '
+                     f'aria-label="tokens/s over the last 15 minutes"></div>'])
     body = pages.table(("model", "version", "backend", "precision", "batch fill", "KV cache", "queued",
-                        "throughput"), rows, empty="No engine is loaded.")
+                        "throughput", "last 15 min"), rows, empty="No engine is loaded.")
     return pages.page("Now", body + f"<p>Refreshed every {REFRESH_S} s.</p>", view="now",
                       logout_token=sessions.form_token(session), refresh_s=REFRESH_S)

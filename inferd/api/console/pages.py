@@ -10,6 +10,13 @@ from collections.abc import Iterable, Sequence
 VIEWS = (("now", "Now"), ("tenants", "Tenants"), ("slos", "SLOs"), ("models", "Models"), ("cluster", "Cluster"),
          ("jobs", "Jobs"), ("keys", "Keys"))
 STYLESHEET = "/admin/ui/static/console.css"
+# htmx must not add its indicator <style> (the CSP allows no inline style) nor evaluate attributes.
+HEAD = ('<meta name="htmx-config" content=\'{"includeIndicatorStyles": false, "allowEval": false, '
+        '"allowScriptTags": false}\'>'
+        f'<link rel="stylesheet" href="{STYLESHEET}"><link rel="stylesheet" href="/admin/ui/static/vendor/uPlot.min.css">'
+        '<script src="/admin/ui/static/vendor/htmx.min.js" defer></script>'
+        '<script src="/admin/ui/static/vendor/uPlot.iife.min.js" defer></script>'
+        '<script src="/admin/ui/static/console.js" defer></script>')
 
 
 def esc(value: object) -> str:
@@ -26,11 +33,15 @@ def page(title: str, body: str, *, view: str | None = None, logout_token: str | 
                          for name, label in VIEWS)
         nav = (f'<nav>{links}<form method="post" action="/admin/ui/logout">{hidden(logout_token)}'
                f'<button type="submit">Log out</button></form></nav>')
-    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
+    # With JavaScript, htmx swaps the page's <main> every refresh_s (charts kept in step by console.js);
+    # without it, the page reloads itself (a meta refresh inside <noscript>).
+    refresh = f'<noscript><meta http-equiv="refresh" content="{int(refresh_s)}"></noscript>' if refresh_s else ""
+    poll = (f' hx-get="/admin/ui/{view}" hx-trigger="every {int(refresh_s)}s" hx-select="main" hx-swap="outerHTML"'
+            if refresh_s and view else "")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
-            f'<title>{esc(title)} · inferd</title><link rel="stylesheet" href="{STYLESHEET}"></head>'
-            f'<body><header><h1>inferd</h1>{nav}</header><main><h2>{esc(title)}</h2>{body}</main></body></html>')
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}{HEAD}'
+            f'<title>{esc(title)} · inferd</title></head>'
+            f'<body><header><h1>inferd</h1>{nav}</header><main{poll}><h2>{esc(title)}</h2>{body}</main></body></html>')
 
 
 def hidden(token: str) -> str:

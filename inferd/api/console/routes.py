@@ -13,6 +13,7 @@ from aiohttp import web
 
 from inferd.api import appkeys as keys
 from inferd.api.console import keys_view, models_view, now_view, ops_views, pages, tenants_view
+from inferd.api.console.samples import Samples
 from inferd.api.console.session import ConsoleSessions, Session
 from inferd.tenancy import AuthError, InsufficientScope
 
@@ -25,8 +26,17 @@ MAX_FORM_BYTES = 4096
 SESSIONS: web.AppKey[ConsoleSessions] = web.AppKey("inferd_console_sessions", ConsoleSessions)
 
 
+SAMPLES: web.AppKey[Samples] = web.AppKey("inferd_console_samples", Samples)
+# The files a page may load, all shipped in the wheel (static/vendor/VERSIONS names their sources).
+STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript",
+                "vendor/htmx.min.js": "text/javascript", "vendor/uPlot.iife.min.js": "text/javascript",
+                "vendor/uPlot.min.css": "text/css"}
+
+
 def add_routes(app: web.Application) -> None:
     app[SESSIONS] = ConsoleSessions()
+    app[SAMPLES] = Samples()
+    app.cleanup_ctx.append(_sampling)
     app.router.add_get("/admin/ui", home)
     app.router.add_get("/admin/ui/login", login_page)
     app.router.add_post("/admin/ui/login", login)
@@ -40,7 +50,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/ui/keys", view(keys_view.render))
     app.router.add_post("/admin/ui/keys", change(keys_view.create))
     app.router.add_post("/admin/ui/keys/{key_id}/revoke", change(keys_view.revoke))
-    app.router.add_get("/admin/ui/static/console.css", stylesheet)
+    app.router.add_get("/admin/ui/now/series", series)
+    app.router.add_get("/admin/ui/static/{name:.+}", static_file)
 
 
 async def home(request: web.Request) -> web.Response:
@@ -146,7 +157,29 @@ async def _form(request: web.Request) -> dict[str, str] | None:
     return dict(parse_qsl(body.decode("utf-8", "replace"), max_num_fields=32))
 
 
-async def stylesheet(request: web.Request) -> web.Response:
-    response = web.Response(body=(STATIC / "console.css").read_bytes(), content_type="text/css")
+async def static_file(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in STATIC_FILES:
+        raise web.HTTPNotFound()
+    response = web.Response(body=(STATIC / name).read_bytes(), content_type=STATIC_FILES[name])
     _secure(response, {"Cache-Control": "max-age=3600"})
     return response
+
+
+async def series(request: web.Request) -> web.Response:
+    """The Now view's 15 minutes of samples, for its charts (a session is needed, as for the page)."""
+    if session_of(request) is None:
+        return html(pages.login(), status=401)
+    response = web.json_response(request.app[SAMPLES].as_json())
+    _secure(response)
+    return response
+
+
+async def _sampling(app: web.Application):
+    task = asyncio.get_running_loop().create_task(app[SAMPLES].run(app[keys.STATE]), name="console-samples")
+    yield
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

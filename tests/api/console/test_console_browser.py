@@ -17,6 +17,12 @@ pytestmark = pytest.mark.skipif(
     reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)")
 
 
+@pytest.fixture(autouse=True)
+def quick_samples(monkeypatch):
+    """A sample every 0.2 s, so the Now view has a chart to draw within the test (the daemon: every 10 s)."""
+    monkeypatch.setattr("inferd.api.console.samples.INTERVAL_S", 0.2)
+
+
 def browser():
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -53,6 +59,10 @@ def session_walk(url: str, admin: str) -> dict:
         driver.find_element(By.CSS_SELECTOR, "form[action='/admin/ui/login'] button").click()
         heading_is("Now")
         seen["after_sign_in"] = (driver.current_url, driver.find_element(By.TAG_NAME, "main").text)
+        # console.js and uPlot ran (the CSP lets the daemon's own scripts in): the chart is drawn, a canvas
+        driver.refresh()
+        find(".spark canvas")
+        seen["htmx"] = driver.execute_script("return typeof htmx !== 'undefined' && typeof uPlot !== 'undefined'")
         driver.find_element(By.LINK_TEXT, "Keys").click()
         find("#tenant").send_keys("browser-made")
         find("form[action='/admin/ui/keys'] button").click()
@@ -77,6 +87,7 @@ async def test_a_person_signs_in_sees_the_engines_makes_and_revokes_a_key_and_si
     seen = await asyncio.wait_for(asyncio.to_thread(session_walk, url, admin), 120)
     assert seen["without_session"] == "Sign in"
     assert seen["after_sign_in"][0].endswith("/admin/ui/now") and "sim" in seen["after_sign_in"][1]
+    assert seen["htmx"] is True
     assert len(seen["created"]) > 20
     assert seen["revoked"].startswith("Revoked ")
     assert seen["signed_out"] == "Sign in" and seen["after_sign_out"] == "Sign in"
