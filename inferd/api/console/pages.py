@@ -13,7 +13,8 @@ STYLESHEET = "/admin/ui/static/console.css"
 # htmx must not add its indicator <style> (the CSP allows no inline style) nor evaluate attributes.
 HEAD = ('<meta name="htmx-config" content=\'{"includeIndicatorStyles": false, "allowEval": false, '
         '"allowScriptTags": false}\'>'
-        f'<link rel="stylesheet" href="{STYLESHEET}"><link rel="stylesheet" href="/admin/ui/static/vendor/uPlot.min.css">'
+        f'<link rel="stylesheet" href="{STYLESHEET}">'
+        '<link rel="stylesheet" href="/admin/ui/static/vendor/uPlot.min.css">'
         '<script src="/admin/ui/static/vendor/htmx.min.js" defer></script>'
         '<script src="/admin/ui/static/vendor/uPlot.iife.min.js" defer></script>'
         '<script src="/admin/ui/static/console.js" defer></script>')
