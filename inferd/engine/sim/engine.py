@@ -89,7 +89,7 @@ class SimEngine(Engine):
         self.info = EngineInfo(backend="sim", model_name=model_name, version=f"sim-{digest}",
                                max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
                                max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, simulated=True,
-                               hardware=self.profile.name)
+                               hardware=self.profile.name, precision=self.profile.precision)
         self.time_scale = float(time_scale)
         # What start() takes, like reading the weights and building the KV pool (so a cold start takes time).
         self.load_s = self.profile.load_time_s() * self.time_scale if simulate_load else 0.0

@@ -108,6 +108,14 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True):
             comm = 2 * self.num_layers * (self.allreduce_latency_s + ring)
         return dense + attention + comm + self.step_overhead_s
 
+    @property
+    def precision(self) -> str:
+        """What EngineInfo.precision says: its name's quantization suffix, else its weight width."""
+        for suffix in ("int8-sq", "int4-awq", "int8", "fp8"):
+            if self.name.endswith("-" + suffix):
+                return suffix.replace("-", "_")
+        return {2: "bf16", 4: "float32"}.get(self.weight_bytes_per_param, f"{self.weight_bytes_per_param} bytes")
+
     def decode_step_time(self, batch: int, context_len: int) -> float:
         """A step where `batch` sequences each decode one token after `context_len` tokens."""
         return self.step_time(batch, batch * (context_len + 1), batch * (context_len + 1))
