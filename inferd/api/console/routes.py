@@ -51,6 +51,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/admin/ui/keys", change(keys_view.create))
     app.router.add_post("/admin/ui/keys/{key_id}/revoke", change(keys_view.revoke))
     app.router.add_get("/admin/ui/now/series", series)
+    app.router.add_get("/admin/ui/tenants/daily", data(tenants_view.daily))
     app.router.add_get("/admin/ui/static/{name:.+}", static_file)
 
 
@@ -164,6 +165,18 @@ async def static_file(request: web.Request) -> web.Response:
     response = web.Response(body=(STATIC / name).read_bytes(), content_type=STATIC_FILES[name])
     _secure(response, {"Cache-Control": "max-age=3600"})
     return response
+
+
+def data(make):
+    """A chart's JSON, for a signed-in session only (as its page)."""
+    async def handler(request: web.Request) -> web.Response:
+        session = session_of(request)
+        if session is None:
+            return html(pages.login(), status=401)
+        response = web.json_response(await make(request, session, request.app[SESSIONS]))
+        _secure(response)
+        return response
+    return handler
 
 
 async def series(request: web.Request) -> web.Response:

@@ -157,6 +157,10 @@ async def test_the_tenants_view_shows_a_tenants_usage_after_its_requests(console
     assert status == 200
     row = re.search(r"<tr><td>acme</td><td>([^<]+)</td><td>([^<]+)</td></tr>", text)
     assert row and row.group(1).startswith("2 requests") and row.group(2).startswith("2 requests"), text
+    assert "<h3>Quota now</h3>" in text and 'class="daily"' in text
+    async with http.get(url + "/admin/ui/tenants/daily") as resp:
+        daily = await resp.json()
+    assert len(daily["days"]) == 30 and daily["tenants"]["acme"][-1] > 0 and sum(daily["tenants"]["acme"][:-1]) == 0
 
 
 async def test_the_models_view_shows_routes_versions_and_a_rollouts_rollback_reason(tmp_path):

@@ -1,5 +1,6 @@
-"""The console in a real browser: headless Chromium driven by Selenium against the real daemon. Sign in,
-see the engines, create and revoke a key, sign out; pages that need a session show the sign-in page."""
+"""The console in a real browser: headless Chromium driven by Selenium against the real daemon. Sign in, see
+the engines, a tenant's usage (and its chart) and a rollout's rollback reason, create and revoke a key, sign
+out; pages that need a session show the sign-in page."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,12 @@ import shutil
 
 import pytest
 
-from tests.api.console.test_console import console  # noqa: F401  (the fixture: a daemon, its URL, keys)
+import aiohttp
+
+from inferd.config.root import parse_config
+from inferd.tenancy.keys import KeyHasher, create_key
+from tests.api.console.test_console import SIM
+from tests.daemon.harness import running_daemon
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -33,6 +39,28 @@ def browser():
                 "--window-size=1280,900"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(DRIVER), options=options)
+
+
+@pytest.fixture
+async def staged(tmp_path):
+    """A daemon with two versions of `sim`, a tenant's traffic and a canary rolled back with a reason."""
+    keys_file = tmp_path / "keys.jsonl"
+    admin = create_key(keys_file, KeyHasher(None), "ops", ("admin",))[1]
+    user = create_key(keys_file, KeyHasher(None), "acme", ("inference",))[1]
+    cfg = parse_config({"server": {"port": 0}, "models": {"sim": {**SIM, "version": "v1", "versions": ["v2"]}},
+                        "auth": {"mode": "api_key", "keys_file": "keys.jsonl"}, "audit": {"path": "audit.jsonl"}},
+                       base_dir=tmp_path)
+    async with running_daemon(cfg) as (_, _, url), aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 5},
+                                 headers={"Authorization": f"Bearer {user}"}) as resp:
+                assert resp.status == 200
+        auth = {"Authorization": f"Bearer {admin}"}
+        for action, body in (("start", {"stable": "sim@v1", "candidate": "sim@v2", "steps": [0.1, 1.0]}),
+                             ("rollback", {"reason": "canary errors doubled"})):
+            async with http.post(f"{url}/admin/rollouts/sim/{action}", headers=auth, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+        yield url, admin
 
 
 def session_walk(url: str, admin: str) -> dict:
@@ -63,6 +91,12 @@ def session_walk(url: str, admin: str) -> dict:
         driver.refresh()
         find(".spark canvas")
         seen["htmx"] = driver.execute_script("return typeof htmx !== 'undefined' && typeof uPlot !== 'undefined'")
+        driver.find_element(By.LINK_TEXT, "Tenants").click()
+        seen["tenant_row"] = find("tbody tr").text
+        find(".daily canvas")                      # the daily usage chart, drawn by uPlot
+        driver.find_element(By.LINK_TEXT, "Models").click()
+        heading_is("Models")
+        seen["models"] = driver.find_element(By.TAG_NAME, "main").text
         driver.find_element(By.LINK_TEXT, "Keys").click()
         find("#tenant").send_keys("browser-made")
         find("form[action='/admin/ui/keys'] button").click()
@@ -82,12 +116,14 @@ def session_walk(url: str, admin: str) -> dict:
     return seen
 
 
-async def test_a_person_signs_in_sees_the_engines_makes_and_revokes_a_key_and_signs_out(console):  # noqa: F811
-    _, url, _, admin, _, _ = console
+async def test_a_person_signs_in_sees_usage_and_a_rollback_makes_and_revokes_a_key_and_signs_out(staged):
+    url, admin = staged
     seen = await asyncio.wait_for(asyncio.to_thread(session_walk, url, admin), 120)
     assert seen["without_session"] == "Sign in"
     assert seen["after_sign_in"][0].endswith("/admin/ui/now") and "sim" in seen["after_sign_in"][1]
     assert seen["htmx"] is True
+    assert seen["tenant_row"].startswith("acme") and "3 requests" in seen["tenant_row"]
+    assert "rolled_back" in seen["models"] and "canary errors doubled" in seen["models"]
     assert len(seen["created"]) > 20
     assert seen["revoked"].startswith("Revoked ")
     assert seen["signed_out"] == "Sign in" and seen["after_sign_out"] == "Sign in"
