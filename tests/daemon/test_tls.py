@@ -223,3 +223,13 @@ def test_subjects_are_written_as_openssl_prints_them_for_rfc2253(ca):
     odd = ca.issue("odd", serial=0x3005, server=False, subject="/C=FR/O=Acme, Inc./OU=ml;ops/CN=alice")
     decoded = ssl._ssl._test_decode_cert(str(odd.cert))     # what getpeercert() returns for this certificate
     assert rfc4514(decoded["subject"]) == rfc2253_subject(odd.cert) == "CN=alice,OU=ml\\;ops,O=Acme\\, Inc.,C=FR"
+
+
+async def test_the_consoles_session_cookie_is_secure_over_tls(tmp_path, ca, server_cert):
+    """auth.mode is "none" here: any key signs in; what matters is the cookie's Secure flag on HTTPS."""
+    async with running(tls_config(tmp_path)) as (daemon, _), httpx.AsyncClient(verify=ca.client_context()) as http:
+        resp = await http.post(https(daemon) + "/admin/ui/login", data={"key": "any"})
+        assert resp.status_code == 303
+        cookie = resp.headers["set-cookie"]
+        assert "inferd_console=" in cookie and "Secure" in cookie and "HttpOnly" in cookie
+        assert "SameSite=Strict" in cookie

@@ -7,6 +7,7 @@ admin key once (checked as the API checks it: the `admin` scope) and answers wit
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 from aiohttp import web
@@ -14,7 +15,7 @@ from aiohttp import web
 from inferd.api import appkeys as keys
 from inferd.api.console import keys_view, models_view, now_view, ops_views, pages, tenants_view
 from inferd.api.console.samples import Samples
-from inferd.api.console.session import ConsoleSessions, Session
+from inferd.api.console.session import ConsoleSessions, Session, SignInLimiter
 from inferd.tenancy import AuthError, InsufficientScope
 
 COOKIE = "inferd_console"
@@ -33,8 +34,12 @@ STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript",
                 "vendor/uPlot.min.css": "text/css"}
 
 
+LIMITER: web.AppKey[SignInLimiter] = web.AppKey("inferd_console_sign_ins", SignInLimiter)
+
+
 def add_routes(app: web.Application) -> None:
     app[SESSIONS] = ConsoleSessions()
+    app[LIMITER] = SignInLimiter()
     app[SAMPLES] = Samples()
     app.cleanup_ctx.append(_sampling)
     app.router.add_get("/admin/ui", home)
@@ -94,6 +99,11 @@ async def login_page(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
+    limiter, address = request.app[LIMITER], request.remote or "unknown"
+    wait = limiter.wait_s(address)
+    if wait > 0:                 # checked before the form is even read: the cheap refusal first
+        return html(pages.login(f"Too many failed sign-ins; try again in {math.ceil(wait)} s."), status=429,
+                    headers={"Retry-After": str(math.ceil(wait))})
     form = await _form(request)
     if form is None:
         return html(pages.login("The form was too large."), status=413)
@@ -101,8 +111,10 @@ async def login(request: web.Request) -> web.Response:
     try:
         principal = authenticator.authenticate(f"Bearer {form.get('key', '')}", "admin")
     except InsufficientScope:
+        limiter.failed(address)
         return html(pages.login("That key lacks the admin scope."), status=403)
     except AuthError:
+        limiter.failed(address)
         return html(pages.login("That key is not valid."), status=401)
     token = request.app[SESSIONS].issue(principal.key_id, principal.tenant)
     response = _redirect("/admin/ui/now")

@@ -96,3 +96,31 @@ class ConsoleSessions:
             return False
         self._used[nonce] = session.expires
         return True
+
+
+class SignInLimiter:
+    """At most MAX_FAILURES failed sign-ins per client address in WINDOW_S; past it, sign-in waits. A bound on
+    guessing (admin keys are 256-bit, so this is defence in depth) that costs one dict per address, 4096 at most."""
+
+    MAX_FAILURES = 10
+    WINDOW_S = 60.0
+    MAX_ADDRESSES = 4096
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()
+
+    def wait_s(self, address: str) -> float:
+        """Seconds until `address` may try again (0: now)."""
+        now = self._clock()
+        times = [t for t in self._failures.get(address, ()) if t > now - self.WINDOW_S]
+        if len(times) < self.MAX_FAILURES:
+            return 0.0
+        return times[0] + self.WINDOW_S - now
+
+    def failed(self, address: str) -> None:
+        now = self._clock()
+        times = [t for t in self._failures.pop(address, []) if t > now - self.WINDOW_S] + [now]
+        self._failures[address] = times[-self.MAX_FAILURES:]
+        while len(self._failures) > self.MAX_ADDRESSES:
+            self._failures.popitem(last=False)

@@ -221,3 +221,23 @@ async def test_the_now_views_history_needs_a_session_and_only_shipped_files_are_
     for name in ("vendor/VERSIONS", "../session.py", "vendor/LICENSE.htmx"):
         async with http.get(url + "/admin/ui/static/" + name) as resp:
             assert resp.status == 404
+
+
+async def test_repeated_failed_sign_ins_from_one_address_wait_and_say_how_long(console):
+    _, url, http, admin, _, _ = console
+    for _ in range(10):
+        assert (await sign_in(http, url, "guess")).status == 401
+    resp = await sign_in(http, url, admin)          # even the right key waits its turn now
+    assert resp.status == 429 and 0 < int(resp.headers["Retry-After"]) <= 60
+
+
+def test_the_sign_in_limit_forgets_failures_older_than_its_window():
+    from inferd.api.console.session import SignInLimiter
+
+    now = [0.0]
+    limiter = SignInLimiter(clock=lambda: now[0])
+    for _ in range(10):
+        limiter.failed("a")
+    assert limiter.wait_s("a") == 60.0 and limiter.wait_s("b") == 0.0
+    now[0] = 61.0
+    assert limiter.wait_s("a") == 0.0
