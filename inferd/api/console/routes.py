@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 
@@ -25,16 +26,12 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_FORM_BYTES = 4096
 SESSIONS: web.AppKey[ConsoleSessions] = web.AppKey("inferd_console_sessions", ConsoleSessions)
-
-
 SAMPLES: web.AppKey[Samples] = web.AppKey("inferd_console_samples", Samples)
+LIMITER: web.AppKey[SignInLimiter] = web.AppKey("inferd_console_sign_ins", SignInLimiter)
 # The files a page may load, all shipped in the wheel (static/vendor/VERSIONS names their sources).
 STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript",
                 "vendor/htmx.min.js": "text/javascript", "vendor/uPlot.iife.min.js": "text/javascript",
                 "vendor/uPlot.min.css": "text/css"}
-
-
-LIMITER: web.AppKey[SignInLimiter] = web.AppKey("inferd_console_sign_ins", SignInLimiter)
 
 
 def add_routes(app: web.Application) -> None:
@@ -55,7 +52,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/ui/keys", view(keys_view.render))
     app.router.add_post("/admin/ui/keys", change(keys_view.create))
     app.router.add_post("/admin/ui/keys/{key_id}/revoke", change(keys_view.revoke))
-    app.router.add_get("/admin/ui/now/series", series)
+    app.router.add_get("/admin/ui/now/series", data(lambda request, session, sessions: _series(request)))
     app.router.add_get("/admin/ui/tenants/daily", data(tenants_view.daily))
     app.router.add_get("/admin/ui/static/{name:.+}", static_file)
 
@@ -165,8 +162,6 @@ async def _form(request: web.Request) -> dict[str, str] | None:
         return None
     if len(body) > MAX_FORM_BYTES:
         return None
-    from urllib.parse import parse_qsl
-
     return dict(parse_qsl(body.decode("utf-8", "replace"), max_num_fields=32))
 
 
@@ -191,13 +186,9 @@ def data(make):
     return handler
 
 
-async def series(request: web.Request) -> web.Response:
-    """The Now view's 15 minutes of samples, for its charts (a session is needed, as for the page)."""
-    if session_of(request) is None:
-        return html(pages.login(), status=401)
-    response = web.json_response(request.app[SAMPLES].as_json())
-    _secure(response)
-    return response
+async def _series(request: web.Request) -> dict:
+    """The Now view's 15 minutes of samples, for its charts."""
+    return request.app[SAMPLES].as_json()
 
 
 async def _sampling(app: web.Application):
