@@ -60,7 +60,9 @@ async def test_an_adapter_loads_on_first_use_and_is_let_go_when_its_requests_end
     engine = await make_engine()
     assert isinstance(engine, AdapterHost) and loaded(engine) == {}
 
-    stream = engine.submit(req(engine, "r", TEXTS[0], "qvd", max_tokens=30))
+    # long enough that it is still running when its first token reaches the loop, even on a loaded machine
+    # (the step thread runs on while the loop waits its turn: 30 tokens were all done by then in one run)
+    stream = engine.submit(req(engine, "r", TEXTS[0], "qvd", max_tokens=400))
     await stream.__anext__()
     assert loaded(engine) == {"qvd": 1}
     await stream.collect()
