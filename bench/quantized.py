@@ -4,7 +4,8 @@ Builds the synthetic `small` model (~28M parameters, 8 layers) and its int8 vers
 (inferd.engine.reference.quantize) in a temp dir, then prints:
 - the weights' bytes, int8 over float32 (the goal: <= 0.3);
 - decode tokens/s of each at batch 1 and batch 8 (the tokens after the first over the time from the first to
-  the last; `--requests` rounds, the two engines alternating round by round, the median counting);
+  the last; `--requests` rounds, the two engines alternating round by round, the median counting); the
+  first batch size's also as the named lines `decode tokens/s float32: X` and `decode tokens/s int8: X`;
 - top-1 agreement (int8's argmax equal to float32's) at every position of a fixed set of prompts, and
   perplexity on them, int8 over float32 (the goal: within 2%).
 A random model's predictions are flatter than a trained one's, so agreement here is a harder test than on
@@ -62,6 +63,9 @@ async def run(args: argparse.Namespace) -> None:
                         rates[name].append(await decode_rate(engines[name], f"{name}-{batch}-{r}", batch,
                                                              args.max_tokens, r))
                 f, q = statistics.median(rates["float32"]), statistics.median(rates["int8"])
+                if batch == args.batches[0]:            # the headline figures, one named line each
+                    print(f"decode tokens/s float32: {f:.1f} (batch {batch})")
+                    print(f"decode tokens/s int8: {q:.1f} (batch {batch})")
                 print(f"decode tokens/s at batch {batch}: float32 {f:.1f}, int8 {q:.1f} (int8/float32 {q / f:.2f})")
             tokenizer = engines["float32"].tokenizer
             rng = np.random.default_rng(0)
