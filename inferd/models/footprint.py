@@ -96,7 +96,7 @@ class ShapeCounts(NamedTuple):
 
 
 def _shape_counts(model: ModelConfig, artifact: Path) -> ShapeCounts:
-    from inferd.engine.reference.int8 import QUANT_METHOD
+    from inferd.artifacts.build import INT8_QUANT_METHOD
 
     try:
         c = json.loads((artifact / "config.json").read_text())
@@ -105,7 +105,7 @@ def _shape_counts(model: ModelConfig, artifact: Path) -> ShapeCounts:
         head_dim = c.get("head_dim") or hidden // heads
         inter = c["intermediate_size"]
         quantization = c.get("quantization_config") or {}
-        int8 = quantization.get("quant_method") == QUANT_METHOD
+        int8 = quantization.get("quant_method") == INT8_QUANT_METHOD
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError) as exc:
         raise FootprintError(f"{artifact / 'config.json'}: cannot estimate the model's size: {exc}") from None
     attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-# config.json's quantization_config.quant_method of an int8 version (what a footprint estimate reads).
-QUANT_METHOD = "inferd_int8_weight_only"
 # Rows dequantized per block: about 256 KiB of float32 at the widest input, so a block stays in L2.
 _BLOCK_ELEMENTS = 1 << 16
 
