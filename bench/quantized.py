@@ -4,11 +4,15 @@ Builds the synthetic `small` model (~28M parameters, 8 layers) and its int8 vers
 (inferd.engine.reference.quantize) in a temp dir, then prints:
 - the weights' bytes, int8 over float32 (the goal: <= 0.3);
 - decode tokens/s of each at batch 1 and batch 8 (the tokens after the first over the time from the first to
-  the last; `--requests` rounds, the two engines alternating round by round, the median counting);
+  the last; `--requests` rounds, the two engines alternating round by round, the median counting); the
+  first batch size's also as the named lines `decode tokens/s float32: X` and `decode tokens/s int8: X`;
 - top-1 agreement (int8's argmax equal to float32's) at every position of a fixed set of prompts, and
   perplexity on them, int8 over float32 (the goal: within 2%).
 A random model's predictions are flatter than a trained one's, so agreement here is a harder test than on
 a real checkpoint, where the argmax usually has a wide margin.
+OpenBLAS runs one thread unless OPENBLAS_NUM_THREADS says otherwise: on a busy machine its spinning workers
+slowed float32's large products tenfold (12 tokens/s at batch 1 against 123 with one thread, in the same
+minute) and int8's small blocked ones hardly at all, so the ratio measured the machine's load, not int8.
 
     .venv/bin/python bench/quantized.py
 """
@@ -16,17 +20,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
-import numpy as np
+# Before NumPy loads (see above).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from inferd.artifacts.build import build_synthetic
-from inferd.engine.reference import quantize_artifact
-from inferd.engine.reference.engine import ReferenceEngine
-from inferd.engine.reference.scoring import compare
-from inferd.types import GenerationRequest, SamplingParams
+import numpy as np  # noqa: E402
+
+from inferd.artifacts.build import build_synthetic  # noqa: E402
+from inferd.engine.reference import quantize_artifact  # noqa: E402
+from inferd.engine.reference.engine import ReferenceEngine  # noqa: E402
+from inferd.engine.reference.scoring import compare  # noqa: E402
+from inferd.types import GenerationRequest, SamplingParams  # noqa: E402
 
 
 async def decode_rate(engine: ReferenceEngine, tag: str, batch: int, max_tokens: int, seed: int) -> float:
@@ -52,7 +60,8 @@ async def run(args: argparse.Namespace) -> None:
             await engine.warmup()
         try:
             f32, i8 = (engines[k].model for k in ("float32", "int8"))
-            print(f"model: small ({base.name}) and its int8 version ({int8.name})")
+            print(f"model: small ({base.name}) and its int8 version ({int8.name}); "
+                  f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}")
             print(f"weight memory int8/float32: {i8.weight_bytes() / f32.weight_bytes():.3f} "
                   f"({i8.weight_bytes() / 2**20:.1f} MiB against {f32.weight_bytes() / 2**20:.1f} MiB)")
             for batch in args.batches:
@@ -62,6 +71,9 @@ async def run(args: argparse.Namespace) -> None:
                         rates[name].append(await decode_rate(engines[name], f"{name}-{batch}-{r}", batch,
                                                              args.max_tokens, r))
                 f, q = statistics.median(rates["float32"]), statistics.median(rates["int8"])
+                if batch == args.batches[0]:            # the headline figures, one named line each
+                    print(f"decode tokens/s float32: {f:.1f} (batch {batch})")
+                    print(f"decode tokens/s int8: {q:.1f} (batch {batch})")
                 print(f"decode tokens/s at batch {batch}: float32 {f:.1f}, int8 {q:.1f} (int8/float32 {q / f:.2f})")
             tokenizer = engines["float32"].tokenizer
             rng = np.random.default_rng(0)

@@ -3,9 +3,11 @@
 Estimated from what is on disk and in the config, without loading anything:
 - `memory_bytes` in the model's table, when set, is the answer (an operator who measured it knows best);
 - sim: the profile's weights (per GPU) + its runtime reserve + the KV pool the config gives it;
-- reference: the parameters its config.json implies, as the float32 arrays the engine holds, + the KV
-  pool (float32 K and V for every layer, `num_kv_blocks` x `block_size` slots);
-- torch: the same parameters at its dtype's width, + its KV pool at that width when its size is known
+- reference: the parameters its config.json implies, as the float32 arrays the engine holds (an int8
+  version's matrices at one byte an element, plus a float32 scale per output channel), + the KV pool
+  (float32 K and V for every layer, `num_kv_blocks` x `block_size` slots);
+- torch: the same parameters at its dtype's width (an int8 version's matrices at one byte, its scales at
+  that width), + its KV pool at that width when its size is known
   (`num_kv_blocks`, or the CPU's default); on CUDA the pool is sized from free memory at load, which no
   estimate can know: set `memory_bytes` (or `num_kv_blocks`) for a torch model on CUDA under a budget;
 - trtllm: the engine files' size (the weights). Its KV pool is a fraction of whatever GPU memory is
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from inferd.config import ModelConfig, ServerConfig, SimConfig, artifact_name
 
@@ -55,8 +58,9 @@ def _sim_bytes(model: ModelConfig) -> int:
 
 
 def _reference_bytes(model: ModelConfig, artifact: Path) -> int:
-    params, kv_per_block = _shape_counts(model, artifact)
-    return FLOAT32 * (params + kv_per_block * (model.num_kv_blocks or DEFAULT_REFERENCE_KV_BLOCKS))
+    shape = _shape_counts(model, artifact)
+    return shape.weight_bytes(FLOAT32) + FLOAT32 * shape.kv_per_block * (model.num_kv_blocks
+                                                                         or DEFAULT_REFERENCE_KV_BLOCKS)
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -70,25 +74,46 @@ def _torch_bytes(name: str, model: ModelConfig, artifact: Path) -> int:
     if blocks is None:
         raise FootprintError(f"models.{name}: a torch model on {t.device} sizes its KV pool from free GPU memory "
                              f"at load; set memory_bytes (or num_kv_blocks) to put it under a memory budget")
-    params, kv_per_block = _shape_counts(model, artifact)
-    return _DTYPE_BYTES[t.dtype] * (params + kv_per_block * blocks)
+    shape = _shape_counts(model, artifact)
+    width = _DTYPE_BYTES[t.dtype]
+    return shape.weight_bytes(width) + width * shape.kv_per_block * blocks
 
 
-def _shape_counts(model: ModelConfig, artifact: Path) -> tuple[int, int]:
-    """The parameters config.json implies, and the K/V entries of one KV block (every layer)."""
+class ShapeCounts(NamedTuple):
+    """What config.json implies: the weights' elements by kind, and the K/V entries of one KV block."""
+
+    matrix_elements: int      # projections, embedding, LM head: int8 in an int8 version
+    vector_elements: int      # norms: the engine's float width always
+    channels: int             # output channels of the matrices: one scale each in an int8 version
+    int8: bool                # an int8 weight-only version (inferd.engine.reference.quantize)
+    kv_per_block: int
+
+    def weight_bytes(self, width: int) -> int:
+        """Bytes of the weights at float width `width`; an int8 version's scales are at that width too."""
+        if self.int8:
+            return self.matrix_elements + width * (self.channels + self.vector_elements)
+        return width * (self.matrix_elements + self.vector_elements)
+
+
+def _shape_counts(model: ModelConfig, artifact: Path) -> ShapeCounts:
+    from inferd.artifacts.build import INT8_QUANT_METHOD
+
     try:
         c = json.loads((artifact / "config.json").read_text())
         hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
         heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
         head_dim = c.get("head_dim") or hidden // heads
         inter = c["intermediate_size"]
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        quantization = c.get("quantization_config") or {}
+        int8 = quantization.get("quant_method") == INT8_QUANT_METHOD
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError) as exc:
         raise FootprintError(f"{artifact / 'config.json'}: cannot estimate the model's size: {exc}") from None
     attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-    per_layer = attention + 3 * hidden * inter + 2 * hidden
-    embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
-    params = layers * per_layer + embeddings + hidden
-    return params, 2 * layers * model.block_size * kv_heads * head_dim
+    tables = 1 if c.get("tie_word_embeddings", False) else 2
+    matrices = layers * (attention + 3 * hidden * inter) + tables * vocab * hidden
+    channels = layers * ((heads + 2 * kv_heads) * head_dim + hidden + 2 * inter + hidden) + tables * vocab
+    return ShapeCounts(matrices, layers * 2 * hidden + hidden, channels, int8,
+                       2 * layers * model.block_size * kv_heads * head_dim)
 
 
 def measured_bytes(engine: object) -> int | None:

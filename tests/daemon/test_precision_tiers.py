@@ -84,3 +84,14 @@ def test_a_tier_rule_that_cannot_route_is_refused_naming_its_key(tmp_path, tiers
     with pytest.raises(ConfigError) as info:
         parse_config(raw_config(tmp_path, tiers_root, **alias), base_dir=tmp_path)
     assert any(e.startswith(message) for e in info.value.errors), info.value.errors
+
+
+async def test_the_model_listing_shows_the_precision_of_each_loaded_version(tmp_path, tiers_root):
+    _, float_version, int8_version = tiers_root
+    key = create_key(tmp_path / "keys.jsonl", KeyHasher(None), "app", ("inference",))[1]
+    async with running_daemon(parse_config(raw_config(tmp_path, tiers_root), base_dir=tmp_path)) as (_, _, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0) as sdk:
+            listing = await sdk.models.list()
+    [row] = [m.model_dump() for m in listing.data if m.id == "tiny"]
+    assert row["precision"] == "float32"                                   # the default version's, as its backend
+    assert {v["version"]: v["precision"] for v in row["versions"]} == {float_version: "float32", int8_version: "int8"}

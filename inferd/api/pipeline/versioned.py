@@ -14,6 +14,7 @@ from inferd.api.state import ServerState
 from inferd.config import served_adapters
 from inferd.engine import DEAD_END, AdapterHost, AdapterInfo, Engine
 from inferd.models import BreakerOpen, Route, RoutingError
+from inferd.models.routing import RoutingTable
 from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
@@ -171,8 +172,8 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
             if listing.shadow:
                 row["shadow"], row["shadow_fraction"] = listing.shadow, listing.shadow_fraction
         else:
-            row["versions"] = [{"id": str(k), "version": k.version, "state": table.state(k)}
-                               for k in sorted(table.versions) if k.model == listing.id and table.state(k) != "retired"]
+            row["versions"] = [_version_row(table, k) for k in sorted(table.versions)
+                               if k.model == listing.id and table.state(k) != "retired"]
             default = table.split_for(listing.id)
             engine = None
             if default is not None and len(default.arms) == 1 and default.arms[0].target in table.versions:
@@ -182,6 +183,8 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                 label = f"{info.version}+simulated" if info.simulated else info.version
                 row.update(root=f"{listing.id}@{label}", version=label, backend=info.backend,
                            max_model_len=info.max_model_len, simulated=info.simulated, task=info.task)
+                if info.precision:
+                    row["precision"] = info.precision
                 if info.task == "embed":
                     row.update(dimensions=info.dimensions, min_dimensions=info.min_dimensions)
         if listing.kind == "model" and state.lifecycle is not None:   # under a memory budget: cold, loading, hot, ...
@@ -193,6 +196,15 @@ def model_rows(state: ServerState, created: int, allows: Callable[[str], bool] =
                       **({"loaded": a.loaded} if isinstance(engine, AdapterHost) else {})}
                      for a in adapter_infos(state, listing.id, engine)]
     return rows
+
+
+def _version_row(table: RoutingTable, key: ModelVersion) -> dict:
+    """One loaded version in a model's row: its precision too, which is what a precision tier routes to."""
+    row = {"id": str(key), "version": key.version, "state": table.state(key)}
+    precision = table.engine(key).info.precision
+    if precision:
+        row["precision"] = precision
+    return row
 
 
 def versions_status(state: ServerState) -> dict:

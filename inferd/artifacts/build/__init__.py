@@ -6,6 +6,7 @@ compiles TensorRT-LLM engines. Both publish through `inferd.artifacts.publish_ar
 from __future__ import annotations
 
 from inferd.artifacts.build.reference import (
+    INT8_QUANT_METHOD,
     SYNTHETIC_SPECS,
     architecture_from_config,
     build_synthetic,
@@ -15,5 +16,5 @@ from inferd.artifacts.build.reference import (
 )
 from inferd.artifacts.build.trtllm_options import TrtllmOptionError, eagle_config
 
-__all__ = ["SYNTHETIC_SPECS", "TrtllmOptionError", "architecture_from_config", "build_synthetic", "eagle_config",
-           "pack_hf", "read_json_object", "sampling_from_generation_config"]
+__all__ = ["INT8_QUANT_METHOD", "SYNTHETIC_SPECS", "TrtllmOptionError", "architecture_from_config", "build_synthetic",
+           "eagle_config", "pack_hf", "read_json_object", "sampling_from_generation_config"]

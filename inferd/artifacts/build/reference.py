@@ -41,6 +41,9 @@ from inferd.artifacts.manifest import (
 
 # What the reference engine's decoder runs (inferd/engine/reference/config.py checks the details at load).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# config.json's quantization_config.quant_method of an int8 weight-only version (inferd.engine.reference.quantize):
+# what a footprint estimate reads, and what the TensorRT-LLM build refuses as a source.
+INT8_QUANT_METHOD = "inferd_int8_weight_only"
 _HF_OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
                       "chat_template.jinja", "model.safetensors.index.json")
 

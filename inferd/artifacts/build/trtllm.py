@@ -16,7 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from inferd.artifacts.build.reference import architecture_from_config, read_json_object, sampling_from_generation_config
+from inferd.artifacts.build.reference import (INT8_QUANT_METHOD, architecture_from_config, read_json_object,
+                                              sampling_from_generation_config)
 from inferd.artifacts.manifest import ArtifactError, publish_artifact, staging_dir
 
 INSTALL_HINT = ("TensorRT-LLM is not installed. Engines for --target trtllm are built on a GPU node: "
@@ -85,6 +86,7 @@ def build(args: argparse.Namespace) -> Path:
             raise TrtllmBuildError(f"--{flag.replace('_', '-')} must be >= 1")
     hf_dir = Path(args.hf_dir)
     config = read_json_object(hf_dir / "config.json")
+    _refuse_inferd_int8(hf_dir, config)
     if not (hf_dir / "tokenizer.json").is_file():
         raise ArtifactError(f"{hf_dir}: no tokenizer.json (the daemon needs a fast tokenizer)", "tokenizer.json")
     architecture = architecture_from_config(config)
@@ -114,6 +116,17 @@ def build(args: argparse.Namespace) -> Path:
                    "tp_size": args.tp_size, "tensorrt_llm": _trtllm_version(),
                    "precision": recorded.pop("precision", args.dtype), **recorded},
             progress=lambda message: print(message, file=sys.stderr))
+
+
+def _refuse_inferd_int8(hf_dir: Path, config: dict) -> None:
+    """An int8 version made for the reference and torch engines is no TensorRT-LLM input: its config.json's
+    quantization_config would be read as a pre-quantized checkpoint of a kind TensorRT-LLM does not know
+    (docs/trtllm-api.md §7a), and only after minutes of starting up. Say so before anything starts."""
+    quantization = config.get("quantization_config")
+    if isinstance(quantization, dict) and quantization.get("quant_method") == INT8_QUANT_METHOD:
+        raise TrtllmBuildError(f"--hf-dir {hf_dir}: an inferd int8 version (for the reference and torch engines); "
+                               f"build from the float version it was made from, with --quantize int8 for "
+                               f"TensorRT-LLM's own int8 weight-only")
 
 
 def _trtllm_version() -> str:

@@ -5,6 +5,9 @@
   `LLM(...)` (examples/llm-api/_tensorrt_engine/llm_quantization.py@726ed456: FP8 weights and KV with a
   CalibConfig; W4A16_AWQ with None, its default calibration). SmoothQuant is `QuantAlgo.W8A8_SQ_PER_CHANNEL`
   (benchmarks/python/build.py@05316d33 `get_quant_config`), int8 weight-only `QuantAlgo.W8A16` (the same).
+  Only a calibrated algorithm uses the CalibConfig: llmapi/llm_utils.py@7b437aaa runs ModelOpt's quantize with
+  `**calib_config.to_dict()` when `quant_config._requires_calibration`, which models/modeling_utils.py's QuantConfig
+  says is false for W8A16 (its weights are quantized while converting), so --calib-dataset is refused with int8.
 - Speculation: EAGLE, the one drafter of the three (draft-target, n-gram, EAGLE) the TensorRT backend runs:
   llmapi/llm_args.py@fcd3f316 has NGramDecodingConfig and DraftTargetDecodingConfig support only the PyTorch
   backend (`supports_backend`), which inferd does not drive. `speculative_config=EagleDecodingConfig(
@@ -26,6 +29,10 @@ QUANTIZATIONS = {
 }
 
 
+# The --quantize values TensorRT-LLM calibrates (QuantConfig._requires_calibration); int8 (W8A16) it does not.
+CALIBRATED = ("fp8", "int8_sq", "int4_awq")
+
+
 class TrtllmOptionError(ValueError):
     """A quantization or speculation option this TensorRT-LLM cannot take."""
 
@@ -38,6 +45,9 @@ def quantization_kwargs(quantize: str | None, calib_dataset: str | None) -> tupl
         return {}, {}
     if quantize not in QUANTIZATIONS:
         raise TrtllmOptionError(f"--quantize {quantize}: the trtllm target builds {', '.join(QUANTIZATIONS)}")
+    if calib_dataset is not None and quantize not in CALIBRATED:
+        raise TrtllmOptionError(f"--calib-dataset: TensorRT-LLM does not calibrate --quantize {quantize} (its weights "
+                                f"are quantized as they are converted); it goes with {', '.join(CALIBRATED)}")
     from tensorrt_llm.llmapi import CalibConfig, QuantAlgo, QuantConfig
 
     weights, kv, precision = QUANTIZATIONS[quantize]

@@ -16,7 +16,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from inferd.artifacts import ArtifactError, Progress, publish_artifact, read_manifest, staging_dir
-from inferd.artifacts.build import architecture_from_config, read_json_object, sampling_from_generation_config
+from inferd.artifacts.build import (INT8_QUANT_METHOD, architecture_from_config, read_json_object,
+                                   sampling_from_generation_config)
 from inferd.engine.reference.int8 import Int8Matrix
 from inferd.engine.reference.weights import SCALE_SUFFIX, Checkpoint
 
@@ -56,7 +57,7 @@ def quantize_artifact(source: Path, engines_root: Path, precision: str = "int8",
     config = read_json_object(source / "config.json")
     say(f"{manifest.name}: quantizing {manifest.version} to int8 (weight-only, per output channel)")
     tensors, params = quantized_tensors(Checkpoint(source))
-    config["quantization_config"] = {"quant_method": "inferd_int8_weight_only", "bits": 8,
+    config["quantization_config"] = {"quant_method": INT8_QUANT_METHOD, "bits": 8,
                                      "granularity": "per_output_channel", "scale_suffix": SCALE_SUFFIX}
     generation = read_json_object(source / "generation_config.json") if (
         source / "generation_config.json").is_file() else {}

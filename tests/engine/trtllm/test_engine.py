@@ -498,30 +498,6 @@ async def test_close_returns_even_when_the_stats_task_swallows_its_cancel(tiny_a
         assert engine._stats_task.done()
 
 
-@pytest.mark.parametrize("quantize, algo, kv_algo", [("fp8", "FP8", "FP8"), ("int8_sq", "W8A8_SQ_PER_CHANNEL", None),
-                                                     ("int4_awq", "W4A16_AWQ", None), ("int8", "W8A16", None)])
-async def test_a_quantized_build_passes_quant_config_to_the_llm_api_and_the_manifest_records_it(
-        tiny_artifact, tmp_path, quantize, algo, kv_algo) -> None:
-    from inferd.artifacts.build import trtllm as builder
-
-    with use_double() as controls:
-        path = await asyncio.to_thread(builder.build, build_args(tiny_artifact, tmp_path / "engines", max_seq_len=256,
-                                                                 quantize=quantize, calib_dataset="/data/calib"))
-        (llm_call,) = calls(controls, "LLM")
-        quant, calib = llm_call["quant_config"], llm_call["calib_config"]
-        assert quant.quant_algo.value == algo and (quant.kv_cache_quant_algo.value if quant.kv_cache_quant_algo
-                                                   else None) == kv_algo
-        assert calib.calib_dataset == "/data/calib"
-        manifest = verify_artifact(path)
-        assert manifest.build["precision"] == quantize and manifest.build["quant_algo"] == algo
-        engine = TrtllmEngine(path, kv_cache_max_tokens=1024)
-        await engine.start()
-        try:
-            assert engine.info.precision == quantize
-        finally:
-            await engine.close()
-
-
 async def test_an_eagle_build_and_its_engine_pass_the_eagle_config_through(tiny_artifact, tmp_path) -> None:
     from inferd.artifacts.build import trtllm as builder
 
@@ -550,15 +526,6 @@ def test_the_tensorrt_backend_refuses_ngram_speculation_as_tensorrt_llm_does() -
 
         with pytest.raises(ValueError, match="does not support backend tensorrt"):
             validate_quant_and_speculation({"speculative_config": NGramDecodingConfig(max_draft_len=4)})
-
-
-def test_a_bad_quantization_is_a_bad_argument(tiny_artifact, tmp_path, capsys) -> None:
-    from inferd.artifacts.build import trtllm as builder
-
-    with use_double():
-        args = build_args(tiny_artifact, tmp_path / "engines", calib_dataset="x")
-        assert builder.main(args) == 2
-    assert "--calib-dataset goes with --quantize" in capsys.readouterr().err
 
 
 def test_each_iterations_speculative_decoding_stats_add_up_to_the_engines_series() -> None:

@@ -14,10 +14,10 @@ from .._double.controls import controls
 from .._double.executor import FakeExecutor, FakeModel, _Fatal
 from .._double.guided import GuidedDecoder
 from ..executor.result import GenerationResult, IterationResult
-from ..executor.utils import RequestError, has_event_loop
+from ..executor.utils import RequestError
 from ..sampling_params import SamplingParams
 from .llm_args import BuildConfig, KvCacheConfig, SchedulerConfig, validate_trt_llm_args
-from .quant_spec import validate_quant_and_speculation
+from .quant_spec import quantize_on_build, validate_quant_and_speculation
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger("tensorrt_llm")
@@ -80,7 +80,11 @@ class BaseLLM:
                 logger.warning("build_config is ignored for an engine directory")
             self._engine_dir = model
         else:
-            self._engine_dir = self._build(model, kwargs.get("build_config") or BuildConfig(), dtype)
+            try:
+                self._engine_dir = self._build(model, kwargs.get("build_config") or BuildConfig(), dtype)
+            except Exception:
+                self._workspace.cleanup()          # a failed build leaves no workspace behind
+                raise
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or self._engine_dir)
         self._load(kwargs)
         self._stats_lock = threading.Lock()
@@ -91,6 +95,7 @@ class BaseLLM:
         if not hf_config_file.is_file():
             raise ValueError(f"{hf_dir} is neither a Hugging Face model nor a TensorRT-LLM engine directory")
         hf = json.loads(hf_config_file.read_text())
+        quantize_on_build(hf_dir, hf, self.args)
         out = Path(self._workspace.name) / "engine"
         out.mkdir()
         max_seq_len = build_config.max_seq_len or hf.get("max_position_embeddings", 2048)
@@ -166,7 +171,8 @@ class BaseLLM:
             raise ValueError(f"Unrecognized guided decoding backend {backend}")
         guided = GuidedDecoder(self.tokenizer, vocab_size) if backend == "xgrammar" else None
         self._executor = FakeExecutor(
-            model=FakeModel(candidates), guided=guided, vocab_size=vocab_size, max_batch_size=runtime_cap("max_batch_size", None),
+            model=FakeModel(candidates), guided=guided, vocab_size=vocab_size,
+            max_batch_size=runtime_cap("max_batch_size", None),
             max_num_tokens=runtime_cap("max_num_tokens", 8192), max_seq_len=build["max_seq_len"],
             max_input_len=build["max_input_len"], num_blocks=min(limits), tokens_per_block=tpb,
             enable_block_reuse=kv.enable_block_reuse, enable_chunked_context=bool(kwargs.get("enable_chunked_prefill")),
