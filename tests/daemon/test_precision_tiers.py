@@ -8,11 +8,12 @@ import shutil
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.engine.reference import quantize_artifact
 from inferd.config.root import ConfigError, parse_config
 from inferd.tenancy.keys import KeyHasher, create_key
-from tests.daemon.harness import running_daemon
+from tests.daemon.harness import running, running_daemon, sim_model, until, write_config
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +85,85 @@ def test_a_tier_rule_that_cannot_route_is_refused_naming_its_key(tmp_path, tiers
     with pytest.raises(ConfigError) as info:
         parse_config(raw_config(tmp_path, tiers_root, **alias), base_dir=tmp_path)
     assert any(e.startswith(message) for e in info.value.errors), info.value.errors
+
+
+# One sim model at two precisions (labels of two simulated instances), the tiers and a price for each.
+SIM_TIERS = """
+[aliases.chat]
+split = { "llama" = 1.0 }
+[aliases.chat.tiers]
+interactive = "llama@bf16"
+batch = "llama@int8"
+[prices."llama@bf16"]
+prompt_per_1k = 2.0
+completion_per_1k = 8.0
+[prices."llama@int8"]
+prompt_per_1k = 0.5
+completion_per_1k = 2.0
+[auth]
+mode = "api_key"
+keys_file = "keys.jsonl"
+[tenants.app]
+priority = "interactive"
+[tenants.ops]
+priority = "standard"
+"""
+
+
+def sim_tiers_config(tmp_path, extra: str = "", **model_kw):
+    path = write_config(tmp_path / "c.toml", {"llama": sim_model(["int8"], version="bf16", time_scale=0.0,
+                                                                 **model_kw)}, SIM_TIERS + extra)
+    keys = {t: create_key(tmp_path / "keys.jsonl", KeyHasher(None), t, ("inference", "admin", "metrics"))[1]
+            for t in ("app", "ops")}
+    return path, keys
+
+
+async def usage_rows(url: str, key: str) -> list[dict]:
+    async with aiohttp.ClientSession() as http, http.get(
+            url + "/admin/usage", params={"rows": "true", "format": "jsonl"},
+            headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status == 200
+        return [json.loads(line) for line in (await resp.text()).splitlines()]
+
+
+async def test_a_batch_jobs_lines_go_to_the_batch_tier_and_each_tier_is_billed_at_its_versions_price(tmp_path):
+    path, keys = sim_tiers_config(tmp_path)
+    lines = "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                                "body": {"model": "chat", "prompt": "hi", "max_tokens": 3}}) + "\n" for i in range(3))
+    async with running(path) as (_, url):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key=keys["app"], max_retries=0) as sdk:
+            raw = await sdk.completions.with_raw_response.create(model="chat", prompt="hi", max_tokens=3)
+            assert raw.headers["X-Inferd-Model-Version"] == "bf16+simulated"   # the interactive tenant's tier
+        async with AsyncOpenAI(base_url=url + "/v1", api_key=keys["ops"], max_retries=0) as sdk:
+            live = await sdk.completions.create(model="chat", prompt="hi", max_tokens=3)
+            assert live.model.startswith("llama@bf16")     # a standard tenant's own requests: no tier, the split
+            made = await sdk.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
+            batch = await sdk.batches.create(input_file_id=made.id, endpoint="/v1/completions",
+                                             completion_window="24h")
+
+            async def finished():
+                nonlocal batch
+                batch = await sdk.batches.retrieve(batch.id)
+                return batch.status in ("completed", "failed", "expired", "cancelled")
+
+            await until(finished, "the batch job", timeout_s=30)
+            assert batch.status == "completed" and batch.request_counts.completed == 3
+            out = [json.loads(line) for line in (await sdk.files.content(batch.output_file_id)).text.splitlines()]
+        rows = await usage_rows(url, keys["app"])
+        async with aiohttp.ClientSession() as http, http.get(
+                url + "/metrics", headers={"Authorization": f"Bearer {keys['app']}"}) as resp:
+            families = list(text_string_to_metric_families(await resp.text()))
+    assert {line["response"]["body"]["model"].partition("+")[0] for line in out} == {"llama@int8"}
+    prices = {"bf16": (2.0, 8.0), "int8": (0.5, 2.0)}
+    by_tier: dict[str, float] = {}
+    for row in rows:
+        version = row["version"].partition("+")[0]
+        prompt_price, completion_price = prices[version]
+        assert row["cost"] == pytest.approx((row["prompt_tokens"] * prompt_price
+                                             + row["completion_tokens"] * completion_price) / 1000)
+        by_tier[version] = by_tier.get(version, 0.0) + row["cost"]
+    assert sorted((r["tenant"], r["version"].partition("+")[0]) for r in rows) == \
+        [("app", "bf16"), ("ops", "bf16"), ("ops", "int8"), ("ops", "int8"), ("ops", "int8")]
+    spend = {s.labels["version"].partition("+")[0]: s.value for f in families if f.name == "inferd_spend"
+             for s in f.samples if s.name == "inferd_spend_total"}
+    assert spend == pytest.approx(by_tier)
