@@ -107,6 +107,8 @@ keys_file = "keys.jsonl"
 priority = "interactive"
 [tenants.ops]
 priority = "standard"
+[tenants.bulk]
+priority = "batch"
 """
 
 
@@ -114,7 +116,7 @@ def sim_tiers_config(tmp_path, extra: str = "", **model_kw):
     path = write_config(tmp_path / "c.toml", {"llama": sim_model(["int8"], version="bf16", time_scale=0.0,
                                                                  **model_kw)}, SIM_TIERS + extra)
     keys = {t: create_key(tmp_path / "keys.jsonl", KeyHasher(None), t, ("inference", "admin", "metrics"))[1]
-            for t in ("app", "ops")}
+            for t in ("app", "ops", "bulk")}
     return path, keys
 
 
@@ -167,3 +169,57 @@ async def test_a_batch_jobs_lines_go_to_the_batch_tier_and_each_tier_is_billed_a
     spend = {s.labels["version"].partition("+")[0]: s.value for f in families if f.name == "inferd_spend"
              for s in f.samples if s.name == "inferd_spend_total"}
     assert spend == pytest.approx(by_tier)
+
+
+async def served_version(url: str, key: str, **body) -> str:
+    async with AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0) as sdk:
+        raw = await sdk.completions.with_raw_response.create(model="chat", prompt="hi", max_tokens=2, **body)
+        return raw.headers["X-Inferd-Model-Version"].partition("+")[0]
+
+
+BREAKER = """
+[models.llama.breaker]
+min_requests = 3
+error_rate = 0.5
+slow_ttft_s = 0.000001
+cooldown_s = 60
+"""
+
+
+async def test_while_a_tiers_version_breaker_is_open_its_requests_follow_the_split(tmp_path):
+    path, keys = sim_tiers_config(tmp_path, BREAKER)       # every first token is "too slow": a failing version
+    async with running(path) as (daemon, url):
+        assert [await served_version(url, keys["bulk"]) for _ in range(3)] == ["int8"] * 3
+        assert [k.partition("@")[2] for k in daemon.state.control.breakers.open_versions()] == ["int8"]
+        assert await served_version(url, keys["bulk"]) == "bf16"       # not a 503, nor another model
+
+
+async def test_a_tiers_requests_are_not_evidence_for_a_rollout_of_the_split(tmp_path):
+    path, keys = sim_tiers_config(tmp_path)
+    async with running(path) as (_, url), aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {keys['app']}"}) as http:
+        async with http.post(f"{url}/admin/rollouts/chat/start",
+                             json={"stable": "llama@bf16", "candidate": "llama@int8", "steps": [0.5, 1.0]}) as resp:
+            assert resp.status == 200
+        tiered = [await served_version(url, keys["app"]) for _ in range(4)]         # interactive: its tier
+        split = [await served_version(url, keys["ops"], user=f"u{i}") for i in range(12)]
+        async with http.get(f"{url}/admin/rollouts/chat") as resp:
+            state = await resp.json()
+    assert tiered == ["bf16"] * 4 and set(split) == {"bf16", "int8"}
+    assert state["stable_window"]["requests"] == split.count("bf16")
+    assert state["candidate_window"]["requests"] == split.count("int8")
+
+
+async def test_a_reload_moves_a_tier_and_a_bad_tier_is_refused_naming_its_key(tmp_path):
+    path, keys = sim_tiers_config(tmp_path)
+    async with running(path) as (daemon, url):
+        assert await served_version(url, keys["bulk"]) == "int8"
+        text = path.read_text()
+        path.write_text(text.replace('batch = "llama@int8"', 'batch = "llama@fp8"'))
+        refused = await daemon.reload()
+        assert not refused.ok and any(e.startswith("aliases.chat.tiers.batch: target 'llama@fp8': version 'fp8' "
+                                                   "is not configured") for e in refused.errors), refused.errors
+        assert await served_version(url, keys["bulk"]) == "int8"
+        path.write_text(text.replace('batch = "llama@int8"', 'batch = { "llama@int8" = 0, "llama@bf16" = 1 }'))
+        assert (await daemon.reload()).ok
+        assert await served_version(url, keys["bulk"]) == "bf16"
