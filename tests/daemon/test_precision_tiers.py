@@ -223,3 +223,14 @@ async def test_a_reload_moves_a_tier_and_a_bad_tier_is_refused_naming_its_key(tm
         path.write_text(text.replace('batch = "llama@int8"', 'batch = { "llama@int8" = 0, "llama@bf16" = 1 }'))
         assert (await daemon.reload()).ok
         assert await served_version(url, keys["bulk"]) == "bf16"
+
+
+async def test_under_a_memory_budget_a_tiers_version_loads_when_its_first_request_comes(tmp_path):
+    path, keys = sim_tiers_config(tmp_path)
+    text = path.read_text().replace("[server]\n", "[server]\nmodel_memory_bytes = 200\nmin_residency_s = 0\n", 1)
+    path.write_text(text.replace('backend = "sim"', 'backend = "sim"\nmemory_bytes = 100', 1))
+    async with running(path) as (daemon, url):
+        assert not daemon.state.registry.table.versions                     # nothing loads before it is asked for
+        assert await served_version(url, keys["ops"]) == "bf16"            # the split's version loads
+        assert await served_version(url, keys["bulk"]) == "int8"           # then the batch tier's, not the split's
+        assert sorted(k.version for k in daemon.state.registry.table.versions) == ["bf16", "int8"]

@@ -28,7 +28,7 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
     if base.endswith(SIMULATED_SUFFIX) and "@" in base:
         model_field = base[: -len(SIMULATED_SUFFIX)] + colon + adapter
     try:
-        priority = "batch" if batch else state.tenancy.tenants.get(tenant).priority.value
+        priority = priority_class(state, tenant, batch)
         route = state.registry.resolve(model_field, tenant, user, request_id=request_id, priority=priority)
     except RoutingError as e:
         headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
@@ -39,6 +39,11 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
         raise ApiError(404, f"The model `{route.target.model}` has no LoRA adapter `{route.lora}`; "
                        "GET /v1/models lists them.", type=NOT_FOUND, param="model", code="model_not_found")
     return route
+
+
+def priority_class(state: ServerState, tenant: str, batch: bool) -> str:
+    """The class a request's precision tier is chosen by: a batch job's lines are batch, else the tenant's."""
+    return "batch" if batch else state.tenancy.tenants.get(tenant).priority.value
 
 
 def check_breaker(state: ServerState, route: Route, tenant: str, user: str | None, request_id: str) -> Route:
