@@ -1,3 +1,6 @@
+import tomllib
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -61,3 +64,16 @@ def test_a_tier_version_is_not_checked_against_a_latest_default():
     """A "latest" default is resolved at load: the config cannot list that model's versions."""
     cfg = tiered(tiers={"batch": "llama@ffff9999"})
     assert alias_errors("chat", cfg, {"llama": "latest"}, configured={}) == []
+
+
+def test_the_precision_tiers_example_in_docs_models_md_validates():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    section = text.split("## Precision tiers", 1)[1]
+    doc = tomllib.loads(section.split("```toml\n", 1)[1].split("```", 1)[0])
+    model = doc["models"]["small"]
+    configured = {"small": (model["version"], *model["versions"])}
+    cfg = msgspec.convert(doc["aliases"]["chat"], AliasConfig)
+    assert alias_errors("chat", cfg, {"small": model["version"]}, configured=configured) == []
+    rules = dict(split_from_config(cfg, {"small": model["version"]}).tiers)
+    assert sorted(a.weight for a in rules["batch"].arms) == [0.1, 0.9]
+    assert set(doc["prices"]) == {f"small@{v}" for v in configured["small"]}    # every tier's version priced
