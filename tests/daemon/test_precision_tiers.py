@@ -2,8 +2,10 @@
 and batch traffic to its int8 version, each priced per version, and the ledger shows each tier's cost."""
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import sys
 
 import aiohttp
 import pytest
@@ -120,9 +122,10 @@ def sim_tiers_config(tmp_path, extra: str = "", **model_kw):
     return path, keys
 
 
-async def usage_rows(url: str, key: str) -> list[dict]:
+async def usage_rows(url: str, key: str, **params) -> list[dict]:
+    """The ledger's rows (default) or, with by_version="true", its daily totals per version."""
     async with aiohttp.ClientSession() as http, http.get(
-            url + "/admin/usage", params={"rows": "true", "format": "jsonl"},
+            url + "/admin/usage", params={"format": "jsonl", **(params or {"rows": "true"})},
             headers={"Authorization": f"Bearer {key}"}) as resp:
         assert resp.status == 200
         return [json.loads(line) for line in (await resp.text()).splitlines()]
@@ -152,9 +155,15 @@ async def test_a_batch_jobs_lines_go_to_the_batch_tier_and_each_tier_is_billed_a
             assert batch.status == "completed" and batch.request_counts.completed == 3
             out = [json.loads(line) for line in (await sdk.files.content(batch.output_file_id)).text.splitlines()]
         rows = await usage_rows(url, keys["app"])
+        totals = await usage_rows(url, keys["app"], by_version="true")
         async with aiohttp.ClientSession() as http, http.get(
                 url + "/metrics", headers={"Authorization": f"Bearer {keys['app']}"}) as resp:
             families = list(text_string_to_metric_families(await resp.text()))
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inferd", "usage", "--by-version", "--config", str(path), "--format", "jsonl",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)      # beside the running daemon
+        out_cli, err_cli = await cli.communicate()
+        assert cli.returncode == 0, err_cli.decode()
     assert {line["response"]["body"]["model"].partition("+")[0] for line in out} == {"llama@int8"}
     prices = {"bf16": (2.0, 8.0), "int8": (0.5, 2.0)}
     by_tier: dict[str, float] = {}
@@ -169,6 +178,12 @@ async def test_a_batch_jobs_lines_go_to_the_batch_tier_and_each_tier_is_billed_a
     spend = {s.labels["version"].partition("+")[0]: s.value for f in families if f.name == "inferd_spend"
              for s in f.samples if s.name == "inferd_spend_total"}
     assert spend == pytest.approx(by_tier)
+    for listed in (totals, [json.loads(line) for line in out_cli.decode().splitlines()]):   # daily totals, per tier
+        per_version: dict[str, float] = {}
+        for total in listed:
+            version = total["version"].partition("+")[0]
+            per_version[version] = per_version.get(version, 0.0) + total["cost"]
+        assert per_version == pytest.approx(by_tier)
 
 
 async def served_version(url: str, key: str, **body) -> str:
