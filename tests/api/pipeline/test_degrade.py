@@ -96,7 +96,8 @@ async def test_a_batch_jobs_line_degraded_to_an_alias_takes_that_alias_batch_tie
     extra = ('\n[tenants.local]\npriority = "standard"\n'
              '[aliases.cheap]\nsplit = { "mini@a" = 1 }\n[aliases.cheap.tiers]\nbatch = "mini@b"\n'
              '[degrade.small]\nbatch_fill_over = 0.5\nroute = { batch = "cheap" }\n')
-    models = {"small": sim_model(time_scale=1.0, max_batch_size=1), "mini": sim_model(["b"], version="a")}
+    # small's one slot stays taken until the test lets go, however long the batch runner takes to reach the line
+    models = {"small": sim_model(time_scale=10.0, max_batch_size=1), "mini": sim_model(["b"], version="a")}
     path = write_config(tmp_path / "c.toml", models, extra)
     line = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/completions",
                        "body": {"model": "small", "prompt": "hi", "max_tokens": 2}}) + "\n"
