@@ -16,8 +16,8 @@ from inferd.config.policies import PolicyConfig, installed_classifiers, policy_e
 from inferd.config.resilience import BreakerConfig, DegradeConfig, breaker_errors, degrade_errors
 from inferd.config.rollouts import PriceConfig, RolloutConfig, rollout_errors
 from inferd.config.slos import SloConfig, slo_errors
-from inferd.config.tenants import (AdmissionConfig, AuthConfig, TenantConfig, admission_errors, auth_errors, bind_errors,
-                                   check_auth_binding, tenant_errors)
+from inferd.config.tenants import (AdmissionConfig, AuthConfig, TenantConfig, admission_errors, auth_errors,
+                                   bind_errors, check_auth_binding, tenant_errors)
 from inferd.config.walk import check_table, decode_entries
 
 
@@ -30,8 +30,9 @@ def routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
     defaults = {name: m.get("version", "latest") for name, m in models.items()
                 if isinstance(m, dict)} if isinstance(models, dict) else {"small": "latest"}
     aliases = decode_entries(raw, "aliases", AliasConfig, errors)
+    configured = _configured_versions(models)
     for name, alias in aliases.items():
-        errors.extend(alias_errors(name, alias, defaults))
+        errors.extend(alias_errors(name, alias, defaults, configured=configured))
     for name, rollout in decode_entries(raw, "rollouts", RolloutConfig, errors).items():
         errors.extend(rollout_errors(name, rollout, defaults, list(aliases)))
     for name, price in decode_entries(raw, "prices", PriceConfig, errors).items():
@@ -54,6 +55,17 @@ def routing_errors(raw: dict[str, Any], errors: list[str]) -> None:
             if not scratch:
                 errors.extend(breaker_errors(f"models.{name}.breaker", msgspec.convert(breaker, BreakerConfig),
                                              defaults))
+
+
+def _configured_versions(models: Any) -> dict[str, tuple[str, ...]]:
+    """Each model's version ids, where the config names them all: a "latest" default is known only once the
+    daemon resolves it."""
+    out = {}
+    for name, m in (models.items() if isinstance(models, dict) else ()):
+        version, versions = (m.get("version", "latest"), m.get("versions", [])) if isinstance(m, dict) else (0, 0)
+        if isinstance(version, str) and version != "latest" and isinstance(versions, list):
+            out[name] = (version, *(v for v in versions if isinstance(v, str)))
+    return out
 
 
 def tenancy_errors(raw: dict[str, Any], errors: list[str], host: str | None) -> None:

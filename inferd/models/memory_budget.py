@@ -145,18 +145,21 @@ class ModelLifecycle:
                 return key
         return None
 
-    def key_for(self, model_field: str, table: Any) -> SpecKey | None:
+    def key_for(self, model_field: str, table: Any, tenant: str = "", priority: str | None = None) -> SpecKey | None:
         """The configured version a request's `model` asks for, when it is not hot (None: hot, or not a
-        version this lifecycle manages; routing then answers as it always does)."""
+        version this lifecycle manages; routing then answers as it always does). An alias's precision tier
+        for `tenant` or its `priority` class asks for the tier's versions: they load on demand like any."""
         base = model_field.partition(":")[0].removesuffix("+simulated")
         if "@" in base or base in self.config.models:
             key = self.spec_key(base)
             return self._unless_hot(key) if key is not None else None
         split = table.split_for(base) if base in table.aliases else None
         if split is not None:
-            if any(table.is_ready(a.target) for a in split.arms if a.weight > 0):
+            rule = split.tier_rule(tenant, priority)
+            arms = rule.arms if rule is not None else split.arms
+            if any(table.is_ready(a.target) for a in arms if a.weight > 0):
                 return None
-            arm = max(split.arms, key=lambda a: a.weight).target
+            arm = max(arms, key=lambda a: a.weight).target
             return self.key_for(f"{arm.model}@{arm.version}", table)
         return None
 

@@ -120,8 +120,8 @@ class ModelRegistry:
         self.swap(lambda t: t.with_routes(defaults=defaults, aliases=aliases))
 
     def resolve(self, model_field: str, tenant: str, user: str | None = None, *,
-                request_id: str | None = None, priority: str | None = None) -> Route:
-        return self.table.resolve(model_field, tenant, user, request_id=request_id, priority=priority)
+                request_id: str | None = None, priority: str | None = None, tiers: bool = True) -> Route:
+        return self.table.resolve(model_field, tenant, user, request_id=request_id, priority=priority, tiers=tiers)
 
     def list_models(self) -> list[ModelListing]:
         return self.table.list_models()

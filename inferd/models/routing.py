@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from inferd.config import ROUTE_NAME_RE, RoutingConfigError, Split
+from inferd.config import ROUTE_NAME_RE, Arm, RoutingConfigError, Split
 from inferd.models.errors import InvalidModelField, UnknownModel, VersionNotLoaded, VersionUnavailable
 from inferd.types import ModelVersion
 
@@ -41,6 +41,7 @@ class Route(msgspec.Struct, frozen=True):
     alias: str | None = None            # the alias named in the request (None for names and pins; the model
     #                                     asked for when a breaker or degradation sent it elsewhere)
     lora: str | None = None             # the LoRA adapter named as `name:adapter` (the API checks it exists)
+    tier: str | None = None             # the alias's precision-tier rule that chose the version ("tiers.batch")
 
 
 def split_adapter(model_field: str) -> tuple[str, str | None]:
@@ -192,11 +193,12 @@ class RoutingTable:
         return Split.single(loaded[0]) if len(loaded) == 1 else None
 
     def resolve(self, model_field: str, tenant: str, user: str | None = None, *,
-                request_id: str | None = None, priority: str | None = None) -> Route:
+                request_id: str | None = None, priority: str | None = None, tiers: bool = True) -> Route:
         """Route one request. A split's tenant or tier rule for `tenant` or its `priority` class names its
-        version (while that version is ready; else the arms decide). With `user`, the arm is sticky per
-        (tenant, user); without it, the draw is per request (a hash of `request_id`, else a random draw).
-        Shadow selection hashes `request_id` (else draws at random); a tier's request is not mirrored."""
+        versions (while one of them is ready; else the arms decide; `tiers=False`: the arms decide). With
+        `user`, the arm is sticky per (tenant, user); without it, the draw is per request (a hash of
+        `request_id`, else a random draw). Shadow selection hashes `request_id` (else draws at random); a
+        tier's request is not mirrored."""
         if not isinstance(model_field, str) or not model_field.strip():
             raise InvalidModelField("`model` must be a non-empty string", str(model_field))
         model_field, lora = split_adapter(model_field)
@@ -209,10 +211,10 @@ class RoutingTable:
             raise UnknownModel(f"The model `{model_field}` does not exist on this server; "
                                "GET /v1/models lists them.", model_field)
         alias = model_field if model_field in self.aliases else None
-        tier = split.tier_target(tenant, priority) if split.tenants or split.tiers else None
-        if tier is not None and self.is_ready(tier):
-            return Route(tier, None, alias, lora)
-        target = self._pick(model_field, split, tenant, user, request_id)
+        rule = split.tier_rule(tenant, priority) if tiers and (split.tenants or split.tiers) else None
+        if rule is not None and any(self.is_ready(a.target) for a in rule.arms if a.weight > 0):
+            return Route(self._pick(model_field, rule.arms, tenant, user, request_id), None, alias, lora, rule.key)
+        target = self._pick(model_field, split.arms, tenant, user, request_id)
         shadow = None
         # A shadow runs the base model (mirrors carry no adapter): nothing to compare an adapter's output with.
         if split.shadow is not None and split.shadow != target and self.is_ready(split.shadow) and lora is None:
@@ -239,9 +241,9 @@ class RoutingTable:
             raise VersionUnavailable(f"version `{field}` is still loading; retry shortly", field)
         return key
 
-    def _pick(self, name: str, split: Split, tenant: str, user: str | None,
+    def _pick(self, name: str, candidates: tuple[Arm, ...], tenant: str, user: str | None,
               request_id: str | None) -> ModelVersion:
-        arms = [a for a in split.arms if a.weight > 0 and self.is_ready(a.target)]
+        arms = [a for a in candidates if a.weight > 0 and self.is_ready(a.target)]
         if not arms:
             raise VersionUnavailable(f"no version of `{name}` is ready to serve; retry shortly", name)
         if len(arms) == 1:

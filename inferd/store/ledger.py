@@ -46,9 +46,10 @@ class UsageFilter(msgspec.Struct, frozen=True, kw_only=True):
     until: float | None = None   # unix seconds, exclusive
 
 
-class UsageTotal(msgspec.Struct, frozen=True, kw_only=True):
+class UsageTotal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tenant: str
     model: str
+    version: str | None = None   # totals by version only: each version's (a precision tier's) cost apart
     day: str                     # UTC, YYYY-MM-DD
     requests: int
     prompt_tokens: int
@@ -170,17 +171,18 @@ class Ledger:
             return exc
         return None
 
-    async def totals(self, f: UsageFilter) -> list[UsageTotal]:
-        """Per tenant, model and UTC day, ordered by day, tenant, model."""
+    async def totals(self, f: UsageFilter, *, by_version: bool = False) -> list[UsageTotal]:
+        """Per tenant, model (and version, `by_version`) and UTC day, ordered by day, tenant, model, version."""
         where, params = _where(f)
+        group = "day, tenant, model, version" if by_version else "day, tenant, model, NULL"
         found = await self._db.query(
-            "SELECT day, tenant, model, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), "
-            f"SUM(cost) FROM ledger{where} GROUP BY day, tenant, model", params)
-        totals = [UsageTotal(day=day, tenant=tenant, model=model, requests=int(n), prompt_tokens=int(p),
-                             cached_tokens=int(c), completion_tokens=int(g), cost=float(cost))
-                  for day, tenant, model, n, p, c, g, cost in found]
+            f"SELECT {group}, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), "
+            f"SUM(cost) FROM ledger{where} GROUP BY {group.removesuffix(', NULL')}", params)
+        totals = [UsageTotal(day=day, tenant=tenant, model=model, version=version, requests=int(n),
+                             prompt_tokens=int(p), cached_tokens=int(c), completion_tokens=int(g), cost=float(cost))
+                  for day, tenant, model, version, n, p, c, g, cost in found]
         # sorted here, not by ORDER BY: PostgreSQL's collation may order text differently from SQLite's
-        return sorted(totals, key=lambda t: (t.day, t.tenant, t.model))
+        return sorted(totals, key=lambda t: (t.day, t.tenant, t.model, t.version or ""))
 
     async def rows(self, f: UsageFilter, *, limit: int = 1000, after: int = 0) -> list[tuple[int, LedgerRow]]:
         """(sequence number, row) in recording order, after sequence `after` (paging for export)."""

@@ -26,6 +26,8 @@ def add_usage_parser(sub) -> None:
     usage.add_argument("--since", help="UTC date (2026-11-01), ISO time or unix seconds; inclusive")
     usage.add_argument("--until", help="the same; exclusive")
     usage.add_argument("--rows", action="store_true", help="every row instead of daily totals (for billing)")
+    usage.add_argument("--by-version", action="store_true",
+                       help="daily totals per model version too (each precision tier's cost apart)")
     usage.add_argument("--files", action="store_true",
                        help="per tenant: bytes and count of stored files (max_stored_file_bytes counts these), batches")
     usage.add_argument("--format", choices=FORMATS, default="table")
@@ -56,7 +58,8 @@ async def _print(db, f, args: argparse.Namespace) -> int:
         # Rows are paged out: formats that stream (CSV, JSON lines) only.
         fmt = {"table": "csv", "json": "jsonl"}.get(args.format, args.format) if args.rows else args.format
         if not args.rows:
-            sys.stdout.write(totals_text(await ledger.totals(f), fmt))
+            sys.stdout.write(totals_text(await ledger.totals(f, by_version=args.by_version), fmt,
+                                         by_version=args.by_version))
             return 0
         after, first = 0, True
         while True:             # page through: an export of millions of rows never sits in memory at once

@@ -46,8 +46,9 @@ def usage_filter(tenant: str | None, model: str | None, since: str | None, until
                        until=parse_day(until, "until"))
 
 
-def totals_text(totals: list[UsageTotal], fmt: str) -> str:
-    return _render([msgspec.to_builtins(t) for t in totals], TOTAL_FIELDS, fmt)
+def totals_text(totals: list[UsageTotal], fmt: str, *, by_version: bool = False) -> str:
+    fields = TOTAL_FIELDS if by_version else tuple(f for f in TOTAL_FIELDS if f != "version")
+    return _render([msgspec.to_builtins(t) for t in totals], fields, fmt)
 
 
 def rows_text(rows: Iterable[tuple[int, LedgerRow]], fmt: str) -> str:

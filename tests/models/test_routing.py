@@ -4,7 +4,7 @@ from collections import Counter
 import msgspec
 import pytest
 
-from inferd.config.aliases import Arm, RoutingConfigError, Split
+from inferd.config.aliases import Arm, RoutingConfigError, Split, TierRule
 from inferd.models.errors import InvalidModelField, UnknownModel, VersionNotLoaded, VersionUnavailable
 from inferd.models.registry import ModelRegistry
 from inferd.models.routing import Route
@@ -203,3 +203,42 @@ def test_requests_naming_an_adapter_are_never_mirrored_to_the_shadow():
     reg = make_registry(V1, V2, aliases=aliases)
     assert reg.resolve("chat", "acme", request_id="r1").shadow == V2
     assert reg.resolve("chat:support", "acme", request_id="r1") == Route(V1, None, "chat", "support")
+
+
+def tiered_split(tiers=(), tenants=()):
+    """chat: V1 for everyone, with tier rules {class: ((version, weight), ...)} and the same per tenant."""
+    def rules(table, pairs):
+        return tuple((k, TierRule(f"{table}.{k}", tuple(Arm(v, w) for v, w in arms))) for k, arms in pairs)
+    return Split((Arm(V1, 1.0),), V3, 1.0, rules("tenants", tenants), rules("tiers", tiers))
+
+
+def test_a_tenant_rule_wins_over_its_class_rule_which_wins_over_the_split():
+    reg = make_registry(V1, V2, V3, aliases={"chat": tiered_split(tiers=[("batch", [(V2, 1)])],
+                                                                  tenants=[("acme", [(V3, 1)])])})
+    assert reg.resolve("chat", "acme", priority="batch") == Route(V3, None, "chat", tier="tenants.acme")
+    assert reg.resolve("chat", "globex", priority="batch") == Route(V2, None, "chat", tier="tiers.batch")
+    interactive = reg.resolve("chat", "globex", priority="interactive", request_id="r1")
+    assert interactive == Route(V1, V3, "chat")          # the split's: mirrored to the shadow, no tier
+    assert reg.resolve("chat", "acme", priority="batch", tiers=False).target == V1
+
+
+def test_a_tier_with_weights_splits_its_own_traffic_sticky_per_user():
+    reg = make_registry(V1, V2, V3, aliases={"chat": tiered_split(tiers=[("batch", [(V2, 3), (V3, 1)])])})
+    counts = Counter(reg.resolve("chat", "bulk", f"user-{i}", priority="batch").target for i in range(4000))
+    assert set(counts) == {V2, V3} and abs(counts[V2] / 4000 - 0.75) <= 0.03, counts
+    first = {u: reg.resolve("chat", "bulk", u, priority="batch").target for u in map(str, range(100))}
+    assert {u: reg.resolve("chat", "bulk", u, priority="batch").target for u in first} == first
+
+
+def test_a_tier_whose_versions_are_not_ready_follows_the_split_until_one_is():
+    reg = make_registry(V1, loading=(V2, V3), aliases={"chat": tiered_split(tiers=[("batch", [(V2, 3), (V3, 1)])])})
+    assert reg.resolve("chat", "bulk", priority="batch").target == V1
+    reg.mark_ready(V3)
+    assert reg.resolve("chat", "bulk", priority="batch") == Route(V3, None, "chat", tier="tiers.batch")
+
+
+def test_a_rollout_step_keeps_the_tier_rules():
+    reg = make_registry(V1, V2, V3, aliases={"chat": tiered_split(tiers=[("batch", [(V3, 1)])])})
+    reg.set_split("chat", reg.table.split_for("chat").with_arms(Arm(V1, 50), Arm(V2, 50)))
+    assert reg.resolve("chat", "bulk", priority="batch").target == V3
+    assert {reg.resolve("chat", "app", f"u{i}", priority="interactive").target for i in range(50)} == {V1, V2}

@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 
-from inferd.store import REQUEST_DEADLINE, Ledger, LedgerRow, StoreError, UsageFilter, UsageTotal
+from inferd.store import REQUEST_DEADLINE, Ledger, LedgerRow, StoreError, UsageFilter, UsageTotal, totals_text
 
 DAY1 = calendar.timegm((2026, 11, 23, 0, 0, 0))
 DAY2 = DAY1 + 86_400
@@ -71,6 +71,19 @@ async def test_totals_group_by_utc_day_tenant_and_model(ledger):
                    completion_tokens=1, cost=0.5),
     ]
     assert all(type(t.requests) is int and type(t.prompt_tokens) is int and type(t.cost) is float for t in totals)
+
+
+async def test_totals_by_version_keep_each_versions_cost_apart(ledger):
+    """A precision tier is a version: its cost, at its own price, is a total of its own."""
+    for r in (row(1, finished_at=DAY1, version="bf16", cost=0.5), row(2, finished_at=DAY1 + 1, version="int8",
+              cost=0.125), row(3, finished_at=DAY1 + 2, version="int8", cost=0.125)):
+        await ledger.record(r)
+    by_version = await ledger.totals(UsageFilter(), by_version=True)
+    assert [(t.version, t.requests, t.cost) for t in by_version] == [("bf16", 1, 0.5), ("int8", 2, 0.25)]
+    assert [(t.version, t.requests, t.cost) for t in await ledger.totals(UsageFilter())] == [(None, 3, 0.75)]
+    csv_lines = totals_text(by_version, "csv", by_version=True).splitlines()
+    assert csv_lines[0].startswith("tenant,model,version,day,") and csv_lines[2].startswith("acme,llama,int8,")
+    assert "version" not in totals_text(await ledger.totals(UsageFilter()), "csv").splitlines()[0]
 
 
 async def test_filters_narrow_totals_and_rows(ledger):

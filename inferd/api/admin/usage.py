@@ -2,9 +2,12 @@
 
 Query: `tenant`, `model`, `since`, `until` (UTC date, ISO time or unix seconds), `format` (json, csv,
 jsonl), and `rows=true` for ledger rows instead of daily totals, paged by `after` (the last `seq`
-seen) and `limit` (at most 10,000).
+seen) and `limit` (at most 10,000); `by_version=true` for totals per model version too (each precision
+tier's cost apart).
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -33,15 +36,21 @@ async def get_usage(request: web.Request) -> web.Response:
         f = usage_filter(q.get("tenant"), q.get("model"), q.get("since"), q.get("until"))
     except UsageArgumentError as exc:
         raise invalid(f"{exc}.", param=str(exc).split(":", 1)[0]) from None
-    rows = q.get("rows") or "false"
-    if rows not in ("true", "false"):
-        raise invalid(f"rows: expected true or false, got {rows[:20]!r}.", param="rows")
-    after, limit = _int(request, "after", 0, 0, MAX_SEQ), _int(request, "limit", 1000, 1, MAX_ROWS)     # checked either way
-    if rows == "true":
+    rows, by_version = _flag(q, "rows"), _flag(q, "by_version")
+    # checked either way
+    after, limit = _int(request, "after", 0, 0, MAX_SEQ), _int(request, "limit", 1000, 1, MAX_ROWS)
+    if rows:
         text = rows_text(await ledger.rows(f, limit=limit, after=after), fmt)
     else:
-        text = totals_text(await ledger.totals(f), fmt)
+        text = totals_text(await ledger.totals(f, by_version=by_version), fmt, by_version=by_version)
     return web.Response(text=text, content_type=CONTENT_TYPES[fmt])
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool:
+    value = query.get(name) or "false"          # an empty parameter is an absent one
+    if value not in ("true", "false"):
+        raise invalid(f"{name}: expected true or false, got {value[:20]!r}.", param=name)
+    return value == "true"
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -32,14 +32,16 @@ def early_stream(state: ServerState, request: web.BaseRequest, request_id: str, 
     return QueuedStream(request, {"X-Request-Id": request_id}, state.config.server.heartbeat_interval_s)
 
 
-async def wait_for_model(state: ServerState, model_field: str, deadline: float, early: QueuedStream | None) -> None:
+async def wait_for_model(state: ServerState, model_field: str, deadline: float, early: QueuedStream | None,
+                         tenant: str = "", priority: str | None = None) -> None:
     """Return once the version `model_field` asks for is loaded (at once when it is, or when the daemon has
     no budget); else ApiError 503 `model_loading` / `no_room_for_model` / `model_load_failed` /
-    `model_does_not_fit` / `model_unloading` / `model_not_configured`, with Retry-After when one is known."""
+    `model_does_not_fit` / `model_unloading` / `model_not_configured`, with Retry-After when one is known.
+    `tenant` and its `priority` class: the version of an alias's precision tier for them."""
     lifecycle = state.lifecycle
     if lifecycle is None:
         return
-    key = lifecycle.key_for(model_field, state.registry.table)
+    key = lifecycle.key_for(model_field, state.registry.table, tenant, priority)
     if key is None:
         return
     ensuring = lifecycle.ensure(key, deadline)

@@ -52,8 +52,8 @@ def degrade(state: ServerState, route: Route, tenant: str, batch: bool, user: st
     done = []
     if target is not None and route.lora is None:     # an adapter request is not served without its adapter
         try:
-            other = check_breaker(state, route_request(state, target, tenant, user, request_id), tenant, user,
-                                  request_id)
+            other = check_breaker(state, route_request(state, target, tenant, user, request_id, batch=batch),
+                                  tenant, user, request_id)
         except ApiError:        # the smaller model cannot take it now: it stays where it was routed
             other = None
         if other is not None:

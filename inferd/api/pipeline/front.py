@@ -24,7 +24,7 @@ from inferd.api.pipeline.internal import batch_caller
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.pipeline.spill import VERSION_HEADER, check_forwarded_body, forwarded_identity
 from inferd.api.pipeline.usage import check_ledger
-from inferd.api.pipeline.versioned import check_breaker, route_request
+from inferd.api.pipeline.versioned import check_breaker, priority_class, route_request
 from inferd.cluster import FORWARDED_HEADER
 from inferd.store import REQUEST_DEADLINE
 
@@ -95,7 +95,8 @@ async def start_cold_model(ctx: RequestContext) -> web.StreamResponse | None:
             return spilled
     if ctx.endpoint.generates:
         ctx.early = early_stream(state, request, ctx.request_id, ctx.prepared.stream)
-    await wait_for_model(state, _model_field(ctx), ctx.deadline, ctx.early)
+    await wait_for_model(state, _model_field(ctx), ctx.deadline, ctx.early, ctx.tenant,
+                         priority_class(state, ctx.tenant, ctx.is_batch))
     return None
 
 

@@ -103,7 +103,7 @@ def _record_version_outcome(ctx: RequestContext, status: int) -> None:
     route = ctx.route
     if ctx.engine_failed:       # up front (health check) its breaker counts it even for an adapter request
         record_outcome(ctx.state, route.target, None, 503, None,
-                       adapter=route.lora if ctx.reached > FRONT else None)
+                       adapter=route.lora if ctx.reached > FRONT else None, judged=route.tier is None)
     elif ctx.cache_hit is None and (ctx.reached == RUNNING or ctx.last is not None):
         ttft = ctx.obs.ttft if ctx.endpoint.generates else None    # an embedding has no first token
-        record_outcome(ctx.state, route.target, ctx.last, status, ttft, adapter=route.lora)
+        record_outcome(ctx.state, route.target, ctx.last, status, ttft, adapter=route.lora, judged=route.tier is None)

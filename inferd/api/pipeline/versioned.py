@@ -29,7 +29,7 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
     if base.endswith(SIMULATED_SUFFIX) and "@" in base:
         model_field = base[: -len(SIMULATED_SUFFIX)] + colon + adapter
     try:
-        priority = "batch" if batch else state.tenancy.tenants.get(tenant).priority.value
+        priority = priority_class(state, tenant, batch)
         route = state.registry.resolve(model_field, tenant, user, request_id=request_id, priority=priority)
     except RoutingError as e:
         headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
@@ -42,22 +42,35 @@ def route_request(state: ServerState, model_field: str, tenant: str, user: str |
     return route
 
 
+def priority_class(state: ServerState, tenant: str, batch: bool) -> str:
+    """The class a request's precision tier is chosen by: a batch job's lines are batch, else the tenant's."""
+    return "batch" if batch else state.tenancy.tenants.get(tenant).priority.value
+
+
 def check_breaker(state: ServerState, route: Route, tenant: str, user: str | None, request_id: str) -> Route:
     """`route`, or its model's breaker fallback while the routed version's breaker is open; else a
-    quick 503 circuit_open with Retry-After until the breaker probes again (inferd.models.breaker)."""
+    quick 503 circuit_open with Retry-After until the breaker probes again (inferd.models.breaker).
+    A precision tier's request first falls back to its alias's split, as it does while its version is not
+    ready: the same model at another price beats another model or a refusal."""
     breakers = state.control.breakers
     try:
         breakers.check(route.target)
         return route
     except BreakerOpen as exc:
         refused = exc
+    if route.tier is not None and route.alias is not None and route.lora is None:
+        try:
+            alt = state.registry.resolve(route.alias, tenant, user, request_id=request_id, tiers=False)
+            return check_breaker(state, alt, tenant, user, request_id)
+        except (RoutingError, ApiError):
+            pass
     fallback = breakers.fallback(route.target.model)
     if fallback is not None and route.lora is None:     # an adapter request is not served without its adapter
         try:
             alt = state.registry.resolve(fallback, tenant, user, request_id=request_id)
             breakers.check(alt.target)
             # still judged against the SLOs of the name the client asked for (Route.alias)
-            return msgspec.structs.replace(route, target=alt.target, shadow=None, lora=None,
+            return msgspec.structs.replace(route, target=alt.target, shadow=None, lora=None, tier=None,
                                            alias=route.alias or route.target.model)
         except (RoutingError, BreakerOpen):
             pass
@@ -86,15 +99,17 @@ def adapter_infos(state: ServerState, model: str, engine: Engine | None) -> list
 
 
 def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, status: int, ttft_s: float | None,
-                   *, adapter: str | None = None) -> None:
+                   *, adapter: str | None = None, judged: bool = True) -> None:
     """Feed a finished live request to the rollouts watching its version and to its circuit breaker.
     Client aborts, deadlines and client errors say nothing about the version and are skipped; so, for
     the breaker, does a request that named a LoRA `adapter` (a bad adapter fails its own requests, not
-    the base model's)."""
+    the base model's). `judged=False` (a precision tier's request): the breaker only, since a tier's
+    class mix (batch prompts, their queueing) would skew a rollout's comparison of the split's arms."""
     control = state.control
     if last is None:
         if status == 503:           # the engine refused it at submit: the version's failure
-            control.rollouts.record(key, False, None, None, 0, 0)
+            if judged:
+                control.rollouts.record(key, False, None, None, 0, 0)
             if adapter is None:
                 control.breakers.record(key, False, None)
         return
@@ -112,7 +127,8 @@ def record_outcome(state: ServerState, key: ModelVersion, last: Delta | None, st
     itl = None
     if timing is not None and timing.first_token is not None and timing.finished is not None and completion > 1:
         itl = (timing.finished - timing.first_token) / (completion - 1)
-    control.rollouts.record(key, reason is not FinishReason.ERROR, ttft_s, itl, prompt, completion)
+    if judged:
+        control.rollouts.record(key, reason is not FinishReason.ERROR, ttft_s, itl, prompt, completion)
 
 
 def make_room_for_live(state: ServerState, engine: Engine, prompt_len: int, sampling: SamplingParams) -> None:

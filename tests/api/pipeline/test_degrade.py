@@ -3,8 +3,10 @@ the class goes to another model; without pressure nothing changes."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
+from openai import AsyncOpenAI
 
 from tests.daemon.harness import running, sim_model, until, write_config
 
@@ -88,3 +90,31 @@ async def test_a_class_whose_smaller_model_cannot_take_it_stays_where_it_was_rou
         assert "X-Inferd-Degraded" not in headers and body["model"].startswith("small@")
         for t in holders:
             t.cancel()
+
+
+async def test_a_batch_jobs_line_degraded_to_an_alias_takes_that_alias_batch_tier(tmp_path):
+    extra = ('\n[tenants.local]\npriority = "standard"\n'
+             '[aliases.cheap]\nsplit = { "mini@a" = 1 }\n[aliases.cheap.tiers]\nbatch = "mini@b"\n'
+             '[degrade.small]\nbatch_fill_over = 0.5\nroute = { batch = "cheap" }\n')
+    # small's one slot stays taken until the test lets go, however long the batch runner takes to reach the line
+    models = {"small": sim_model(time_scale=10.0, max_batch_size=1), "mini": sim_model(["b"], version="a")}
+    path = write_config(tmp_path / "c.toml", models, extra)
+    line = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "small", "prompt": "hi", "max_tokens": 2}}) + "\n"
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
+        holder = asyncio.ensure_future(post(http, url, "small", 400))      # small's only slot
+        await until(lambda: _running(daemon.state.engines["small"]), "the long request running")
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+            made = await sdk.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+            batch = await sdk.batches.create(input_file_id=made.id, endpoint="/v1/completions",
+                                             completion_window="24h")
+
+            async def ended() -> bool:
+                nonlocal batch
+                batch = await sdk.batches.retrieve(batch.id)
+                return batch.status in ("completed", "failed", "expired", "cancelled")
+
+            await until(ended, "the batch job", timeout_s=20)
+            out = json.loads((await sdk.files.content(batch.output_file_id)).text)
+        holder.cancel()
+    assert out["response"]["body"]["model"].partition("+")[0] == "mini@b"       # not the split's mini@a
