@@ -13,8 +13,7 @@ from inferd.api.errors import NOT_FOUND, UNAVAILABLE, ApiError
 from inferd.api.state import ServerState
 from inferd.config import served_adapters
 from inferd.engine import DEAD_END, AdapterHost, AdapterInfo, Engine
-from inferd.models import BreakerOpen, Route, RoutingError
-from inferd.models.routing import RoutingTable
+from inferd.models import BreakerOpen, Route, RoutingError, RoutingTable
 from inferd.types import Delta, FinishReason, ModelVersion, SamplingParams
 
 SIMULATED_SUFFIX = "+simulated"   # responses echo sim versions as `<version>+simulated`; pins may too
