@@ -15,8 +15,9 @@ from inferd.models.specs import routes_from_config, uses_artifact, version_specs
 from inferd.models.versions import VersionLease, VersionManager
 
 __all__ = [
-    "SYNTHETIC_KINDS", "BreakerOpen", "BreakerState", "Breakers", "ControlPlane", "EngineConfigError", "LifecycleError",
-    "ModelLifecycle", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route", "RoutingError", "RoutingTable",
-    "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine", "missing_synthetic", "audit_path",
-    "registry_from_engines", "routes_from_config", "run_prewarm_schedule", "uses_artifact", "version_specs",
+    "SYNTHETIC_KINDS", "BreakerOpen", "BreakerState", "Breakers", "ControlPlane", "EngineConfigError",
+    "LifecycleError", "ModelLifecycle", "ModelRegistry", "Rollout", "RolloutError", "RolloutNotFound", "Route",
+    "RoutingError", "RoutingTable", "ShadowDispatcher", "VersionLease", "VersionManager", "build_engine",
+    "missing_synthetic", "audit_path", "registry_from_engines", "routes_from_config", "run_prewarm_schedule",
+    "uses_artifact", "version_specs",
 ]
