@@ -9,7 +9,7 @@ import pytest
 
 from inferd.config.root import parse_config
 from inferd.tenancy.keys import KeyHasher, create_key
-from tests.daemon.harness import running_daemon
+from tests.daemon.harness import running_daemon, until
 
 SIM = {"backend": "sim", "max_batch_size": 4, "sim": {"profile": "tiny", "time_scale": 0.0}}
 
@@ -96,8 +96,13 @@ async def test_a_key_is_created_shown_once_and_revoked_from_the_console_and_audi
     async with http.post(url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2},
                          headers={"Authorization": f"Bearer {key}"}) as resp:
         assert resp.status == 401
-    audit = (tmp_path / "audit.jsonl").read_text()
-    assert '"key.create"' in audit and '"key.revoke"' in audit and "console: " in audit
+    audit = tmp_path / "audit.jsonl"
+
+    async def both_recorded() -> bool:          # the audit log is written off the loop: wait for the line
+        text = audit.read_text() if audit.exists() else ""
+        return '"key.create"' in text and '"key.revoke"' in text
+    await until(both_recorded, "the console's key.create and key.revoke in the audit log")
+    assert "console: created by" in audit.read_text() and "console: revoked by" in audit.read_text()
 
 
 async def test_a_forged_or_replayed_form_is_refused(console):
