@@ -1,7 +1,8 @@
 """Three real daemons on loopback form a cluster: membership, /admin/peers, spillover, forged identity.
 
 Each daemon serves the tiny sim profile in real time (about 2.5 ms a token) with one sequence slot, so
-one long request keeps a node busy; gossip runs at 50 ms probe intervals."""
+one long request keeps a node busy; gossip runs at 50 ms probe intervals (500 ms in the spillover tests, whose
+peers must not turn suspect when a loaded machine stalls the loop they all share)."""
 from __future__ import annotations
 
 import asyncio
@@ -27,32 +28,44 @@ CLUSTER = """
 bind_port = 0
 key_file = "cluster.key"
 seeds = [{seeds}]
-probe_interval_s = 0.05
-probe_timeout_s = 0.02
+probe_interval_s = {probe_interval_s}
+probe_timeout_s = {probe_timeout_s}
 gossip_interval_s = 0.02
 load_interval_s = 0.05
 load_max_age_s = 1.0
 spill_wait_s = 0.01
 """
+
+
+def cluster_text(seeds: str, probe_s: tuple[float, float] = (0.05, 0.02)) -> str:
+    """The [cluster] table: `seeds`, and the failure detector's probe interval and timeout."""
+    return CLUSTER.format(seeds=seeds, probe_interval_s=probe_s[0], probe_timeout_s=probe_s[1])
+
+
 SHORT = {"model": "sim", "prompt": "hello there", "max_tokens": 4, "temperature": 0}
 LONG = {"model": "sim", "prompt": "hello there", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
 
 
 @contextlib.asynccontextmanager
-async def cluster_of(tmp_path: Path, n: int, *, extra: dict[int, str] | None = None):
-    """n daemons; the first is every other's seed; `extra[i]`: more [cluster] lines for node i.
-    Yields [(daemon, base_url)]."""
+async def cluster_of(tmp_path: Path, n: int, *, extra: dict[int, str] | None = None,
+                     probe_s: tuple[float, float] = (0.05, 0.02)):
+    """n daemons; the first is every other's seed; `extra[i]`: more [cluster] lines for node i; `probe_s`: the
+    failure detector's probe interval and timeout. Yields [(daemon, base_url)]."""
     (tmp_path / "cluster.key").write_text(KEY)
-    async with cluster_daemons(tmp_path, n, lambda i, seeds: CLUSTER.format(seeds=seeds) + (extra or {}).get(i, ""),
-                               key=KEY) as nodes:
+
+    def config(i: int, seeds: str) -> str:
+        return cluster_text(seeds, probe_s) + (extra or {}).get(i, "")
+    async with cluster_daemons(tmp_path, n, config, key=KEY) as nodes:
         yield nodes
 
 
 @contextlib.asynccontextmanager
 async def busy_first_node(tmp_path: Path, extra: dict[int, str] | None = None):
     """Two daemons; once node 0 has heard node 1 has room, a long request takes node 0's only slot.
-    Yields (node 0, its URL, node 1, a client session, the long request's task)."""
-    async with cluster_of(tmp_path, 2, extra=extra) as nodes, aiohttp.ClientSession() as http:
+    Yields (node 0, its URL, node 1, a client session, the long request's task). Spillover, not failure
+    detection, is under test: probes are slow enough that a loaded machine's stalled loop (all the daemons
+    share the test's) does not make node 1 suspect between a check that it has room and the next request."""
+    async with cluster_of(tmp_path, 2, extra=extra, probe_s=(0.5, 0.4)) as nodes, aiohttp.ClientSession() as http:
         (a, a_url), (b, _) = nodes
         await until(lambda: _has_room(a, b), "node 0 to hear node 1 has room")
         busy = asyncio.ensure_future(http.post(a_url + "/v1/completions", json=LONG))
@@ -328,7 +341,7 @@ async def cold_here_hot_there(tmp_path: Path, tenants: str = ""):
             d.mkdir()
             (d / "cluster.key").write_text(KEY)
             path = write_config(d / "inferd.toml", {"sim": budget_model(pinned)},
-                                CLUSTER.format(seeds=seeds) + tenants)
+                                cluster_text(seeds) + tenants)
             path.write_text(path.read_text().replace("[server]\n", "[server]\n" + BUDGET, 1))
             daemon, _, url = await stack.enter_async_context(running_daemon(load_config(path)))
             nodes.append((daemon, url))

@@ -16,7 +16,7 @@ import pytest
 
 from inferd.config.root import load_config
 from tests.daemon.harness import running_daemon, sim_model, until, write_config
-from tests.daemon.test_cluster import CLUSTER, KEY, cluster_of, peers
+from tests.daemon.test_cluster import KEY, cluster_of, cluster_text, peers
 
 HEAL = Path(__file__).resolve().parents[2] / "bench" / "cluster_heal.py"
 RECONNECT_INTERVAL_S = 1.0
@@ -67,7 +67,7 @@ def node_config(tmp_path: Path, name: str, seeds: str) -> Path:
     d = tmp_path / name
     d.mkdir()
     (d / "cluster.key").write_text(KEY)
-    return write_config(d / "inferd.toml", {"sim": sim_model()}, CLUSTER.format(seeds=seeds))
+    return write_config(d / "inferd.toml", {"sim": sim_model()}, cluster_text(seeds))
 
 
 async def test_a_daemon_joins_through_a_seed_named_by_dns(tmp_path):
