@@ -8,7 +8,6 @@ import asyncio
 from aiohttp import web
 
 from inferd import __version__
-from inferd.api.pipeline.handoff import may_hand_over
 from inferd.api.pipeline.admit import admit, charge
 from inferd.api.pipeline.cached import cache_plan, lookup, replay
 from inferd.api.pipeline.degrade import DEGRADED_HEADER
@@ -79,7 +78,6 @@ async def wait_for_admission(ctx: RequestContext) -> None:
     if ctx.headers_out:
         ctx.queued = ctx.early
     elif ctx.prepared.stream and ctx.cache_hit is None:
-        may_hand_over(ctx)          # before the wait may send its headers
         ctx.queued = QueuedStream(ctx.request, ctx.headers, ctx.state.config.server.heartbeat_interval_s)
     if ctx.cache_hit is not None:
         admitting = replay(ctx, ctx.extras["ident"].id, ctx.cache_hit, ctx.quota_lease)

@@ -1,10 +1,10 @@
 """Which streams a writer process writes (inferd.api.streaming.writers), decided per request.
 
 A stream can be handed over when the app has writer processes and its connection is plain TCP (an SSL
-socket's state lives in this process: TLS streams are written here, as with no writers). Its response
-says `Connection: close`: the writer closes the connection after the stream instead of handing it back
-for another request. That header is set as soon as a stream may be handed over (before admission,
-whose wait may send the headers early), so a stream that waited is handed over too.
+socket's state lives in this process: TLS streams are written here, as with no writers). A stream whose
+headers went out while it waited for admission is handed over too. Its connection stays open for the
+client's next request: the writer hands the socket back once the stream is written
+(inferd.api.streaming.handoff_sender), unless the response is HTTP/1.0's (its end is the connection's).
 """
 from __future__ import annotations
 
@@ -26,21 +26,10 @@ def writer_pool(ctx: RequestContext) -> WriterPool | None:
     return None if transport is None or transport.get_extra_info("sslcontext") is not None else pool
 
 
-def may_hand_over(ctx: RequestContext) -> None:
-    """Before the headers can go out: a stream that may be handed over closes its connection at its end."""
-    if writer_pool(ctx) is not None:
-        ctx.headers["Connection"] = "close"
-
-
 def handoff_sender(ctx: RequestContext, encoder) -> functools.partial[HandoffSender] | None:
-    """The sender that hands this stream to a writer process, or None: no writers (or none alive), TLS, an encoder the
-    writers do not have (tools, logprobs, another wire format), or headers that went out without
-    `Connection: close` (sent while its model loaded)."""
+    """The sender that hands this stream to a writer process, or None: no writers (or none alive), TLS, or an encoder
+    the writers do not have (tools, logprobs, another wire format)."""
     pool = writer_pool(ctx)
     if pool is None or type(encoder) is not ChunkEncoder or not pool.available:    # none left: written here
         return None
-    sent = ctx.queued is not None and ctx.queued.prepared is not None
-    if sent and ctx.headers.get("Connection") != "close":
-        return None
-    ctx.headers["Connection"] = "close"
     return functools.partial(HandoffSender, pool=pool)

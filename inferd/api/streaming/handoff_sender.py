@@ -33,7 +33,8 @@ class HandoffSender(Sender):
     stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
-    __slots__ = ("acked", "gone", "link", "local", "opened", "opening", "paused", "pool", "sid", "started")
+    __slots__ = ("acked", "gone", "link", "local", "opened", "opening", "paused", "pool", "returned", "sid",
+                 "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
@@ -48,6 +49,7 @@ class HandoffSender(Sender):
         self.local = False                  # the handover failed: written here, as a plain Sender
         self.opening: asyncio.Task | None = None
         self.acked: asyncio.Future[bool] | None = None
+        self.returned: asyncio.Future[bool] | None = None   # a keep-alive stream's end: the writer hands the socket back
         if self._transport.get_write_buffer_size() == 0:
             self._open_or_keep()
         else:
@@ -158,6 +160,9 @@ class HandoffSender(Sender):
         kind, tokens = msg[0], msg[2]
         if tokens is not None:
             self.accepted.counted_elsewhere(tokens)
+        if kind == wire.RETURNED or (kind == wire.GONE and self.returned is not None):   # GONE then: it died
+            self._returned(kind == wire.RETURNED and bool(msg[3]))
+            return
         if kind == wire.GONE:
             self.gone = True
             self._answer(ConnectionResetError("the client closed the connection"))   # a 200's wait for its ack
@@ -211,12 +216,52 @@ class HandoffSender(Sender):
             return
         link = self.link
         if link is not None:
-            link.senders.pop(self.sid, None)
             with contextlib.suppress(WriterDown):
                 if self.entry.client_gone:
                     link.send([wire.ABORT, self.sid])
+                elif self._keeps_alive():   # handed back once written (RETURNED), then aiohttp ends the body
+                    link.send([wire.CLOSE, self.sid, self._close_grace_s(), True])
+                    self.returned = asyncio.get_running_loop().create_future()
+                    return
                 else:       # the last bytes get as long as a stream's end waits for its acknowledgement
                     link.send([wire.CLOSE, self.sid, self._close_grace_s()])
+            link.senders.pop(self.sid, None)
         # This process's copy of the socket: closed without a byte (the writer's copy keeps the
         # connection open), so the response's end aiohttp would write fails as a disconnect.
         self._transport.abort()
+
+    def _keeps_alive(self) -> bool:
+        """The connection outlives this response: chunked (its end is a chunk, not the connection's) and kept
+        alive by the client; not when the stream failed or its client left (then it is closed as before)."""
+        request = self.entry.request
+        entry = self.entry
+        return (self._chunked and not (self.gone or entry.client_gone or entry.failed)
+                and request is not None and request.keep_alive)
+
+    def _returned(self, ok: bool) -> None:
+        """The writer answered a keep-alive CLOSE: the connection is this process's again (`ok`; reading resumes
+        for the client's next request), or the writer dropped it (closed here too). Done here, not by settle(),
+        so a handler cancelled meanwhile leaves nothing behind."""
+        returned = self.returned
+        if returned is None or returned.done():
+            return
+        if self.link is not None:
+            self.link.senders.pop(self.sid, None)
+        if ok:
+            self._transport.resume_reading()
+        else:
+            self._transport.abort()
+        returned.set_result(ok)
+
+    async def settle(self) -> None:
+        """After release: before aiohttp ends the response, wait for the writer to hand a keep-alive stream's socket
+        back (its bytes are then in the kernel, ahead of the body's end written here). Past the writer's own
+        bound for it, the connection is closed."""
+        returned = self.returned
+        if returned is None:
+            return
+        grace = self._close_grace_s()
+        try:
+            await asyncio.wait_for(asyncio.shield(returned), None if grace is None else grace + ACK_SLACK_S)
+        except TimeoutError:
+            self._returned(False)

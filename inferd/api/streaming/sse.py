@@ -256,6 +256,12 @@ class Sender:
     def release(self) -> None:
         """The stream is over (whatever its end): nothing to do when frames went straight to the transport."""
 
+    # A handed-over stream's keep-alive end (HandoffSender): a future while its writer has yet to hand the socket back.
+    returned: asyncio.Future[bool] | None = None
+
+    async def settle(self) -> None:
+        """After release, before aiohttp ends the response: nothing to wait for here (HandoffSender waits)."""
+
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -377,6 +383,8 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
         if sender is not None:
             sender.done = True
             sender.release()
+    if sender is not None and sender.returned is not None:
+        await sender.settle()
     return resp
 
 

@@ -7,8 +7,10 @@ per engine step, batched across streams; it is encoded here (the same ChunkEncod
 stream per step, or, when a client is behind, merged into one frame once its socket takes more. A client
 that is behind is reported (BLOCKED) so the main process stops sending its text (it merges in the
 engine's RequestStream, as in-process), and reported again once drained; one that left is reported (GONE).
-The main process's RAW frames are written as they are. CLOSE: once all is written, the chunked body's
-end, and the connection is closed (the response said `Connection: close`).
+The main process's RAW frames are written as they are. CLOSE: once all is written, either the chunked
+body's end and the connection closed, or (a keep-alive response) the socket handed back: this process closes
+its copy and says RETURNED, and the main process ends the body and reads the client's next request. A
+client's bytes are only ever peeked at here, never read: a request sent early stays for the main process.
 
 What each client acknowledged is counted here, with the in-process accounting (SocketAccepted: frames
 written, with the tokens they carry, against the socket's send queue), and reported with GONE, in answer
@@ -145,7 +147,8 @@ class Writer:
                 self._spawn(self._acknowledge(stream, msg[2]))
             elif kind == wire.CLOSE:
                 stream.closing = True
-                if stream.chunked:
+                stream.keep = len(msg) > 3 and bool(msg[3]) and stream.chunked
+                if stream.chunked and not stream.keep:
                     stream.unsent += b"0\r\n\r\n"
                 self._pump(stream)
                 if not stream.gone:
@@ -185,17 +188,19 @@ class Writer:
 
     def _client_readable(self, stream: ClientStream) -> None:
         try:
-            data = stream.sock.recv(4096)
+            data = stream.sock.recv(1, socket.MSG_PEEK)     # peeked: bytes the client sent are the main process's
         except BlockingIOError:
             return
         except OSError:                 # reset: the send queue is dropped, the last sample stands
             self._gone(stream)
             return
-        if not data:
-            # The client closed its end (FIN): the send queue is intact, so what it acknowledged up to now
-            # is read once more (else a client that leaves between two frames is billed as of the one before).
-            stream.accepted.sample()
-            self._gone(stream)
+        if data:                        # its next request, sent early: left unread; a failed send still notices a reset
+            self.loop.remove_reader(stream.fd)
+            return
+        # The client closed its end (FIN): the send queue is intact, so what it acknowledged up to now
+        # is read once more (else a client that leaves between two frames is billed as of the one before).
+        stream.accepted.sample()
+        self._gone(stream)
 
     def _pump(self, stream: ClientStream) -> None:
         if stream.gone:
@@ -215,7 +220,7 @@ class Writer:
                 self.loop.remove_writer(stream.fd)
                 self._report([wire.DRAINED, stream.sid, 0])
             if stream.closing:
-                self._drop(stream)
+                self._drop(stream, returned=stream.keep)
         elif not stream.blocked:
             stream.blocked = True
             self.loop.add_writer(stream.fd, self._pump, stream)
@@ -229,13 +234,18 @@ class Writer:
         if not closing:                 # billed what it acknowledged by the last sample (none after: see accepted)
             self._report([wire.GONE, stream.sid, stream.accepted.delivered_tokens])
 
-    def _drop(self, stream: ClientStream) -> None:
+    def _drop(self, stream: ClientStream, *, returned: bool = False) -> None:
+        """Stop writing `stream` and close this process's copy of its socket (the connection ends with the
+        last copy: the main process's, already closed, or kept when `returned`). A keep-alive stream's CLOSE
+        is answered either way."""
         if self.streams.pop(stream.sid, None) is None:
             return
         stream.gone = True
         self.loop.remove_reader(stream.fd)
         self.loop.remove_writer(stream.fd)
         stream.sock.close()
+        if stream.keep:
+            self._report([wire.RETURNED, stream.sid, stream.accepted.delivered_tokens, returned])
 
     async def finish(self, grace_s: float) -> None:
         """The main process is gone: let what is queued for the clients go out (for at most `grace_s`),

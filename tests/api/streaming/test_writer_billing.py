@@ -62,7 +62,7 @@ async def test_a_client_that_stops_reading_a_handed_over_stream_is_billed_for_wh
         got = b""
         while frames_tokens(got) < 3:               # a few frames, then it stops reading
             got += await loop.sock_recv(sock, 1024)
-        assert b"Connection: close" in got and handed(daemon) == 1
+        assert handed(daemon) == 1
         waiting = await stalled_on(sock, daemon.state.engines["sim"])
         reached = got + sock.recv(waiting, socket.MSG_PEEK)     # all that reached the client's socket
         sock.close()                                            # with unread data: a reset
