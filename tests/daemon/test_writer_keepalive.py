@@ -95,6 +95,6 @@ async def test_a_client_that_asks_to_close_has_its_connection_closed_after_the_s
         await loop.sock_sendall(sock, request(BODY, "Connection: close\r\n"))
         [response] = await read_responses(sock, 1)
         assert stream_text(response, closes=True)
-        assert await asyncio.wait_for(loop.sock_recv(sock, 1024), 10) == b""     # closed by the writer
+        assert await asyncio.wait_for(loop.sock_recv(sock, 1024), 10) == b""     # closed once the stream ended, as asked
         sock.close()
         assert daemon_writers(daemon).handed == 1

@@ -4,7 +4,7 @@ A stream can be handed over when the app has writer processes and its connection
 socket's state lives in this process: TLS streams are written here, as with no writers). A stream whose
 headers went out while it waited for admission is handed over too. Its connection stays open for the
 client's next request: the writer hands the socket back once the stream is written
-(inferd.api.streaming.handoff_sender), unless the response is HTTP/1.0's (its end is the connection's).
+(inferd.api.streaming.handoff_sender), and this process ends the response as it would its own.
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class HandoffSender(Sender):
         self.local = False                  # the handover failed: written here, as a plain Sender
         self.opening: asyncio.Task | None = None
         self.acked: asyncio.Future[bool] | None = None
-        self.returned: asyncio.Future[bool] | None = None   # a keep-alive stream's end: the writer hands the socket back
+        self.returned: asyncio.Future[bool] | None = None   # the stream's end: the writer hands the socket back
         if self._transport.get_write_buffer_size() == 0:
             self._open_or_keep()
         else:
@@ -216,31 +216,25 @@ class HandoffSender(Sender):
             return
         link = self.link
         if link is not None:
-            with contextlib.suppress(WriterDown):
-                if self.entry.client_gone:
-                    link.send([wire.ABORT, self.sid])
-                elif self._keeps_alive():   # handed back once written (RETURNED), then aiohttp ends the body
-                    link.send([wire.CLOSE, self.sid, self._close_grace_s(), True])
+            if not (self.gone or self.entry.client_gone):
+                try:        # the last bytes get as long as a stream's end waits for its acknowledgement
+                    link.send([wire.CLOSE, self.sid, self._close_grace_s()])
+                except WriterDown:
+                    pass
+                else:       # handed back once written (RETURNED); then aiohttp ends the response here
                     self.returned = asyncio.get_running_loop().create_future()
                     return
-                else:       # the last bytes get as long as a stream's end waits for its acknowledgement
-                    link.send([wire.CLOSE, self.sid, self._close_grace_s()])
+            else:
+                with contextlib.suppress(WriterDown):
+                    link.send([wire.ABORT, self.sid])
             link.senders.pop(self.sid, None)
-        # This process's copy of the socket: closed without a byte (the writer's copy keeps the
-        # connection open), so the response's end aiohttp would write fails as a disconnect.
+        # This process's copy of the socket: closed without a byte (the writer's copy, if any, ends it), so the
+        # response's end aiohttp would write fails as a disconnect.
         self._transport.abort()
 
-    def _keeps_alive(self) -> bool:
-        """The connection outlives this response: chunked (its end is a chunk, not the connection's) and kept
-        alive by the client; not when the stream failed or its client left (then it is closed as before)."""
-        request = self.entry.request
-        entry = self.entry
-        return (self._chunked and not (self.gone or entry.client_gone or entry.failed)
-                and request is not None and request.keep_alive)
-
     def _returned(self, ok: bool) -> None:
-        """The writer answered a keep-alive CLOSE: the connection is this process's again (`ok`; reading resumes
-        for the client's next request), or the writer dropped it (closed here too). Done here, not by settle(),
+        """The writer answered CLOSE: the connection is this process's again (`ok`; reading resumes for the client's
+        next request, or aiohttp closes it as HTTP says), or the writer dropped it (closed here too). Done here, not by settle(),
         so a handler cancelled meanwhile leaves nothing behind."""
         returned = self.returned
         if returned is None or returned.done():
@@ -254,7 +248,7 @@ class HandoffSender(Sender):
         returned.set_result(ok)
 
     async def settle(self) -> None:
-        """After release: before aiohttp ends the response, wait for the writer to hand a keep-alive stream's socket
+        """After release: before aiohttp ends the response, wait for the writer to hand the stream's socket
         back (its bytes are then in the kernel, ahead of the body's end written here). Past the writer's own
         bound for it, the connection is closed."""
         returned = self.returned

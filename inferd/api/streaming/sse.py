@@ -256,7 +256,7 @@ class Sender:
     def release(self) -> None:
         """The stream is over (whatever its end): nothing to do when frames went straight to the transport."""
 
-    # A handed-over stream's keep-alive end (HandoffSender): a future while its writer has yet to hand the socket back.
+    # A handed-over stream's end (HandoffSender): a future while its writer has yet to hand the socket back.
     returned: asyncio.Future[bool] | None = None
 
     async def settle(self) -> None:

@@ -16,8 +16,8 @@ MAX_UNSENT = 8 << 20
 class ClientStream:
     """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
 
-    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "keep", "reported", "sid",
-                 "sock", "text", "tokens", "unsent")
+    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "reported", "sid", "sock",
+                 "text", "tokens", "unsent")
 
     def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
         self.sid = sid
@@ -29,7 +29,6 @@ class ClientStream:
         self.text: list[str] = []       # text not yet encoded (merges while unsent is non-empty)
         self.tokens = 0                 # the tokens that text carries
         self.closing = False
-        self.keep = False               # CLOSE said: hand the socket back once all is written (keep-alive)
         self.blocked = False
         self.gone = False
         self.accepted = SocketAccepted()  # this stream's bytes, against its socket's send queue

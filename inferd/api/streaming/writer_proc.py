@@ -7,10 +7,10 @@ per engine step, batched across streams; it is encoded here (the same ChunkEncod
 stream per step, or, when a client is behind, merged into one frame once its socket takes more. A client
 that is behind is reported (BLOCKED) so the main process stops sending its text (it merges in the
 engine's RequestStream, as in-process), and reported again once drained; one that left is reported (GONE).
-The main process's RAW frames are written as they are. CLOSE: once all is written, either the chunked
-body's end and the connection closed, or (a keep-alive response) the socket handed back: this process closes
-its copy and says RETURNED, and the main process ends the body and reads the client's next request. A
-client's bytes are only ever peeked at here, never read: a request sent early stays for the main process.
+The main process's RAW frames are written as they are. CLOSE: once all is written the socket is handed
+back: this process closes its copy and says RETURNED, and the main process ends the body and reads the
+client's next request (or closes the connection, as HTTP says). A client's bytes are only ever peeked at
+here, never read: a request sent early stays for the main process.
 
 What each client acknowledged is counted here, with the in-process accounting (SocketAccepted: frames
 written, with the tokens they carry, against the socket's send queue), and reported with GONE, in answer
@@ -147,9 +147,6 @@ class Writer:
                 self._spawn(self._acknowledge(stream, msg[2]))
             elif kind == wire.CLOSE:
                 stream.closing = True
-                stream.keep = len(msg) > 3 and bool(msg[3]) and stream.chunked
-                if stream.chunked and not stream.keep:
-                    stream.unsent += b"0\r\n\r\n"
                 self._pump(stream)
                 if not stream.gone:
                     self.loop.call_later(msg[2] if len(msg) > 2 and msg[2] is not None else CLOSE_GRACE_S, self._drop,
@@ -220,7 +217,7 @@ class Writer:
                 self.loop.remove_writer(stream.fd)
                 self._report([wire.DRAINED, stream.sid, 0])
             if stream.closing:
-                self._drop(stream, returned=stream.keep)
+                self._drop(stream, returned=True)
         elif not stream.blocked:
             stream.blocked = True
             self.loop.add_writer(stream.fd, self._pump, stream)
@@ -235,16 +232,15 @@ class Writer:
             self._report([wire.GONE, stream.sid, stream.accepted.delivered_tokens])
 
     def _drop(self, stream: ClientStream, *, returned: bool = False) -> None:
-        """Stop writing `stream` and close this process's copy of its socket (the connection ends with the
-        last copy: the main process's, already closed, or kept when `returned`). A keep-alive stream's CLOSE
-        is answered either way."""
+        """Stop writing `stream` and close this process's copy of its socket (the connection ends with the last
+        copy: the main process's, which aborts it unless `returned`). A CLOSE is answered either way."""
         if self.streams.pop(stream.sid, None) is None:
             return
         stream.gone = True
         self.loop.remove_reader(stream.fd)
         self.loop.remove_writer(stream.fd)
         stream.sock.close()
-        if stream.keep:
+        if stream.closing:
             self._report([wire.RETURNED, stream.sid, stream.accepted.delivered_tokens, returned])
 
     async def finish(self, grace_s: float) -> None:

@@ -13,11 +13,10 @@ main -> writer
                                               included), which the frame carries, for billing
   ACK    [ACK, sid, bound_s]                  the final frames were just sent: answer ACKED once the client
                                               acknowledged every byte before them, or after bound_s
-  CLOSE  [CLOSE, sid, grace_s, keep]          write what is left, then: keep false, end the chunked body and close
-                                              the connection; keep true (a keep-alive chunked response), hand it
-                                              back (RETURNED) for the main process to end the body and read the
-                                              client's next request. Dropped after grace_s if its client has not
-                                              taken it all
+  CLOSE  [CLOSE, sid, grace_s]                write what is left, then hand the socket back (RETURNED): the main
+                                              process ends the body (a chunk, or the connection's close for
+                                              HTTP/1.0) and reads the client's next request; dropped after
+                                              grace_s if its client has not taken it all
   ABORT  [ABORT, sid]                         close the connection now, nothing more written
 
 writer -> main
@@ -26,7 +25,7 @@ writer -> main
   BLOCKED  [BLOCKED, sid, 0]          the client is not keeping up: send no more text until DRAINED
   DRAINED  [DRAINED, sid, 0]
   ACKED    [ACKED, sid, tokens, ok]   the answer to ACK: ok true once acknowledged, false when the bound passed first
-  RETURNED [RETURNED, sid, tokens, ok] the answer to CLOSE with keep: ok true once everything was written (the
+  RETURNED [RETURNED, sid, tokens, ok] the answer to CLOSE: ok true once everything was written (the
                                       writer closed its copy of the socket; the connection is the main process's
                                       again), false when the client left or grace_s passed first (dropped)
   TOOK     [TOOK, sid, tokens]        the acknowledged tokens grew (sampled a few times a second, as the in-process

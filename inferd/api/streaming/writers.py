@@ -8,8 +8,9 @@ Once per loop turn (an engine step's outputs arrive in one) every writer gets on
 of its streams' new text; the stream's final frames, pings and `[DONE]` (after the ledger row) are encoded
 here and sent as RAW. Writers report clients that left (GONE: the stream ends as a disconnect does in
 process, and its engine request is aborted) and clients behind (BLOCKED/DRAINED: their text merges in the
-RequestStream meanwhile). Once the stream is written the writer hands the socket back (RETURNED) and the
-connection serves the client's next request here; TLS streams stay in process.
+RequestStream meanwhile). Once the stream is written the writer hands the socket back (RETURNED): this
+process ends the response and the connection serves the client's next request here; TLS streams stay in
+process.
 Billing reads what the writer counted (its reports carry the tokens each client acknowledged). A writer
 that dies ends its streams as disconnects (their engine requests aborted) and is replaced after a backoff
 (WriterPool.lost); while none is alive, new streams are written in process.

@@ -25,7 +25,7 @@ async def test_many_concurrent_streams_with_writers_match_the_in_process_ones(se
     assert written.app[keys.WRITERS].handed == len(PROMPTS)
 
 
-async def test_the_sdk_pool_reconnects_after_each_handed_over_stream(serve):
+async def test_the_sdk_streams_one_after_another_over_its_pool_with_every_stream_handed_over(serve):
     served = await serve({"sim": sim_engine()}, front_processes=1)
     for i in range(20):
         stream = await served.sdk.chat.completions.create(
