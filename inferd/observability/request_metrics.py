@@ -71,6 +71,16 @@ class LoopHistogram:
         self._sum += amount
         self._pending = True
 
+    def add(self, counts: list[int], total: float) -> None:
+        """Observations made elsewhere, as counts per bucket (these bounds, +Inf last) and their sum; a list of
+        another length (other bounds) is ignored."""
+        if len(counts) != len(self._counts):
+            return
+        for i, n in enumerate(counts):
+            self._counts[i] += n
+        self._sum += total
+        self._pending = True
+
     def fold(self) -> None:
         if not self._pending:
             return
@@ -116,6 +126,13 @@ class ModelSeries:
         self.e2e_observe = metrics.loop_observer(self.e2e)
         self._stages: dict[str, Callable[[float], None]] = {}
         self._by_status: dict[int | str, Any] = {}      # requests_total's children: a bounded set of statuses
+
+    def add_write_delays(self, counts: list[int], total: float) -> None:
+        """Write delays another process observed (an SSE writer's DELAYS): counts per bucket of
+        inferd_stream_write_delay_seconds, +Inf last, and their sum. Loop thread only."""
+        hist = getattr(self.write_delay_observe, "__self__", None)
+        if isinstance(hist, LoopHistogram):
+            hist.add(counts, total)
 
     def stage_observe(self, name: str) -> Callable[[float], None]:
         """observe() of the stage histogram's child for `name` (a bounded set: the pipeline's timeline stages),

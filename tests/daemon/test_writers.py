@@ -220,3 +220,19 @@ async def test_the_daemon_serves_once_its_writer_processes_are_listening(tmp_pat
         for link in writers.links:      # named only once its imports are done, in main()
             with open(f"/proc/{link.process.pid}/comm") as comm:
                 assert comm.read().strip() == "inferd-writer"
+
+
+async def test_a_handed_over_streams_write_delays_measured_by_its_writer_reach_the_daemons_metrics(tmp_path):
+    async with running_daemon(writers_config(tmp_path, time_scale=0.01)) as (daemon, _, url), \
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+        stream = await sdk.completions.create(model="sim", prompt="hello", max_tokens=30, stream=True)
+        assert [c async for c in stream]
+        assert daemon_writers(daemon).handed == 1
+
+        async def observed() -> bool:       # the writer reports them with its samples, a few times a second
+            async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+                text = await resp.text()
+            counts = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                      if s.name == "inferd_stream_write_delay_seconds_count" and s.labels.get("model") == "sim"]
+            return bool(counts) and counts[0] > 0
+        await until(observed, "the writer's write delays in /metrics")

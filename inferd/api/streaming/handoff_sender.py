@@ -33,13 +33,14 @@ class HandoffSender(Sender):
     stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
-    __slots__ = ("acked", "gone", "link", "local", "opened", "opening", "paused", "pool", "returned", "sid",
-                 "started")
+    __slots__ = ("acked", "gone", "link", "local", "opened", "opening", "paused", "pool", "returned", "series",
+                 "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
         super().__init__(entry, writer, encoder, include_usage, obs)
         self.pool = pool
+        self.series = obs.series            # the writer measures its frames' write delays for these labels
         self.link = None
         self.sid = pool.new_sid()
         self.started = False
@@ -69,7 +70,8 @@ class HandoffSender(Sender):
         try:
             link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
                        ident.fingerprint, encoder.include_usage,
-                       encoder.running.prompt_tokens if encoder.running is not None else None], [sock.fileno()])
+                       encoder.running.prompt_tokens if encoder.running is not None else None,
+                       self.pool.series_number(self.series)], [sock.fileno()])
         except WriterDown as exc:               # not sent: the socket is still this process's alone
             self._transport.resume_reading()
             self._keep(str(exc))
@@ -136,8 +138,8 @@ class HandoffSender(Sender):
         if text:
             self.started = True
             self.entry.last_write = now = _monotonic()
-            self.link.add_text(self.sid, text, tokens)
-            self._on_tokens(tokens, now, self.pushed_at)
+            self.link.add_text(self.sid, text, tokens, self.pushed_at)
+            self._on_tokens(tokens, now)        # its write delay is the writer's to observe (DELAYS)
         elif running is not None:
             self.link.add_text(self.sid, "", tokens)
 

@@ -3,10 +3,12 @@ written as the socket takes them, and what its client acknowledged of them (Sock
 object as its transport)."""
 from __future__ import annotations
 
+import bisect
 import socket
 
 from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import ChunkEncoder
+from inferd.observability.metrics import WRITE_DELAY_BUCKETS
 
 # What one stream may hold encoded and unsent before its client counts as gone (every byte past the
 # first BLOCKED was sent before the main process heard of it: about one step's text).
@@ -16,10 +18,10 @@ MAX_UNSENT = 8 << 20
 class ClientStream:
     """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
 
-    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "reported", "sid", "sock",
-                 "text", "tokens", "unsent")
+    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "pushed_at", "reported",
+                 "series", "sid", "sock", "text", "tokens", "unsent")
 
-    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder) -> None:
+    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder, series: int = 0) -> None:
         self.sid = sid
         self.sock = sock
         self.fd = sock.fileno()
@@ -34,6 +36,8 @@ class ClientStream:
         self.accepted = SocketAccepted()  # this stream's bytes, against its socket's send queue
         self.accepted.attach(self)        # type: ignore[arg-type]  (this object is its transport)
         self.reported = 0                 # acknowledged tokens the main process was told of
+        self.series = series              # the main process's number for its metric labels
+        self.pushed_at: float | None = None   # when the engine pushed the oldest text not yet taken by the socket
 
     # What SocketAccepted reads of a transport: the socket, and what waits in user space.
     def get_extra_info(self, name: str) -> socket.socket | None:
@@ -76,3 +80,27 @@ class ClientStream:
             del self.unsent[:sent]
             if self.unsent:
                 return False
+
+
+class WriteDelays:
+    """The write delays this writer observed since they were last taken, per metric series of the main process:
+    counts per bucket of inferd_stream_write_delay_seconds (its bounds and +Inf) and their sum."""
+
+    __slots__ = ("_by_series",)
+    BOUNDS = (*WRITE_DELAY_BUCKETS, float("inf"))
+
+    def __init__(self) -> None:
+        self._by_series: dict[int, tuple[list[int], list[float]]] = {}
+
+    def observe(self, series: int, seconds: float) -> None:
+        got = self._by_series.get(series)
+        if got is None:
+            got = self._by_series[series] = ([0] * len(self.BOUNDS), [0.0])
+        got[0][bisect.bisect_left(self.BOUNDS, seconds)] += 1
+        got[1][0] += seconds
+
+    def take(self) -> list[list]:
+        """[[series, counts, sum], ...] since the last take."""
+        out = [[series, counts, total[0]] for series, (counts, total) in self._by_series.items()]
+        self._by_series.clear()
+        return out

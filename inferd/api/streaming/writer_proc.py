@@ -28,7 +28,7 @@ import sys
 import time
 
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream
+from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream, WriteDelays
 from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
 
 # Reports waiting for the main process's socket: a few per stream at most; past this many it has stopped
@@ -55,6 +55,7 @@ class Writer:
         self.closed = asyncio.Event()
         self.reports: collections.deque[bytes] = collections.deque()   # waiting for the channel to take them
         self.tasks: set[asyncio.Task] = set()
+        self.delays = WriteDelays()
 
     def start(self) -> None:
         self.channel.setblocking(False)
@@ -124,11 +125,13 @@ class Writer:
     def _handle(self, msg: list, fds: list[int]) -> None:
         kind = msg[0]
         if kind == wire.STEP:
-            for sid, text, tokens in msg[1]:
+            for sid, text, tokens, pushed_at in msg[1]:
                 stream = self.streams.get(sid)
                 if stream is not None:
                     stream.text.append(text)
                     stream.tokens += tokens
+                    if stream.pushed_at is None:
+                        stream.pushed_at = pushed_at
                     self._pump(stream)
         elif kind == wire.OPEN:
             self._open(msg, fds[0])
@@ -173,14 +176,17 @@ class Writer:
                     took.append([stream.sid, stream.reported])
             for at in range(0, len(took), TOOK_BATCH):
                 self._report([wire.TOOK, took[at:at + TOOK_BATCH]])
+            delays = self.delays.take()
+            if delays:
+                self._report([wire.DELAYS, delays])
 
     def _open(self, msg: list, fd: int) -> None:
-        _, sid, chunked, kind, ident, created, model, fingerprint, include_usage, prompt_tokens = msg
+        _, sid, chunked, kind, ident, created, model, fingerprint, include_usage, prompt_tokens, series = msg
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         running = RunningUsage(prompt_tokens) if prompt_tokens is not None else None
         encoder = ChunkEncoder(Identity(kind, ident, created, model, fingerprint), include_usage, running=running)
-        stream = self.streams[sid] = ClientStream(sid, sock, chunked, encoder)
+        stream = self.streams[sid] = ClientStream(sid, sock, chunked, encoder, series)
         self.loop.add_reader(fd, self._client_readable, stream)
 
     def _client_readable(self, stream: ClientStream) -> None:
@@ -211,6 +217,9 @@ class Writer:
             return
         if stream.blocked:
             stream.accepted.sample()    # the socket took more: what the client acknowledged meanwhile
+        if done and stream.pushed_at is not None:    # the socket took the text's frame: its oldest token's delay
+            self.delays.observe(stream.series, time.monotonic() - stream.pushed_at)
+            stream.pushed_at = None
         if done:
             if stream.blocked:
                 stream.blocked = False

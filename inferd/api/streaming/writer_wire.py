@@ -6,8 +6,11 @@ with that stream's frames. Each message is one orjson array, its first element t
 
 main -> writer
   OPEN   [OPEN, sid, chunked, kind, id, created, model, fingerprint, include_usage,
-          prompt_tokens]    + the client's fd; prompt_tokens null but for continuous usage stats
-  STEP   [STEP, [[sid, text, tokens], ...]]   every stream's new text since the last step, one message
+          prompt_tokens, series]    + the client's fd; prompt_tokens null but for continuous usage stats;
+                                    series: the main process's number for the stream's metric labels
+  STEP   [STEP, [[sid, text, tokens, pushed_at], ...]]   every stream's new text since the last step, one
+                                              message; pushed_at: when the engine pushed its oldest token
+                                              (CLOCK_MONOTONIC, which both processes read alike), or null
   RAW    [RAW, sid, frame, taken]             frames the main process encoded (the final ones, pings, [DONE]);
                                               taken: the output tokens it read so far in all (the final delta's
                                               included), which the frame carries, for billing
@@ -28,6 +31,9 @@ writer -> main
   RETURNED [RETURNED, sid, tokens, ok] the answer to CLOSE: ok true once everything was written (the
                                       writer closed its copy of the socket; the connection is the main process's
                                       again), false when the client left or grace_s passed first (dropped)
+  DELAYS   [DELAYS, [[series, counts, sum], ...]]   with the TOOK samples: the write delays observed since the
+                                      last (from pushed_at to the socket taking the frame), as counts per bucket of
+                                      inferd_stream_write_delay_seconds, for the main process's histogram
   TOOK     [TOOK, sid, tokens]        the acknowledged tokens grew (sampled a few times a second, as the in-process
                                       watchdog does), so a stream that ends without ACK (an error, its deadline) is
                                       billed what its client took
@@ -43,7 +49,7 @@ from __future__ import annotations
 import orjson
 
 OPEN, STEP, RAW, CLOSE, ABORT, ACK = "o", "s", "r", "c", "a", "k"
-GONE, BLOCKED, DRAINED, ACKED, TOOK, RETURNED = "g", "b", "d", "K", "t", "n"
+GONE, BLOCKED, DRAINED, ACKED, TOOK, RETURNED, DELAYS = "g", "b", "d", "K", "t", "n", "w"
 READY = "R"        # [READY]: the writer has imported and listens (streams handed earlier would wait for it)
 
 # The largest message either side reads. A STEP is sent once past SPLIT_AT, and text longer than

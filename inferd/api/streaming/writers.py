@@ -59,6 +59,12 @@ class Reported(Protocol):
     def on_report(self, msg: list) -> None: ...
 
 
+class WriteDelaySink(Protocol):
+    """A stream's metric series, as far as writers' write delays go (inferd.observability.ModelSeries)."""
+
+    def add_write_delays(self, counts: list[int], total: float) -> None: ...
+
+
 class WriterDown(ConnectionError):
     """A writer process is gone, or so far behind that its queue is full: its streams end as disconnects."""
 
@@ -84,23 +90,23 @@ class WriterLink:
             self._flush_step()
         self._send(wire.encode(message), fds or [])
 
-    def add_text(self, sid: int, text: str, tokens: int) -> None:
+    def add_text(self, sid: int, text: str, tokens: int, pushed_at: float | None = None) -> None:
         step = self.step
         if not step:
             self.pool.schedule(self)
         size = len(text)
-        if size <= wire.TEXT_PIECE and self.step_bytes + 4 * size + 24 <= wire.SPLIT_AT:
-            step.append([sid, text, tokens])    # the usual: a few tokens' text into this turn's STEP
-            self.step_bytes += 4 * size + 24
+        if size <= wire.TEXT_PIECE and self.step_bytes + 4 * size + 48 <= wire.SPLIT_AT:
+            step.append([sid, text, tokens, pushed_at])    # the usual: a few tokens' text into this turn's STEP
+            self.step_bytes += 4 * size + 48
             return
         *head, last = wire.text_pieces(text)   # a long merged delta: pieces, its tokens on the last
         for piece in head:
-            self._add(sid, piece, 0)
-        self._add(sid, last, tokens)
+            self._add(sid, piece, 0, pushed_at)
+        self._add(sid, last, tokens, pushed_at)
 
-    def _add(self, sid: int, text: str, tokens: int) -> None:
-        self.step.append([sid, text, tokens])
-        self.step_bytes += 4 * len(text) + 24      # JSON of the worst case (escapes)
+    def _add(self, sid: int, text: str, tokens: int, pushed_at: float | None) -> None:
+        self.step.append([sid, text, tokens, pushed_at])
+        self.step_bytes += 4 * len(text) + 48      # JSON of the worst case (escapes)
         if self.step_bytes > wire.SPLIT_AT:
             self._flush_step()
 
@@ -169,6 +175,9 @@ class WriterLink:
                 if not self.ready.done():
                     self.ready.set_result(None)
                 continue
+            if msg[0] == wire.DELAYS:
+                self.pool.add_write_delays(msg[1])
+                continue
             if msg[0] == wire.TOOK:
                 senders = self.senders
                 for sid, tokens in msg[1]:
@@ -211,6 +220,8 @@ class WriterPool:
         self.handed = 0                 # streams handed over so far
         self.kept = 0                   # streams whose handover failed, written in this process instead
         self._stopping = False
+        self._series: dict[int, tuple[int, WriteDelaySink]] = {}   # id(series) -> (its number, it)
+        self._numbered: list[WriteDelaySink] = []                     # by number: what writers' DELAYS name
         self._tries: dict[int, int] = {}                # restarts in a row, by slot
         self._restarts: set[asyncio.Task] = set()
 
@@ -312,6 +323,22 @@ class WriterPool:
 
     def new_sid(self) -> int:
         return next(self._sids)
+
+    def series_number(self, series: WriteDelaySink) -> int:
+        """The number writers' DELAYS name `series` by (a stream's metric labels: one per model version). The
+        series are kept: there are as many as versions ever served."""
+        known = self._series.get(id(series))
+        if known is None:
+            known = self._series[id(series)] = (len(self._numbered), series)
+            self._numbered.append(series)
+        return known[0]
+
+    def add_write_delays(self, entries: list) -> None:
+        """A writer's DELAYS: [[series number, counts per bucket, sum], ...] into each series' histogram."""
+        numbered = self._numbered
+        for number, counts, total in entries:
+            if 0 <= number < len(numbered):
+                numbered[number].add_write_delays(counts, total)
 
     def schedule(self, link: WriterLink) -> None:
         if not self._due:

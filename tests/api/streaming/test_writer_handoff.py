@@ -50,7 +50,7 @@ class Link:
     def send(self, message: list, fds: list[int] | None = None) -> None:
         self.sent.append(message)
 
-    def add_text(self, sid: int, text: str, tokens: int) -> None:
+    def add_text(self, sid: int, text: str, tokens: int, pushed_at: float | None = None) -> None:
         self.sent.append([wire.STEP, [[sid, text, tokens]]])
 
 
@@ -64,8 +64,13 @@ class Pool:
     def new_sid(self) -> int:
         return next(self.sids)
 
+    def series_number(self, series) -> int:
+        return 0
+
 
 class Obs:
+    series = None
+
     def on_tokens(self, *args) -> None:
         pass
 

@@ -3,15 +3,18 @@ counts and reports, that no report is lost while the main process is not reading
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import os
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from inferd.api.streaming import writer_wire as wire
+from inferd.api.streaming.writer_client import WriteDelays
 from inferd.api.streaming.writers import _child_env
 from tests.daemon.harness import until
 
@@ -29,7 +32,7 @@ class Main:
     def open(self, sid: int, include_usage: bool = False) -> socket.socket:
         client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         socket.send_fds(self.sock, [wire.encode([wire.OPEN, sid, True, "completion", "cmpl-1", 1, "sim", "fp",
-                                                 include_usage, None])], [server.fileno()])
+                                                 include_usage, None, 0])], [server.fileno()])
         server.close()
         client.setblocking(False)
         self.clients[sid] = client
@@ -54,7 +57,7 @@ class Main:
         """`nbytes` of text in STEPs the size the main process sends, its tokens on the last."""
         piece = wire.TEXT_PIECE
         for at in range(0, nbytes, piece):
-            await self.send([wire.STEP, [[sid, "x" * min(piece, nbytes - at), tokens if at + piece >= nbytes else 0]]])
+            await self.send([wire.STEP, [[sid, "x" * min(piece, nbytes - at), tokens if at + piece >= nbytes else 0, None]]])
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.process.pid}/fd"))
@@ -130,7 +133,7 @@ async def test_on_end_of_file_from_the_main_process_what_is_queued_is_written_ou
 async def test_a_client_that_leaves_is_reported_with_the_tokens_its_socket_acknowledged():
     async with writer_process() as main:
         client = main.open(1)
-        await main.send([wire.STEP, [[1, "hello", 3]]])
+        await main.send([wire.STEP, [[1, "hello", 3, None]]])
         loop = asyncio.get_running_loop()
         assert b"hello" in await loop.sock_recv(client, 4096)
         assert await main.report_of(wire.TOOK) == [wire.TOOK, [[1, 3]]]     # sampled a few times a second
@@ -143,7 +146,7 @@ async def test_a_client_that_leaves_is_reported_with_the_tokens_its_socket_ackno
 async def test_ack_is_answered_once_the_client_took_everything_before_the_final_frames():
     async with writer_process() as main:
         client = main.open(1)
-        await main.send([wire.STEP, [[1, "hello", 3]]])
+        await main.send([wire.STEP, [[1, "hello", 3, None]]])
         await main.send([wire.RAW, 1, 'data: {"final": true}\n\n', 4])
         await main.send([wire.ACK, 1, 5.0])
         loop = asyncio.get_running_loop()
@@ -197,3 +200,15 @@ async def test_a_final_frame_larger_than_a_message_can_be_goes_in_pieces_and_the
         assert await main.report_of(wire.RETURNED) == [wire.RETURNED, 1, 0, True]
         got = await reading
     assert got.count(b"y") == 3 << 20 and got.endswith(b"y\n\n\r\n")
+
+
+async def test_the_write_delay_from_the_engines_push_to_the_socket_is_reported_per_series():
+    async with writer_process() as main:
+        client = main.open(1)
+        await main.synced()
+        pushed = time.monotonic() - 0.3             # the engine pushed it 0.3 s before the writer got it
+        await main.send([wire.STEP, [[1, "hello", 2, pushed]]])
+        assert b"hello" in await asyncio.get_running_loop().sock_recv(client, 4096)
+        _, [[series, counts, total]] = await main.report_of(wire.DELAYS)
+        assert series == 0 and sum(counts) == 1 and 0.3 <= total < 10, (counts, total)
+        assert counts[bisect.bisect_left(WriteDelays.BOUNDS, total)] == 1, (counts, total)   # its bucket, as Prometheus'
