@@ -223,9 +223,11 @@ async def test_the_daemon_serves_once_its_writer_processes_are_listening(tmp_pat
 
 
 async def test_a_handed_over_streams_write_delays_measured_by_its_writer_reach_the_daemons_metrics(tmp_path):
-    async with running_daemon(writers_config(tmp_path, time_scale=0.01)) as (daemon, _, url), \
+    # Real-time steps (about 2.5 ms each) over half a second: a fast stream's text can all merge into its final
+    # frames (written as RAW, which carries no push time), so this one runs long enough to be stepped.
+    async with running_daemon(writers_config(tmp_path, time_scale=1.0)) as (daemon, _, url), \
             openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
-        stream = await sdk.completions.create(model="sim", prompt="hello", max_tokens=30, stream=True)
+        stream = await sdk.completions.create(model="sim", prompt="hello", max_tokens=200, stream=True)
         assert [c async for c in stream]
         assert daemon_writers(daemon).handed == 1
 

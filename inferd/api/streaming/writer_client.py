@@ -8,7 +8,7 @@ import socket
 
 from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import ChunkEncoder
-from inferd.observability.metrics import WRITE_DELAY_BUCKETS
+from inferd.observability import WRITE_DELAY_BUCKETS
 
 # What one stream may hold encoded and unsent before its client counts as gone (every byte past the
 # first BLOCKED was sent before the main process heard of it: about one step's text).
