@@ -24,8 +24,8 @@ from inferd.api.auth import count_tenant_request
 from inferd.api.pipeline.run import create_chat_completion, create_completion, create_embedding, create_response
 from inferd.api.errors import (SERVER_ERROR, SERVER_HEADER, ApiError, error_response, from_http_exception,
                                store_unavailable)
-from inferd.api.streaming.sse import Inflight
-from inferd.api.streaming.writers import WriterPool
+from inferd.api.streaming.inflight import Inflight
+from inferd.api.streaming.writer_pool import WriterPool
 from inferd.api.state import ServerState
 from inferd.config import resolve_front_processes
 from inferd.observability import get_logger, request_id_var, truncated_path

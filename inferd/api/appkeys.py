@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from inferd.api.streaming.sse import Inflight
-from inferd.api.streaming.writers import WriterPool
+from inferd.api.streaming.inflight import Inflight
+from inferd.api.streaming.writer_pool import WriterPool
 from inferd.api.state import ServerState
 from inferd.observability import RequestTrace
 

@@ -13,7 +13,7 @@ import functools
 from inferd.api import appkeys as keys
 from inferd.api.pipeline.context import RequestContext
 from inferd.api.streaming.handoff_sender import HandoffSender
-from inferd.api.streaming.writers import WriterPool
+from inferd.api.streaming.writer_pool import WriterPool
 from inferd.api.wire.responses import ChunkEncoder
 
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from inferd.api.wire.responses import OPENAI_FINISH, ChunkEncoder
-from inferd.api.streaming.sse import Sender, Tracked, final_frames
+from inferd.api.streaming.inflight import Tracked
+from inferd.api.streaming.sse import Sender, final_frames
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation
 from inferd.types import Delta, Usage

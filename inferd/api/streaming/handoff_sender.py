@@ -10,8 +10,10 @@ from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api import appkeys as keys
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.sse import Sender, Tracked, final_frames
-from inferd.api.streaming.writers import WriterDown, WriterPool
+from inferd.api.streaming.inflight import Tracked
+from inferd.api.streaming.sse import Sender, final_frames
+from inferd.api.streaming.writer_pool import WriterPool
+from inferd.api.streaming.writers import WriterDown
 from inferd.api.wire.responses import ChunkEncoder
 from inferd.observability import RequestObservation, get_logger
 from inferd.types import Delta

@@ -14,7 +14,8 @@ import pytest
 
 from inferd.api import appkeys
 from inferd.api.streaming.accepted import SocketAccepted
-from inferd.api.streaming.sse import Flusher, Sender
+from inferd.api.streaming.inflight import Flusher
+from inferd.api.streaming.sse import Sender
 from inferd.engine.sim.engine import SimEngine
 from inferd.types import Delta
 from tests.api.conftest import metric_value, sim_engine

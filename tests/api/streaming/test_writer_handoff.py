@@ -6,7 +6,7 @@ import socket
 
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.handoff_sender import HandoffSender
-from inferd.api.streaming.sse import Tracked
+from inferd.api.streaming.inflight import Tracked
 from inferd.api.wire.responses import ChunkEncoder, Identity
 from inferd.engine.stream import RequestStream
 from inferd.types import Delta, FinishReason

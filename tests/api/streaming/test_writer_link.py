@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from inferd.api.streaming import writers
+from inferd.api.streaming import writer_pool, writers
 from inferd.api.streaming.writers import WriterDown, WriterLink
 
 
@@ -57,8 +57,8 @@ class DeadLink:
 
 
 async def test_a_writer_slot_whose_replacements_cannot_start_gives_up_though_the_dead_one_lived_long(monkeypatch):
-    monkeypatch.setattr(writers, "RESTART_FIRST_S", 0.0)
-    pool = writers.WriterPool(1)
+    monkeypatch.setattr(writer_pool, "RESTART_FIRST_S", 0.0)
+    pool = writer_pool.WriterPool(1)
     starts = []
 
     async def failing_start():
@@ -66,7 +66,7 @@ async def test_a_writer_slot_whose_replacements_cannot_start_gives_up_though_the
         raise OSError("cannot spawn")
     pool._start = failing_start
     loop = asyncio.get_running_loop()
-    dead = DeadLink(started=loop.time() - 10 * writers.RESTART_RESET_S)    # it served a long time, then died
+    dead = DeadLink(started=loop.time() - 10 * writer_pool.RESTART_RESET_S)    # it served a long time, then died
     pool.links = [dead]
     pool.lost(dead)
 
@@ -74,4 +74,4 @@ async def test_a_writer_slot_whose_replacements_cannot_start_gives_up_though_the
         while pool._restarts:                           # each failed start schedules the next, until it gives up
             await asyncio.gather(*pool._restarts)
     await asyncio.wait_for(settled(), 10)               # without a give-up it would restart for ever
-    assert len(starts) == writers.MAX_RESTARTS and pool.links == [dead]
+    assert len(starts) == writer_pool.MAX_RESTARTS and pool.links == [dead]
