@@ -4,9 +4,11 @@ Run as `python -m inferd.api.streaming.writer_proc FD`, FD its end of a SOCK_SEQ
 (inferd.api.streaming.writer_wire). Each stream arrives as a client socket (SCM_RIGHTS) whose response
 headers the main process already wrote; from then on only this process writes to it. Text arrives once
 per engine step, batched across streams; it is encoded here (the same ChunkEncoder) as one frame per
-stream per step, or, when a client is behind, merged into one frame once its socket takes more. A client
-that is behind is reported (BLOCKED) so the main process stops sending its text (it merges in the
-engine's RequestStream, as in-process), and reported again once drained; one that left is reported (GONE).
+stream per read of the channel (READ_BATCH messages): one step's text while this process keeps up,
+several steps' once it is behind, so it catches up. A client that is behind gets its text merged into one
+frame once its socket takes more, and is reported (BLOCKED) so the main process stops sending its text
+(it merges in the engine's RequestStream, as in-process), and reported again once drained; one that left
+is reported (GONE).
 The main process's RAW frames are written as they are. CLOSE: once all is written the socket is handed
 back: this process closes its copy and says RETURNED, and the main process ends the body and reads the
 client's next request (or closes the connection, as HTTP says). A client's bytes are only ever peeked at
@@ -31,6 +33,10 @@ from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream, WriteDelays
 from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
 
+# Messages read before the streams they gave text are written: a writer behind by several steps writes
+# each stream's as one frame (one send(), not one per step), so the further behind, the less a token costs;
+# the bound lets the clients' sockets and the samples have their turns.
+READ_BATCH = 64
 # Reports waiting for the main process's socket: a few per stream at most; past this many it has stopped
 # reading altogether, and this process ends (the main process then ends every stream it had as a disconnect).
 MAX_REPORTS = 1 << 16
@@ -56,6 +62,7 @@ class Writer:
         self.reports: collections.deque[bytes] = collections.deque()   # waiting for the channel to take them
         self.tasks: set[asyncio.Task] = set()
         self.delays = WriteDelays()
+        self.dirty: dict[int, ClientStream] = {}      # streams given text by this read, by sid
 
     def start(self) -> None:
         self.channel.setblocking(False)
@@ -110,17 +117,29 @@ class Writer:
         self.closed.set()
 
     def _read(self) -> None:
-        while not self.closed.is_set():
-            try:
-                data, fds, _, _ = socket.recv_fds(self.channel, wire.MAX_MESSAGE, 1)
-            except BlockingIOError:
-                return
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                self._main_gone()
-                return
-            self._handle(wire.decode(data), fds)
+        try:
+            for _ in range(READ_BATCH):
+                if self.closed.is_set():
+                    return
+                try:
+                    data, fds, _, _ = socket.recv_fds(self.channel, wire.MAX_MESSAGE, 1)
+                except BlockingIOError:
+                    return
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    self._main_gone()
+                    return
+                self._handle(wire.decode(data), fds)
+        finally:
+            self._pump_dirty()
+
+    def _pump_dirty(self) -> None:
+        dirty = self.dirty
+        if dirty:
+            self.dirty = {}
+            for stream in dirty.values():
+                self._pump(stream)
 
     def _handle(self, msg: list, fds: list[int]) -> None:
         kind = msg[0]
@@ -132,7 +151,7 @@ class Writer:
                     stream.tokens += tokens
                     if stream.pushed_at is None:
                         stream.pushed_at = pushed_at
-                    self._pump(stream)
+                    self.dirty[sid] = stream
         elif kind == wire.OPEN:
             self._open(msg, fds[0])
         else:

@@ -6,6 +6,7 @@ import asyncio
 import bisect
 import contextlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -212,3 +213,22 @@ async def test_the_write_delay_from_the_engines_push_to_the_socket_is_reported_p
         _, [[series, counts, total]] = await main.report_of(wire.DELAYS)
         assert series == 0 and sum(counts) == 1 and 0.3 <= total < 10, (counts, total)
         assert counts[bisect.bisect_left(WriteDelays.BOUNDS, total)] == 1, (counts, total)   # its bucket, as Prometheus'
+
+
+async def test_steps_that_waited_for_the_writer_go_out_as_one_frame_per_stream():
+    # A writer behind by several engine steps catches up: one send() per stream, not one per step.
+    async with writer_process() as main:
+        clients = {sid: main.open(sid) for sid in (1, 2)}
+        await main.synced()
+        os.kill(main.process.pid, signal.SIGSTOP)     # it falls behind: three steps wait on its socket
+        try:
+            for word in ("one", "two", "six"):
+                await main.send([wire.STEP, [[1, word, 1, None], [2, word.upper(), 1, None]]])
+        finally:
+            os.kill(main.process.pid, signal.SIGCONT)
+        await main.synced()
+        await main.synced()                         # the read that took the steps has written them
+        loop = asyncio.get_running_loop()
+        for sid, text in ((1, b"onetwosix"), (2, b"ONETWOSIX")):
+            got = await loop.sock_recv(clients[sid], 1 << 16)
+            assert got.count(b"data: ") == 1 and text in got, got
