@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.writers import WriteDelaySink, WriterDown, WriterLink, _child_env
+from inferd.api.streaming.writers import WriteDelaySink, WriterDown, WriterLink, child_env
 from inferd.observability import get_logger
 
 log = get_logger("inferd.api.streaming.writers")
@@ -66,7 +66,7 @@ class WriterPool:
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inferd.api.streaming.writer_proc", str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),), env=_child_env())
+                pass_fds=(theirs.fileno(),), env=child_env())
         except BaseException:
             ours.close()
             raise

@@ -36,7 +36,7 @@ log = get_logger("inferd.api.streaming.writers")
 MAX_QUEUED, MAX_QUEUED_BYTES = 4096, 64 << 20
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """This environment, with the directory this process's `inferd` came from first on the path."""
     root = str(Path(inferd.__file__).resolve().parent.parent)
     env = dict(os.environ)

@@ -16,7 +16,7 @@ import pytest
 
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.writer_client import WriteDelays
-from inferd.api.streaming.writers import _child_env
+from inferd.api.streaming.writers import child_env
 from tests.daemon.harness import until
 
 
@@ -71,7 +71,7 @@ async def writer_process(sndbuf: int | None = None) -> AsyncIterator[Main]:
         theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "inferd.api.streaming.writer_proc", str(theirs.fileno()),
-        pass_fds=(theirs.fileno(),), env=_child_env())
+        pass_fds=(theirs.fileno(),), env=child_env())
     theirs.close()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, wire.SOCKET_BUFFER)
     ours.setblocking(False)
