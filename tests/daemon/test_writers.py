@@ -167,7 +167,9 @@ async def test_a_client_that_stops_reading_pauses_its_text_until_drained_and_get
             return any(getattr(e.sender, "paused", False) for e in inflight.entries)
         await until(blocked, "the writer to report its client blocked", timeout_s=30)
         loop, got = asyncio.get_running_loop(), b""
-        while data := await loop.sock_recv(sock, 1 << 16):     # reads it all: DRAINED, the text resumes
+        while not got.endswith(b"\r\n0\r\n\r\n"):     # reads it all, to the body's end (the connection is
+            data = await loop.sock_recv(sock, 1 << 16)       # kept open after it): DRAINED, the text resumes
+            assert data, "the connection closed before the body's end"
             got += data
         sock.close()
     events = sse_events(got)
