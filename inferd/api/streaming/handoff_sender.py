@@ -10,7 +10,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api import appkeys as keys
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.inflight import Tracked
+from inferd.api.streaming.inflight import Tracked, flush_or_end
 from inferd.api.streaming.sse import Sender, final_frames
 from inferd.api.streaming.writer_pool import WriterPool
 from inferd.api.streaming.writers import WriterDown
@@ -182,7 +182,7 @@ class HandoffSender(Sender):
             self.paused = True
         elif kind == wire.DRAINED:
             self.paused = False
-            self.flush()
+            flush_or_end(self)      # its final frames may be waiting, and the writer die as they are sent
 
     def _answer(self, outcome: bool | BaseException) -> None:
         acked = self.acked

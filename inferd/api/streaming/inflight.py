@@ -88,13 +88,7 @@ class Flusher:
         deadline = _perf() + FLUSH_BUDGET_S
         n = 0
         while dirty:
-            sender = dirty.popleft()
-            try:
-                sender.flush()
-            except ConnectionError:
-                sender.end(client_gone=True)
-            except Exception:   # a bug: end this stream with an error frame, not the others
-                sender.fail()
+            flush_or_end(dirty.popleft())
             n += 1
             if not n % _CHECK_EVERY and _perf() > deadline:
                 break
@@ -102,6 +96,17 @@ class Flusher:
             asyncio.get_running_loop().call_soon(self._run)    # after what is ready now (engine steps)
         else:
             self._scheduled = False
+
+
+def flush_or_end(sender: FrameWriter) -> None:
+    """Write the stream's new output; a client (or writer process) gone ends it as a disconnect, a bug as an
+    error frame: the stream ends either way, and the others are written."""
+    try:
+        sender.flush()
+    except ConnectionError:
+        sender.end(client_gone=True)
+    except Exception:   # a bug: end this stream with an error frame, not the others
+        sender.fail()
 
 
 class Inflight:

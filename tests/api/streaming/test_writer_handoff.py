@@ -7,6 +7,7 @@ import socket
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.handoff_sender import HandoffSender
 from inferd.api.streaming.inflight import Tracked
+from inferd.api.streaming.writers import WriterDown
 from inferd.api.wire.responses import ChunkEncoder, Identity
 from inferd.engine.stream import RequestStream
 from inferd.types import Delta, FinishReason
@@ -127,6 +128,30 @@ async def test_a_final_frame_too_large_for_one_message_goes_to_the_writer_in_pie
         raws = [m for m in pool.link.sent if m[0] == wire.RAW]
         assert len(raws) > 1 and max(len(wire.encode(m)) for m in raws) <= wire.SPLIT_AT
         assert "".join(m[2] for m in raws).count("z") == 2 << 20
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_writer_dying_as_a_drained_streams_final_frames_go_to_it_ends_the_stream_as_a_disconnect():
+    # Left unhandled, the error escaped the report, and the stream, its final frames written (closing), was
+    # neither ended nor scanned by the watchdog: its handler waited for ever.
+    a, b = socket.socketpair()
+    try:
+        sender, pool, stream = sender_on(a)
+        link = pool.link
+        sender.on_report([wire.BLOCKED, sender.sid, 0])
+        stream.push(Delta(text="bye", token_ids=[1], finish_reason=FinishReason.STOP))
+        sent = link.send
+
+        def dying_send(message: list, fds: list[int] | None = None) -> None:
+            if message[0] != wire.RAW:
+                return sent(message, fds)
+            sender.on_report([wire.GONE, sender.sid, None])     # as WriterLink._lost: GONE first, then raise
+            raise WriterDown("the writer process is gone")
+        link.send = dying_send
+        sender.on_report([wire.DRAINED, sender.sid, 0])
+        assert sender.done and sender.entry.client_gone
     finally:
         a.close()
         b.close()
