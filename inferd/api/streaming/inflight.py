@@ -99,8 +99,8 @@ class Flusher:
 
 
 def flush_or_end(sender: FrameWriter) -> None:
-    """Write the stream's new output; a client (or writer process) gone ends it as a disconnect, a bug as an
-    error frame: the stream ends either way, and the others are written."""
+    """Write the stream's new output. A client (or writer process) gone ends the stream as a disconnect, and
+    a bug ends it with an error frame; neither reaches the caller, which goes on to the other streams."""
     try:
         sender.flush()
     except ConnectionError:
