@@ -345,13 +345,17 @@ class Metrics:
 
     def loop_observer(self, child: Any) -> Callable[[float], None]:
         """A cheap observe() for a histogram child, for the event-loop thread only (see LoopHistogram)."""
+        hist = self.loop_histogram(child)
+        return child.observe if hist is None else hist.observe
+
+    def loop_histogram(self, child: Any) -> LoopHistogram | None:
+        """The event-loop thread's LoopHistogram of a histogram child (None: its layout is not one it reads)."""
         hist = self._loop_histograms.get(id(child))
         if hist is None:
             hist = LoopHistogram.for_child(child)
-            if hist is None:
-                return child.observe
-            self._loop_histograms[id(child)] = hist
-        return hist.observe
+            if hist is not None:
+                self._loop_histograms[id(child)] = hist
+        return hist
 
     def render(self, *, every_tenant: bool = True, tenant: str | None = None) -> tuple[bytes, str]:
         """The exposition body and its Content-Type, for the /metrics handler (on the event loop). Unless

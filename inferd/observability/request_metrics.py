@@ -41,6 +41,7 @@ class SeriesFamilies(Protocol):
     engine_step: Histogram
 
     def loop_observer(self, child: Any) -> Callable[[float], None]: ...
+    def loop_histogram(self, child: Any) -> LoopHistogram | None: ...
 
 
 class LoopHistogram:
@@ -99,7 +100,7 @@ class ModelSeries:
 
     __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
                  "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages",
-                 "_by_status", "_metrics", "ttft_observe", "queue_wait_observe", "prefill_observe", "decode_observe",
+                 "_by_status", "_metrics", "_write_delays", "ttft_observe", "queue_wait_observe", "prefill_observe", "decode_observe",
                  "e2e_observe")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
@@ -109,7 +110,9 @@ class ModelSeries:
         self.ttft = metrics.time_to_first_token.labels(*labels)
         self.itl = metrics.inter_token_latency.labels(*labels)
         self.itl_observe = metrics.loop_observer(self.itl)   # per frame: loop thread only
-        self.write_delay_observe = metrics.loop_observer(metrics.stream_write_delay.labels(*labels))   # ditto
+        write_delay = metrics.stream_write_delay.labels(*labels)
+        self._write_delays = metrics.loop_histogram(write_delay)         # ditto, and the writers' DELAYS
+        self.write_delay_observe = write_delay.observe if self._write_delays is None else self._write_delays.observe
         self.queue_wait = metrics.queue_wait.labels(*labels)
         self.prefill = metrics.prefill_time.labels(*labels)
         self.decode = metrics.decode_time.labels(*labels)
@@ -130,9 +133,8 @@ class ModelSeries:
     def add_write_delays(self, counts: list[int], total: float) -> None:
         """Write delays another process observed (an SSE writer's DELAYS): counts per bucket of
         inferd_stream_write_delay_seconds, +Inf last, and their sum. Loop thread only."""
-        hist = getattr(self.write_delay_observe, "__self__", None)
-        if isinstance(hist, LoopHistogram):
-            hist.add(counts, total)
+        if self._write_delays is not None:
+            self._write_delays.add(counts, total)
 
     def stage_observe(self, name: str) -> Callable[[float], None]:
         """observe() of the stage histogram's child for `name` (a bounded set: the pipeline's timeline stages),
