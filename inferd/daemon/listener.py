@@ -152,6 +152,9 @@ class GuardedHandler(RequestHandler):
         self.phase = _IDLE
         self._timer: asyncio.TimerHandle | None = None
         self._body: Any = None      # the current request's payload (a StreamReader) while in `body`
+        # Called first when the connection is lost, while its socket is still open: the stream being written
+        # reads what its client acknowledged (inferd.api.streaming.accepted.SocketAccepted sets it).
+        self.on_lost: Callable[[], None] | None = None
 
     # -- connection ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,6 +166,9 @@ class GuardedHandler(RequestHandler):
         self._arm(_IDLE, self._limits.idle_timeout_s)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
         self._disarm()
         if self.slot == _REFUSE:
             return                  # never handed to aiohttp

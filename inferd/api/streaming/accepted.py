@@ -14,20 +14,29 @@ transport's (asyncio's, read through its TLS protocol; uvloop's cannot be read, 
 that bound) and the send queue. An encrypted record is longer than the text it carries, so this never
 counts a frame the client did not acknowledge; it may count the last few a record's overhead late.
 
-The count is sampled after a frame is written (one ioctl beside the frame's send(), about 1.8 us; at most
-once per SAMPLE_INTERVAL_S, so an engine that outruns its clients does not pay it per frame), on each
-watchdog scan, when a paused stream drains, and while the stream's end waits for its acknowledgement.
+On a plain TCP socket, Linux counts what the client acknowledged itself: TCP_INFO's `tcpi_bytes_acked`,
+the connection's acknowledged bytes in all, which stays readable after a reset (the send queue does not). So
+the stream's first byte's place in the connection is read once when its frames start (the acknowledged bytes,
+plus what waits in the send queue and in user space), and a sample is one getsockopt that nothing else
+changes: no sample per frame. It is sampled on each watchdog scan, when a paused stream drains, while the
+stream's end waits for its acknowledgement, and once more when the connection is lost, before its socket
+closes (its protocol's `on_lost`, inferd.daemon.listener.GuardedHandler), so a client that leaves, even with a reset, is billed exactly what it acknowledged.
+Where TCP_INFO has no such count (TLS, which counts encrypted bytes; a kernel before Linux 4.1; not TCP),
+the send queue is read instead, after a frame is written (one ioctl beside the frame's send(), about 1.8 us;
+at most once per SAMPLE_INTERVAL_S, so an engine that outruns its clients does not pay it per frame), and a
+client that leaves is billed for the last sample, never more than it received: the transport's buffer, and a
+reset connection's send queue, are dropped when the connection is lost.
+
 Frames leave the pending list once acknowledged, so it holds what the client has not acknowledged yet and
-the last interval's frames; past MAX_PENDING entries, neighbours merge (a merged entry counts once its
-later frame is acknowledged), so a slow client with megabytes queued costs a bounded list. The transport's
-buffer is dropped when the connection is lost, so nothing is sampled after: a client that leaves is billed
-for the last sample, never more than it received (what it acknowledged since then goes unbilled).
+the frames since the last sample; past MAX_PENDING entries, neighbours merge (a merged entry counts once its
+later frame is acknowledged), so a slow client with megabytes queued costs a bounded list.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import fcntl
+import socket
 import struct
 import termios
 import time
@@ -41,18 +50,23 @@ MAX_PENDING = 1024
 # and a client that stopped reading costs about 60 wake-ups a second until the bound.
 _POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.016
 _monotonic = time.monotonic
+# struct tcp_info (linux/tcp.h): tcpi_bytes_acked is the u64 at byte 120 (Linux 4.1 and later; older kernels
+# return a shorter struct).
+_BYTES_ACKED_AT, _TCP_INFO_LEN = 120, 128
 
 
 class SocketAccepted:
     """Counts the tokens whose frames one stream's client acknowledged."""
 
-    __slots__ = ("_acked", "_fd", "_last_start", "_pending", "_raw", "_sampled_at", "_sent", "_taken",
-                 "_transport", "delivered_tokens")
+    __slots__ = ("_acked", "_base", "_fd", "_last_start", "_pending", "_raw", "_sampled_at", "_sent", "_sock",
+                 "_taken", "_transport", "delivered_tokens")
 
     def __init__(self) -> None:
         self._transport: WriteTransport | None = None
         self._raw: WriteTransport | None = None     # over TLS: the TCP transport under it, where readable
         self._fd = -1                   # the socket whose send queue is read (-1: none)
+        self._sock: socket.socket | None = None   # the socket whose TCP_INFO is read (None: its send queue is)
+        self._base = 0                  # with TCP_INFO: the connection's acknowledged bytes where this stream starts
         self._sent = 0                  # bytes this stream wrote to the transport
         self._last_start = 0            # where the last frame written begins
         self._acked = 0                 # bytes of this stream its client acknowledged, at the last sample
@@ -67,8 +81,21 @@ class SocketAccepted:
         self._transport = transport
         self._raw = _tls_raw_transport(transport)
         sock = transport.get_extra_info("socket")
-        if sock is not None:
-            self._fd = sock.fileno()
+        if sock is None:
+            return
+        self._fd = sock.fileno()
+        if self._raw is None and transport.get_extra_info("sslcontext") is None:
+            # The send queue first: an acknowledgement between the two reads can only raise the base, so a
+            # frame is never counted before its client acknowledged it.
+            held = transport.get_write_buffer_size() + self._unacknowledged()
+            acked = _bytes_acked(sock)
+            if acked is not None:
+                self._sock, self._base = sock, acked + held
+                # A protocol with `on_lost` calls it when the connection is lost, before the transport closes
+                # the socket: a client that leaves is read one last time.
+                protocol = transport.get_protocol() if hasattr(transport, "get_protocol") else None
+                if hasattr(protocol, "on_lost"):
+                    protocol.on_lost = self.sample
 
     def took(self, tokens: int) -> None:
         """`tokens` more output tokens were read; the next frame written carries them."""
@@ -98,20 +125,29 @@ class SocketAccepted:
         pending.append((self._sent, self._taken))
         if len(pending) > MAX_PENDING:
             self._pending = _merged(pending)
-        if _monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S:
+        if self._sock is None and _monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S:
             self.sample()
 
     def sample(self) -> None:
-        """Count the frames the client has acknowledged by now; nothing once the transport closes (its
-        buffer may have been dropped, and would read as sent)."""
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        self._sampled_at = _monotonic()
-        held = transport.get_write_buffer_size()
-        if self._raw is not None:
-            held += self._raw.get_write_buffer_size()
-        out = self._acked = self._sent - held - self._unacknowledged()
+        """Count the frames the client has acknowledged by now. With TCP_INFO, until the socket closes (a
+        reset connection still tells); without, until the transport closes (its buffer may have been
+        dropped, and would read as sent)."""
+        if self._sock is not None:
+            acked = _bytes_acked(self._sock)
+            if acked is None:
+                return
+            out = acked - self._base
+        else:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                return
+            self._sampled_at = _monotonic()
+            held = transport.get_write_buffer_size()
+            if self._raw is not None:
+                held += self._raw.get_write_buffer_size()
+            out = self._sent - held - self._unacknowledged()
+        if out > self._acked:
+            self._acked = out
         pending = self._pending
         while pending and pending[0][0] <= out:
             # Never lower: a writer process's count (counted_elsewhere) may be ahead of frames written here.
@@ -145,6 +181,18 @@ class SocketAccepted:
         except OSError:                 # not a TCP socket after all (or closed): user space only
             self._fd = -1
             return 0
+
+
+def _bytes_acked(sock: socket.socket) -> int | None:
+    """The connection's bytes its peer acknowledged, in all (TCP_INFO); None where the kernel does not count
+    them, or the socket is closed."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except (OSError, ValueError):   # closed (uvloop's socket then has no descriptor), or not TCP
+        return None
+    if len(info) < _TCP_INFO_LEN:
+        return None
+    return struct.unpack_from("Q", info, _BYTES_ACKED_AT)[0]
 
 
 def _merged(pending: collections.deque[tuple[int, int]]) -> collections.deque[tuple[int, int]]:

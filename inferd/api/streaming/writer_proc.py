@@ -15,7 +15,7 @@ client's next request (or closes the connection, as HTTP says). A client's bytes
 here, never read: a request sent early stays for the main process.
 
 What each client acknowledged is counted here, with the in-process accounting (SocketAccepted: frames
-written, with the tokens they carry, against the socket's send queue), and reported with GONE, in answer
+written, with the tokens they carry, against what the connection acknowledged), and reported with GONE, in answer
 to ACK (before the stream's end) and a few times a second (TOOK). Reports wait in a queue while the main
 process's socket is full. On end-of-file from the main process, what is queued is written out (for at
 most EOF_GRACE_S) before the connections close.
@@ -213,16 +213,13 @@ class Writer:
             data = stream.sock.recv(1, socket.MSG_PEEK)     # peeked: bytes the client sent are the main process's
         except BlockingIOError:
             return
-        except OSError:                 # reset: the send queue is dropped, the last sample stands
+        except OSError:                 # reset
             self._gone(stream)
             return
         if data:                        # its next request, sent early: left unread; a failed send still notices a reset
             self.loop.remove_reader(stream.fd)
             return
-        # The client closed its end (FIN): the send queue is intact, so what it acknowledged up to now
-        # is read once more (else a client that leaves between two frames is billed as of the one before).
-        stream.accepted.sample()
-        self._gone(stream)
+        self._gone(stream)              # it closed its end (FIN)
 
     def _pump(self, stream: ClientStream) -> None:
         if stream.gone:
@@ -254,9 +251,13 @@ class Writer:
             self._gone(stream)
 
     def _gone(self, stream: ClientStream) -> None:
+        # What it acknowledged is read once more while the socket is open (else a client that leaves between
+        # two samples is billed as of the one before): after a FIN the send queue is intact, and TCP_INFO's
+        # count survives a reset too (inferd.api.streaming.accepted).
+        stream.accepted.sample()
         closing = stream.closing
         self._drop(stream)
-        if not closing:                 # billed what it acknowledged by the last sample (none after: see accepted)
+        if not closing:                 # billed what it acknowledged
             self._report([wire.GONE, stream.sid, stream.accepted.delivered_tokens])
 
     def _drop(self, stream: ClientStream, *, returned: bool = False) -> None:

@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from inferd.api.streaming import accepted as accepted_module
 from inferd.api.streaming.accepted import MAX_PENDING, SocketAccepted
 from inferd.config.root import load_config
 from tests.api.pipeline.test_billing import config, settled_rows
@@ -90,6 +91,27 @@ async def test_a_client_that_stops_reading_is_billed_for_what_its_socket_took(tm
         assert 0 < row["completion_tokens"] <= frames_tokens(reached) < GENERATED
 
 
+async def test_a_lost_connection_is_read_once_more_before_its_socket_closes(tmp_path, monkeypatch):
+    after_loss = []                             # what each sample taken once the connection was lost could read
+    sample = SocketAccepted.sample
+
+    def watched(self) -> None:
+        if self._transport is not None and self._transport.is_closing() and self._sock is not None:
+            after_loss.append(accepted_module._bytes_acked(self._sock))
+        sample(self)
+    monkeypatch.setattr(SocketAccepted, "sample", watched)
+    async with running_daemon(config(tmp_path, time_scale=0.01)) as (_, _, url), aiohttp.ClientSession() as http:
+        sock = await raw_stream(url, SHORT)
+        got = b""
+        while frames_tokens(got) < 3:
+            got += await asyncio.get_running_loop().sock_recv(sock, 1024)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()                            # a reset
+        [row] = await settled_rows(http, url, 1)
+    assert row["status"] == 499
+    assert any(acked is not None and acked > 0 for acked in after_loss)   # the socket was still there to read
+
+
 class FakeTransport:
     """A transport whose user-space buffer the test sets (no socket: the send queue reads as empty)."""
 
@@ -158,6 +180,67 @@ def test_pending_frames_merge_past_the_cap_and_never_count_an_unacknowledged_one
     transport.buffered = 10 * MAX_PENDING       # all but the last MAX_PENDING frames out
     counted.sample()
     assert 0 < counted.delivered_tokens <= 2 * MAX_PENDING
+
+
+class SocketTransport(FakeTransport):
+    """A transport over a real TCP socket, written directly (nothing waits in user space)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def get_extra_info(self, name: str):
+        return self.sock if name == "socket" else None
+
+
+def loopback_pair(rcvbuf: int = 4096) -> tuple[socket.socket, socket.socket]:
+    """(server side, client side) of a loopback TCP connection; the client's receive buffer set before connecting."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        client.connect(listener.getsockname())
+        server, _ = listener.accept()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)     # what the client's window leaves out waits here
+    return server, client
+
+
+def int_ioctl(sock: socket.socket, request: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), request, b"\0" * 4))[0]
+
+
+def tcp_state(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+async def test_a_client_that_resets_is_billed_exactly_the_frames_it_acknowledged_read_after_the_reset():
+    server, client = loopback_pair()
+    transport, counted = SocketTransport(server), SocketAccepted()
+    server.sendall(b"h" * 77)                   # the headers: written before the stream's frames, never counted
+    counted.attach(transport)
+    for _ in range(40):                         # 40 frames of 1000 bytes, a token each: more than the client's window
+        counted.took(1)
+        counted.wrote(1000)
+        server.sendall(b"f" * 1000)
+    assert counted.delivered_tokens == 0        # no sample per frame: TCP_INFO is read when asked
+    held = [-1]
+
+    async def acknowledged_all_it_holds() -> bool:  # the window full, and its delayed ACKs sent
+        before, held[0] = held[0], int_ioctl(client, termios.FIONREAD)
+        return held[0] == before == 77 + 40 * 1000 - int_ioctl(server, termios.TIOCOUTQ)
+    await until(acknowledged_all_it_holds, "the client's window to fill and be acknowledged")
+    reached = held[0] - 77                      # the frames' bytes in its socket: all acknowledged
+    assert 0 < reached < 40 * 1000
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()                              # a reset: the server's send queue is dropped
+    async def reset() -> bool:
+        return tcp_state(server) == 7           # TCP_CLOSE
+    await until(reset, "the reset to arrive")
+    transport.closing = True
+    counted.sample()
+    assert counted.delivered_tokens == reached // 1000
+    server.close()
+    counted.sample()                            # a closed socket reads nothing, and changes nothing
+    assert counted.delivered_tokens == reached // 1000
 
 
 async def test_a_stream_is_complete_once_all_but_its_last_frame_left_and_a_client_that_left_raises():

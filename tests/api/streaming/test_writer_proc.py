@@ -8,7 +8,9 @@ import contextlib
 import os
 import signal
 import socket
+import struct
 import sys
+import termios
 import time
 from collections.abc import AsyncIterator
 
@@ -17,6 +19,8 @@ import pytest
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.writer_client import WriteDelays
 from inferd.api.streaming.writers import child_env
+from inferd.api.streaming.accepted import _bytes_acked as bytes_acked
+from tests.api.streaming.test_accepted import int_ioctl, loopback_pair
 from tests.daemon.harness import until
 
 
@@ -26,15 +30,19 @@ class Main:
     def __init__(self, sock: socket.socket, process: asyncio.subprocess.Process) -> None:
         self.sock, self.process = sock, process
         self.clients: dict[int, socket.socket] = {}     # the client's end of each stream, by sid
+        self.servers: dict[int, socket.socket] = {}     # a copy of the writer's end, of a TCP stream
 
     async def send(self, message: list) -> None:
         await asyncio.get_running_loop().sock_sendall(self.sock, wire.encode(message))
 
-    def open(self, sid: int, include_usage: bool = False) -> socket.socket:
-        client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    def open(self, sid: int, include_usage: bool = False, *, tcp: bool = False) -> socket.socket:
+        client, server = loopback_pair() if tcp else socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         socket.send_fds(self.sock, [wire.encode([wire.OPEN, sid, True, "completion", "cmpl-1", 1, "sim", "fp",
                                                  include_usage, None, 0])], [server.fileno()])
-        server.close()
+        if tcp:
+            self.servers[sid] = server          # kept, to read what the connection acknowledged
+        else:
+            server.close()
         client.setblocking(False)
         self.clients[sid] = client
         return client
@@ -80,10 +88,21 @@ async def writer_process(sndbuf: int | None = None) -> AsyncIterator[Main]:
         yield main
     finally:
         ours.close()
-        for client in main.clients.values():
+        for client in [*main.clients.values(), *main.servers.values()]:
             client.close()
         with contextlib.suppress(ProcessLookupError):
             await asyncio.wait_for(process.wait(), 10)
+
+
+def whole_chunks(data: bytes) -> list[bytes]:
+    """The HTTP chunks wholly within `data`, from its start."""
+    chunks = []
+    while True:
+        size, sep, rest = data.partition(b"\r\n")
+        if not sep or len(rest) < int(size, 16) + 2:
+            return chunks
+        chunks.append(rest[:int(size, 16)])
+        data = rest[int(size, 16) + 2:]
 
 
 async def read_all(client: socket.socket) -> bytes:
@@ -142,6 +161,27 @@ async def test_a_client_that_leaves_is_reported_with_the_tokens_its_socket_ackno
         client.close()
         assert await main.report_of(wire.GONE) == [wire.GONE, 1, 3]
         main.clients.clear()
+
+
+async def test_a_tcp_client_that_resets_is_reported_with_exactly_the_tokens_it_acknowledged():
+    async with writer_process() as main:
+        client = main.open(1, tcp=True)
+        before_frames = bytes_acked(main.servers[1])    # the handshake's, on some kernels
+        for _ in range(150):                    # a frame (about 1 KB) and a token each: more than its window
+            await main.send([wire.STEP, [[1, "x" * 1000, 1, None]]])
+            await main.synced()                 # read alone: its own frame, mostly
+        held = [-1]
+
+        async def acknowledged_all_it_holds() -> bool:  # its window full, and its delayed ACKs sent
+            before, held[0] = held[0], int_ioctl(client, termios.FIONREAD)
+            return held[0] == before == bytes_acked(main.servers[1]) - before_frames > 0
+        await until(acknowledged_all_it_holds, "the client's window to fill and be acknowledged")
+        tokens = sum(chunk.count(b"x") for chunk in whole_chunks(client.recv(held[0], socket.MSG_PEEK))) // 1000
+        assert 0 < tokens < 150
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()                          # a reset: the writer's send queue is dropped, TCP_INFO's count is not
+        main.clients.clear()
+        assert await main.report_of(wire.GONE) == [wire.GONE, 1, tokens]
 
 
 async def test_ack_is_answered_once_the_client_took_everything_before_the_final_frames():
