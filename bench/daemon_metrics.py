@@ -8,6 +8,7 @@ import urllib.request
 _SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_seconds_count|'
                      r'inferd_engine_generated_tokens_total)\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$',
                      re.M)
+_GC = re.compile(r'^inferd_gc_pause_seconds_(bucket|sum)\{generation="(\d)"(?:,le="([^"]+)")?\} ([0-9.e+]+)$', re.M)
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
 
 
@@ -22,6 +23,31 @@ def delay_buckets(text: str) -> dict[float, float]:
         bound = float("inf") if le == "+Inf" else float(le)
         delay[bound] = delay.get(bound, 0.0) + float(value)
     return delay
+
+
+def gc_pauses(port: int) -> dict[str, dict]:
+    """Per generation of the daemon's garbage collector: its pauses' cumulative buckets and their sum."""
+    pauses: dict[str, dict] = {}
+    for kind, generation, le, value in _GC.findall(metrics_text(port)):
+        entry = pauses.setdefault(generation, {"buckets": {}, "sum": 0.0})
+        if kind == "sum":
+            entry["sum"] = float(value)
+        else:
+            entry["buckets"][float("inf") if le == "+Inf" else float(le)] = float(value)
+    return pauses
+
+
+def gc_window(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
+    """What the collector did between two gc_pauses() readings, per generation: collections, seconds in all,
+    and the bucket bound the longest pause is under (None: none)."""
+    out = {}
+    for generation, entry in after.items():
+        old = before.get(generation, {"buckets": {}, "sum": 0.0})
+        counts = {b: v - old["buckets"].get(b, 0.0) for b, v in entry["buckets"].items()}
+        total = counts.get(float("inf"), 0.0)
+        longest = next((b for b in sorted(counts) if counts[b] >= total), None) if total else None
+        out[generation] = {"collections": int(total), "seconds": entry["sum"] - old["sum"], "longest_under_s": longest}
+    return out
 
 
 def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:

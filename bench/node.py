@@ -58,7 +58,7 @@ import time
 from array import array
 from pathlib import Path
 
-from daemon_metrics import histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
+from daemon_metrics import gc_pauses, gc_window, histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
 from daemon_process import pin, place_writers, run_daemon, spawn, stop  # noqa: E402
 from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
 from sse_load import Refused, SseClient, http_post, reuse  # noqa: E402
@@ -270,9 +270,9 @@ def main() -> int:
             clients = [subprocess.Popen([*cmd, "--client-index", str(k)], stdout=subprocess.PIPE, text=True,
                                         preexec_fn=lambda cpu=cpu: pin(cpu)) for k, cpu in enumerate(cpus)]
             time.sleep(args.warmup)
-            (m0, d0), tree0, t0 = scrape(port), sample_tree(proc.pid), time.monotonic()
+            (m0, d0), gc0, tree0, t0 = scrape(port), gc_pauses(port), sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
-            (m1, d1), tree1, t1 = scrape(port), sample_tree(proc.pid), time.monotonic()
+            (m1, d1), gc1, tree1, t1 = scrape(port), gc_pauses(port), sample_tree(proc.pid), time.monotonic()
             outputs = [c.communicate(timeout=args.seconds + args.warmup + 120)[0] for c in clients]
             if any(c.returncode != 0 for c in clients):
                 raise RuntimeError("a load generator failed")
@@ -309,7 +309,7 @@ def main() -> int:
               "client_itl_ms": {"p50": percentile(itl, 0.50), "p99": percentile(itl, 0.99)},
               "server_cpu_util": server_cpu / window,
               "server_cpu_ms_per_1k_tokens": server_cpu * 1000 / max(1.0, delivered * window) * 1000,
-              "roles": roles, "projection": projection(roles),
+              "roles": roles, "projection": projection(roles), "gc": gc_window(gc0, gc1),
               "loadavg_before": load_before, "loadavg_after": load_after}
     print(json.dumps(report), file=sys.stderr)
     print_summary(args, report, step_s)
@@ -341,8 +341,19 @@ def print_summary(args: argparse.Namespace, report: dict, step_s: dict[int, floa
         print(f"refused: {report['refused']} (retried; first: {report['first_refusal'] or '-'}); errors: "
               f"{report['errors']} (first: {report['first_error'] or '-'})")
     print("\n".join(role_lines(report["roles"], report["projection"])))
+    print(gc_line(report["gc"], report["window_s"]))
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
         *report["loadavg_before"], *report["loadavg_after"]))
+
+
+def gc_line(gc: dict[str, dict], window_s: float) -> str:
+    """The engine process's garbage collector in the window (inferd_gc_pause_seconds)."""
+    seconds = sum(g["seconds"] for g in gc.values())
+    full = gc.get("2", {"collections": 0, "longest_under_s": None})
+    longest = max((g["longest_under_s"] for g in gc.values() if g["longest_under_s"] is not None), default=None)
+    return (f"engine process GC pauses: {sum(g['collections'] for g in gc.values())} collections "
+            f"({full['collections']} full), {seconds * 1000:.0f} ms in all ({seconds / window_s:.1%} of the window), "
+            f"the longest under {'-' if longest is None else '%g ms' % (longest * 1000)}")
 
 
 def torch_models(args: argparse.Namespace, work: Path) -> str:

@@ -29,6 +29,7 @@ from inferd.observability.memory_budget_metrics import LifecycleCollector
 from inferd.observability.embedding_metrics import EmbeddingMetrics
 from inferd.observability.engine_metrics import MODEL_LABELS, EngineCollector
 from inferd.observability.cluster_metrics import ClusterCollector
+from inferd.observability.garbage import GcCollector, watch_collections
 from inferd.observability.request_metrics import LoopHistogram, ModelSeries, RequestObservation
 from inferd.observability.slo_metrics import SloCollector
 from inferd.observability.store_metrics import StoreCollector
@@ -137,8 +138,8 @@ class Metrics:
         self.embeddings = EmbeddingMetrics(r, MODEL_LABELS)      # the embedding (unary) batcher
 
     def _declare_process_series(self, r: CollectorRegistry) -> None:
-        """The process: config reloads, the build, engines' gauges and dropped log lines (both read at
-        scrape time)."""
+        """The process: config reloads, the build, engines' gauges, dropped log lines and the garbage
+        collector's pauses (all three read at scrape time)."""
         self.config_reload_total = Counter(
             "inferd_config_reload", "Config reloads (SIGHUP), by result", ("result",), registry=r)
         for result in ("success", "error"):
@@ -148,6 +149,8 @@ class Metrics:
         self.build_info.labels(__version__, platform.python_version()).set(1)
         r.register(EngineCollector(lambda: self.engines(), self.labels_for))
         r.register(_LogCollector())
+        watch_collections()
+        r.register(GcCollector())
 
     def _declare_subsystem_series(self, r: CollectorRegistry) -> None:
         """Per tenant and per subsystem (tenancy, cluster, store, SLOs, breakers, model lifecycle), read

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import contextlib
 import logging
 import signal
@@ -410,6 +411,14 @@ async def test_serve_subprocess_reports_port_serves_and_exits_zero_on_sigterm(tm
             async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
                 assert resp.headers["X-Inferd-Simulated"] == "true"
+            async with http.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
+        # Serving, its startup heap is frozen (inferd.observability.garbage); the full collection before it was timed.
+        ready = next((line for line in seen if line.get("event") == "ready"), None) \
+            or await asyncio.wait_for(read_event(proc, "ready", seen), 30)
+        assert ready["frozen_objects"] > 0
+        full = re.search(r'^inferd_gc_pause_seconds_count\{generation="2"\} (\S+)$', metrics, re.M)
+        assert full is not None and float(full.group(1)) >= 1
         proc.send_signal(signal.SIGHUP)
         await asyncio.wait_for(read_event(proc, "reloaded", seen), 30)
         proc.send_signal(signal.SIGTERM)

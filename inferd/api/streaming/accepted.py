@@ -17,10 +17,11 @@ counts a frame the client did not acknowledge; it may count the last few a recor
 On a plain TCP socket, Linux counts what the client acknowledged itself: TCP_INFO's `tcpi_bytes_acked`,
 the connection's acknowledged bytes in all, which stays readable after a reset (the send queue does not). So
 the stream's first byte's place in the connection is read once when its frames start (the acknowledged bytes,
-plus what waits in the send queue and in user space), and a sample is one getsockopt that nothing else
-changes: no sample per frame. It is sampled on each watchdog scan, when a paused stream drains, while the
+plus what waits in the send queue and in user space); a sample is then one getsockopt, and none is needed
+after each frame. It is sampled on each watchdog scan, when a paused stream drains, while the
 stream's end waits for its acknowledgement, and once more when the connection is lost, before its socket
-closes (its protocol's `on_lost`, inferd.daemon.listener.GuardedHandler), so a client that leaves, even with a reset, is billed exactly what it acknowledged.
+closes (its protocol's `on_lost`, inferd.daemon.listener.GuardedHandler), so a client that leaves, even with
+a reset, is billed exactly what it acknowledged.
 Where TCP_INFO has no such count (TLS, which counts encrypted bytes; a kernel before Linux 4.1; not TCP),
 the send queue is read instead, after a frame is written (one ioctl beside the frame's send(), about 1.8 us;
 at most once per SAMPLE_INTERVAL_S, so an engine that outruns its clients does not pay it per frame), and a
