@@ -281,9 +281,10 @@ def main() -> int:
             stop(proc)
         load_after = os.getloadavg()
         window = t1 - t0
-        simulated, step_s = 0.0, {}
+        simulated, step_s, step_cpu = 0.0, {}, 0.0
         for model in m1:
             d = {k: m1[model][k] - m0.get(model, {}).get(k, 0.0) for k in m1[model]}
+            step_cpu += d.get("inferd_engine_step_cpu_seconds_total", 0.0)
             sim_s, steps, gen = (d["inferd_engine_step_seconds_sum"], d["inferd_engine_step_seconds_count"],
                                  d["inferd_engine_generated_tokens_total"])
             if sim_s > 0 and steps > 0:
@@ -310,6 +311,7 @@ def main() -> int:
               "server_cpu_util": server_cpu / window,
               "server_cpu_ms_per_1k_tokens": server_cpu * 1000 / max(1.0, delivered * window) * 1000,
               "roles": roles, "projection": projection(roles), "gc": gc_window(gc0, gc1),
+              "step_loop_ms_per_1k_tokens": step_cpu * 1000 / max(1.0, delivered * window) * 1000,
               "loadavg_before": load_before, "loadavg_after": load_after}
     print(json.dumps(report), file=sys.stderr)
     print_summary(args, report, step_s)
@@ -341,6 +343,9 @@ def print_summary(args: argparse.Namespace, report: dict, step_s: dict[int, floa
         print(f"refused: {report['refused']} (retried; first: {report['first_refusal'] or '-'}); errors: "
               f"{report['errors']} (first: {report['first_error'] or '-'})")
     print("\n".join(role_lines(report["roles"], report["projection"])))
+    loops, engine = report["step_loop_ms_per_1k_tokens"], report["roles"]["engine"]["ms_per_1k_tokens"]
+    print(f"engines' step loops CPU per 1k tokens: {loops:.2f} ms (of the engine process's {engine:.2f}; the rest: "
+          f"{engine - loops:.2f}; inferd_engine_step_cpu_seconds_total)")
     print(gc_line(report["gc"], report["window_s"]))
     print("load average (1, 5, 15 min) before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}".format(
         *report["loadavg_before"], *report["loadavg_after"]))

@@ -125,6 +125,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     tokens_per_s: float                # moving average of tokens processed per second (prefill + decode)
     fairness_preemptions_total: int = 0    # sequences that yielded their slot to another tenant (yield_slot)
     speculation: SpeculationStats | None = None     # None: the engine does not speculate
+    # Host CPU its step loop used since start (the sim's turns on the event loop, a step engine's thread);
+    # None: the engine does not say (trtllm's executor threads are its own).
+    step_cpu_seconds_total: float | None = None
 
 
 class Engine(abc.ABC):

@@ -281,7 +281,18 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
             step_latency_s=latency, steps_total=c["steps"], prompt_tokens_total=c["prompt"],
             generation_tokens_total=c["generated"], prefix_cache_hit_tokens_total=c["cached"],
             tokens_per_s=tokens / latency if latency > 0 else 0.0, fairness_preemptions_total=c["parked"],
-            speculation=self._speculator.stats() if self._speculator is not None else None)
+            speculation=self._speculator.stats() if self._speculator is not None else None,
+            step_cpu_seconds_total=self._step_cpu_s())
+
+    def _step_cpu_s(self) -> float | None:
+        """The step thread's CPU time since it started (read from another thread through its CPU clock)."""
+        thread = self._thread
+        if thread is None or thread.ident is None:
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):   # it has exited; or no per-thread clocks on this platform
+            return None
 
     def _deliver(self, items: list[tuple[RequestStream, Delta]]) -> None:
         for stream, delta in items:

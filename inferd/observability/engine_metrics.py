@@ -41,6 +41,9 @@ class EngineCollector:
         steps = CounterMetricFamily("inferd_engine_steps", "Engine steps run", labels=MODEL_LABELS)
         generated = CounterMetricFamily("inferd_engine_generated_tokens", "Tokens the engine generated, as its "
                                         "steps produced them", labels=MODEL_LABELS)
+        step_cpu = CounterMetricFamily("inferd_engine_step_cpu_seconds", "Host CPU the engine's step loop used "
+                                       "(sim: its turns on the event loop; reference, torch: the step thread)",
+                                       labels=MODEL_LABELS)
         yielded = CounterMetricFamily("inferd_engine_fairness_preemptions", "Sequences preempted to give their "
                                       "slot to a tenant under its share (recomputed later)", labels=MODEL_LABELS)
         # What to autoscale on (docs/slos.md), labelled with the hardware to add more of.
@@ -66,6 +69,8 @@ class EngineCollector:
             steps.add_metric(labels, stats.steps_total)
             generated.add_metric(labels, stats.generation_tokens_total)
             yielded.add_metric(labels, stats.fairness_preemptions_total)
+            if stats.step_cpu_seconds_total is not None:
+                step_cpu.add_metric(labels, stats.step_cpu_seconds_total)
             info_ = engine.info
             scale = (*labels, info_.hardware)
             fill.add_metric(scale, stats.running / info_.max_batch_size if info_.max_batch_size else 0.0)
@@ -73,7 +78,7 @@ class EngineCollector:
             rate.add_metric(scale, stats.tokens_per_s)
             if stats.speculation is not None:
                 speculation.add(labels, stats.speculation)
-        yield from (running, waiting, blocks, info, steps, generated, yielded, fill, kv, rate)
+        yield from (running, waiting, blocks, info, steps, generated, step_cpu, yielded, fill, kv, rate)
         yield from speculation.families()
 
 

@@ -102,6 +102,16 @@ async def test_max_tokens_ends_with_length(engine: Engine) -> None:
     assert whole.finish_reason is FinishReason.LENGTH and len(whole.token_ids) == 7
 
 
+async def test_the_step_loops_cpu_grows_with_the_steps_it_runs_where_the_engine_reports_it(engine: Engine) -> None:
+    before = engine.stats().step_cpu_seconds_total
+    await generate(engine, prompt_ids(engine, 4), max_tokens=16, temperature=0.0)
+    after = engine.stats().step_cpu_seconds_total
+    if before is None:                  # trtllm: its executor's threads are its own
+        assert after is None
+    else:
+        assert after > before >= 0.0
+
+
 async def test_stop_string_ends_generation_and_never_leaks(engine: Engine) -> None:
     prompt = prompt_ids(engine, 4)
     _, free_run = await generate(engine, prompt, max_tokens=24, temperature=0.0)

@@ -133,6 +133,8 @@ class SocketAccepted:
         """Count the frames the client has acknowledged by now. With TCP_INFO, until the socket closes (a
         reset connection still tells); without, until the transport closes (its buffer may have been
         dropped, and would read as sent)."""
+        if not self._pending:           # every frame written is counted (or none was: a handed-over stream's)
+            return
         if self._sock is not None:
             acked = _bytes_acked(self._sock)
             if acked is None:

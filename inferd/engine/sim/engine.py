@@ -107,6 +107,7 @@ class SimEngine(Engine):
         self.sim_time = 0.0               # simulated seconds of GPU work so far
         self._steps = self._prompt_tokens = self._gen_tokens = 0
         self._last_step_s = 0.0
+        self._step_cpu_s = 0.0          # CPU time of the step loop's turns on the event loop, since start
         self._ema_tokens = self._ema_time = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -241,7 +242,8 @@ class SimEngine(Engine):
             generation_tokens_total=self._gen_tokens, prefix_cache_hit_tokens_total=0,
             tokens_per_s=self._ema_tokens / self._ema_time if self._ema_time else 0.0,
             fairness_preemptions_total=sched.fairness_preemptions,
-            speculation=self._speculation.stats() if self._speculation is not None else None)
+            speculation=self._speculation.stats() if self._speculation is not None else None,
+            step_cpu_seconds_total=self._step_cpu_s)
 
     def _step_time(self, plan) -> float:
         spec = self._speculation
@@ -268,6 +270,7 @@ class SimEngine(Engine):
         turn_start, others = _cpu(), 0.0
         while True:
             if not self._scheduler.has_work():
+                self._step_cpu_s += _cpu() - turn_start
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 deadline = loop.time()
@@ -289,6 +292,7 @@ class SimEngine(Engine):
             # timeline the loop fell behind) follows at once, within this turn's fair share.
             if wait > 0 or _cpu() - turn_start >= min(others, _SLICE_S):
                 yielded = _cpu()
+                self._step_cpu_s += yielded - turn_start
                 await asyncio.sleep(max(0.0, wait))
                 turn_start = _cpu()
                 others = turn_start - yielded
