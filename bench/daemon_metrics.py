@@ -1,12 +1,14 @@
 """The daemon's /metrics as bench/node.py reads it at both ends of its window: each engine's step seconds,
-generated tokens and step-loop CPU, the stream write-delay histogram, and quantiles over either."""
+generated tokens and step-loop CPU, the stream write-delay histogram, the garbage collector's pauses, and
+quantiles over a histogram."""
 from __future__ import annotations
 
 import re
 import urllib.request
 
 _SAMPLE = re.compile(r'^(inferd_engine_step_seconds_sum|inferd_engine_step_seconds_count|'
-                     r'inferd_engine_generated_tokens_total|inferd_engine_step_cpu_seconds_total)\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$',
+                     r'inferd_engine_generated_tokens_total|inferd_engine_step_cpu_seconds_total)'
+                     r'\{[^}]*model="((?:sim|torch)\d+)"[^}]*\} ([0-9.e+]+)$',
                      re.M)
 _GC = re.compile(r'^inferd_gc_pause_seconds_(bucket|sum)\{generation="(\d)"(?:,le="([^"]+)")?\} ([0-9.e+]+)$', re.M)
 _DELAY = re.compile(r'^inferd_stream_write_delay_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
@@ -51,8 +53,8 @@ def gc_window(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict
 
 
 def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:
-    """Per engine: its step seconds (sum, count), generated tokens and step-loop CPU seconds; and the write-delay histogram's
-    cumulative buckets summed over every engine."""
+    """Per engine: its step seconds (sum, count), generated tokens and step-loop CPU seconds; and the write-delay
+    histogram's cumulative buckets summed over every engine."""
     text = metrics_text(port)
     engines: dict[str, dict[str, float]] = {}
     for name, model, value in _SAMPLE.findall(text):

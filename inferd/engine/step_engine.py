@@ -289,6 +289,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         thread = self._thread
         if thread is None or thread.ident is None:
             return 0.0
+        if not thread.is_alive():       # closed: its identifier may be another thread's by now
+            return None
         try:
             return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
         except (OSError, AttributeError):   # it has exited; or no per-thread clocks on this platform

@@ -15,8 +15,8 @@ client's next request (or closes the connection, as HTTP says). A client's bytes
 here, never read: a request sent early stays for the main process.
 
 What each client acknowledged is counted here, with the in-process accounting (SocketAccepted: frames
-written, with the tokens they carry, against what the connection acknowledged), and reported with GONE, in answer
-to ACK (before the stream's end) and a few times a second (TOOK). Reports wait in a queue while the main
+written, with the tokens they carry, against what the connection acknowledged), and reported with GONE, in
+answer to ACK (before the stream's end) and a few times a second (TOOK). Reports wait in a queue while the main
 process's socket is full. On end-of-file from the main process, what is queued is written out (for at
 most EOF_GRACE_S) before the connections close.
 """
