@@ -80,7 +80,7 @@ def run_daemon(config_path: Path) -> None:
         sys.setswitchinterval(float(os.environ["INFERD_BENCH_SWITCH_INTERVAL_S"]))
 
     async def main() -> int:
-        daemon = Daemon(config, config_path=config_path, tune_heap=True)   # as `inferd serve`; a SIGHUP re-reads it
+        daemon = Daemon(config, config_path=config_path, tune_collector=True)   # as `inferd serve`; a SIGHUP re-reads it
         run = asyncio.ensure_future(daemon.run(install_signals=True))
         ready = asyncio.ensure_future(daemon.ready.wait())
         await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)

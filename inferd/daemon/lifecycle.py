@@ -42,7 +42,7 @@ from inferd.daemon.services import SERVICES
 from inferd.daemon.tls import ListenerTls, TlsError
 from inferd.daemon.version_reload import ModelsReload
 from inferd.models import ControlPlane, EngineConfigError, build_engine
-from inferd.observability import TracingUnavailable, get_logger, prepare_heap_for_serving
+from inferd.observability import TracingUnavailable, get_logger, tune_collector
 from inferd.store import StoreError
 from inferd.tenancy import KeyFileError
 
@@ -63,11 +63,11 @@ class Daemon:
     def __init__(self, config: Config, *, app_factory: AppFactory | None = None,
                  engine_factory: EngineFactory = build_engine, notifier: Notifier | None = None,
                  config_path: str | Path | None = None, run_batches: bool = True,
-                 purge_every_s: float = PURGE_INTERVAL_S, tune_heap: bool = False) -> None:
+                 purge_every_s: float = PURGE_INTERVAL_S, tune_collector: bool = False) -> None:
         self.config = config
-        # Once ready, freeze the startup heap and collect less often (inferd.observability.garbage): what a
-        # daemon process does; not an embedded one, which shares its process (a test's) with others.
-        self._tune_heap = tune_heap
+        # Once ready, collect less often (inferd.observability.garbage): what a daemon process does; not an
+        # embedded one, which shares its process (a test's) with others.
+        self._tune_collector = tune_collector
         self.config_path = config_path        # what SIGHUP re-reads (None: reload has nothing to read)
         self.reloader: Reloader | None = None
         self._notifier = notifier or Notifier()
@@ -211,8 +211,8 @@ class Daemon:
         models = ModelsReload(state)
         self.reloader = Reloader(state, reload_steps(state, models, self.tls), models.wait_retired)
         state.started = True
-        frozen = prepare_heap_for_serving() if self._tune_heap else None
-        log.info("ready", models=list(state.engines), frozen_objects=frozen,
+        thresholds = tune_collector() if self._tune_collector else None
+        log.info("ready", models=list(state.engines), gc_thresholds=thresholds,
                  versions=[str(k) for k in state.registry.table.versions], refused=list(state.versions.failures))
         self._notifier.ready(self._status())
         self.ready.set()

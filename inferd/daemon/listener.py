@@ -168,7 +168,10 @@ class GuardedHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         on_lost, self.on_lost = self.on_lost, None
         if on_lost is not None:
-            on_lost()
+            try:
+                on_lost()
+            except Exception:   # the connection's own cleanup below must run whatever a stream's sample did
+                log.exception("on_lost_failed")
         self._disarm()
         if self.slot == _REFUSE:
             return                  # never handed to aiohttp

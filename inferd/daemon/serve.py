@@ -53,7 +53,7 @@ def serve_main(args: argparse.Namespace) -> int:
         return 1
     configure_logging(config.server.log_level, fmt=args.log_format or config.server.log_format)
     log.info("starting", config=str(Path(path).resolve()) if path else None, pid=os.getpid())
-    return run_loop(Daemon(config, config_path=path, tune_heap=True).run(install_signals=True),
+    return run_loop(Daemon(config, config_path=path, tune_collector=True).run(install_signals=True),
                        loop_factory=_loop_factory())
 
 

@@ -1,23 +1,21 @@
-"""Python's cyclic garbage collector in a serving process: its pauses, and the heap prepared for serving.
+"""Python's cyclic garbage collector in a serving process: its pauses, and how often it runs.
 
 A collection stops every thread of the process (it holds the GIL), the event loop included, so a long one is
 latency every stream feels at once. inferd_gc_pause_seconds times the pauses with a gc callback
 (process-wide, installed once, whoever builds Metrics first) into plain bucket counts; GcCollector reads
 them at scrape time.
 
-prepare_heap_for_serving: what startup built is taken out of the collector's scans, and the collector runs
-less often. CPython's full collections traverse every tracked object. In a daemon serving thousands of
-streams (bench/node.py, 8 x 256) they ran every 2 to 3 seconds and each held the loop 100 to 300 ms: the
-modules, config, engines' tables and tokenizers were traversed every time, among the requests' own objects.
-- `gc.freeze()` moves what is alive now into a permanent generation that collections skip; what serving
-  allocates afterwards is collected as before. vLLM does the same after its warm-up
-  (vllm/utils/gc_utils.py, `freeze_gc_heap`). Startup's garbage is collected first: frozen garbage would
-  never be.
-- The youngest generation is collected after GEN0_THRESHOLD new objects instead of CPython's 700. At 700 it
-  ran about 50 times a second, often enough that an engine step's objects (alive for one step) were
-  promoted to the oldest generation, and that is what made full collections come so often. Measured in that
-  bench: the collector's share of the window fell from 11-13% to 2.5-2.8%, and its longest pause from under
-  500 ms to under 100 ms (docs/performance.md, "The garbage collector").
+tune_collector: the collector runs less often. At CPython's default it ran about 50 times a second in a
+daemon serving thousands of streams (bench/node.py, 8 x 256): often enough that an engine step's objects
+(alive for one step) lived through two young collections and were promoted to the oldest generation, and that
+promotion is what makes CPython run a full collection. Those came every 2 to 3 seconds, each holding the loop
+100 to 300 ms: everything tracked is traversed, the modules, config and tokenizers as well as the requests'
+own objects. With the youngest generation collected every GEN0_THRESHOLD new objects instead of 700, a step's
+objects die before it is: the collector's share of that bench's window fell from 11-13% to 2.5-2.8%, and its
+longest pause from under 500 ms to under 100 ms (docs/performance.md, "The garbage collector").
+The startup heap is not frozen (`gc.freeze()`, which vLLM calls after its warm-up): it made no difference
+measured here, and this daemon retires engines while serving, whose frozen objects, in reference cycles,
+would never be freed (a retired engine's weights among them).
 """
 from __future__ import annotations
 
@@ -75,11 +73,8 @@ class GcCollector:
         yield family
 
 
-def prepare_heap_for_serving() -> int:
-    """Collect, freeze everything alive, and raise the youngest generation's threshold; returns how many
-    objects are frozen."""
-    gc.collect()
-    gc.freeze()
+def tune_collector() -> tuple[int, int, int]:
+    """Collect the youngest generation every GEN0_THRESHOLD new objects; returns the thresholds now."""
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, older, oldest)
-    return gc.get_freeze_count()
+    return gc.get_threshold()

@@ -133,6 +133,8 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         # deadline passed, the engine failed) ends so at once, billed what its socket took by then
         if status == 200:
             await _delivered_or_cut(ctx, entry)
+        else:
+            entry.accepted.sample()     # what its client acknowledged up to now (no sample is taken per frame)
         ctx.status = status
         try:
             await _keep_then_record(ctx, output, encoder.response if output is not None else None, entry.final)
@@ -157,6 +159,7 @@ async def _stream(ctx: RequestContext, stream, entry) -> web.StreamResponse:
         ctx.status = withheld[0].status
     elif entry.failed:
         ctx.status = 500                # a bug ended the stream with an internal_error frame
+    entry.accepted.sample()             # billed as of now, not of the last scan (a row recorded already keeps its own)
     await record_usage_once(ctx, ctx.last, ctx.status)
     return resp
 

@@ -59,8 +59,8 @@ _BYTES_ACKED_AT, _TCP_INFO_LEN = 120, 128
 class SocketAccepted:
     """Counts the tokens whose frames one stream's client acknowledged."""
 
-    __slots__ = ("_acked", "_base", "_fd", "_last_start", "_pending", "_raw", "_sampled_at", "_sent", "_sock",
-                 "_taken", "_transport", "delivered_tokens")
+    __slots__ = ("_acked", "_base", "_fd", "_framed", "_last_start", "_pending", "_raw", "_sampled_at", "_sent",
+                 "_sock", "_taken", "_transport", "delivered_tokens")
 
     def __init__(self) -> None:
         self._transport: WriteTransport | None = None
@@ -72,6 +72,7 @@ class SocketAccepted:
         self._last_start = 0            # where the last frame written begins
         self._acked = 0                 # bytes of this stream its client acknowledged, at the last sample
         self._taken = 0                 # output tokens read from the engine's stream so far
+        self._framed = 0                # of those, the ones the frames written so far carry
         self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (frame's end offset, tokens)
         self._sampled_at = 0.0
         self.delivered_tokens = 0       # tokens in acknowledged frames (the name settle reads)
@@ -118,12 +119,16 @@ class SocketAccepted:
         if tokens > self.delivered_tokens:
             self.delivered_tokens = tokens
 
-    def wrote(self, nbytes: int) -> None:
-        """A frame of `nbytes` was written to the transport."""
+    def wrote(self, nbytes: int, content: bool = True) -> None:
+        """A frame of `nbytes` was written to the transport: one carrying the tokens read so far, or (not
+        `content`: a keep-alive ping) none, so that tokens whose text an encoder still holds back are not
+        counted once the ping is acknowledged."""
         self._last_start = self._sent
         self._sent += nbytes
+        if content:
+            self._framed = self._taken
         pending = self._pending
-        pending.append((self._sent, self._taken))
+        pending.append((self._sent, self._framed))
         if len(pending) > MAX_PENDING:
             self._pending = _merged(pending)
         if self._sock is None and _monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S:

@@ -108,9 +108,9 @@ class HandoffSender(Sender):
         self.pool.kept += 1
         log.warning("stream_written_in_process", reason=why, completion_id=self.stream.request_id)
 
-    def _write(self, frame: bytes) -> None:
+    def _write(self, frame: bytes, content: bool = True) -> None:
         if not self.opened:                 # a ping while the headers wait, or kept here: this process's socket
-            super()._write(frame)
+            super()._write(frame, content)
             return
         if self.gone or self.entry.client_gone:
             raise ConnectionResetError("the client closed the connection")

@@ -80,13 +80,13 @@ class Sender:
             self.tee(frame)
         self._write(frame)
 
-    def _write(self, frame: bytes) -> None:
+    def _write(self, frame: bytes, content: bool = True) -> None:
         transport = self._transport
         if transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         data = b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame
         transport.write(data)
-        self.accepted.wrote(len(data))
+        self.accepted.wrote(len(data), content)
 
     def writable(self) -> bool:
         """May a frame be written now? Not once done, nor while the client is not keeping up: then
@@ -150,7 +150,7 @@ class Sender:
     def ping(self) -> None:
         if not (self.blocked or self.done):
             with contextlib.suppress(ConnectionError):   # the watchdog's next scan sees a closed transport
-                self._write(PING_FRAME)                  # a keep-alive, not content: never replayed
+                self._write(PING_FRAME, content=False)   # a keep-alive, not content: never replayed nor billed
 
     def end(self, *, client_gone: bool = False) -> None:
         self.done = True

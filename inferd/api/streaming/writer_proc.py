@@ -32,7 +32,7 @@ import time
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream, WriteDelays
 from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
-from inferd.observability import prepare_heap_for_serving
+from inferd.observability import tune_collector
 
 # Messages read before the streams they gave text are written: a writer behind by several steps writes
 # each stream's as one frame (one send(), not one per step), so the further behind, the less a token costs;
@@ -287,7 +287,7 @@ class Writer:
 
 async def serve(fd: int) -> None:
     channel = socket.socket(fileno=fd)
-    prepare_heap_for_serving()      # its imports never scanned again, fewer collections (observability.garbage)
+    tune_collector()                # fewer collections (inferd.observability.garbage)
     writer = Writer(channel)
     writer.start()
     await writer.closed.wait()

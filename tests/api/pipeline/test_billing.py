@@ -5,6 +5,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 
 from inferd.config.root import load_config
 from tests.api.conftest import AdmissionEntries
@@ -93,11 +94,14 @@ async def test_a_non_streamed_request_aborted_at_drain_is_billed_no_completion_t
         assert row["status"] == 503 and row["completion_tokens"] == 0 and row["prompt_tokens"] == 0
 
 
-async def test_a_stream_cut_by_its_deadline_is_504_billed_for_the_tokens_its_client_received(tmp_path):
+# Deadlines that fall at different points between two watchdog scans (every 0.25 s): the bill is read when the
+# stream ends, not at the last scan.
+@pytest.mark.parametrize("timeout_s", ["0.5", "0.2"])
+async def test_a_stream_cut_by_its_deadline_is_504_billed_for_the_tokens_its_client_received(tmp_path, timeout_s):
     async with running_daemon(config(tmp_path)) as (_, _, url), aiohttp.ClientSession() as http:
         body = {**LONG, "stream": True, "logprobs": 1}
         per_frame = []
-        async with http.post(url + "/v1/completions", json=body, headers={"X-Request-Timeout": "0.5"}) as resp:
+        async with http.post(url + "/v1/completions", json=body, headers={"X-Request-Timeout": timeout_s}) as resp:
             async for line in resp.content:
                 if line.startswith(b"data: {"):
                     chunk = json.loads(line[6:])

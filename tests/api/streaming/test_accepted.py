@@ -169,6 +169,20 @@ async def test_a_completed_stream_is_still_200_with_its_full_usage(tmp_path):
         assert row["status"] == 200 and row["completion_tokens"] == SHORT["max_tokens"]
 
 
+def test_a_ping_acknowledged_never_counts_tokens_whose_text_an_encoder_still_holds_back():
+    transport, counted = FakeTransport(), SocketAccepted()
+    counted.attach(transport)
+    counted.took(2)
+    counted.wrote(100)                          # a frame with 2 tokens' text
+    counted.took(3)                             # read, but held back (a tool call's start): no frame yet
+    counted.wrote(10, content=False)            # a keep-alive ping
+    counted.sample()
+    assert counted.delivered_tokens == 2        # everything acknowledged: the ping carried none of the 3
+    counted.wrote(50)                           # the held text goes out
+    counted.sample()
+    assert counted.delivered_tokens == 5
+
+
 def test_pending_frames_merge_past_the_cap_and_never_count_an_unacknowledged_one():
     transport, counted = FakeTransport(), SocketAccepted()
     counted.attach(transport)
