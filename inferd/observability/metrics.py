@@ -241,7 +241,7 @@ class Metrics:
         info = engine.info
         key = (model, info.version)
         cached = self._series.get(key)
-        if cached is not None and cached.engine is engine:
+        if cached is not None and cached.serves(engine):
             return cached
         # a new engine for this version (first use, or reloaded): rebind
         cached = ModelSeries(self, engine, (model, info.version, info.backend))

@@ -12,6 +12,7 @@ The series themselves are declared in `inferd.observability.metrics.Metrics` (a 
 from __future__ import annotations
 
 import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -98,13 +99,15 @@ class LoopHistogram:
 class ModelSeries:
     """Label children of one loaded model, bound once so the hot path skips `.labels()` lookups."""
 
-    __slots__ = ("engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
+    __slots__ = ("_engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
                  "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages",
                  "_by_status", "_metrics", "_write_delays", "ttft_observe", "queue_wait_observe", "prefill_observe", "decode_observe",
                  "e2e_observe")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
-        self.engine = engine
+        # Weakly: a series outlives its version (its counters stay exported), the engine must not (a retired
+        # version's weights and KV cache are freed once nothing else holds it).
+        self._engine = weakref.ref(engine) if engine is not None else None
         self.labels = labels
         self._metrics = metrics
         self.ttft = metrics.time_to_first_token.labels(*labels)
@@ -144,6 +147,10 @@ class ModelSeries:
             child = self._metrics.request_stage.labels(*self.labels, name)
             observe = self._stages[name] = self._metrics.loop_observer(child)
         return observe
+
+    def serves(self, engine: Engine) -> bool:
+        """Whether this series is bound to `engine` (a reloaded version gets a series of its own)."""
+        return self._engine is not None and self._engine() is engine
 
     def count_request(self, status: int | str) -> None:
         child = self._by_status.get(status)

@@ -2,6 +2,9 @@
 reload gets the very same engine back at once; after the time it unloads."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import aiohttp
 
 from inferd.types import ModelVersion
@@ -32,15 +35,20 @@ async def test_a_dropped_version_stays_warm_and_a_rollback_reuses_its_engine(tmp
         assert status == 200 and headers["X-Inferd-Model-Version"] == "v1+simulated"
 
 
-async def test_a_warm_version_unloads_when_its_time_is_up(tmp_path):
+async def test_a_warm_version_unloads_when_its_time_is_up_and_its_engine_is_freed(tmp_path):
     path = config(tmp_path / "c.toml", "v1", 0.2)
-    async with running(path) as (daemon, _):
+    async with running(path) as (daemon, url), aiohttp.ClientSession() as http:
         engine = daemon.state.registry.table.engine(ModelVersion("m", "v1"))
+        assert (await complete(http, url, "m"))[0] == 200     # its metric series exist, and outlive it
         config(path, "v2", 0.2)
         await daemon.reload()
         await daemon.reloader.wait_retired()
         assert ModelVersion("m", "v1") not in daemon.state.registry.table.versions
         assert not engine.healthy
+        unloaded = weakref.ref(engine)
+        del engine
+        gc.collect()
+        assert unloaded() is None       # nothing holds it: a real engine's weights and KV cache are freed
 
 
 async def test_a_model_a_reload_dropped_is_404_model_not_found_and_unlisted_while_it_stays_warm(tmp_path):
