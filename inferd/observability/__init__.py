@@ -10,5 +10,5 @@ from inferd.observability.tracing import TRACE_HEADERS, RequestTrace, Tracing, T
 
 __all__ = [
     "AuditLog", "Metrics", "RequestObservation", "RequestTrace", "SYSTEM_ACTOR", "SloSnapshot", "TRACE_HEADERS", "Tracing", "TracingUnavailable", "WRITE_DELAY_BUCKETS", "configure_logging", "get_logger", "request_context",
-    "audit_verify_main", "tune_collector", "request_id_var", "truncated_path",
+    "audit_verify_main", "request_id_var", "truncated_path", "tune_collector",
 ]
