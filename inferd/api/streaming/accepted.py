@@ -19,7 +19,8 @@ the connection's acknowledged bytes in all, which stays readable after a reset (
 the stream's first byte's place in the connection is read once when its frames start (the acknowledged bytes,
 plus what waits in the send queue and in user space); a sample is then one getsockopt, and none is needed
 after each frame. It is sampled on each watchdog scan, when a paused stream drains, while the
-stream's end waits for its acknowledgement, and once more when the connection is lost, before its socket
+stream's end waits for its acknowledgement, when the stream ends (before its row is recorded:
+inferd.api.pipeline.respond), and once more when the connection is lost, before its socket
 closes (its protocol's `on_lost`, inferd.daemon.listener.GuardedHandler), so a client that leaves, even with
 a reset, is billed exactly what it acknowledged.
 Where TCP_INFO has no such count (TLS, which counts encrypted bytes; a kernel before Linux 4.1; not TCP),
