@@ -12,6 +12,7 @@ A backend subclasses it with `backend`, `hardware` and `_make_runner` (inferd.en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -89,6 +90,7 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         self._streams: dict[str, RequestStream] = {}           # loop thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._cpu_clock: int | None = None      # the step thread's CPU clock (its kernel thread's, not reused)
         self._failed: str | None = None
         self._counters = dict(steps=0, prompt=0, generated=0, cached=0, parked=0)
         self._ema_latency = 0.0
@@ -103,6 +105,8 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
         self._thread = threading.Thread(target=self._run, name=f"inferd-{self.backend}-{self.info.model_name}",
                                         daemon=True)
         self._thread.start()
+        with contextlib.suppress(OSError, AttributeError):     # no per-thread clocks on this platform
+            self._cpu_clock = time.pthread_getcpuclockid(self._thread.ident)
 
     def _make_runner(self) -> ModelRunner:
         """Load the model and its KV storage (on the loader thread); sets `_num_kv_blocks` when it sizes the pool."""
@@ -285,15 +289,15 @@ class StepEngine(StepThread, LoraHost, Admission, Engine):
             step_cpu_seconds_total=self._step_cpu_s())
 
     def _step_cpu_s(self) -> float | None:
-        """The step thread's CPU time since it started (read from another thread through its CPU clock)."""
-        thread = self._thread
-        if thread is None or thread.ident is None:
+        """The step thread's CPU time since it started (read from another thread through its CPU clock); None
+        once it has exited (its clock is gone) or where there is none."""
+        if self._thread is None:
             return 0.0
-        if not thread.is_alive():       # closed: its identifier may be another thread's by now
+        if self._cpu_clock is None:
             return None
         try:
-            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-        except (OSError, AttributeError):   # it has exited; or no per-thread clocks on this platform
+            return time.clock_gettime(self._cpu_clock)
+        except OSError:
             return None
 
     def _deliver(self, items: list[tuple[RequestStream, Delta]]) -> None:
