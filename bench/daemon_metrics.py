@@ -27,10 +27,10 @@ def delay_buckets(text: str) -> dict[float, float]:
     return delay
 
 
-def gc_pauses(port: int) -> dict[str, dict]:
+def gc_pauses(text: str) -> dict[str, dict]:
     """Per generation of the daemon's garbage collector: its pauses' cumulative buckets and their sum."""
     pauses: dict[str, dict] = {}
-    for kind, generation, le, value in _GC.findall(metrics_text(port)):
+    for kind, generation, le, value in _GC.findall(text):
         entry = pauses.setdefault(generation, {"buckets": {}, "sum": 0.0})
         if kind == "sum":
             entry["sum"] = float(value)
@@ -52,14 +52,14 @@ def gc_window(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict
     return out
 
 
-def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float]]:
-    """Per engine: its step seconds (sum, count), generated tokens and step-loop CPU seconds; and the write-delay
-    histogram's cumulative buckets summed over every engine."""
+def scrape(port: int) -> tuple[dict[str, dict[str, float]], dict[float, float], dict[str, dict]]:
+    """One read of /metrics: per engine, its step seconds (sum, count), generated tokens and step-loop CPU
+    seconds; the write-delay histogram's cumulative buckets summed over every engine; the collector's pauses."""
     text = metrics_text(port)
     engines: dict[str, dict[str, float]] = {}
     for name, model, value in _SAMPLE.findall(text):
         engines.setdefault(model, {})[name] = float(value)
-    return engines, delay_buckets(text)
+    return engines, delay_buckets(text), gc_pauses(text)
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float:

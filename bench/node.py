@@ -58,7 +58,7 @@ import time
 from array import array
 from pathlib import Path
 
-from daemon_metrics import gc_pauses, gc_window, histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
+from daemon_metrics import gc_window, histogram_quantile, percentile, scrape  # noqa: E402 (bench/ is this script's own directory)
 from daemon_process import pin, place_writers, run_daemon, spawn, stop  # noqa: E402
 from process_cpu import per_1k_tokens, projection, role_lines, sample_tree, window_cpu  # noqa: E402
 from sse_load import Refused, SseClient, http_post, reuse  # noqa: E402
@@ -270,9 +270,9 @@ def main() -> int:
             clients = [subprocess.Popen([*cmd, "--client-index", str(k)], stdout=subprocess.PIPE, text=True,
                                         preexec_fn=lambda cpu=cpu: pin(cpu)) for k, cpu in enumerate(cpus)]
             time.sleep(args.warmup)
-            (m0, d0), gc0, tree0, t0 = scrape(port), gc_pauses(port), sample_tree(proc.pid), time.monotonic()
+            (m0, d0, gc0), tree0, t0 = scrape(port), sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
-            (m1, d1), gc1, tree1, t1 = scrape(port), gc_pauses(port), sample_tree(proc.pid), time.monotonic()
+            (m1, d1, gc1), tree1, t1 = scrape(port), sample_tree(proc.pid), time.monotonic()
             outputs = [c.communicate(timeout=args.seconds + args.warmup + 120)[0] for c in clients]
             if any(c.returncode != 0 for c in clients):
                 raise RuntimeError("a load generator failed")

@@ -114,8 +114,8 @@ class ModelSeries:
         self.itl = metrics.inter_token_latency.labels(*labels)
         self.itl_observe = metrics.loop_observer(self.itl)   # per frame: loop thread only
         write_delay = metrics.stream_write_delay.labels(*labels)
-        self._write_delays = metrics.loop_histogram(write_delay)         # ditto, and the writers' DELAYS
-        self.write_delay_observe = write_delay.observe if self._write_delays is None else self._write_delays.observe
+        self.write_delay_observe = metrics.loop_observer(write_delay)     # ditto
+        self._write_delays = metrics.loop_histogram(write_delay)         # the same, for the writers' DELAYS
         self.queue_wait = metrics.queue_wait.labels(*labels)
         self.prefill = metrics.prefill_time.labels(*labels)
         self.decode = metrics.decode_time.labels(*labels)
