@@ -9,6 +9,7 @@ Requests a peer serves for us (spillover) are recorded by that peer, once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from inferd.api.appkeys import CACHE_HIT
@@ -77,21 +78,32 @@ async def record_usage(ctx: RequestContext, status: int, last: Delta | None, del
     if ledger is None:
         return
     row = ledger_row(ctx, status, last, delivered, time.monotonic())
+    committed = ledger.enqueue(row)
+    # Its spend counts once it commits, whether or not this handler still waits for it: a client leaving now
+    # cancels the handler, not the commit, and the tokens its row bills count against the tenant's budget all
+    # the same. Added first, the callback runs before the handler resumes (and before a stream's [DONE]).
+    committed.add_done_callback(functools.partial(_count_spend, state, ctx.tenant, ctx.model, row))
     try:
         # Shielded: a client leaving at this moment cancels the handler, not the commit (nor the row's future,
         # whose outcome the shield then reads, so a failed commit nobody waits for logs nothing).
-        await asyncio.shield(ledger.enqueue(row))
+        await asyncio.shield(committed)
     except StoreError as exc:
         state.metrics.count_ledger_error()
         log.error("ledger_write_failed", error=str(exc), tenant=ctx.tenant, model=ctx.model,
                   message="this request's usage row is not recorded" + ("; its response is withheld" * withhold))
         if withhold:
             raise store_unavailable(ledger.unavailable_retry_s) from None
+
+
+def _count_spend(state: ServerState, tenant: str, model: str, row: LedgerRow, committed: asyncio.Future) -> None:
+    """A committed row's cost, in the spend metric and the tenant's budget (a warning once it crosses the
+    tenant's threshold); nothing for a row that was not committed."""
+    if committed.cancelled() or committed.exception() is not None:
         return
     if row.cost:
-        state.metrics.count_spend(state.tenancy.tenants.label(ctx.tenant), ctx.model, row.version, row.cost)
-    warning = state.tenancy.budgets.add(ctx.tenant, row.cost, row.prompt_tokens + row.completion_tokens)
+        state.metrics.count_spend(state.tenancy.tenants.label(tenant), model, row.version, row.cost)
+    warning = state.tenancy.budgets.add(tenant, row.cost, row.prompt_tokens + row.completion_tokens)
     if warning is not None:
-        log.warning("budget_warning", tenant=ctx.tenant, message=warning)
-        state.control.audit.append(SYSTEM_ACTOR, "tenant.budget_warning", target=ctx.tenant,
+        log.warning("budget_warning", tenant=tenant, message=warning)
+        state.control.audit.append(SYSTEM_ACTOR, "tenant.budget_warning", target=tenant,
                                    reason="budget_warn_fraction", detail={"message": warning})

@@ -10,13 +10,14 @@ import struct
 import termios
 
 import aiohttp
+import pytest
 
 from inferd.api import appkeys as keys
 from inferd.config.root import load_config
 from tests.api.pipeline.test_billing import settled_rows
 from tests.api.pipeline.test_usage import PRICES
 from tests.api.streaming.test_accepted import complete_events, raw_stream, stalled_on
-from tests.daemon.harness import running_daemon, sim_model, write_config
+from tests.daemon.harness import running_daemon, sim_model, until, write_config
 
 GENERATED = 1900
 # No logprobs (a stream with them is written in process); continuous usage stats: each chunk says its count.
@@ -95,3 +96,28 @@ async def test_a_handed_over_stream_read_to_its_end_is_200_with_its_full_usage(t
         assert body.rstrip().endswith(b"data: [DONE]") and handed(daemon) == 1
         [row] = await settled_rows(http, url, 1)
         assert row["status"] == 200 and row["completion_tokens"] == SHORT["max_tokens"]
+
+
+async def test_a_client_that_leaves_a_handed_over_stream_has_its_row_count_against_its_tenants_spend(tmp_path):
+    # Its writer reports it gone and this process closes its copy of the socket, which cancels the handler while
+    # the row commits: the commit goes on (shielded), and what it bills counts in the budget and the metric too.
+    async with running_daemon(writers_config(tmp_path, time_scale=0.01)) as (daemon, _, url), \
+            aiohttp.ClientSession() as http:
+        sock = await raw_stream(url, BODY)
+        loop = asyncio.get_running_loop()
+        got = b""
+        while frames_tokens(got) < 3:
+            got += await loop.sock_recv(sock, 1024)
+        assert handed(daemon) == 1
+        sock.close()
+        [row] = await settled_rows(http, url, 1)
+        assert row["status"] == 499 and row["cost"] > 0
+        budgets = daemon.state.tenancy.budgets
+
+        async def counted() -> bool:
+            return budgets.own("local")[0] > 0
+        await until(counted, "the abandoned stream's row in the tenant's spend")
+        assert budgets.own("local") == (pytest.approx(row["cost"]), row["prompt_tokens"] + row["completion_tokens"])
+        async with http.get(url + "/metrics") as resp:
+            metrics = await resp.text()
+        assert f'inferd_tenant_spend_total{{tenant="local"}} {row["cost"]}' in metrics
