@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections.abc import Iterable
 
 from inferd.engine.base import Capacity, blocks_for
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.scheduler import Scheduler, SchedulerOutput
-from inferd.engine.sequence import Sequence
+from inferd.engine.sequence import Sequence, SequenceStatus
 from inferd.engine.stream import RequestStream
 from inferd.engine.tokenization import StopMatcher
 from inferd.types import FinishReason
@@ -103,6 +104,11 @@ class SimScheduler:
         self.running: list[SimSequence] = self._scheduler.running      # type: ignore[assignment]
         self.waiting = self._scheduler.waiting
         self._capacity: Capacity | None = None   # cached until the next change
+        # What the running sequences hold back, (blocks their prompts still need, prefill tokens left): read
+        # once per step, not on every change, as a decode step leaves it as it was and so does a sequence that
+        # ends while decoding (nearly every removal). Summing it on each change cost a pass over every running
+        # sequence per request admitted or ended: at 2,048 streams, the largest cost that grew with them.
+        self._running_part: tuple[int, int] | None = None
 
     @property
     def free_blocks(self) -> int:
@@ -127,7 +133,7 @@ class SimScheduler:
         """Give `seq`'s slot up now, even mid-step: the sim's step in flight reads no KV, and what it
         computed for `seq` is dropped (Scheduler.advance skips it; its token is made again on resume)."""
         parked = self._scheduler.park(seq)
-        self._capacity = None
+        self._capacity = self._running_part = None
         return parked
 
     def add(self, seq: SimSequence) -> None:
@@ -136,13 +142,15 @@ class SimScheduler:
 
     def remove(self, seq: SimSequence, reason: FinishReason = FinishReason.ABORT) -> None:
         """Release the sequence's slot and blocks now (it finished or was aborted)."""
+        if seq.status is SequenceStatus.RUNNING and held_back((seq,), self.block_size) != (0, 0):
+            self._running_part = None
         self._scheduler.finish(seq, reason)
         self._capacity = None
 
     def computed(self, plan: StepPlan) -> None:
         """The step ran: its sequences (those not removed meanwhile) have their tokens' KV."""
         self._scheduler.advance(plan.output)
-        self._capacity = None
+        self._capacity = self._running_part = None
 
     def capacity(self) -> Capacity:
         cap = self._capacity
@@ -151,17 +159,14 @@ class SimScheduler:
             # Pending prefill: every waiting context (new or preempted, num_computed 0), and what running
             # sequences still have to compute beyond a decode's single token (chunked or recomputing).
             bs = self.block_size
-            reserved = pending = 0
+            part = self._running_part
+            if part is None:
+                part = self._running_part = held_back(self.running, bs)
+            reserved, pending = part
             for s in self.waiting:
                 context = s.num_tokens
                 reserved += blocks_for(context, bs)
                 pending += context - s.num_computed_tokens
-            for s in self.running:
-                left = s.num_tokens - s.num_computed_tokens
-                if left > 1 or s.num_tokens == s.num_prompt_tokens:
-                    pending += left
-                if s.num_computed_tokens < s.num_prompt_tokens:
-                    reserved += blocks_for(s.num_prompt_tokens, bs) - len(s.block_table)
             free = max(0, self.free_blocks - reserved)
             parked = self._scheduler.parked
             cap = self._capacity = Capacity(
@@ -174,5 +179,19 @@ class SimScheduler:
     def schedule(self) -> StepPlan:
         """Pick this step's work: running sequences first (oldest first), then FCFS from waiting."""
         plan = StepPlan(self._scheduler.schedule(), time.monotonic())
-        self._capacity = None
+        self._capacity = self._running_part = None
         return plan
+
+
+def held_back(running: Iterable[SimSequence], block_size: int) -> tuple[int, int]:
+    """What running sequences hold back beyond the blocks they have: (blocks their prompts still need, prefill
+    tokens still to compute: a chunked or recomputing prefill, or a prompt computed but not yet given its first
+    token). A decoding sequence holds back nothing, before or after its step's token is appended."""
+    reserved = pending = 0
+    for s in running:
+        left = s.num_tokens - s.num_computed_tokens
+        if left > 1 or s.num_tokens == s.num_prompt_tokens:
+            pending += left
+        if s.num_computed_tokens < s.num_prompt_tokens:
+            reserved += blocks_for(s.num_prompt_tokens, block_size) - len(s.block_table)
+    return reserved, pending

@@ -1,6 +1,9 @@
 """SimScheduler on hand-made sequences: no engine, no loop, no time."""
 from __future__ import annotations
 
+import random
+
+from inferd.engine.base import Capacity, blocks_for
 from inferd.engine.sim.scheduler import SimScheduler, SimSequence
 from inferd.engine.stream import RequestStream
 
@@ -66,3 +69,54 @@ def test_capacity_reserves_what_waiting_sequences_need_and_remove_gives_everythi
         s.done = True
         sched.remove(s)
     assert sched.capacity().free_kv_blocks == 16 and not sched.has_work()
+
+
+def capacity_from_scratch(sched: SimScheduler) -> Capacity:
+    """What SimScheduler.capacity must say, summed over every sequence as it stands."""
+    bs, reserved, pending = sched.block_size, 0, 0
+    for s in sched.waiting:
+        reserved += blocks_for(s.num_tokens, bs)
+        pending += s.num_tokens - s.num_computed_tokens
+    for s in sched.running:
+        left = s.num_tokens - s.num_computed_tokens
+        pending += left if left > 1 or s.num_tokens == s.num_prompt_tokens else 0
+        if s.num_computed_tokens < s.num_prompt_tokens:
+            reserved += blocks_for(s.num_prompt_tokens, bs) - len(s.block_table)
+    free = max(0, sched.free_blocks - reserved)
+    parked = list(sched._scheduler.parked)
+    return Capacity(free_kv_blocks=free, free_kv_tokens=free * bs, waiting=len(sched.waiting), block_size=bs,
+                    free_slots=max(0, sched.max_batch_size - len(sched.running) - len(sched.waiting)),
+                    pending_prefill_tokens=pending, parked=len(parked),
+                    parked_kv_blocks=sum(blocks_for(s.num_tokens, bs) for s in parked))
+
+
+def test_capacity_read_between_any_changes_is_what_every_sequence_sums_to() -> None:
+    # The running sequences' part is kept from step to step: adds, ends (mid-prefill too), parks and mid-step
+    # reads must still give what a pass over every sequence gives (never more room than there is).
+    rng = random.Random(5)
+    sched = scheduler(num_kv_blocks=40, block_size=4, max_batch_size=6, max_num_tokens=8)
+    live: list[SimSequence] = []
+    for i in range(600):
+        op, running = rng.random(), list(sched.running)
+        if op < 0.25:
+            live.append(seq(f"s{i}", rng.randint(1, 30), max_tokens=rng.randint(1, 12)))
+            sched.add(live[-1])
+        elif op < 0.4 and live:
+            gone = rng.choice(running) if running and rng.random() < 0.7 else rng.choice(live)
+            live.remove(gone)
+            gone.done = True
+            sched.remove(gone)
+        elif op < 0.45 and running:
+            sched.park(rng.choice(running))
+        elif sched.has_work():
+            plan = sched.schedule()
+            assert sched.capacity() == capacity_from_scratch(sched)      # read while the step runs
+            sched.computed(plan)
+            for s, _ in plan.scheduled:
+                if s.num_computed == s.prompt_len + len(s.output) and s in sched.running:
+                    s.token_ids.append(1)
+                    if len(s.output) >= s.max_tokens:      # it ends on its last token, as the engine's do
+                        live.remove(s)
+                        s.done = True
+                        sched.remove(s)
+        assert sched.capacity() == capacity_from_scratch(sched), f"operation {i}"
