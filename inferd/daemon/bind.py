@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import socket
 
+from inferd.config import ServerConfig
+
 
 class BindError(OSError):
     """The configured host:port cannot be bound (in use, not an address of this host, no permission)."""
@@ -29,3 +31,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
         raise BindError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.setblocking(False)
     return sock
+
+
+def listen_backlog(server: ServerConfig) -> int:
+    """The listen queue's length: every connection the listener takes (`max_connections` and the probe reserve)
+    may arrive at once (clients reconnecting together after a restart or a failover) and wait in it to be
+    accepted. aiohttp's default of 128 overflowed: the kernel then drops the handshake's last packet, a client
+    that already sent its request waits for SYN-ACK retransmissions (a second, then 3, 7, 15, 31 s), and
+    bench/frontend.py at 2,048 streams found 887 of them with no response byte 30 s on. The kernel caps it at
+    net.core.somaxconn (4096 on current kernels). Read at start: a SIGHUP does not change it."""
+    return server.max_connections + server.probe_connections

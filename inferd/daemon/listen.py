@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from inferd.config import check_auth_binding, check_tls_binding
-from inferd.daemon.bind import bind_listener
+from inferd.daemon.bind import bind_listener, listen_backlog
 from inferd.daemon.context import DaemonContext
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.starting import stop_starting
@@ -73,7 +73,8 @@ async def site(ctx: DaemonContext) -> AsyncIterator[None]:
                            shutdown_timeout=HANDLER_SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     ctx.runner = runner
-    await web.SockSite(runner, ctx.sock, ssl_context=tls.context if tls is not None else None).start()
+    await web.SockSite(runner, ctx.sock, ssl_context=tls.context if tls is not None else None,
+                       backlog=listen_backlog(state.config.server)).start()
     await stop_starting(ctx)        # the real app accepts on the same socket now: the starting app goes
     ctx.host, ctx.port = runner.addresses[0][:2]
     log.info("listening", host=ctx.host, port=ctx.port, tls=tls is not None, scheme="https" if tls else "http")

@@ -26,6 +26,7 @@ import orjson
 from aiohttp import web
 
 from inferd.api import SERVER_HEADER
+from inferd.daemon.bind import listen_backlog
 from inferd.daemon.context import DaemonContext
 from inferd.daemon.listener import GuardedRunner
 from inferd.daemon.progress import StartupProgress
@@ -85,7 +86,8 @@ async def starting_site(ctx: DaemonContext) -> AsyncIterator[None]:
     await runner.setup()
     ctx.starting = runner
     try:
-        await web.SockSite(runner, ctx.sock.dup(), ssl_context=tls.context if tls is not None else None).start()
+        await web.SockSite(runner, ctx.sock.dup(), ssl_context=tls.context if tls is not None else None,
+                           backlog=listen_backlog(cfg.server)).start()
         scheme = "https" if tls is not None else "http"
         # `listening` stays the real app's line (serving every route); this one says probes answer now.
         log.info("accepting", host=ctx.host, port=ctx.port, scheme=scheme,

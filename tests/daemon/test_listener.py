@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -147,6 +149,16 @@ async def test_over_the_cap_a_new_connection_is_refused_while_open_ones_work(tmp
         assert (await get(reader, writer, "/v1/models")).startswith(b"HTTP/1.1 200")
         for _, writer in held:
             writer.close()
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's ss reads a listening socket's queue length")
+async def test_the_listen_queue_holds_every_connection_the_listener_takes(tmp_path):
+    # aiohttp's default of 128 dropped the handshakes of a larger burst: those clients hung for seconds.
+    async with listening(tmp_path, max_connections=1500, probe_connections=8) as daemon:
+        listed = subprocess.run(["ss", "-Hltn", f"sport = :{daemon.port}"], capture_output=True, text=True,
+                                check=True).stdout.split()
+        kernel_cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+        assert listed[0] == "LISTEN" and int(listed[2]) == min(1508, kernel_cap)    # Send-Q: the queue's length
 
 
 async def test_at_the_cap_a_slow_client_that_never_finished_a_request_gives_its_slot_to_a_newcomer(tmp_path):
