@@ -184,7 +184,8 @@ def _summary(name: str, r: dict) -> str:
     return (f"{name}: {r['tokens_per_s']:,.0f} delivered tokens/s, {r['frames_per_s']:,.0f} frames/s "
             f"({r['tokens_per_frame']:.2f} tokens/frame); server CPU {r['server_cpu_util']:.0%} "
             f"({r['server_cpu_us_per_frame']:.1f} us/frame), client CPU {r['client_cpu_util']:.0%}, "
-            f"errors {r['errors']}")
+            f"errors {r['errors']}" + (f" (the first: {r['first_error']})" if r.get("first_error") else "")
+            + (f"; the window's last requests ended {r['drain_s']:.1f} s after it" if "drain_s" in r else ""))
 
 
 def scaling(args: argparse.Namespace) -> int:

@@ -63,3 +63,31 @@ async def test_a_keep_alive_server_serves_every_request_on_one_connection():
 async def test_a_response_that_closes_its_connection_is_followed_by_a_new_one():
     frames, connections = await requests_over(closes=True)
     assert frames == [4, 4, 4] and connections == 3
+
+
+async def test_a_request_running_at_the_windows_end_counts_its_share_inside_the_window():
+    # One stream whose response outlasts the window: read to its end, it counts the part of its tokens that
+    # falls inside the window (they are taken as spread evenly over its life); cut off, it counted none.
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(b'data: {"text": "a"}\n\n')
+        await asyncio.sleep(0.6)                # twice the window: it ends after it
+        await response.write(b'data: {"usage": {"completion_tokens":10}}\n\ndata: [DONE]\n\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        result = await load_bench().load(site._server.sockets[0].getsockname()[1], concurrency=1, max_tokens=10,
+                                         warmup=0.0, seconds=0.3)
+    finally:
+        await runner.cleanup()
+    assert result["requests"] == 1 and result["errors"] == 0 and result["drain_s"] > 0
+    assert 0 < result["tokens_per_s"] * 0.3 < 10 and result["frames_per_s"] > 0
