@@ -68,15 +68,18 @@ profile = "llama3-8b-h100"
 time_scale = 0.0   # no simulated step time: the engine costs only its Python
 max_model_len = 8192
 
-# auth is off on loopback: every request is tenant `local`; let it hold every stream the bench opens
+# auth is off on loopback: every request is tenant `local`; let it hold every stream the bench opens, and queue
+# them all: streams of one length end together and start again together, in waves of every stream at once
 [tenants.local]
 max_concurrent_requests = {concurrency}
+max_queued_requests = {concurrency}
 
 # One tenant: the fair queue has nobody to arbitrate between, and with steps of microseconds the
 # default (release 2 while the engine's queue is below 2, per dispatcher wake) caps how fast
 # requests can start; let the engine take every waiting request at its next step.
 [admission]
 max_engine_waiting = {concurrency}
+max_queued_requests = {concurrency}
 """
 
 
