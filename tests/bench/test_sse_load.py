@@ -29,13 +29,19 @@ async def serve(closes: bool):
         await response.write_eof()
         return response
 
+    runner, port = await serving(stream)
+    return runner, port, connections
+
+
+async def serving(handler) -> tuple[web.AppRunner, int]:
+    """A server whose POST /v1/completions is `handler`, on a free loopback port."""
     app = web.Application()
-    app.router.add_post("/v1/completions", stream)
+    app.router.add_post("/v1/completions", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    return runner, site._server.sockets[0].getsockname()[1], connections
+    return runner, site._server.sockets[0].getsockname()[1]
 
 
 async def requests_over(closes: bool) -> tuple[list[int], int]:
@@ -78,15 +84,9 @@ async def test_a_request_running_at_the_windows_end_counts_its_share_inside_the_
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, port = await serving(slow)
     try:
-        result = await load_bench().load(site._server.sockets[0].getsockname()[1], concurrency=1, max_tokens=10,
-                                         warmup=0.0, seconds=0.3)
+        result = await load_bench().load(port, concurrency=1, max_tokens=10, warmup=0.0, seconds=0.3)
     finally:
         await runner.cleanup()
     assert result["requests"] == 1 and result["errors"] == 0 and result["drain_s"] > 0
