@@ -188,7 +188,7 @@ def _summary(name: str, r: dict) -> str:
             f"({r['tokens_per_frame']:.2f} tokens/frame); server CPU {r['server_cpu_util']:.0%} "
             f"({r['server_cpu_us_per_frame']:.1f} us/frame), client CPU {r['client_cpu_util']:.0%}, "
             f"errors {r['errors']}" + (f" (the first: {r['first_error']})" if r.get("first_error") else "")
-            + (f"; the window's last requests ended {r['drain_s']:.1f} s after it" if "drain_s" in r else ""))
+            + f"; the window's last requests ended {r['drain_s']:.1f} s after it")
 
 
 def scaling(args: argparse.Namespace) -> int:

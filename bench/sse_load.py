@@ -142,8 +142,7 @@ async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seco
                               "stream": True, "stream_options": {"include_usage": True}})
     t_start = time.monotonic()
     w0, w1 = t_start + warmup, t_start + warmup + seconds
-    totals = {"frames": 0, "tokens": 0.0, "errors": 0, "requests": 0}
-    first_error: list[str] = []
+    totals = {"frames": 0, "tokens": 0.0, "errors": 0, "requests": 0, "first_error": ""}
 
     async def worker() -> None:
         _, proto = await loop.create_connection(SseClient, "127.0.0.1", port)
@@ -155,7 +154,7 @@ async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seco
                 try:
                     await proto.start(request)
                 except Exception as exc:
-                    first_error.append(repr(exc)[:300])
+                    totals["first_error"] = totals["first_error"] or repr(exc)[:300]
                     raise
                 t1 = time.monotonic()
                 totals["frames"] += proto.frames
@@ -163,7 +162,8 @@ async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seco
                 count = _completion_tokens(proto.tail)
                 if count is None:
                     totals["errors"] += 1
-                    first_error.append(f"a response without its usage, ending {proto.tail[-200:]!r}")
+                    totals["first_error"] = (totals["first_error"]
+                                             or f"a response without its usage, ending {proto.tail[-200:]!r}")
                     continue
                 # tokens are spread evenly over the request's lifetime; count the window's share
                 overlap = max(0.0, min(t1, w1) - max(t0, w0))
@@ -184,7 +184,7 @@ async def load(port: int, concurrency: int, max_tokens: int, warmup: float, seco
     results = await asyncio.gather(*workers, return_exceptions=True)
     totals["errors"] += sum(1 for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError))
     return {"frames_per_s": totals["frames"] / seconds, "tokens_per_s": totals["tokens"] / seconds,
-            "requests": totals["requests"], "errors": totals["errors"], "first_error": (first_error or [""])[0],
+            "requests": totals["requests"], "errors": totals["errors"], "first_error": totals["first_error"],
             "drain_s": drain_s}
 
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import contextlib
 import logging
+import re
 import signal
 import socket
 import sys
