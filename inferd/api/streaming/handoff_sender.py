@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from aiohttp.abc import AbstractStreamWriter
 
 from inferd.api import appkeys as keys
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.inflight import Tracked, flush_or_end
+from inferd.api.streaming.inflight import Flusher, Tracked, flush_or_end
 from inferd.api.streaming.sse import Sender, final_frames
 from inferd.api.streaming.writer_pool import WriterPool
 from inferd.api.streaming.writers import WriterDown
@@ -35,8 +36,8 @@ class HandoffSender(Sender):
     stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
-    __slots__ = ("acked", "gone", "link", "local", "opened", "opening", "paused", "pool", "returned", "series",
-                 "sid", "started")
+    __slots__ = ("acked", "flusher", "gone", "link", "local", "opened", "opening", "paused", "pool", "returned",
+                 "series", "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
@@ -51,6 +52,7 @@ class HandoffSender(Sender):
         self.gone = False                   # the writer reported the client gone (GONE)
         self.local = False                  # the handover failed: written here, as a plain Sender
         self.opening: asyncio.Task | None = None
+        self.flusher: Flusher | None = None
         self.acked: asyncio.Future[bool] | None = None
         self.returned: asyncio.Future[bool] | None = None   # the stream's end: the writer hands the socket back
         if self._transport.get_write_buffer_size() == 0:
@@ -117,6 +119,18 @@ class HandoffSender(Sender):
         link, sid, taken = self.link, self.sid, self.accepted.taken
         for piece in wire.text_pieces(frame.decode()):
             link.send([wire.RAW, sid, piece, taken])
+
+    def listener(self, flusher: Flusher) -> Callable[[], None]:
+        self.flusher = flusher
+        return self._has_output
+
+    def _has_output(self) -> None:
+        """New output: read in the writer pool's turn, which sends it in the STEP at once; the app's Flusher reads it
+        while the socket is not over yet (it merges meanwhile) or when the stream is written here."""
+        if self.opened:
+            self.pool.reads.mark(self)
+        else:
+            self.flusher.mark(self)
 
     def writable(self) -> bool:
         if self.local:

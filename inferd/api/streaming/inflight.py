@@ -68,17 +68,27 @@ class Flusher:
     frame (a send() each) is the front's cost per token. Bounded turns leave the engines their share
     and make frames fuller exactly when the loop is short of time; when it is not, every stream is
     written in the turn it got output, as before.
+
+    `after` is called at the end of each turn (and of a turn `wake` asks for with nothing marked): the writer
+    pool's, whose streams' "frames" are entries of a message to their writer process, sends those messages then.
     """
 
-    __slots__ = ("_dirty", "_scheduled")
+    __slots__ = ("_dirty", "_scheduled", "_after")
 
-    def __init__(self) -> None:
+    def __init__(self, after: Callable[[], None] | None = None) -> None:
         self._dirty: collections.deque[FrameWriter] = collections.deque()
         self._scheduled = False
+        self._after = after
 
     def mark(self, sender: FrameWriter) -> None:
         sender.pushed_at = _monotonic()         # the stream's oldest unsent output, from now
         self._dirty.append(sender)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def wake(self) -> None:
+        """A turn soon, even with no stream marked (for `after`)."""
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run)
@@ -92,6 +102,8 @@ class Flusher:
             n += 1
             if not n % _CHECK_EVERY and _perf() > deadline:
                 break
+        if self._after is not None:
+            self._after()
         if dirty:
             asyncio.get_running_loop().call_soon(self._run)    # after what is ready now (engine steps)
         else:

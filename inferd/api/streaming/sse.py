@@ -35,7 +35,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from inferd.admission import AdmittedStream
 from inferd.api.errors import SERVER_ERROR, ApiError
-from inferd.api.streaming.inflight import Inflight, Tracked
+from inferd.api.streaming.inflight import Flusher, Inflight, Tracked
 from inferd.api.wire.responses import OPENAI_FINISH, PING_FRAME, ChunkEncoder, abnormal_end
 from inferd.engine import RequestStream
 from inferd.observability import RequestObservation, get_logger, request_context
@@ -87,6 +87,10 @@ class Sender:
         data = b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame
         transport.write(data)
         self.accepted.wrote(len(data), content)
+
+    def listener(self, flusher: Flusher) -> Callable[[], None]:
+        """What its stream calls on new output (RequestStream.listen): the app's Flusher writes it this turn."""
+        return functools.partial(flusher.mark, self)
 
     def writable(self) -> bool:
         """May a frame be written now? Not once done, nor while the client is not keeping up: then
@@ -221,7 +225,7 @@ async def stream_response(request: web.BaseRequest, stream: RequestStream, entry
         sender.tee = tee
         entry.last_write = _monotonic()
         entry.sender = sender
-        stream.listen(functools.partial(inflight.flusher.mark, sender))   # new output -> this turn's flush
+        stream.listen(sender.listener(inflight.flusher))     # new output -> this turn's flush
         sender.flush()                      # whatever arrived before the headers went out
         loop = asyncio.get_running_loop()
         while not sender.done:

@@ -1,5 +1,6 @@
 """The app's SSE writer processes (inferd.api.streaming.writers): started with the app, spread over in turn,
-replaced with a backoff when one dies, and the STEP each link gathered sent once per loop turn."""
+replaced with a backoff when one dies; once per loop turn the handed-over streams with new output are read and
+each link's STEP sent."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from inferd.api.streaming import writer_wire as wire
+from inferd.api.streaming.inflight import Flusher
 from inferd.api.streaming.writers import WriteDelaySink, WriterDown, WriterLink, child_env
 from inferd.observability import get_logger
 
@@ -30,7 +32,10 @@ class WriterPool:
         self.links: list[WriterLink] = []
         self._next = itertools.cycle(range(max(count, 1)))
         self._sids = itertools.count(1)
-        self._due: list[WriterLink] = []
+        self._due: list[WriterLink] = []               # links with a STEP gathered this turn
+        # Handed-over streams with new output: read, and their text added to their link's STEP, in the turn that
+        # sends the STEPs. The app's Flusher (in-process streams) would read them a loop turn before that one.
+        self.reads = Flusher(after=self._send_steps)
         self.handed = 0                 # streams handed over so far
         self.kept = 0                   # streams whose handover failed, written in this process instead
         self._stopping = False
@@ -155,9 +160,8 @@ class WriterPool:
                 numbered[number].add_write_delays(counts, total)
 
     def schedule(self, link: WriterLink) -> None:
-        if not self._due:
-            asyncio.get_running_loop().call_soon(self._send_steps)
         self._due.append(link)
+        self.reads.wake()
 
     def _send_steps(self) -> None:
         due, self._due = self._due, []

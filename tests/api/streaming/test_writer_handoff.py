@@ -1,13 +1,16 @@
 """Handing a stream's socket to a writer process (inferd.api.streaming.handoff_sender): only once the main
-process's transport holds nothing unsent, else those bytes (the headers) would reach the client after the writer's."""
+process's transport holds nothing unsent, else those bytes (the headers) would reach the client after the writer's;
+then its new output goes to the writer in the writer pool's own loop turn."""
 from __future__ import annotations
 
+import asyncio
 import socket
 
+from inferd.api.streaming import writer_pool
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.handoff_sender import HandoffSender
-from inferd.api.streaming.inflight import Tracked
-from inferd.api.streaming.writers import WriterDown
+from inferd.api.streaming.inflight import Flusher, Tracked
+from inferd.api.streaming.writers import WriterDown, WriterLink
 from inferd.api.wire.responses import ChunkEncoder, Identity
 from inferd.engine.stream import RequestStream
 from inferd.types import Delta, FinishReason
@@ -67,6 +70,13 @@ class Pool:
 
     def series_number(self, series) -> int:
         return 0
+
+
+class WriterProcess:
+    pid = 0
+
+    def kill(self) -> None:
+        pass
 
 
 class Obs:
@@ -155,3 +165,26 @@ async def test_a_writer_dying_as_a_drained_streams_final_frames_go_to_it_ends_th
     finally:
         a.close()
         b.close()
+
+
+async def test_a_handed_over_streams_new_output_is_read_and_sent_to_its_writer_in_one_loop_turn():
+    """The pool's own turn reads the stream and sends the STEP: no Flusher turn before it, one loop turn earlier."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    client, peer = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    pool = writer_pool.WriterPool(1)
+    pool.links = [WriterLink(pool, ours, WriterProcess())]
+    try:
+        stream = RequestStream("cmpl-1")
+        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(client, unsent=0)),
+                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
+                               pool=pool)
+        stream.listen(sender.listener(Flusher()))
+        assert wire.decode(theirs.recv(1 << 16))[0] == wire.OPEN
+        stream.push_token(7, "hi")
+        await asyncio.sleep(0)                          # one turn of the loop
+        assert wire.decode(theirs.recv(1 << 16)) == [wire.STEP, [[sender.sid, "hi", 1, sender.pushed_at]]]
+    finally:
+        for s in (ours, theirs, client, peer):
+            s.close()
