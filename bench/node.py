@@ -41,7 +41,10 @@ It prints:
   225,000 tokens/s, and the tokens/s one core of the engine process carries. CPU time per process
   shows on any machine what a bigger one will do with more cores.
 A client process near 100% CPU means the load generator, not the daemon, set the pace: the figure is
-then a floor. Loopback only; the window and every phase are bounded.
+then a floor. `--client-nice 10` runs the load generators at that niceness: on a machine where a writer
+process shares its CPU with one (2 cores), the writer then runs first whenever both are ready, as on a node
+where the clients are elsewhere; at the same priority each frame's wake-up of the client could take the CPU
+from the writer in the middle of a step's frames, and the added ITL measured that contention too. Loopback only; the window and every phase are bounded.
 """
 from __future__ import annotations
 
@@ -219,6 +222,7 @@ def merge_clients(outputs: list[str]) -> dict:
     for key in ("first_refusal", "first_error"):
         merged[key] = next((r[key] for r in results if r[key]), "")
     merged["client_cpu_util"] = max(r["client_cpu_util"] for r in results)
+    merged["client_nice"] = max(r["client_nice"] for r in results)
     merged["clients"] = len(results)
     return merged
 
@@ -229,6 +233,7 @@ def run_client(args: argparse.Namespace) -> None:
     cpu0, t0 = time.process_time(), time.monotonic()
     result = uvloop.run(load(args, Path(args.out)))
     result["client_cpu_util"] = (time.process_time() - cpu0) / (time.monotonic() - t0)
+    result["client_nice"] = os.nice(0)
     print(json.dumps(result), flush=True)
 
 
@@ -268,7 +273,8 @@ def main() -> int:
                    "--seed", str(args.seed), "--out", str(work), "--backend", args.backend,
                    "--clients", str(args.clients)]
             clients = [subprocess.Popen([*cmd, "--client-index", str(k)], stdout=subprocess.PIPE, text=True,
-                                        preexec_fn=lambda cpu=cpu: pin(cpu)) for k, cpu in enumerate(cpus)]
+                                        preexec_fn=lambda cpu=cpu: (pin(cpu), os.nice(args.client_nice)))
+                       for k, cpu in enumerate(cpus)]
             time.sleep(args.warmup)
             (m0, d0, gc0), tree0, t0 = scrape(port), sample_tree(proc.pid), time.monotonic()
             time.sleep(args.seconds)
@@ -337,7 +343,8 @@ def print_summary(args: argparse.Namespace, report: dict, step_s: dict[int, floa
           f"step {sum(step_s.values()) / max(1, len(step_s)) * 1000:.2f} ms")
     print(f"server CPU per 1k tokens: {report['server_cpu_ms_per_1k_tokens']:.2f} ms (server CPU "
           f"{report['server_cpu_util']:.0%}, client CPU {report['client_cpu_util']:.0%}"
-          f"{' (the busiest of %d generators)' % report['clients'] if report['clients'] > 1 else ''}, "
+          f"{' (the busiest of %d generators)' % report['clients'] if report['clients'] > 1 else ''}"
+          f"{' at nice %d' % report['client_nice'] if report['client_nice'] else ''}, "
           f"errors {report['errors']})")
     if report["refused"] or report["errors"]:
         print(f"refused: {report['refused']} (retried; first: {report['first_refusal'] or '-'}); errors: "
@@ -391,6 +398,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=1,
                    help="load generator processes, each on its own CPU after the daemon's (CPU 1, 2, ...)")
     p.add_argument("--client-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--client-nice", type=int, default=0, choices=range(0, 20), metavar="0..19",
+                   help="the load generators' niceness (10: a writer sharing their CPU runs first)")
     p.add_argument("--front-processes", type=int, default=0,
                    help="[server] front_processes: SSE writer processes (0: every stream written in the daemon)")
     p.add_argument("--backend", choices=["sim", "torch"], default="sim",

@@ -71,9 +71,10 @@ def test_cpu_per_process_role_and_the_node_projection_are_printed_and_positive(n
 
 
 def node_report(front_processes: int) -> tuple[dict, list[str]]:
-    """bench/node.py at 2 x 128 real-time sim streams with `front_processes` SSE writer processes."""
+    """bench/node.py at 2 x 128 real-time sim streams with `front_processes` SSE writer processes, the load
+    generator at nice 10 (a writer sharing its CPU runs first)."""
     out = subprocess.run([sys.executable, str(BENCH), "--engines", "2", "--streams", "128", "--seconds", "5",
-                          "--warmup", "4", "--front-processes", str(front_processes)],
+                          "--warmup", "4", "--front-processes", str(front_processes), "--client-nice", "10"],
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout.splitlines()
@@ -95,6 +96,8 @@ def test_with_a_writer_the_engine_process_spends_less_cpu_per_token_and_delivers
     scales both."""
     (inproc, _), (writer, lines) = writer_runs[0], writer_runs[1]
     assert writer["errors"] == 0 and inproc["errors"] == 0
+    assert writer["client_nice"] == inproc["client_nice"] == 10, (writer, inproc)
+    assert any(line.startswith("server CPU per 1k tokens: ") and " at nice 10, " in line for line in lines), lines
     assert writer["ratio"] >= 0.9, writer
     assert writer["roles"]["writer"]["processes"] == 1, writer["roles"]
     assert writer["roles"]["writer"]["ms_per_1k_tokens"] > 0, writer["roles"]
