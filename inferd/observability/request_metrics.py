@@ -101,7 +101,7 @@ class ModelSeries:
 
     __slots__ = ("_engine", "labels", "ttft", "itl", "itl_observe", "write_delay_observe", "queue_wait", "prefill",
                  "decode", "e2e", "prompt_tokens", "generation_tokens", "prefix_hits", "step", "_stages",
-                 "_by_status", "_metrics", "_write_delays", "ttft_observe", "queue_wait_observe", "prefill_observe", "decode_observe",
+                 "_by_status", "_metrics", "_write_delays", "_itls", "ttft_observe", "queue_wait_observe", "prefill_observe", "decode_observe",
                  "e2e_observe")
 
     def __init__(self, metrics: SeriesFamilies, engine: Engine | None, labels: tuple[str, str, str]) -> None:
@@ -116,6 +116,7 @@ class ModelSeries:
         write_delay = metrics.stream_write_delay.labels(*labels)
         self.write_delay_observe = metrics.loop_observer(write_delay)     # ditto
         self._write_delays = metrics.loop_histogram(write_delay)         # the same, for the writers' DELAYS
+        self._itls = metrics.loop_histogram(self.itl)                    # and the writers' ITLs
         self.queue_wait = metrics.queue_wait.labels(*labels)
         self.prefill = metrics.prefill_time.labels(*labels)
         self.decode = metrics.decode_time.labels(*labels)
@@ -138,6 +139,12 @@ class ModelSeries:
         inferd_stream_write_delay_seconds, +Inf last, and their sum. Loop thread only."""
         if self._write_delays is not None:
             self._write_delays.add(counts, total)
+
+    def add_itls(self, counts: list[int], total: float) -> None:
+        """Inter-token latencies an SSE writer observed (DELAYS) as the frames of the streams it writes left:
+        counts per bucket of inferd_inter_token_latency_seconds, +Inf last, and their sum. Loop thread only."""
+        if self._itls is not None:
+            self._itls.add(counts, total)
 
     def stage_observe(self, name: str) -> Callable[[float], None]:
         """observe() of the stage histogram's child for `name` (a bounded set: the pipeline's timeline stages),
@@ -194,6 +201,12 @@ class RequestObservation:
         else:
             self.series.itl_observe((now - self._last_token) / n_tokens)
         self._last_token = now
+
+    def last_token_at(self, when: float) -> None:
+        """Tokens after the first went out through another process (an SSE writer, which observes their ITLs
+        itself), the last of them at `when`: finish's mean ITL reads it."""
+        if self._last_token is not None and when > self._last_token:
+            self._last_token = when
 
     def finish(self, status: int | str, *, usage: Usage | None = None, timing: EngineTiming | None = None,
                now: float | None = None, stages: Mapping[str, tuple[float, float]] | None = None) -> None:

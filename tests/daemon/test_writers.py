@@ -224,19 +224,21 @@ async def test_the_daemon_serves_once_its_writer_processes_are_listening(tmp_pat
                 assert comm.read().strip() == "inferd-writer"
 
 
-async def test_a_handed_over_streams_write_delays_measured_by_its_writer_reach_the_daemons_metrics(tmp_path):
+async def test_a_handed_over_streams_write_delays_and_itls_measured_by_its_writer_reach_the_daemons_metrics(tmp_path):
     # Real-time steps (about 2.5 ms each) over half a second: a fast stream's text can all merge into its final
     # frames (written as RAW, which carries no push time), so this one runs long enough to be stepped.
     async with running_daemon(writers_config(tmp_path, time_scale=1.0)) as (daemon, _, url), \
             openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
         stream = await sdk.completions.create(model="sim", prompt="hello", max_tokens=200, stream=True)
-        assert [c async for c in stream]
+        chunks = [c async for c in stream]
         assert daemon_writers(daemon).handed == 1
 
         async def observed() -> bool:       # the writer reports them with its samples, a few times a second
             async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
                 text = await resp.text()
-            counts = [s.value for f in text_string_to_metric_families(text) for s in f.samples
-                      if s.name == "inferd_stream_write_delay_seconds_count" and s.labels.get("model") == "sim"]
-            return bool(counts) and counts[0] > 0
-        await until(observed, "the writer's write delays in /metrics")
+            counts = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                      if s.name.endswith("_count") and s.labels.get("model") == "sim"}
+            # every chunk's latency: the first's (TTFT) here, each later one's (ITL) as the writer's socket took it
+            return (counts.get("inferd_stream_write_delay_seconds_count", 0) > 0
+                    and counts.get("inferd_inter_token_latency_seconds_count", 0) >= len(chunks) // 2)
+        await until(observed, "the writer's write delays and ITLs in /metrics")

@@ -36,14 +36,16 @@ class HandoffSender(Sender):
     stream is not writable (its deltas merge in the RequestStream). What the client acknowledged is counted
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
-    __slots__ = ("acked", "flusher", "gone", "link", "local", "opened", "opening", "paused", "pool", "returned",
-                 "series", "sid", "started")
+    __slots__ = ("acked", "flusher", "gone", "last_text", "link", "local", "obs", "opened", "opening", "paused", "pool",
+                 "returned", "series", "sid", "started")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
         super().__init__(entry, writer, encoder, include_usage, obs)
         self.pool = pool
-        self.series = obs.series            # the writer measures its frames' write delays for these labels
+        self.obs = obs
+        self.series = obs.series            # the writer measures its frames' write delays and ITLs for these labels
+        self.last_text = 0.0                # when the last tokens were handed to the writer
         self.link = None
         self.sid = pool.new_sid()
         self.started = False
@@ -152,10 +154,11 @@ class HandoffSender(Sender):
         if running is not None:
             running.count(tokens)               # this process's copy, for the final chunk's usage
         if text:
-            self.started = True
-            self.entry.last_write = now = _monotonic()
+            self.entry.last_write = self.last_text = now = _monotonic()
             self.link.add_text(self.sid, text, tokens, self.pushed_at)
-            self._on_tokens(tokens, now)        # its write delay is the writer's to observe (DELAYS)
+            if not self.started:                # TTFT: once handed over; the writer observes the ITLs and write delays
+                self.started = True             # as its socket takes the frames (DELAYS)
+                self._on_tokens(tokens, now)
         elif running is not None:
             self.link.add_text(self.sid, "", tokens)
 
@@ -170,7 +173,10 @@ class HandoffSender(Sender):
         entry.closing = True
         entry.final = delta
         self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
-        self._on_tokens(len(delta.token_ids))
+        if not self.started:                    # its first tokens: TTFT (the writer observes the ITL of later ones)
+            self._on_tokens(len(delta.token_ids))
+        elif delta.token_ids:
+            self.last_text = _monotonic()
         self.end()
 
     def on_report(self, msg: list) -> None:
@@ -232,6 +238,8 @@ class HandoffSender(Sender):
             self.opening.cancel()
         if self.local:                      # written here to its end: aiohttp ends the response as usual
             return
+        if self.started:
+            self.obs.last_token_at(self.last_text)
         link = self.link
         if link is not None:
             if not (self.gone or self.entry.client_gone):

@@ -1,6 +1,6 @@
 """One client socket in an SSE writer process (inferd.api.streaming.writer_proc): its frames, encoded there,
-written as the socket takes them, and what its client acknowledged of them (SocketAccepted, reading this
-object as its transport)."""
+written as the socket takes them, what its client acknowledged of them (SocketAccepted, reading this
+object as its transport), and the times the main process's metrics need of them (FrameHistogram)."""
 from __future__ import annotations
 
 import bisect
@@ -8,18 +8,21 @@ import socket
 
 from inferd.api.streaming.accepted import SocketAccepted
 from inferd.api.wire.responses import ChunkEncoder
-from inferd.observability import WRITE_DELAY_BUCKETS
+from inferd.observability import ITL_BUCKETS, WRITE_DELAY_BUCKETS
 
 # What one stream may hold encoded and unsent before its client counts as gone (every byte past the
 # first BLOCKED was sent before the main process heard of it: about one step's text).
 MAX_UNSENT = 8 << 20
+# The main process's histograms' bounds, +Inf last: inferd_stream_write_delay_seconds, inferd_inter_token_latency_seconds.
+WRITE_DELAY_BOUNDS = (*WRITE_DELAY_BUCKETS, float("inf"))
+ITL_BOUNDS = (*ITL_BUCKETS, float("inf"))
 
 
 class ClientStream:
     """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
 
-    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "pushed_at", "reported",
-                 "series", "sid", "sock", "text", "tokens", "unsent")
+    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "last_frame", "pushed_at",
+                 "reported", "series", "sid", "sock", "text", "tokens", "unsent", "unseen")
 
     def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder, series: int = 0) -> None:
         self.sid = sid
@@ -38,6 +41,8 @@ class ClientStream:
         self.reported = 0                 # acknowledged tokens the main process was told of
         self.series = series              # the main process's number for its metric labels
         self.pushed_at: float | None = None   # when the engine pushed the oldest text not yet taken by the socket
+        self.unseen = 0                   # tokens in frames the socket has not wholly taken yet (for their ITL)
+        self.last_frame: float | None = None  # when the socket took the previous frames with tokens (None: none yet)
 
     # What SocketAccepted reads of a transport: the socket, and what waits in user space.
     def get_extra_info(self, name: str) -> socket.socket | None:
@@ -51,6 +56,7 @@ class ClientStream:
 
     def frame(self, data: bytes, tokens: int = 0) -> None:
         self.accepted.took(tokens)
+        self.unseen += tokens
         if data:
             framed = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
             self.unsent += framed
@@ -65,7 +71,7 @@ class ClientStream:
             self.frame(encoder.content(text) if encoder.running is None else encoder.content_with_usage(text, tokens),
                        tokens)
         else:
-            self.accepted.took(tokens)      # they ride on the next frame
+            self.accepted.took(tokens)      # they ride on the next frame (no latency of their own, as in process)
             if tokens and encoder.running is not None:
                 encoder.running.count(tokens)
 
@@ -82,21 +88,35 @@ class ClientStream:
                 return False
 
 
-class WriteDelays:
-    """The write delays this writer observed since they were last taken, per metric series of the main process:
-    counts per bucket of inferd_stream_write_delay_seconds (its bounds and +Inf) and their sum."""
+    def inter_token_latency(self, now: float) -> float | None:
+        """Everything written was just taken by the socket (`now`): the inter-token latency its tokens observe, as
+        the in-process writer observes one per frame (inferd.observability.RequestObservation.on_tokens): the
+        time since the socket took the previous tokens' frames, over these tokens. None: no tokens, or the
+        first frames this process wrote (the main process observed those tokens' latency, TTFT, handing them
+        over)."""
+        tokens = self.unseen
+        if not tokens:
+            return None
+        self.unseen = 0
+        last, self.last_frame = self.last_frame, now
+        return None if last is None else (now - last) / tokens
 
-    __slots__ = ("_by_series",)
-    BOUNDS = (*WRITE_DELAY_BUCKETS, float("inf"))
 
-    def __init__(self) -> None:
+class FrameHistogram:
+    """Observations of one of the main process's histograms made here since they were last taken, per metric series
+    of the main process: counts per bucket of its `bounds` (+Inf last) and their sum."""
+
+    __slots__ = ("bounds", "_by_series")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
         self._by_series: dict[int, tuple[list[int], list[float]]] = {}
 
     def observe(self, series: int, seconds: float) -> None:
         got = self._by_series.get(series)
         if got is None:
-            got = self._by_series[series] = ([0] * len(self.BOUNDS), [0.0])
-        got[0][bisect.bisect_left(self.BOUNDS, seconds)] += 1
+            got = self._by_series[series] = ([0] * len(self.bounds), [0.0])
+        got[0][bisect.bisect_left(self.bounds, seconds)] += 1
         got[1][0] += seconds
 
     def take(self) -> list[list]:

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from inferd.api.streaming import writer_wire as wire
 from inferd.api.streaming.inflight import Flusher
-from inferd.api.streaming.writers import WriteDelaySink, WriterDown, WriterLink, child_env
+from inferd.api.streaming.writers import FrameTimesSink, WriterDown, WriterLink, child_env
 from inferd.observability import get_logger
 
 log = get_logger("inferd.api.streaming.writers")
@@ -39,8 +39,8 @@ class WriterPool:
         self.handed = 0                 # streams handed over so far
         self.kept = 0                   # streams whose handover failed, written in this process instead
         self._stopping = False
-        self._series: dict[int, tuple[int, WriteDelaySink]] = {}   # id(series) -> (its number, it)
-        self._numbered: list[WriteDelaySink] = []                     # by number: what writers' DELAYS name
+        self._series: dict[int, tuple[int, FrameTimesSink]] = {}   # id(series) -> (its number, it)
+        self._numbered: list[FrameTimesSink] = []                     # by number: what writers' DELAYS name
         self._tries: dict[int, int] = {}                # restarts in a row, by slot
         self._restarts: set[asyncio.Task] = set()
 
@@ -143,7 +143,7 @@ class WriterPool:
     def new_sid(self) -> int:
         return next(self._sids)
 
-    def series_number(self, series: WriteDelaySink) -> int:
+    def series_number(self, series: FrameTimesSink) -> int:
         """The number writers' DELAYS name `series` by (a stream's metric labels: one per model version). The
         series are kept: there are as many as versions ever served."""
         known = self._series.get(id(series))
@@ -152,12 +152,16 @@ class WriterPool:
             self._numbered.append(series)
         return known[0]
 
-    def add_write_delays(self, entries: list) -> None:
-        """A writer's DELAYS: [[series number, counts per bucket, sum], ...] into each series' histogram."""
+    def add_frame_times(self, delays: list, itls: list) -> None:
+        """A writer's DELAYS: write delays and inter-token latencies, each [[series number, counts per bucket, sum],
+        ...], into each series' histograms."""
         numbered = self._numbered
-        for number, counts, total in entries:
+        for number, counts, total in delays:
             if 0 <= number < len(numbered):
                 numbered[number].add_write_delays(counts, total)
+        for number, counts, total in itls:
+            if 0 <= number < len(numbered):
+                numbered[number].add_itls(counts, total)
 
     def schedule(self, link: WriterLink) -> None:
         self._due.append(link)

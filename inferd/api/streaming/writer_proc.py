@@ -30,7 +30,7 @@ import sys
 import time
 
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.writer_client import MAX_UNSENT, ClientStream, WriteDelays
+from inferd.api.streaming.writer_client import ITL_BOUNDS, MAX_UNSENT, WRITE_DELAY_BOUNDS, ClientStream, FrameHistogram
 from inferd.api.wire.responses import ChunkEncoder, Identity, RunningUsage
 from inferd.observability import tune_collector
 
@@ -62,7 +62,8 @@ class Writer:
         self.closed = asyncio.Event()
         self.reports: collections.deque[bytes] = collections.deque()   # waiting for the channel to take them
         self.tasks: set[asyncio.Task] = set()
-        self.delays = WriteDelays()
+        self.delays = FrameHistogram(WRITE_DELAY_BOUNDS)      # from the engine's push to the socket
+        self.itls = FrameHistogram(ITL_BOUNDS)                  # between a stream's frames, taken by its socket
         self.dirty: dict[int, ClientStream] = {}      # streams given text by this read, by sid
 
     def start(self) -> None:
@@ -163,7 +164,9 @@ class Writer:
                 return
             stream.settle()             # the text before it goes first
             if kind == wire.RAW:
+                taken = stream.accepted.taken
                 stream.accepted.took_until(msg[3])      # what the main process read in all: the final delta's too
+                stream.unseen += stream.accepted.taken - taken       # tokens this frame carries (the final chunk's)
                 stream.frame(msg[2].encode())
                 self._pump(stream)
             elif kind == wire.ACK:
@@ -196,9 +199,9 @@ class Writer:
                     took.append([stream.sid, stream.reported])
             for at in range(0, len(took), TOOK_BATCH):
                 self._report([wire.TOOK, took[at:at + TOOK_BATCH]])
-            delays = self.delays.take()
-            if delays:
-                self._report([wire.DELAYS, delays])
+            delays, itls = self.delays.take(), self.itls.take()
+            if delays or itls:
+                self._report([wire.DELAYS, delays, itls])
 
     def _open(self, msg: list, fd: int) -> None:
         _, sid, chunked, kind, ident, created, model, fingerprint, include_usage, prompt_tokens, series = msg
@@ -234,10 +237,14 @@ class Writer:
             return
         if stream.blocked:
             stream.accepted.sample()    # the socket took more: what the client acknowledged meanwhile
-        if done and stream.pushed_at is not None:    # the socket took the text's frame: its oldest token's delay
-            self.delays.observe(stream.series, time.monotonic() - stream.pushed_at)
-            stream.pushed_at = None
-        if done:
+        if done:                        # the socket took every frame: their tokens' latencies
+            now = time.monotonic()
+            if stream.pushed_at is not None:        # the text's frame: its oldest token's delay from the engine
+                self.delays.observe(stream.series, now - stream.pushed_at)
+                stream.pushed_at = None
+            itl = stream.inter_token_latency(now)
+            if itl is not None:
+                self.itls.observe(stream.series, itl)
             if stream.blocked:
                 stream.blocked = False
                 self.loop.remove_writer(stream.fd)

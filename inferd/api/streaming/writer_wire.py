@@ -31,9 +31,12 @@ writer -> main
   RETURNED [RETURNED, sid, tokens, ok] the answer to CLOSE: ok true once everything was written (the
                                       writer closed its copy of the socket; the connection is the main process's
                                       again), false when the client left or grace_s passed first (dropped)
-  DELAYS   [DELAYS, [[series, counts, sum], ...]]   with the TOOK samples: the write delays observed since the
-                                      last (from pushed_at to the socket taking the frame), as counts per bucket of
-                                      inferd_stream_write_delay_seconds, for the main process's histogram
+  DELAYS   [DELAYS, delays, itls]     with the TOOK samples, each [[series, counts, sum], ...]: the write delays
+                                      observed since the last (from pushed_at to the socket taking the frame) as counts
+                                      per bucket of inferd_stream_write_delay_seconds, and the inter-token latencies (a
+                                      stream's frames after its first: the time since its socket took the previous
+                                      ones, over their tokens) per bucket of inferd_inter_token_latency_seconds, for
+                                      the main process's histograms
   TOOK     [TOOK, sid, tokens]        the acknowledged tokens grew (sampled a few times a second, as the in-process
                                       watchdog does), so a stream that ends without ACK (an error, its deadline) is
                                       billed what its client took

@@ -50,17 +50,18 @@ class Reported(Protocol):
     def on_report(self, msg: list) -> None: ...
 
 
-class WriteDelaySink(Protocol):
-    """A stream's metric series, as far as writers' write delays go (inferd.observability.ModelSeries)."""
+class FrameTimesSink(Protocol):
+    """A stream's metric series, as far as what writers observe of frames goes (inferd.observability.ModelSeries)."""
 
     def add_write_delays(self, counts: list[int], total: float) -> None: ...
+    def add_itls(self, counts: list[int], total: float) -> None: ...
 
 
 class LinkOwner(Protocol):
     """What a writer link tells the pool that started it (inferd.api.streaming.writer_pool.WriterPool)."""
 
     def schedule(self, link: WriterLink) -> None: ...
-    def add_write_delays(self, entries: list) -> None: ...
+    def add_frame_times(self, delays: list, itls: list) -> None: ...
     def lost(self, link: WriterLink) -> None: ...
 
 
@@ -175,7 +176,7 @@ class WriterLink:
                     self.ready.set_result(None)
                 continue
             if msg[0] == wire.DELAYS:
-                self.pool.add_write_delays(msg[1])
+                self.pool.add_frame_times(msg[1], msg[2])
                 continue
             if msg[0] == wire.TOOK:
                 senders = self.senders

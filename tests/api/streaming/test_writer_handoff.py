@@ -82,8 +82,15 @@ class WriterProcess:
 class Obs:
     series = None
 
-    def on_tokens(self, *args) -> None:
-        pass
+    def __init__(self) -> None:
+        self.observed: list[int] = []          # on_tokens' token counts
+        self.last: float | None = None
+
+    def on_tokens(self, tokens: int, *args) -> None:
+        self.observed.append(tokens)
+
+    def last_token_at(self, when: float) -> None:
+        self.last = when
 
 
 async def test_the_socket_goes_over_only_once_the_headers_left_the_main_process_and_merged_text_follows():
@@ -188,3 +195,27 @@ async def test_a_handed_over_streams_new_output_is_read_and_sent_to_its_writer_i
     finally:
         for s in (ours, theirs, client, peer):
             s.close()
+
+
+async def test_only_a_handed_over_streams_first_tokens_are_observed_here_and_its_last_tokens_time_is_kept():
+    """Its TTFT is this process's; the ITLs are the writer's, as its socket takes the frames (DELAYS). The time the
+    last tokens went over still reaches the request's mean ITL (RequestObservation.finish)."""
+    a, b = socket.socketpair()
+    try:
+        obs = Obs()
+        pool, stream = Pool(), RequestStream("cmpl-1")
+        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
+                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, obs,
+                               pool=pool)
+        for word in ("one", "two", "six"):
+            stream.push_token(1, word)
+            sender.flush()
+        assert obs.observed == [1] and [m[1][0][1] for m in pool.link.sent[1:]] == ["one", "two", "six"]
+        stream.push(Delta(text="!", token_ids=[2], finish_reason=FinishReason.STOP))
+        sender.flush()
+        assert obs.observed == [1]
+        sender.release()
+        assert obs.last == sender.last_text > 0
+    finally:
+        a.close()
+        b.close()

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from inferd.api.streaming import writer_wire as wire
-from inferd.api.streaming.writer_client import WriteDelays
+from inferd.api.streaming.writer_client import ITL_BOUNDS, WRITE_DELAY_BOUNDS
 from inferd.api.streaming.writers import child_env
 from inferd.api.streaming.accepted import _bytes_acked as bytes_acked
 from tests.api.streaming.test_accepted import int_ioctl, loopback_pair
@@ -250,9 +250,34 @@ async def test_the_write_delay_from_the_engines_push_to_the_socket_is_reported_p
         pushed = time.monotonic() - 0.3             # the engine pushed it 0.3 s before the writer got it
         await main.send([wire.STEP, [[1, "hello", 2, pushed]]])
         assert b"hello" in await asyncio.get_running_loop().sock_recv(client, 4096)
-        _, [[series, counts, total]] = await main.report_of(wire.DELAYS)
+        _, [[series, counts, total]], itls = await main.report_of(wire.DELAYS)
         assert series == 0 and sum(counts) == 1 and 0.3 <= total < 10, (counts, total)
-        assert counts[bisect.bisect_left(WriteDelays.BOUNDS, total)] == 1, (counts, total)   # its bucket, as Prometheus'
+        assert counts[bisect.bisect_left(WRITE_DELAY_BOUNDS, total)] == 1, (counts, total)   # its bucket, as Prometheus'
+        assert itls == []           # a stream's first frame: its latency is the main process's TTFT
+
+
+async def test_the_inter_token_latency_between_a_streams_frames_is_observed_as_its_socket_takes_them():
+    async with writer_process() as main:
+        client = main.open(1)
+        await main.synced()
+        loop = asyncio.get_running_loop()
+        sent_first = time.monotonic()
+        await main.send([wire.STEP, [[1, "one", 1, None]]])      # its first frame: the main process's TTFT
+        assert b"one" in await loop.sock_recv(client, 4096)
+        await asyncio.sleep(0.2)
+        sent_second = time.monotonic()
+        await main.send([wire.STEP, [[1, "two", 2, None]]])      # two tokens in its second frame
+        assert b"two" in await loop.sock_recv(client, 4096)
+        await main.send([wire.RAW, 1, "data: {}\n\n", 4])        # the final chunk: one token more (3 read, now 4)
+        await loop.sock_recv(client, 4096)
+        counts, total = [0] * len(ITL_BOUNDS), 0.0
+        while sum(counts) < 2:                                  # the samples' reports, a few a second
+            for series, got, seconds in (await main.report_of(wire.DELAYS))[2]:
+                assert series == 0 and len(got) == len(ITL_BOUNDS)
+                counts = [a + b for a, b in zip(counts, got)]
+                total += seconds
+        assert sum(counts) == 2, counts             # the second frame (its gap over 2 tokens) and the final one
+        assert 0.2 / 2 <= total <= (time.monotonic() - sent_first) / 2 + (time.monotonic() - sent_second), total
 
 
 async def test_steps_that_waited_for_the_writer_go_out_as_one_frame_per_stream():
