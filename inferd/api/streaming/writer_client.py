@@ -21,10 +21,11 @@ ITL_BOUNDS = (*ITL_BUCKETS, float("inf"))
 class ClientStream:
     """One handed-over client socket: encodes and writes its frames, merging text while it is behind."""
 
-    __slots__ = ("accepted", "blocked", "chunked", "closing", "encoder", "fd", "gone", "last_frame", "pushed_at",
-                 "reported", "series", "sid", "sock", "text", "tokens", "unsent", "unseen")
+    __slots__ = ("accepted", "blocked", "chunked", "closing", "delays", "encoder", "fd", "gone", "itls", "last_frame",
+                 "pushed_at", "reported", "sid", "sock", "text", "tokens", "unsent", "unseen")
 
-    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder, series: int = 0) -> None:
+    def __init__(self, sid: int, sock: socket.socket, chunked: bool, encoder: ChunkEncoder, delays: SeriesBins,
+                 itls: SeriesBins) -> None:
         self.sid = sid
         self.sock = sock
         self.fd = sock.fileno()
@@ -39,7 +40,8 @@ class ClientStream:
         self.accepted = SocketAccepted()  # this stream's bytes, against its socket's send queue
         self.accepted.attach(self)        # type: ignore[arg-type]  (this object is its transport)
         self.reported = 0                 # acknowledged tokens the main process was told of
-        self.series = series              # the main process's number for its metric labels
+        self.delays = delays              # its metric series' write delays and ITLs (the main process's labels)
+        self.itls = itls
         self.pushed_at: float | None = None   # when the engine pushed the oldest text not yet taken by the socket
         self.unseen = 0                   # tokens in frames the socket has not wholly taken yet (for their ITL)
         self.last_frame: float | None = None  # when the socket took the previous frames with tokens (None: none yet)
@@ -102,25 +104,43 @@ class ClientStream:
         return None if last is None else (now - last) / tokens
 
 
+class SeriesBins:
+    """One metric series' observations of one histogram since they were last taken: counts per bucket, and their sum."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1    # the first bucket with seconds <= bound
+        self.total += seconds
+
+
 class FrameHistogram:
     """Observations of one of the main process's histograms made here since they were last taken, per metric series
-    of the main process: counts per bucket of its `bounds` (+Inf last) and their sum."""
+    of the main process: counts per bucket of its `bounds` (+Inf last) and their sum. A stream keeps its series' bins
+    (`bins`), so an observation per frame is a bisect and two adds."""
 
     __slots__ = ("bounds", "_by_series")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
-        self._by_series: dict[int, tuple[list[int], list[float]]] = {}
+        self._by_series: dict[int, SeriesBins] = {}
 
-    def observe(self, series: int, seconds: float) -> None:
+    def bins(self, series: int) -> SeriesBins:
         got = self._by_series.get(series)
         if got is None:
-            got = self._by_series[series] = ([0] * len(self.bounds), [0.0])
-        got[0][bisect.bisect_left(self.bounds, seconds)] += 1
-        got[1][0] += seconds
+            got = self._by_series[series] = SeriesBins(self.bounds)
+        return got
 
     def take(self) -> list[list]:
-        """[[series, counts, sum], ...] since the last take."""
-        out = [[series, counts, total[0]] for series, (counts, total) in self._by_series.items()]
-        self._by_series.clear()
+        """[[series, counts, sum], ...] of the series observed since the last take."""
+        out = []
+        for series, bins in self._by_series.items():
+            if any(bins.counts):
+                out.append([series, bins.counts, bins.total])
+                bins.counts, bins.total = [0] * len(self.bounds), 0.0
         return out

@@ -209,7 +209,8 @@ class Writer:
         sock.setblocking(False)
         running = RunningUsage(prompt_tokens) if prompt_tokens is not None else None
         encoder = ChunkEncoder(Identity(kind, ident, created, model, fingerprint), include_usage, running=running)
-        stream = self.streams[sid] = ClientStream(sid, sock, chunked, encoder, series)
+        stream = self.streams[sid] = ClientStream(sid, sock, chunked, encoder, self.delays.bins(series),
+                                                  self.itls.bins(series))
         self.loop.add_reader(fd, self._client_readable, stream)
 
     def _client_readable(self, stream: ClientStream) -> None:
@@ -240,11 +241,11 @@ class Writer:
         if done:                        # the socket took every frame: their tokens' latencies
             now = time.monotonic()
             if stream.pushed_at is not None:        # the text's frame: its oldest token's delay from the engine
-                self.delays.observe(stream.series, now - stream.pushed_at)
+                stream.delays.observe(now - stream.pushed_at)
                 stream.pushed_at = None
             itl = stream.inter_token_latency(now)
             if itl is not None:
-                self.itls.observe(stream.series, itl)
+                stream.itls.observe(itl)
             if stream.blocked:
                 stream.blocked = False
                 self.loop.remove_writer(stream.fd)
