@@ -89,7 +89,6 @@ class ClientStream:
             if self.unsent:
                 return False
 
-
     def inter_token_latency(self, now: float) -> float | None:
         """Everything written was just taken by the socket (`now`): the inter-token latency its tokens observe, as
         the in-process writer observes one per frame (inferd.observability.RequestObservation.on_tokens): the
