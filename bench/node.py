@@ -44,7 +44,8 @@ A client process near 100% CPU means the load generator, not the daemon, set the
 then a floor. `--client-nice 10` runs the load generators at that niceness: on a machine where a writer
 process shares its CPU with one (2 cores), the writer then runs first whenever both are ready, as on a node
 where the clients are elsewhere; at the same priority each frame's wake-up of the client could take the CPU
-from the writer in the middle of a step's frames, and the added ITL measured that contention too. Loopback only; the window and every phase are bounded.
+from the writer in the middle of a step's frames, and the added ITL measured that contention too.
+Loopback only; the window and every phase are bounded.
 """
 from __future__ import annotations
 
