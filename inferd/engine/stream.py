@@ -101,14 +101,9 @@ class RequestStream:
         self._ids.append(token_id)
         self._texts.append(text)
         self._last = None
-        count = self._count = self._count + 1
-        if count == 1:      # _notify, inline: the engines' per-token path, and nearly every push is a first one
-            listener = self._listener
-            if listener is not None:
-                listener()
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+        self._count += 1
+        if self._count == 1:
+            self._notify()
 
     def resumed(self) -> None:
         """The engine says: the sequence that yielded its slot (Engine.yield_slot) holds one again, or the
