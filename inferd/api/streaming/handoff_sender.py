@@ -37,7 +37,7 @@ class HandoffSender(Sender):
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
     __slots__ = ("acked", "flusher", "gone", "last_text", "link", "local", "obs", "opened", "opening", "paused", "pool",
-                 "returned", "series", "sid", "started")
+                 "returned", "series", "sid", "started", "timed")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
@@ -48,7 +48,8 @@ class HandoffSender(Sender):
         self.last_text = 0.0                # when the last tokens were handed to the writer
         self.link = None
         self.sid = pool.new_sid()
-        self.started = False
+        self.started = False                # text went to the writer (the final chunk is then not the first)
+        self.timed = False                  # its first tokens' latency (TTFT) is observed
         self.paused = False
         self.opened = False
         self.gone = False                   # the writer reported the client gone (GONE)
@@ -154,13 +155,14 @@ class HandoffSender(Sender):
         if running is not None:
             running.count(tokens)               # this process's copy, for the final chunk's usage
         if text:
+            self.started = True
             self.entry.last_write = self.last_text = now = _monotonic()
             self.link.add_text(self.sid, text, tokens, self.pushed_at)
-            if not self.started:                # TTFT: once handed over; the writer observes the ITLs and write delays
-                self.started = True             # as its socket takes the frames (DELAYS)
+            if not self.timed and tokens:       # TTFT: once handed over; the writer observes the ITLs and write
+                self.timed = True               # delays as its socket takes the frames (DELAYS)
                 self._on_tokens(tokens, now)
-        elif running is not None:
-            self.link.add_text(self.sid, "", tokens)
+        elif tokens:        # text held back (a stop string, a character's bytes): the writer's count keeps up, so a
+            self.link.add_text(self.sid, "", tokens)     # later frame's tokens (RAW's, by that count) are its own
 
     def _flush_final(self, delta: Delta) -> None:
         if self.local:
@@ -173,7 +175,7 @@ class HandoffSender(Sender):
         entry.closing = True
         entry.final = delta
         self.send(b"".join(final_frames(delta, self._encoder, self._include_usage, entry.timed_out)))
-        if not self.started:                    # its first tokens: TTFT (the writer observes the ITL of later ones)
+        if not self.timed:                      # its first tokens: TTFT (the writer observes the ITL of later ones)
             self._on_tokens(len(delta.token_ids))
         elif delta.token_ids:
             self.last_text = _monotonic()
@@ -238,7 +240,7 @@ class HandoffSender(Sender):
             self.opening.cancel()
         if self.local:                      # written here to its end: aiohttp ends the response as usual
             return
-        if self.started:
+        if self.timed:
             self.obs.last_token_at(self.last_text)
         link = self.link
         if link is not None:

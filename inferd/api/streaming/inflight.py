@@ -102,12 +102,14 @@ class Flusher:
             n += 1
             if not n % _CHECK_EVERY and _perf() > deadline:
                 break
-        if self._after is not None:
-            self._after()
-        if dirty:
-            asyncio.get_running_loop().call_soon(self._run)    # after what is ready now (engine steps)
-        else:
-            self._scheduled = False
+        try:
+            if self._after is not None:
+                self._after()
+        finally:                # even past a bug in `after`: marked streams must still get turns
+            if dirty:
+                asyncio.get_running_loop().call_soon(self._run)    # after what is ready now (engine steps)
+            else:
+                self._scheduled = False
 
 
 def flush_or_end(sender: FrameWriter) -> None:

@@ -170,5 +170,9 @@ class WriterPool:
     def _send_steps(self) -> None:
         due, self._due = self._due, []
         for link in due:
-            with contextlib.suppress(WriterDown):       # its streams were told (GONE)
+            try:
                 link._flush_step()
+            except WriterDown:          # its streams were told (GONE)
+                pass
+            except Exception:           # a bug: logged, and the other links' STEPs still go
+                log.exception("writer_step_not_sent", pid=link.process.pid)

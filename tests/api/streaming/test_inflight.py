@@ -59,3 +59,23 @@ async def test_a_flush_turn_with_time_to_spare_writes_every_stream(clock):
         flusher.mark(_Frame(i, flushed, clock, cost_s=0.0))
     await asyncio.sleep(0)
     assert flushed == list(range(200))
+
+
+async def test_a_turn_whose_after_step_fails_leaves_the_flusher_taking_turns():
+    """A bug in `after` (the writer pool's STEP sends) is the loop's to report; the streams marked later still get turns."""
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+    calls = []
+
+    def after() -> None:
+        calls.append(len(calls))
+        raise RuntimeError("a bug")
+    try:
+        flusher = Flusher(after=after)
+        for turn in (1, 2):
+            flusher.wake()
+            await asyncio.sleep(0)
+            assert len(calls) == turn and len(reported) == turn
+    finally:
+        loop.set_exception_handler(None)

@@ -219,3 +219,27 @@ async def test_only_a_handed_over_streams_first_tokens_are_observed_here_and_its
     finally:
         a.close()
         b.close()
+
+
+async def test_tokens_read_without_text_go_to_the_writer_and_ttft_waits_for_the_first_tokens():
+    """Text held back (a character's first bytes, a stop string's prefix) still has its tokens counted by the writer,
+    so a later frame's tokens are its own; text that carries no token is not the first tokens' latency."""
+    a, b = socket.socketpair()
+    try:
+        obs = Obs()
+        pool, stream = Pool(), RequestStream("cmpl-1")
+        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
+                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, obs,
+                               pool=pool)
+        stream.push_token(1, "")
+        sender.flush()
+        assert pool.link.sent[-1] == [wire.STEP, [[sender.sid, "", 1]]] and obs.observed == []
+        stream.push(Delta(text="x", token_ids=[]))
+        sender.flush()
+        assert pool.link.sent[-1] == [wire.STEP, [[sender.sid, "x", 0]]] and obs.observed == []
+        stream.push_token(2, "y")
+        sender.flush()
+        assert obs.observed == [1]
+    finally:
+        a.close()
+        b.close()
