@@ -117,12 +117,12 @@ async def test_the_socket_goes_over_only_once_the_headers_left_the_main_process_
         b.close()
 
 
-def sender_on(sock: socket.socket) -> tuple[HandoffSender, Pool, RequestStream]:
+def sender_on(sock: socket.socket, obs: Obs | None = None) -> tuple[HandoffSender, Pool, RequestStream]:
     """A completion stream's sender whose transport (over `sock`) holds nothing unsent."""
     pool, stream = Pool(), RequestStream("cmpl-1")
     sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(sock, unsent=0)),
-                           ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, Obs(),
-                           pool=pool)
+                           ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False,
+                           obs or Obs(), pool=pool)
     return sender, pool, stream
 
 
@@ -203,10 +203,7 @@ async def test_only_a_handed_over_streams_first_tokens_are_observed_here_and_its
     a, b = socket.socketpair()
     try:
         obs = Obs()
-        pool, stream = Pool(), RequestStream("cmpl-1")
-        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
-                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, obs,
-                               pool=pool)
+        sender, pool, stream = sender_on(a, obs)
         for word in ("one", "two", "six"):
             stream.push_token(1, word)
             sender.flush()
@@ -227,10 +224,7 @@ async def test_tokens_read_without_text_go_to_the_writer_and_ttft_waits_for_the_
     a, b = socket.socketpair()
     try:
         obs = Obs()
-        pool, stream = Pool(), RequestStream("cmpl-1")
-        sender = HandoffSender(Tracked(None, stream, None), Writer(Transport(a, unsent=0)),
-                               ChunkEncoder(Identity("completion", "cmpl-1", 1, "sim", "fp"), False), False, obs,
-                               pool=pool)
+        sender, pool, stream = sender_on(a, obs)
         stream.push_token(1, "")
         sender.flush()
         assert pool.link.sent[-1] == [wire.STEP, [[sender.sid, "", 1]]] and obs.observed == []
