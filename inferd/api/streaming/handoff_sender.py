@@ -37,14 +37,13 @@ class HandoffSender(Sender):
     by the writer and lands in Tracked.accepted with its reports (GONE, TOOK, ACKED)."""
 
     __slots__ = ("acked", "flusher", "gone", "last_text", "link", "local", "obs", "opened", "opening", "paused", "pool",
-                 "returned", "series", "sid", "started", "timed")
+                 "returned", "sid", "started", "timed")
 
     def __init__(self, entry: Tracked, writer: AbstractStreamWriter, encoder: ChunkEncoder, include_usage: bool,
                  obs: RequestObservation, *, pool: WriterPool) -> None:
         super().__init__(entry, writer, encoder, include_usage, obs)
         self.pool = pool
-        self.obs = obs
-        self.series = obs.series            # the writer measures its frames' write delays and ITLs for these labels
+        self.obs = obs                      # the writer measures its frames' write delays and ITLs for its series
         self.last_text = 0.0                # when the last tokens were handed to the writer
         self.link = None
         self.sid = pool.new_sid()
@@ -78,7 +77,7 @@ class HandoffSender(Sender):
             link.send([wire.OPEN, self.sid, self._chunked, ident.kind, ident.id, ident.created, ident.model,
                        ident.fingerprint, encoder.include_usage,
                        encoder.running.prompt_tokens if encoder.running is not None else None,
-                       self.pool.series_number(self.series)], [sock.fileno()])
+                       self.pool.series_number(self.obs.series)], [sock.fileno()])
         except WriterDown as exc:               # not sent: the socket is still this process's alone
             self._transport.resume_reading()
             self._keep(str(exc))

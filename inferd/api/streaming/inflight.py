@@ -84,11 +84,10 @@ class Flusher:
         sender.pushed_at = _monotonic()         # the stream's oldest unsent output, from now
         self._dirty.append(sender)
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._run)
+            self.wake()
 
     def wake(self) -> None:
-        """A turn soon, even with no stream marked (for `after`)."""
+        """A turn soon (also with no stream marked, for `after`)."""
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run)
